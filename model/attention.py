@@ -1,0 +1,86 @@
+"""Causal multi-head self-attention with optional grouped-query heads and KV cache.
+
+The positional encoding is asked to ``rotate`` q/k and for a ``bias`` every time; the
+attention never branches on which encoding it has. Two paths compute the same thing:
+``F.scaled_dot_product_attention`` (fused, with the ``is_causal`` fast path whenever no
+bias or cache is involved) and a plain reference with an explicit float32 softmax, kept
+for tests. When a bias or a cache is involved, queries are processed in chunks so a
+long sequence never materialises a full (H, T, T) bias; memory grows with
+chunk × T instead of T².
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+from model.config import ModelConfig
+from model.kv_cache import KVCache
+from model.positional import PositionalEncoding
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        mask: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """softmax(q kᵀ/√d + bias, masked) v with float32 scores; k/v already expanded to q's heads."""
+    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    if bias is not None:
+        scores = scores + bias
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(dim=-1) @ v.float()).to(q.dtype)
+
+
+class Attention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
+        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
+        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
+        self.dropout = cfg.dropout
+        self.cache: Optional[KVCache] = None
+        self.reference = False  # use the explicit-softmax path (tests)
+        self.query_chunk = 1024  # queries per chunk on the masked/biased path
+
+    def forward(self, x: torch.Tensor, pe: PositionalEncoding, positions: torch.Tensor,
+                seq_len: Optional[int] = None) -> torch.Tensor:
+        B, T, _ = x.shape
+        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
+        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
+        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k = pe.rotate(q, k, positions, seq_len)
+        k_positions = positions
+        if self.cache is not None:
+            k, v = self.cache.update(positions, k, v)  # (B, Hkv, Tk, D), Tk = last position + 1
+            k_positions = torch.arange(k.shape[2], device=positions.device)
+        if self.cache is None and not self.reference and not pe.has_bias:
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
+                                               dropout_p=self.dropout if self.training else 0.0)
+        else:
+            y = self._chunked(q, k, v, pe, positions, k_positions)
+        return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))  # (B, T, d)
+
+    def _chunked(self, q, k, v, pe, q_positions, k_positions) -> torch.Tensor:
+        """Attention over query chunks with an explicit causal mask and the encoding's bias."""
+        if self.reference:
+            groups = self.n_heads // self.n_kv_heads
+            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        dropout = self.dropout if self.training else 0.0
+        outputs = []
+        for start in range(0, q.shape[2], self.query_chunk):
+            qp = q_positions[start:start + self.query_chunk]
+            qc = q[:, :, start:start + self.query_chunk]
+            mask = k_positions[None, :] <= qp[:, None]  # (tq, Tk), True = may attend
+            bias = pe.bias(qp, k_positions)  # (H, tq, Tk) or None
+            if self.reference:
+                outputs.append(reference_attention(qc, k, v, mask, bias))
+                continue
+            if bias is not None:
+                mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))
+            outputs.append(F.scaled_dot_product_attention(qc, k, v, attn_mask=mask, enable_gqa=True,
+                                                          dropout_p=dropout))
+        return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]

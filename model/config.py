@@ -1,0 +1,147 @@
+"""Architecture config: what the network is, never how it is run.
+
+Batch sizes, cache lengths and evaluation lengths are runtime arguments. Each dataclass
+validates itself in ``__post_init__`` so an impossible model fails before any work starts;
+``configs/`` turns YAML into these objects and names the file and key on error.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from model.errors import ConfigError
+
+PosKind = Literal["rope", "sinusoidal", "learned", "alibi", "none"]
+ScalingType = Literal["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
+
+
+@dataclass
+class RopeScalingConfig:
+    """Inference-time RoPE context extension (see model/rope_scaling.py for the formulas).
+
+    ``factor`` is the ratio s = target length / ``original_max_len``. ``factor: 1`` (or
+    ``type: none``) is plain RoPE for every method.
+    """
+
+    type: ScalingType = "none"
+    factor: float = 1.0
+    original_max_len: Optional[int] = None  # the training length L the model saw
+    # YaRN (Peng et al. 2023): ramp between beta_fast and beta_slow rotations.
+    beta_fast: float = 32.0
+    beta_slow: float = 1.0
+    attention_factor: Optional[float] = None  # None: 0.1 * ln(s) + 1
+    truncate: bool = True
+    # Llama 3.1 frequency-dependent interpolation.
+    low_freq_factor: float = 1.0
+    high_freq_factor: float = 4.0
+
+    def __post_init__(self) -> None:
+        if self.factor < 1.0:
+            raise ConfigError(f"pos.rope.scaling.factor must be >= 1 (got {self.factor}); "
+                              "use 1 for no scaling")
+        if self.type != "none" and self.type != "linear" and self.original_max_len is None:
+            raise ConfigError(f"pos.rope.scaling.type={self.type} needs original_max_len "
+                              "(the length the model was trained at)")
+        if self.original_max_len is not None and self.original_max_len < 1:
+            raise ConfigError("pos.rope.scaling.original_max_len must be a positive integer")
+        if self.beta_fast <= self.beta_slow:
+            raise ConfigError("pos.rope.scaling.beta_fast must be greater than beta_slow")
+        if self.high_freq_factor <= self.low_freq_factor:
+            raise ConfigError("pos.rope.scaling.high_freq_factor must exceed low_freq_factor")
+
+
+@dataclass
+class RopeConfig:
+    """Rotary embeddings (Su et al. 2021) applied to queries and keys."""
+
+    theta: float = 10000.0
+    # half: NeoX/LLaMA rotate_half, dim i pairs with i + r/2; interleaved: RoFormer/Meta,
+    # dim 2i pairs with 2i+1.
+    pairing: Literal["half", "interleaved"] = "half"
+    rotary_fraction: float = 1.0  # rotate only the first fraction of each head's dims
+    scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
+
+    def __post_init__(self) -> None:
+        if not self.theta > 1.0:
+            raise ConfigError(f"pos.rope.theta must be > 1 (got {self.theta})")
+        if not 0.0 < self.rotary_fraction <= 1.0:
+            raise ConfigError(f"pos.rope.rotary_fraction must be in (0, 1] (got {self.rotary_fraction})")
+
+
+@dataclass
+class PosConfig:
+    """Which positional encoding the model uses; one key, ``kind``, picks it."""
+
+    kind: PosKind = "rope"
+    max_len: Optional[int] = None  # learned: size of the position table (required)
+    rope: RopeConfig = field(default_factory=RopeConfig)
+
+    def __post_init__(self) -> None:
+        if self.kind == "learned" and (self.max_len is None or self.max_len < 1):
+            raise ConfigError("pos.kind=learned needs pos.max_len (the number of positions "
+                              "in the table, at least the training seq_len)")
+
+
+@dataclass
+class ModelConfig:
+    """A LLaMA-style decoder: RMSNorm, SwiGLU, no biases, optional GQA and tied head."""
+
+    vocab_size: int = 256
+    d_model: int = 256
+    n_layers: int = 4
+    n_heads: int = 4
+    n_kv_heads: Optional[int] = None  # None: n_heads (plain multi-head attention)
+    ffn_hidden: Optional[int] = None  # None: LLaMA's 2/3 * 4 * d_model rounded up to multiple_of
+    multiple_of: int = 32
+    norm_eps: float = 1e-5
+    tie_embeddings: bool = True
+    dropout: float = 0.0
+    init_std: float = 0.02
+    pos: PosConfig = field(default_factory=PosConfig)
+
+    def __post_init__(self) -> None:
+        for name in ("vocab_size", "d_model", "n_layers", "n_heads", "multiple_of"):
+            if getattr(self, name) < 1:
+                raise ConfigError(f"model.{name} must be a positive integer (got {getattr(self, name)})")
+        if self.d_model % self.n_heads:
+            raise ConfigError(f"model.d_model={self.d_model} is not divisible by "
+                              f"model.n_heads={self.n_heads}")
+        if self.kv_heads < 1 or self.n_heads % self.kv_heads:
+            raise ConfigError(f"model.n_heads={self.n_heads} is not divisible by "
+                              f"model.n_kv_heads={self.n_kv_heads}")
+        if self.ffn_hidden is not None and self.ffn_hidden < 1:
+            raise ConfigError("model.ffn_hidden must be a positive integer or null")
+        if not 0.0 <= self.dropout < 1.0:
+            raise ConfigError(f"model.dropout must be in [0, 1) (got {self.dropout})")
+        if self.init_std <= 0:
+            raise ConfigError("model.init_std must be positive")
+        if self.pos.kind == "rope":
+            rot = self.head_dim * self.pos.rope.rotary_fraction
+            if rot != int(rot) or int(rot) % 2 or rot < 2:
+                raise ConfigError(
+                    f"RoPE rotates head_dim * rotary_fraction = {self.head_dim} * "
+                    f"{self.pos.rope.rotary_fraction} = {rot:g} dims per head; that must be an "
+                    "even whole number >= 2 (dims rotate in pairs). Change rotary_fraction.")
+        if self.pos.kind == "sinusoidal" and self.d_model % 2:
+            raise ConfigError("pos.kind=sinusoidal needs an even d_model (sin/cos pairs)")
+
+    @property
+    def head_dim(self) -> int:
+        return self.d_model // self.n_heads
+
+    @property
+    def kv_heads(self) -> int:
+        return self.n_heads if self.n_kv_heads is None else self.n_kv_heads
+
+    @property
+    def rotary_dim(self) -> int:
+        return int(self.head_dim * self.pos.rope.rotary_fraction)
+
+    @property
+    def hidden_dim(self) -> int:
+        if self.ffn_hidden is not None:
+            return self.ffn_hidden
+        hidden = int(2 * 4 * self.d_model / 3)  # LLaMA: SwiGLU keeps the 4d MLP's parameter count
+        return self.multiple_of * math.ceil(hidden / self.multiple_of)

@@ -1,0 +1,106 @@
+"""Rotary position embeddings (Su et al. 2021, RoFormer) on queries and keys.
+
+Two ways to pair the rotated dimensions exist in the wild and are not interchangeable
+with the same weights:
+- ``half`` (GPT-NeoX / HF LLaMA): dim i pairs with dim i + r/2; cos/sin are the r/2
+  angles concatenated twice and the 90° turn is ``rotate_half``.
+- ``interleaved`` (RoFormer / Meta LLaMA): dim 2i pairs with 2i+1; cos/sin are the angles
+  repeat-interleaved and the turn swaps within adjacent pairs.
+Each pairing is one object that owns both its cos/sin layout and its turn, so a
+mismatched combination cannot be built.
+
+Only the first ``rotary_dim`` dims of each head rotate (partial rotary); the rest pass
+through. Angles, cos and sin and the rotation itself are float32 whatever the model dtype
+(bf16 cannot even represent consecutive integer positions above 256).
+
+Dynamic NTK and the KV cache: with ``dynamic`` scaling the frequencies depend on the
+sequence length. Keys are rotated once, when they enter the cache, so every key and every
+query of one sequence must use the same frequencies. The length used is ``seq_len``:
+an uncached forward passes its own length; generation passes the cache length
+(prompt + max_new_tokens) on every step, cached or not. Cached decoding therefore equals
+an uncached forward over the full planned length exactly, instead of mixing keys rotated
+under different bases as a per-step recomputation would.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+from model.config import ModelConfig
+from model.positional import PositionalEncoding
+from model.rope_scaling import inverse_frequencies
+
+
+class HalfPairing:
+    """NeoX/LLaMA layout: pairs (i, i + r/2)."""
+
+    @staticmethod
+    def layout(angles: torch.Tensor) -> torch.Tensor:
+        return torch.cat((angles, angles), dim=-1)
+
+    @staticmethod
+    def turn(x: torch.Tensor) -> torch.Tensor:
+        x1, x2 = x.chunk(2, dim=-1)
+        return torch.cat((-x2, x1), dim=-1)
+
+
+class InterleavedPairing:
+    """RoFormer/Meta layout: pairs (2i, 2i+1)."""
+
+    @staticmethod
+    def layout(angles: torch.Tensor) -> torch.Tensor:
+        return angles.repeat_interleave(2, dim=-1)
+
+    @staticmethod
+    def turn(x: torch.Tensor) -> torch.Tensor:
+        pairs = x.unflatten(-1, (-1, 2))  # (..., r/2, 2)
+        return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+
+PAIRINGS = {"half": HalfPairing, "interleaved": InterleavedPairing}
+
+
+def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing, rotary_dim: int) -> torch.Tensor:
+    """Rotate the first ``rotary_dim`` dims of x (…, T, D) by laid-out cos/sin (T, rotary_dim)."""
+    x_rot = x[..., :rotary_dim].float()
+    out = x_rot * cos + pairing.turn(x_rot) * sin
+    if rotary_dim < x.shape[-1]:
+        out = torch.cat((out, x[..., rotary_dim:].float()), dim=-1)
+    return out.to(x.dtype)
+
+
+class RoPE(PositionalEncoding):
+    """Rotary embeddings with optional context-extension scaling (model/rope_scaling.py)."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        rope = cfg.pos.rope
+        self.rotary_dim = cfg.rotary_dim
+        self.theta = rope.theta
+        self.scaling = rope.scaling
+        self.pairing = PAIRINGS[rope.pairing]
+        self.dynamic = rope.scaling.type == "dynamic" and rope.scaling.factor != 1.0
+        inv_freq, attention = inverse_frequencies(self.rotary_dim, self.theta, self.scaling)
+        # Not persistent: frequencies are config, so scaling can change at eval time
+        # without touching checkpoints.
+        self.register_buffer("inv_freq", inv_freq, persistent=False)
+        self.attention_factor = attention
+
+    def cos_sin(self, positions: torch.Tensor, seq_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        """Laid-out cos and sin for ``positions``, float32, (T, rotary_dim), any length."""
+        inv_freq, attention = self.inv_freq, self.attention_factor
+        if self.dynamic:
+            length = seq_len if seq_len is not None else int(positions.max()) + 1
+            inv_freq, attention = inverse_frequencies(self.rotary_dim, self.theta, self.scaling, length)
+            inv_freq = inv_freq.to(positions.device)
+        angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, r/2)
+        angles = self.pairing.layout(angles)  # (T, r)
+        return angles.cos() * attention, angles.sin() * attention
+
+    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
+               seq_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+        cos, sin = self.cos_sin(positions, seq_len)
+        return (rotate(q, cos, sin, self.pairing, self.rotary_dim),
+                rotate(k, cos, sin, self.pairing, self.rotary_dim))

@@ -1,0 +1,129 @@
+"""The decoder: token embedding → pre-norm blocks → RMSNorm → LM head."""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+from torch import nn
+
+from model.attention import Attention
+from model.config import ModelConfig
+from model.kv_cache import KVCache
+from model.layers import RMSNorm, SwiGLU
+from model.positional import build_positional, PositionalEncoding
+
+
+class Block(nn.Module):
+    """x + attn(norm(x)), then x + mlp(norm(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.attn = Attention(cfg)
+        self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.mlp = SwiGLU(cfg)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x: torch.Tensor, pe: PositionalEncoding, positions: torch.Tensor,
+                seq_len: Optional[int]) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.attn_norm(x), pe, positions, seq_len))
+        return x + self.drop(self.mlp(self.mlp_norm(x)))
+
+
+class Transformer(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.cfg = cfg
+        self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
+        self.pos = build_positional(cfg)  # one instance, shared by every block
+        self.drop = nn.Dropout(cfg.dropout)
+        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
+        self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
+        if cfg.tie_embeddings:
+            self.head.weight = self.tok_emb.weight
+        self.cache_len: Optional[int] = None
+        self.reset_parameters()
+
+    def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None,
+                seq_len: Optional[int] = None) -> torch.Tensor:
+        """Logits (B, T, vocab) for tokens ``idx`` (B, T) at ``positions`` (T,).
+
+        ``positions`` default to 0 … T-1. ``seq_len`` is the sequence length the RoPE
+        frequencies are fitted for (dynamic scaling only); with a cache it is the cache
+        length, otherwise the last position + 1.
+        """
+        if positions is None:
+            positions = torch.arange(idx.shape[1], device=idx.device)
+        if seq_len is None:
+            seq_len = self.cache_len
+        x = self.drop(self.pos.embed(self.tok_emb(idx), positions))  # (B, T, d)
+        for block in self.blocks:
+            x = block(x, self.pos, positions, seq_len)
+        return self.head(self.norm(x))  # (B, T, vocab)
+
+    # --- initialisation -------------------------------------------------------------
+    def reset_parameters(self) -> None:
+        """N(0, init_std) everywhere; residual output projections scaled by 1/√(2·n_layers).
+
+        The scaling keeps the residual stream's variance independent of depth (GPT-2,
+        Radford et al. 2019 §2.3; also LLaMA/OLMo-style inits).
+        """
+        std = self.cfg.init_std
+        for module in self.modules():
+            if isinstance(module, (nn.Linear, nn.Embedding)):
+                nn.init.normal_(module.weight, mean=0.0, std=std)
+            elif isinstance(module, RMSNorm):
+                nn.init.ones_(module.weight)
+        for block in self.blocks:
+            for proj in (block.attn.wo, block.mlp.w2):
+                nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.cfg.n_layers))
+
+    # --- KV cache -------------------------------------------------------------------
+    def setup_cache(self, batch_size: int, max_len: int, dtype: Optional[torch.dtype] = None,
+                    device: Optional[torch.device] = None) -> None:
+        """Attach a preallocated cache of ``max_len`` positions to every attention layer."""
+        self.pos.check_length(max_len)
+        weight = self.tok_emb.weight
+        for block in self.blocks:
+            attn = block.attn
+            attn.cache = KVCache(batch_size, max_len, attn.n_kv_heads, attn.head_dim,
+                                 dtype or weight.dtype, device or weight.device)
+        self.cache_len = max_len
+
+    def clear_cache(self) -> None:
+        for block in self.blocks:
+            block.attn.cache = None
+        self.cache_len = None
+
+    def set_attention_impl(self, impl: str) -> None:
+        """``"sdpa"`` (default, fused) or ``"reference"`` (explicit softmax, for tests)."""
+        if impl not in ("sdpa", "reference"):
+            raise ValueError(f"attention impl must be 'sdpa' or 'reference', not {impl!r}")
+        for block in self.blocks:
+            block.attn.reference = impl == "reference"
+
+    # --- accounting -----------------------------------------------------------------
+    def num_params(self, exclude_embeddings: bool = False) -> int:
+        """Unique parameters (a tied head counts once); optionally without lookup tables."""
+        params = {id(p): p for p in self.parameters()}
+        if exclude_embeddings:
+            # With a tied head the embedding is the head too; both go (Kaplan et al. 2020).
+            params.pop(id(self.tok_emb.weight), None)
+            if isinstance(getattr(self.pos, "table", None), nn.Embedding):
+                params.pop(id(self.pos.table.weight), None)
+        return sum(p.numel() for p in params.values())
+
+    def flops_per_token(self, seq_len: int, training: bool = True) -> float:
+        """Matmul FLOPs per token: 2·N_matmul + 4·n_layers·d_attn·T forward (×3 for training).
+
+        N_matmul counts every Linear weight including the LM head (a tied head is still a
+        matmul); the second term is QKᵀ and AV over T keys without the causal halving, the
+        convention of PaLM (Chowdhery et al. 2022, App. B) and nanoGPT's MFU.
+        """
+        n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
+        attn = 4 * self.cfg.n_layers * self.cfg.n_heads * self.cfg.head_dim * seq_len
+        forward = 2 * n_matmul + attn
+        return 3 * forward if training else forward

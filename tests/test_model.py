@@ -1,0 +1,111 @@
+"""The decoder: causality, reference parity, GQA, tying, init and accounting."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from conftest import ALL_KINDS, tiny_config
+from model.config import ModelConfig, PosConfig
+from model.errors import ConfigError
+from model.transformer import Transformer
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_causal(kind):
+    model = Transformer(tiny_config(kind)).eval()
+    x = torch.randint(0, 97, (2, 20))
+    for t in (0, 7, 18):
+        changed = x.clone()
+        changed[:, t + 1] = (changed[:, t + 1] + 1) % 97
+        a, b = model(x), model(changed)
+        assert torch.equal(a[:, : t + 1], b[:, : t + 1])
+        assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+@pytest.mark.parametrize("kv_heads", [4, 2, 1])
+def test_sdpa_matches_reference(kind, kv_heads):
+    model = Transformer(tiny_config(kind, n_kv_heads=kv_heads)).eval()
+    x = torch.randint(0, 97, (2, 33))
+    fast = model(x)
+    model.set_attention_impl("reference")
+    assert torch.allclose(model(x), fast, atol=1e-5)
+
+
+def test_reference_path_by_hand():
+    """One head, no position: the reference equals softmax(qkᵀ/√d + mask) v written out."""
+    model = Transformer(tiny_config("none", n_heads=1, n_kv_heads=1, n_layers=1)).eval()
+    model.set_attention_impl("reference")
+    attn = model.blocks[0].attn
+    x = torch.randn(1, 6, 32)
+    q, k, v = attn.wq(x)[0], attn.wk(x)[0], attn.wv(x)[0]
+    scores = q @ k.T / math.sqrt(32) + torch.full((6, 6), float("-inf")).triu(1)
+    expected = attn.wo(scores.softmax(-1) @ v)
+    got = attn(x, model.pos, torch.arange(6))
+    assert torch.allclose(got[0], expected, atol=1e-6)
+
+
+def test_gqa_shapes_and_params():
+    mha = Transformer(tiny_config(n_kv_heads=4))
+    gqa = Transformer(tiny_config(n_kv_heads=1))
+    assert gqa.blocks[0].attn.wk.weight.shape == (8, 32)
+    assert mha.num_params() - gqa.num_params() == 2 * 2 * (32 * 32 - 32 * 8)
+
+
+def test_tied_and_untied_head():
+    tied = Transformer(tiny_config())
+    untied = Transformer(tiny_config(tie_embeddings=False))
+    assert tied.head.weight is tied.tok_emb.weight
+    assert untied.head.weight is not untied.tok_emb.weight
+    assert untied.num_params() - tied.num_params() == 97 * 32
+    assert tied.num_params(exclude_embeddings=True) == untied.num_params(exclude_embeddings=True) - 97 * 32
+
+
+def test_no_biases_and_swiglu_width():
+    model = Transformer(tiny_config())
+    assert all(m.bias is None for m in model.modules() if isinstance(m, torch.nn.Linear))
+    # LLaMA: 2/3 · 4 · 32 = 85.3 → rounded up to a multiple of 32 = 96.
+    assert model.blocks[0].mlp.w1.weight.shape == (96, 32)
+
+
+def test_residual_projections_scaled_by_depth():
+    model = Transformer(tiny_config(n_layers=8, d_model=256, n_heads=4, n_kv_heads=4))
+    std = 0.02 / math.sqrt(16)
+    assert model.blocks[3].attn.wo.weight.std().item() == pytest.approx(std, rel=0.05)
+    assert model.blocks[3].mlp.w2.weight.std().item() == pytest.approx(std, rel=0.05)
+    assert model.blocks[3].attn.wq.weight.std().item() == pytest.approx(0.02, rel=0.05)
+
+
+def test_param_count_and_flops_by_hand():
+    cfg = tiny_config("learned", n_kv_heads=4, max_len=64)
+    model = Transformer(cfg)
+    per_layer = 4 * 32 * 32 + 3 * 32 * 96 + 2 * 32
+    assert model.num_params() == 97 * 32 + 64 * 32 + 2 * per_layer + 32
+    assert model.num_params(exclude_embeddings=True) == 2 * per_layer + 32
+    n_matmul = 2 * (4 * 32 * 32 + 3 * 32 * 96) + 97 * 32
+    assert model.flops_per_token(128) == 3 * (2 * n_matmul + 4 * 2 * 32 * 128)
+    assert model.flops_per_token(128, training=False) == 2 * n_matmul + 4 * 2 * 32 * 128
+
+
+def test_loss_at_init_is_near_uniform():
+    model = Transformer(tiny_config())
+    x = torch.randint(0, 97, (4, 32))
+    targets = torch.randint(0, 97, (4, 32))  # unrelated to the inputs
+    loss = F.cross_entropy(model(x).flatten(0, 1), targets.flatten())
+    assert loss.item() == pytest.approx(math.log(97), rel=0.02)
+
+
+@pytest.mark.parametrize("fields,match", [
+    (dict(d_model=30, n_heads=4), "not divisible by model.n_heads"),
+    (dict(n_heads=4, n_kv_heads=3), "not divisible by model.n_kv_heads"),
+    (dict(dropout=1.0), "dropout"),
+])
+def test_config_rejects_impossible_models(fields, match):
+    with pytest.raises(ConfigError, match=match):
+        ModelConfig(**fields)
+    with pytest.raises(ConfigError, match="max_len"):
+        PosConfig(kind="learned")

@@ -1,0 +1,79 @@
+"""Absolute encodings, ALiBi slopes and biases, and what each kind can serve."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from conftest import ALL_KINDS, tiny_config
+from model.errors import LengthError
+from model.positional import alibi_slopes, sinusoid_table
+from model.transformer import Transformer
+
+
+def test_alibi_slopes_power_of_two():
+    assert torch.allclose(alibi_slopes(8), torch.tensor([2.0 ** -(i + 1) for i in range(8)]))
+    assert torch.allclose(alibi_slopes(4), torch.tensor([2.0 ** -(2 * (i + 1)) for i in range(4)]))
+
+
+def test_alibi_slopes_other_head_counts():
+    # Paper's rule: 8 slopes of the nearest power of two, then every other slope of 16 heads.
+    sixteen = [2.0 ** -(0.5 * (i + 1)) for i in range(16)]
+    expected = [2.0 ** -(i + 1) for i in range(8)] + sixteen[0::2][:4]
+    assert torch.allclose(alibi_slopes(12), torch.tensor(expected))
+    assert torch.allclose(alibi_slopes(6)[:4], alibi_slopes(4))
+    assert alibi_slopes(6)[4:].tolist() == pytest.approx([2.0 ** -1, 2.0 ** -3])
+
+
+def test_alibi_bias_is_linear_in_distance():
+    model = Transformer(tiny_config("alibi"))
+    bias = model.pos.bias(torch.arange(5, 8), torch.arange(8))  # (H, 3, 8)
+    slopes = alibi_slopes(4)
+    assert bias.shape == (4, 3, 8)
+    assert bias[:, 0, 5].abs().max() == 0  # a query attending to itself
+    assert torch.allclose(bias[:, 2, 0], -7 * slopes)
+    assert torch.allclose(bias[:, 1, 2], -4 * slopes)
+
+
+def test_sinusoid_table_matches_the_formula():
+    table = sinusoid_table(torch.arange(50), 16)
+    for pos in (0, 3, 49):
+        for i in range(8):
+            angle = pos / 10000 ** (2 * i / 16)
+            assert table[pos, 2 * i].item() == pytest.approx(math.sin(angle), abs=1e-6)
+            assert table[pos, 2 * i + 1].item() == pytest.approx(math.cos(angle), abs=1e-6)
+
+
+def test_sinusoidal_scales_tokens_by_sqrt_d():
+    model = Transformer(tiny_config("sinusoidal"))
+    x = torch.randn(1, 3, 32)
+    out = model.pos.embed(x, torch.arange(3))
+    assert torch.allclose(out, x * math.sqrt(32) + sinusoid_table(torch.arange(3), 32))
+
+
+def test_learned_beyond_table_raises_clear_error():
+    model = Transformer(tiny_config("learned", max_len=16)).eval()
+    model(torch.randint(0, 97, (1, 16)))  # exactly the table is fine
+    with pytest.raises(LengthError, match=r"table of 16 positions .*pos.max_len"):
+        model(torch.randint(0, 97, (1, 17)))
+    with pytest.raises(LengthError, match="16 positions"):
+        model(torch.randint(0, 97, (1, 1)), positions=torch.tensor([16]))
+    with pytest.raises(LengthError):
+        model.setup_cache(1, 17)
+
+
+@pytest.mark.parametrize("kind", [k for k in ALL_KINDS if k != "learned"])
+def test_runs_at_sixteen_times_training_length(kind):
+    train_len = 32
+    model = Transformer(tiny_config(kind)).eval()
+    x = torch.randint(0, 97, (1, 16 * train_len))
+    with torch.no_grad():
+        logits = model(x)
+        assert logits.shape == (1, 512, 97) and torch.isfinite(logits).all()
+        # Query-chunked attention (used with biases and caches) equals the one-shot path.
+        for block in model.blocks:
+            block.attn.query_chunk = 100
+        model.set_attention_impl("reference")
+        assert torch.allclose(model(x), logits, atol=1e-5)

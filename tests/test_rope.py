@@ -1,0 +1,149 @@
+"""RoPE: the worked example, relative-position invariance, norms, and the two pairings."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from model.rope import PAIRINGS, HalfPairing, InterleavedPairing, RoPE
+from model.transformer import Transformer
+
+
+def rope(head_dim: int, pairing: str, rotary_fraction: float = 1.0, theta: float = 10000.0) -> RoPE:
+    cfg = tiny_config(pairing=pairing, rotary_fraction=rotary_fraction, d_model=head_dim * 4)
+    cfg.pos.rope.theta = theta
+    return RoPE(cfg)
+
+
+def rotate_one(enc: RoPE, x: torch.Tensor, position: int) -> torch.Tensor:
+    """Rotate a single head vector x (D,) to ``position``."""
+    q = x.view(1, 1, 1, -1)
+    out, _ = enc.rotate(q, q.clone(), torch.tensor([position]))
+    return out.view(-1)
+
+
+@pytest.mark.parametrize("pairing,expected", [
+    ("interleaved", [-0.4161, 0.9093, -0.0200, 0.9998]),
+    ("half", [-0.4161, -0.0200, 0.9093, 0.9998]),
+])
+def test_worked_example(pairing, expected):
+    out = rotate_one(rope(4, pairing), torch.tensor([1.0, 0.0, 0.0, 1.0]), 2)
+    assert torch.allclose(out, torch.tensor(expected), atol=5e-5)
+    assert [round(v, 4) for v in out.tolist()] == expected
+
+
+@pytest.mark.parametrize("pairing", ["half", "interleaved"])
+@pytest.mark.parametrize("fraction", [1.0, 0.5, 0.25])
+def test_dot_product_depends_only_on_offset(pairing, fraction):
+    enc = rope(16, pairing, fraction)
+    q, k = torch.randn(16), torch.randn(16)
+
+    def score(m: int, n: int) -> float:
+        return float(rotate_one(enc, q, m) @ rotate_one(enc, k, n))
+
+    base = score(0, 5)
+    assert score(10, 15) == pytest.approx(base, abs=1e-5)
+    assert score(1000, 1005) == pytest.approx(base, abs=2e-3)  # float32 angles at ~1e3
+    assert score(0, 6) != pytest.approx(base, abs=1e-3)  # and it does depend on the offset
+
+
+@pytest.mark.parametrize("pairing", ["half", "interleaved"])
+def test_rotation_preserves_norm_and_passthrough(pairing):
+    enc = rope(16, pairing, rotary_fraction=0.5)
+    x = torch.randn(16)
+    for position in (0, 7, 4096):
+        out = rotate_one(enc, x, position)
+        assert out.norm() == pytest.approx(float(x.norm()), rel=1e-5)
+        assert torch.equal(out[8:], x[8:])  # partial rotary leaves the tail alone
+    assert not torch.allclose(rotate_one(enc, x, 7)[:8], x[:8])
+
+
+def test_angles_are_float32_under_bf16():
+    enc = rope(8, "half")
+    cos, sin = enc.cos_sin(torch.arange(300, 302))
+    assert cos.dtype == sin.dtype == torch.float32
+    q = torch.randn(1, 1, 2, 8)
+    out32, _ = enc.rotate(q, q, torch.arange(300, 302))
+    out16, _ = enc.rotate(q.bfloat16(), q.bfloat16(), torch.arange(300, 302))
+    assert out16.dtype == torch.bfloat16
+    # Only the final cast rounds: positions 300 and 301 stay distinct.
+    assert torch.allclose(out16.float(), out32, atol=2e-2)
+    assert not torch.allclose(out16[0, 0, 0].float(), out16[0, 0, 1].float())
+
+
+def half_from_interleaved(d: int, rot: int) -> torch.Tensor:
+    """Index map: half-split dim j takes interleaved dim perm[j]."""
+    perm = list(range(0, rot, 2)) + list(range(1, rot, 2)) + list(range(rot, d))
+    return torch.tensor(perm)
+
+
+def attention_logits(model: Transformer, idx: torch.Tensor) -> torch.Tensor:
+    """Pre-softmax scores q·kᵀ of the first layer, (B, H, T, T), as attention computes them."""
+    attn, B, T = model.blocks[0].attn, *idx.shape
+    x = model.blocks[0].attn_norm(model.pos.embed(model.tok_emb(idx), torch.arange(T)))
+    q = attn.wq(x).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
+    k = attn.wk(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+    q, k = model.pos.rotate(q, k, torch.arange(T))
+    k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)
+    return q @ k.transpose(-2, -1)
+
+
+def sharpen(model: Transformer) -> Transformer:
+    """Larger q/k weights so attention is far from uniform and logits depend on positions."""
+    with torch.no_grad():
+        for block in model.blocks:
+            block.attn.wq.weight.mul_(20)
+            block.attn.wk.weight.mul_(20)
+    return model
+
+
+@pytest.mark.parametrize("fraction", [1.0, 0.5])
+def test_pairings_agree_after_permuting_projection_rows(fraction):
+    inter = sharpen(Transformer(tiny_config(pairing="interleaved", rotary_fraction=fraction)).eval())
+    half = Transformer(tiny_config(pairing="half", rotary_fraction=fraction)).eval()
+    half.load_state_dict(inter.state_dict())
+    D, rot = inter.cfg.head_dim, inter.cfg.rotary_dim
+    perm = half_from_interleaved(D, rot)
+    x = torch.randint(0, 97, (2, 24))
+    # The same weights under the other pairing give other scores and logits ...
+    assert not torch.allclose(attention_logits(half, x), attention_logits(inter, x), atol=1e-2)
+    assert not torch.allclose(half(x), inter(x), atol=1e-3)
+    with torch.no_grad():
+        for b_half, b_inter in zip(half.blocks, inter.blocks):
+            for name in ("wq", "wk"):
+                w = getattr(b_inter.attn, name).weight  # (heads * D, d)
+                heads = w.shape[0] // D
+                getattr(b_half.attn, name).weight.copy_(w.view(heads, D, -1)[:, perm].reshape(w.shape))
+    # ... and after permuting the q/k projection rows they agree.
+    assert torch.allclose(attention_logits(half, x), attention_logits(inter, x), atol=1e-4)
+    assert torch.allclose(half(x), inter(x), atol=1e-5)
+
+
+class MixedPairing:
+    """Half-split turn with interleaved cos/sin layout: a layout bug, built on purpose."""
+
+    layout = staticmethod(InterleavedPairing.layout)
+    turn = staticmethod(HalfPairing.turn)
+
+
+def test_mixed_pairing_gives_different_logits():
+    x = torch.randint(0, 97, (1, 24))
+    scores = {}
+    for name, pairing in (("half", HalfPairing), ("interleaved", InterleavedPairing), ("mixed", MixedPairing)):
+        model = Transformer(tiny_config(pairing="half")).eval()
+        torch.manual_seed(1)  # same weights for every pairing
+        model.reset_parameters()
+        model.pos.pairing = pairing
+        scores[name] = attention_logits(sharpen(model), x)
+    assert not torch.allclose(scores["mixed"], scores["half"], atol=1e-2)
+    assert not torch.allclose(scores["mixed"], scores["interleaved"], atol=1e-2)
+    assert set(PAIRINGS) == {"half", "interleaved"}
+
+
+def test_config_rejects_odd_rotary_dims():
+    from model.errors import ConfigError
+    with pytest.raises(ConfigError, match="even whole number"):
+        tiny_config(rotary_fraction=0.75, d_model=24, n_heads=4)  # 6 * 0.75 = 4.5
+    with pytest.raises(ConfigError, match="even whole number"):
+        tiny_config(rotary_fraction=0.375)  # 8 * 0.375 = 3
