@@ -1,0 +1,287 @@
+"""The typed run configuration: one tree of dataclasses, each validating itself.
+
+``RunConfig{name, out_dir, model, data, train, eval, log}``. ``model`` is
+``model.config.ModelConfig`` (architecture only). YAML turns into these objects through
+``configs/load.py``, which checks keys and types and names the file on error; the checks
+here are about values (ranges, combinations) and run in ``__post_init__`` so that an
+impossible config fails before any work starts.
+
+Vocabulary size: the tokenizer owns it. Presets do not set ``model.vocab_size``; the
+trainer prepares the data, then calls ``cfg.with_vocab_size(tokenizer.vocab_size)``
+before building the model and saves *that* config into the run directory, so the saved
+config rebuilds the model exactly. To change the vocabulary, set
+``data.tokenizer.vocab_size`` (bpe) or ``data.tokenizer.kind``.
+
+Relative data paths (``data.local.*``, ``data.cache_dir``) resolve against the current
+working directory, like any command-line path; presets are written to be run from the
+repository root.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Literal, Optional
+
+from model.config import ModelConfig, ScalingType
+from model.errors import ConfigError
+
+# Named Hub datasets: (repo, config, text field, train, validation, test split names).
+HUB_PRESETS: dict[str, tuple[str, Optional[str], str, str, str, Optional[str]]] = {
+    "wikitext-2-raw-v1":
+        ("Salesforce/wikitext", "wikitext-2-raw-v1", "text", "train", "validation", "test"),
+    "wikitext-103-raw-v1":
+        ("Salesforce/wikitext", "wikitext-103-raw-v1", "text", "train", "validation", "test"),
+    "tinystories": ("roneneldan/TinyStories", None, "text", "train", "validation", None),
+}
+
+
+def _positive(section: str, obj: object, *names: str, allow_none: bool = False) -> None:
+    for name in names:
+        value = getattr(obj, name)
+        if value is None and allow_none:
+            continue
+        if value is None or value < 1:
+            raise ConfigError(f"{section}.{name} must be a positive integer (got {value!r})")
+
+
+@dataclass
+class TokenizerConfig:
+    """How text becomes token ids; trained (bpe) or built (char) on the training split."""
+
+    kind: Literal["bpe", "byte", "char"] = "bpe"
+    vocab_size: int = 2048  # bpe only: merges + 256 byte symbols + <|endoftext|>
+    min_frequency: int = 2  # bpe only: a pair must occur this often to be merged
+    # bpe only: train on at most this many characters of the training split (None: all);
+    # WikiText-103-sized corpora train a good tokenizer from a prefix in a fraction of the time.
+    max_train_chars: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        _positive("data.tokenizer", self, "min_frequency")
+        _positive("data.tokenizer", self, "max_train_chars", allow_none=True)
+        if self.kind == "bpe" and self.vocab_size < 258:
+            raise ConfigError(f"data.tokenizer.vocab_size={self.vocab_size} is too small for "
+                              "byte-level BPE: it needs 256 byte symbols + <|endoftext|> + merges")
+
+
+@dataclass
+class HubConfig:
+    """A Hugging Face Hub dataset: a preset name (see HUB_PRESETS) or ``repo[:config]``.
+
+    Fields left null take the preset's value (or text/train/validation, no test split, for
+    other repos); they are filled in here so the saved config says what was used.
+    """
+
+    name: str = "wikitext-2-raw-v1"
+    text_field: Optional[str] = None
+    train_split: Optional[str] = None
+    valid_split: Optional[str] = None
+    test_split: Optional[str] = None
+    revision: Optional[str] = None  # a git revision of the dataset repo, for reproducibility
+    streaming: bool = False  # True: never download the whole corpus (iterate it remotely)
+
+    def __post_init__(self) -> None:
+        if not self.name:
+            raise ConfigError("data.hub.name must name a dataset, e.g. wikitext-2-raw-v1 or "
+                              "roneneldan/TinyStories")
+        preset = HUB_PRESETS.get(self.name, (None, None, "text", "train", "validation", None))
+        for i, key in enumerate(("text_field", "train_split", "valid_split", "test_split"), 2):
+            if getattr(self, key) is None:
+                setattr(self, key, preset[i])
+
+    @property
+    def repo_and_config(self) -> tuple[str, Optional[str]]:
+        if self.name in HUB_PRESETS:
+            return HUB_PRESETS[self.name][0], HUB_PRESETS[self.name][1]
+        repo, _, config = self.name.partition(":")
+        return repo, (config or None)
+
+
+@dataclass
+class LocalConfig:
+    """Local text: each entry is a file, a directory (all files in it) or a glob.
+
+    Without ``valid`` files, ``valid_fraction`` of the training documents become the
+    validation split (likewise ``test``); ``split_mode`` random picks them with
+    ``split_seed``, tail takes the last documents.
+    """
+
+    train: list[str] = field(default_factory=list)
+    valid: list[str] = field(default_factory=list)
+    test: list[str] = field(default_factory=list)
+    valid_fraction: float = 0.0
+    test_fraction: float = 0.0
+    split_mode: Literal["random", "tail"] = "random"
+    split_seed: int = 0
+
+    def __post_init__(self) -> None:
+        for key in ("valid_fraction", "test_fraction"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"data.local.{key} must be in [0, 1) (got {getattr(self, key)})")
+        carved = (0.0 if self.valid else self.valid_fraction) + (0.0 if self.test else self.test_fraction)
+        if carved >= 1.0:
+            raise ConfigError("data.local.valid_fraction + test_fraction must leave some "
+                              "documents for training (sum < 1)")
+
+
+@dataclass
+class DataConfig:
+    """Where the text comes from, how it splits into documents, and the tokenizer."""
+
+    source: Literal["builtin", "hub", "local"] = "builtin"
+    hub: HubConfig = field(default_factory=HubConfig)
+    local: LocalConfig = field(default_factory=LocalConfig)
+    # What one document is (each ends with <|endoftext|>): line = each line / dataset row;
+    # paragraph = blocks separated by blank lines (local only); file = a whole file (local
+    # only); wikitext = lines grouped into articles, a new one at each ` = Title = ` line.
+    documents: Literal["line", "paragraph", "file", "wikitext"] = "line"
+    tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
+    cache_dir: Optional[str] = None  # None: $ROPELAB_CACHE or .cache/ropelab/data
+    num_proc: Optional[int] = None  # tokenizer processes; None: min(2, cpu count)
+
+    def __post_init__(self) -> None:
+        _positive("data", self, "num_proc", allow_none=True)
+        if self.source == "local":
+            if not self.local.train:
+                raise ConfigError("data.source=local needs data.local.train (files, directories "
+                                  "or globs), e.g. data.local.train=[corpus/train.txt]")
+            if not self.local.valid and self.local.valid_fraction == 0.0:
+                raise ConfigError("data.source=local needs a validation split: set "
+                                  "data.local.valid (files) or data.local.valid_fraction (e.g. 0.05)")
+        if self.documents in ("paragraph", "file") and self.source != "local":
+            raise ConfigError(f"data.documents={self.documents} only applies to data.source=local; "
+                              "use line or wikitext")
+
+
+@dataclass
+class TrainConfig:
+    """The optimisation run. Exactly one of max_steps / max_tokens sets its length."""
+
+    seq_len: int = 128
+    batch_size: int = 16  # micro-batch per rank
+    grad_accum: int = 1
+    # Exactly one is set; to budget by tokens write max_steps: null, max_tokens: N.
+    max_steps: Optional[int] = 1000
+    max_tokens: Optional[int] = None  # total tokens over all ranks and micro-batches
+    lr: float = 1e-3
+    min_lr_ratio: float = 0.1  # cosine decay floor, as a fraction of lr
+    warmup_steps: int = 100
+    weight_decay: float = 0.1
+    beta1: float = 0.9
+    beta2: float = 0.95
+    grad_clip: float = 1.0  # 0 disables clipping
+    seed: int = 1337
+    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
+    compile: bool = False
+    eval_interval: int = 200
+    eval_batches: int = 20
+    ckpt_interval: int = 200
+    keep_last: int = 2
+    resume: Literal["never", "auto"] = "never"
+    log_interval: int = 10
+
+    def __post_init__(self) -> None:
+        _positive("train", self, "seq_len", "batch_size", "grad_accum", "eval_interval",
+                  "eval_batches", "ckpt_interval", "keep_last", "log_interval")
+        _positive("train", self, "max_steps", "max_tokens", allow_none=True)
+        if (self.max_steps is None) == (self.max_tokens is None):
+            raise ConfigError("set exactly one of train.max_steps and train.max_tokens "
+                              f"(got max_steps={self.max_steps}, max_tokens={self.max_tokens}); "
+                              "set the other to null")
+        if not self.lr > 0:
+            raise ConfigError(f"train.lr must be positive (got {self.lr})")
+        if not 0.0 <= self.min_lr_ratio <= 1.0:
+            raise ConfigError(f"train.min_lr_ratio must be in [0, 1] (got {self.min_lr_ratio})")
+        if self.warmup_steps < 0 or self.weight_decay < 0 or self.grad_clip < 0:
+            raise ConfigError("train.warmup_steps, weight_decay and grad_clip must be >= 0")
+        for key in ("beta1", "beta2"):
+            if not 0.0 <= getattr(self, key) < 1.0:
+                raise ConfigError(f"train.{key} must be in [0, 1) (got {getattr(self, key)})")
+
+    def tokens_per_step(self, world_size: int = 1) -> int:
+        return self.batch_size * self.grad_accum * self.seq_len * world_size
+
+    def total_steps(self, world_size: int = 1) -> int:
+        """Optimizer steps in the run (max_tokens rounds up to whole steps)."""
+        if self.max_steps is not None:
+            return self.max_steps
+        return math.ceil(self.max_tokens / self.tokens_per_step(world_size))
+
+
+@dataclass
+class EvalConfig:
+    """Length-extrapolation evaluation.
+
+    Lengths: ``lengths`` if given, else ``length_multipliers`` x train.seq_len. The sliding
+    protocol's stride defaults to half the evaluated length, so every scored token sees at
+    least length/2 tokens of context at twice the cost of non-overlapping windows.
+    """
+
+    lengths: list[int] = field(default_factory=list)
+    length_multipliers: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
+    stride: Optional[int] = None
+    protocols: list[Literal["nonoverlap", "sliding"]] = field(default_factory=lambda: ["nonoverlap"])
+    scalings: list[ScalingType] = field(default_factory=lambda: ["none"])
+    batch_size: int = 8
+    max_tokens: Optional[int] = None  # cap on tokens scored per length (None: the whole split)
+    split: Literal["valid", "test"] = "valid"
+
+    def __post_init__(self) -> None:
+        _positive("eval", self, "batch_size")
+        _positive("eval", self, "stride", "max_tokens", allow_none=True)
+        if any(n < 1 for n in self.lengths):
+            raise ConfigError(f"eval.lengths must be positive integers (got {self.lengths})")
+        if any(not m > 0 for m in self.length_multipliers):
+            raise ConfigError(f"eval.length_multipliers must be positive (got {self.length_multipliers})")
+        if not self.lengths and not self.length_multipliers:
+            raise ConfigError("set eval.lengths or eval.length_multipliers (both are empty)")
+        if not self.protocols:
+            raise ConfigError("eval.protocols must name at least one of nonoverlap, sliding")
+
+    def resolved_lengths(self, train_len: int) -> list[int]:
+        """The evaluated lengths, ascending and distinct."""
+        if self.lengths:
+            return sorted(set(self.lengths))
+        return sorted({max(1, round(m * train_len)) for m in self.length_multipliers})
+
+    def sliding_stride(self, length: int) -> int:
+        return self.stride if self.stride is not None else max(1, length // 2)
+
+
+@dataclass
+class LogConfig:
+    """Where metrics go besides metrics.jsonl in the run directory."""
+
+    wandb: bool = False
+    wandb_project: str = "ropelab"
+    wandb_entity: Optional[str] = None
+    wandb_mode: Literal["online", "offline"] = "online"
+    progress: bool = True  # tqdm bars
+
+
+@dataclass
+class RunConfig:
+    """Everything a run needs; written into the run directory as config.yaml."""
+
+    name: str = "run"
+    out_dir: str = "runs"
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    train: TrainConfig = field(default_factory=TrainConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    log: LogConfig = field(default_factory=LogConfig)
+
+    def __post_init__(self) -> None:
+        if not self.name or "/" in self.name or "\\" in self.name:
+            raise ConfigError(f"name must be a non-empty run name without slashes (got {self.name!r})")
+        pos = self.model.pos
+        if pos.kind == "learned" and pos.max_len < self.train.seq_len:
+            raise ConfigError(f"model.pos.max_len={pos.max_len} is shorter than train.seq_len="
+                              f"{self.train.seq_len}: a learned table needs a row per trained "
+                              "position; raise model.pos.max_len or set it to null (= seq_len)")
+
+    def with_vocab_size(self, vocab_size: int) -> RunConfig:
+        """This config with model.vocab_size set from the tokenizer (see module docstring)."""
+        return dataclasses.replace(self, model=dataclasses.replace(self.model, vocab_size=vocab_size))

@@ -1,0 +1,14 @@
+"""Corpora (Hub, local files, built-in), tokenizers, token-file preparation, batch samplers.
+
+``prepare_data(cfg.data)`` -> ``PreparedData`` (``.tokenizer``, ``.split(name)``, ``.meta``,
+``.dir``); ``TrainSampler`` draws training batches; ``eval_windows`` lays out evaluation.
+"""
+
+from data.prepare import PreparedData, prepare_data
+from data.samplers import EvalWindow, TrainSampler, eval_windows, window_batch
+from data.tokenizers import EOT, Tokenizer, load_tokenizer, train_tokenizer
+
+__all__ = [
+    "EOT", "EvalWindow", "PreparedData", "Tokenizer", "TrainSampler", "eval_windows",
+    "load_tokenizer", "prepare_data", "train_tokenizer", "window_batch",
+]

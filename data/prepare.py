@@ -1,0 +1,244 @@
+"""Corpus -> tokenizer + flat token files per split, cached by what determines them.
+
+Layout of a prepared directory (``<cache>/<source>-<tokenizer>-<hash>/``)::
+
+    tokenizer.json   train.bin  valid.bin  [test.bin]   meta.json
+
+``*.bin`` are the splits' token ids back to back (uint16 when the vocabulary fits, else
+uint32), every document followed by ``<|endoftext|>``. The directory name carries a hash
+of the data config parts that determine the tokens plus the source's identity (local
+files: path, size, mtime; built-in: the Python version and stdlib listing; Hub: repo,
+config, revision), so the same config reuses it at once and any change rebuilds.
+A build writes into a uniquely named temporary directory, writes meta.json last and then
+renames the directory into place; a directory without meta.json is never used. A lock
+file keeps two processes (e.g. two ranks) from building the same thing twice.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import hashlib
+import itertools
+import json
+import multiprocessing
+import os
+import shutil
+import sys
+import time
+import uuid
+from collections import deque
+from pathlib import Path
+from typing import Iterable, Iterator
+
+import numpy as np
+from tqdm import tqdm
+
+from configs.schema import DataConfig
+from data.sources import Corpus, open_corpus
+from data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json, train_tokenizer
+from model.errors import DataError
+
+FORMAT_VERSION = 1  # bump when the token files' content or layout changes
+CHUNK_CHARS = 1 << 20  # text per worker task: big enough to amortise pickling
+
+
+@dataclasses.dataclass
+class PreparedData:
+    """A prepared data directory: tokenizer, token files per split, meta.json."""
+
+    dir: Path
+    meta: dict
+    tokenizer: Tokenizer
+
+    @classmethod
+    def load(cls, directory: str | Path) -> PreparedData:
+        directory = Path(directory)
+        meta_path = directory / "meta.json"
+        if not meta_path.is_file():
+            raise DataError(f"{directory} is not a prepared data directory (no meta.json)")
+        meta = json.loads(meta_path.read_text(encoding="utf-8"))
+        itemsize = np.dtype(meta["dtype"]).itemsize
+        for split, info in meta["splits"].items():
+            path = directory / info["file"]
+            if not path.is_file() or path.stat().st_size != info["tokens"] * itemsize:
+                raise DataError(f"{path} is missing or truncated ({info['tokens']} tokens "
+                                f"expected); delete {directory} to rebuild it")
+        return cls(directory, meta, load_tokenizer(directory / meta["tokenizer"]["file"]))
+
+    @property
+    def splits(self) -> list[str]:
+        return list(self.meta["splits"])
+
+    def split(self, name: str) -> np.memmap:
+        """The split's tokens, memory-mapped read-only (nothing is loaded into RAM)."""
+        if name not in self.meta["splits"]:
+            raise DataError(f"the prepared data has no {name!r} split (it has "
+                            f"{', '.join(self.splits)}); see {self.dir / 'meta.json'}")
+        return np.memmap(self.dir / self.meta["splits"][name]["file"], dtype=self.meta["dtype"], mode="r")
+
+
+def cache_root(cfg: DataConfig) -> Path:
+    """data.cache_dir, else $ROPELAB_CACHE, else .cache/ropelab/data (relative to the cwd)."""
+    return Path(cfg.cache_dir or os.environ.get("ROPELAB_CACHE") or ".cache/ropelab/data")
+
+
+def token_config(cfg: DataConfig) -> dict:
+    """The parts of the data config that change the tokens (not cache_dir, num_proc, streaming)."""
+    out = {"source": cfg.source, "documents": cfg.documents,
+           "tokenizer": dataclasses.asdict(cfg.tokenizer)}
+    if cfg.source == "hub":
+        out["hub"] = {k: v for k, v in dataclasses.asdict(cfg.hub).items() if k != "streaming"}
+    if cfg.source == "local":
+        out["local"] = dataclasses.asdict(cfg.local)
+    return out
+
+
+def data_key(cfg: DataConfig, corpus: Corpus) -> str:
+    payload = {"format": FORMAT_VERSION, "config": token_config(cfg), "source": corpus.identity()}
+    return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
+
+
+def prepare_data(cfg: DataConfig, progress: bool = True) -> PreparedData:
+    """Tokenize the corpus ``cfg`` describes into the cache (or reuse it) and open it."""
+    corpus = open_corpus(cfg)
+    key = data_key(cfg, corpus)
+    root = cache_root(cfg)
+    tok = cfg.tokenizer
+    final = root / f"{cfg.source}-{tok.kind}{tok.vocab_size if tok.kind == 'bpe' else ''}-{key[:16]}"
+    if (final / "meta.json").is_file():
+        return PreparedData.load(final)
+    root.mkdir(parents=True, exist_ok=True)
+    with _exclusive(root / f"{final.name}.lock"):
+        if (final / "meta.json").is_file():  # another process built it while we waited
+            return PreparedData.load(final)
+        _remove_incomplete(root, final)
+        tmp = root / f"{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
+        tmp.mkdir()
+        try:
+            _build(cfg, corpus, key, tmp, progress)
+            os.rename(tmp, final)
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)
+            raise
+    return PreparedData.load(final)
+
+
+@contextlib.contextmanager
+def _exclusive(lock_path: Path) -> Iterator[None]:
+    try:
+        import fcntl
+    except ImportError:  # Windows: unique temp names still keep builds apart
+        yield
+        return
+    with open(lock_path, "w") as f:
+        fcntl.flock(f, fcntl.LOCK_EX)
+        try:
+            yield
+        finally:
+            fcntl.flock(f, fcntl.LOCK_UN)
+
+
+def _remove_incomplete(root: Path, final: Path) -> None:
+    """Leftovers of interrupted builds; we hold the lock, so none of them is in progress."""
+    for path in [final, *root.glob(f"{final.name}.tmp-*")]:
+        if path.is_dir():
+            shutil.rmtree(path)
+
+
+def _build(cfg: DataConfig, corpus: Corpus, key: str, out: Path, progress: bool) -> None:
+    if cfg.tokenizer.kind == "char":  # the alphabet of every split (see train_tokenizer)
+        texts: Iterable[str] = itertools.chain.from_iterable(corpus.documents(s) for s in corpus.splits)
+    else:
+        texts = corpus.documents("train")
+    if progress:
+        print(f"ropelab: preparing {corpus.describe()} -> {out.parent}", file=sys.stderr)
+    tokenizer = train_tokenizer(cfg.tokenizer, texts)
+    tokenizer.save(out / "tokenizer.json")
+    dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
+    digest = hashlib.sha256(tokenizer.to_json().encode())
+    splits = {}
+    num_proc = cfg.num_proc or min(2, os.cpu_count() or 1)
+    with _encoder(tokenizer, num_proc) as encode:
+        for split in corpus.splits:
+            bar = tqdm(desc=f"tokenize {split}", unit="doc", disable=not progress)
+            splits[split] = _write_split(encode(_chunks(corpus.documents(split)), dtype),
+                                         out / f"{split}.bin", digest, bar)
+            bar.close()
+            if splits[split]["documents"] == 0:
+                raise DataError(f"the {split} split of {corpus.describe()} has no documents "
+                                "(empty files, or only blank lines?)")
+    meta = {
+        "format": FORMAT_VERSION, "key": key, "source": corpus.describe(),
+        "source_identity": corpus.identity(), "config": dataclasses.asdict(cfg),
+        "tokenizer": {"kind": tokenizer.kind, "vocab_size": tokenizer.vocab_size,
+                      "eot_id": tokenizer.eot_id, "file": "tokenizer.json"},
+        "dtype": np.dtype(dtype).name, "splits": splits, "content_hash": digest.hexdigest(),
+        "python": sys.version, "created": time.strftime("%Y-%m-%dT%H:%M:%S%z"),
+    }
+    (out / "meta.json").write_text(json.dumps(meta, indent=2), encoding="utf-8")  # last
+
+
+def _chunks(docs: Iterable[str]) -> Iterator[list[str]]:
+    chunk, size = [], 0
+    for doc in docs:
+        chunk.append(doc)
+        size += len(doc)
+        if size >= CHUNK_CHARS:
+            yield chunk
+            chunk, size = [], 0
+    if chunk:
+        yield chunk
+
+
+def _write_split(encoded: Iterator[tuple[np.ndarray, int, int]], path: Path, digest, bar) -> dict:
+    tokens = documents = characters = 0
+    with open(path, "wb") as f:
+        for ids, n_docs, n_chars in encoded:
+            f.write(ids.tobytes())
+            digest.update(ids.tobytes())
+            tokens, documents, characters = tokens + len(ids), documents + n_docs, characters + n_chars
+            bar.update(n_docs)
+    return {"file": path.name, "tokens": tokens, "documents": documents, "characters": characters}
+
+
+def _encode_docs(tokenizer: Tokenizer, docs: list[str], dtype) -> tuple[np.ndarray, int, int]:
+    ids: list[int] = []
+    for doc_ids in tokenizer.encode_batch(docs):
+        ids.extend(doc_ids)
+        ids.append(tokenizer.eot_id)
+    return np.asarray(ids, dtype=dtype), len(docs), sum(map(len, docs))
+
+
+_WORKER_TOKENIZER: Tokenizer | None = None
+
+
+def _worker_init(tokenizer_json: str) -> None:
+    global _WORKER_TOKENIZER
+    os.environ["TOKENIZERS_PARALLELISM"] = "false"  # the processes are the parallelism
+    _WORKER_TOKENIZER = tokenizer_from_json(tokenizer_json)
+
+
+def _worker_encode(docs: list[str], dtype) -> tuple[np.ndarray, int, int]:
+    return _encode_docs(_WORKER_TOKENIZER, docs, dtype)
+
+
+@contextlib.contextmanager
+def _encoder(tokenizer: Tokenizer, num_proc: int):
+    """A function chunks -> encoded chunks (in order), in-process or over a process pool."""
+    if num_proc == 1:
+        yield lambda chunks, dtype: (_encode_docs(tokenizer, c, dtype) for c in chunks)
+        return
+    # spawn, not fork: forking after tokenizers/torch started threads can deadlock.
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Pool(num_proc, initializer=_worker_init, initargs=(tokenizer.to_json(),)) as pool:
+        def encode(chunks: Iterator[list[str]], dtype) -> Iterator[tuple[np.ndarray, int, int]]:
+            # A bounded window of tasks in flight: Pool.imap would read the whole corpus ahead.
+            pending: deque = deque()
+            for chunk in chunks:
+                pending.append(pool.apply_async(_worker_encode, (chunk, dtype)))
+                if len(pending) >= 2 * num_proc:
+                    yield pending.popleft().get()
+            while pending:
+                yield pending.popleft().get()
+        yield encode

@@ -1,0 +1,127 @@
+"""Training batches (seeded random windows) and evaluation windows (deterministic).
+
+Training: each batch is ``B`` windows of ``seq_len + 1`` tokens at random offsets into the
+flat train split; ``x`` is a window's first ``seq_len`` tokens, ``y`` the same shifted by
+one. Batch ``k`` is a pure function of ``(seed, k)``: one RNG draws the *global* batch
+(``batch_size * world_size`` offsets) and rank ``r`` keeps its slice, so a 2-rank run with
+batch ``b`` sees exactly the batches of a 1-rank run with batch ``2b``, and the sampler's
+state is just the counter ``k``.
+
+Evaluation: contiguous windows over a split, either non-overlapping or sliding; each
+window says which of its targets to score so every target is scored exactly once.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional
+
+import numpy as np
+import torch
+
+from model.errors import DataError
+
+
+class TrainSampler:
+    """Seeded, rank-aware random windows; ``state_dict`` holds plain ints only."""
+
+    def __init__(self, tokens: np.ndarray, seq_len: int, batch_size: int, seed: int,
+                 rank: int = 0, world_size: int = 1):
+        if not 0 <= rank < world_size:
+            raise ValueError(f"rank {rank} is outside world_size {world_size}")
+        if len(tokens) < seq_len + 1:
+            raise DataError(f"the training split has {len(tokens)} tokens, fewer than one "
+                            f"window of train.seq_len + 1 = {seq_len + 1}; use more text or a "
+                            "shorter train.seq_len")
+        self.tokens, self.seq_len, self.batch_size = tokens, seq_len, batch_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+        self.batches_drawn = 0
+
+    def offsets(self, k: int) -> np.ndarray:
+        """This rank's window starts in global batch ``k``."""
+        rng = np.random.default_rng([self.seed, k])
+        high = len(self.tokens) - self.seq_len  # last valid start is len - (seq_len + 1)
+        starts = rng.integers(0, high, size=self.batch_size * self.world_size)
+        return starts[self.rank * self.batch_size:(self.rank + 1) * self.batch_size]
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(x, y), int64 tensors of shape (B, T)."""
+        starts = self.offsets(self.batches_drawn)
+        self.batches_drawn += 1
+        windows = np.stack([self.tokens[s:s + self.seq_len + 1] for s in starts]).astype(np.int64)
+        batch = torch.from_numpy(windows)  # (B, T + 1)
+        return batch[:, :-1], batch[:, 1:]
+
+    def state_dict(self) -> dict:
+        return {"seed": self.seed, "batches_drawn": self.batches_drawn}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.seed = int(state["seed"])
+        self.batches_drawn = int(state["batches_drawn"])
+
+
+@dataclass(frozen=True)
+class EvalWindow:
+    """Inputs ``tokens[start : start + length]``, targets shifted by one; targets at
+    window positions ``score_from ..`` are scored."""
+
+    start: int
+    length: int
+    score_from: int = 0
+
+    @property
+    def scored(self) -> int:
+        return self.length - self.score_from
+
+
+def eval_windows(n_tokens: int, length: int, stride: Optional[int] = None,
+                 max_windows: Optional[int] = None, max_tokens: Optional[int] = None) -> list[EvalWindow]:
+    """Deterministic windows over a split of ``n_tokens`` tokens (``n_tokens - 1`` targets).
+
+    ``stride=None`` (or ``= length``): non-overlapping windows, ``(n_tokens - 1) // length``
+    of them, every target scored; the remainder shorter than a window is dropped.
+    ``stride < length``: sliding windows ``stride`` apart; the first scores all its
+    targets, later ones only their last ``stride``, and a last window aligned to the end of
+    the split scores whatever is left, so every target is scored exactly once with at
+    least ``length - stride`` tokens of context (except in the first window).
+    ``max_windows`` / ``max_tokens`` keep a prefix of the windows (``max_tokens`` counts
+    scored targets, rounded up to whole windows).
+    """
+    if length < 1 or (stride is not None and not 1 <= stride <= length):
+        raise ValueError(f"need length >= 1 and 1 <= stride <= length (got {length}, {stride})")
+    if n_tokens - 1 < length:
+        raise DataError(f"the evaluation split has {n_tokens} tokens, too few for one window of "
+                        f"length {length} (which needs {length + 1}); evaluate shorter lengths "
+                        "or use a larger split")
+    stride = length if stride is None else stride
+    last_start = n_tokens - 1 - length
+    windows = [EvalWindow(s, length, 0 if s == 0 else length - stride)
+               for s in range(0, last_start + 1, stride)]
+    covered = windows[-1].start + length  # targets 1..covered are scored
+    if stride < length and covered < n_tokens - 1:
+        windows.append(EvalWindow(last_start, length, length - (n_tokens - 1 - covered)))
+    if max_windows is not None:
+        windows = windows[:max_windows]
+    if max_tokens is not None:
+        kept, total = [], 0
+        for w in windows:
+            if total >= max_tokens:
+                break
+            kept.append(w)
+            total += w.scored
+        windows = kept
+    return windows
+
+
+def window_batch(tokens: np.ndarray,
+                 windows: list[EvalWindow]) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(x, y, score_mask) for windows of equal length: int64 (B, T), int64 (B, T), bool (B, T)."""
+    length = windows[0].length
+    if any(w.length != length for w in windows):
+        raise ValueError("window_batch needs windows of one length")
+    rows = np.stack([tokens[w.start:w.start + length + 1] for w in windows]).astype(np.int64)
+    batch = torch.from_numpy(rows)  # (B, T + 1)
+    mask = torch.zeros(len(windows), length, dtype=torch.bool)
+    for i, w in enumerate(windows):
+        mask[i, w.score_from:] = True
+    return batch[:, :-1], batch[:, 1:], mask

@@ -1,0 +1,422 @@
+"""Data: tokenizers, sources, preparation and its cache, the built-in corpus, samplers."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import data.prepare as prepare_mod
+from configs.schema import DataConfig, LocalConfig, TokenizerConfig
+from data import EOT, TrainSampler, eval_windows, load_tokenizer, prepare_data, train_tokenizer, window_batch
+from data.builtin import builtin_documents, split_of
+from data.sources import group_documents, open_corpus
+from model.errors import DataError
+
+ROOT = Path(__file__).resolve().parents[1]
+WIKITEXT2 = ROOT.parent / "shared" / "data" / "wikitext-2"
+SAMPLE = "Hello, world! Ünïcödé — 日本語 and emoji 😀.\n\tTabs,  double  spaces, <tags>."
+WORDS = ("the cat sat on a mat while dogs ran past quietly and birds sang loudly over "
+         "green hills near an old river").split()
+
+
+def fake_corpus(path: Path, lines: int, seed: int = 0) -> Path:
+    rng = random.Random(seed)
+    text = "\n".join(" ".join(rng.choice(WORDS) for _ in range(rng.randint(3, 15))).capitalize() + "."
+                     for _ in range(lines))
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(text + "\n", encoding="utf-8")
+    return path
+
+
+def local_cfg(tmp_path: Path, **local) -> DataConfig:
+    if "train" not in local:
+        local["train"] = [str(fake_corpus(tmp_path / "corpus" / "train.txt", 300))]
+        local.setdefault("valid", [str(fake_corpus(tmp_path / "corpus" / "valid.txt", 40, seed=1))])
+    return DataConfig(source="local", local=LocalConfig(**local), num_proc=1,
+                      tokenizer=TokenizerConfig(kind="bpe", vocab_size=300),
+                      cache_dir=str(tmp_path / "cache"))
+
+
+def encoded(tokenizer, docs) -> list[int]:
+    ids = []
+    for doc in docs:
+        ids += tokenizer.encode(doc) + [tokenizer.eot_id]
+    return ids
+
+
+# ------------------------------------------------------------------ tokenizers
+
+@pytest.mark.parametrize("kind", ["bpe", "byte", "char"])
+def test_tokenizer_round_trip_and_save_load(kind, tmp_path):
+    texts = [SAMPLE, "The quick brown fox jumps over the lazy dog. " * 20]
+    tok = train_tokenizer(TokenizerConfig(kind=kind, vocab_size=300), texts)
+    for text in texts:
+        ids = tok.encode(text)
+        assert all(0 <= i < tok.vocab_size for i in ids) and tok.eot_id not in ids
+        assert tok.decode(ids) == text
+    assert tok.decode(tok.encode("ab") + [tok.eot_id] + tok.encode("c")) == f"ab{EOT}c"
+    tok.save(tmp_path / "tokenizer.json")
+    again = load_tokenizer(tmp_path / "tokenizer.json")
+    assert again == tok and again.kind == kind
+    assert (again.vocab_size, again.eot_id) == (tok.vocab_size, tok.eot_id)
+    assert again.encode(SAMPLE) == tok.encode(SAMPLE)
+
+
+def test_bpe_actually_merges_and_respects_vocab_size():
+    text = ["the cat sat on the mat with the hat " * 50]
+    tok = train_tokenizer(TokenizerConfig(kind="bpe", vocab_size=280), text)
+    assert tok.vocab_size <= 280
+    assert len(tok.encode("the cat sat")) < len("the cat sat".encode())
+
+
+def test_char_tokenizer_rejects_unseen_characters():
+    tok = train_tokenizer(TokenizerConfig(kind="char"), ["abc"])
+    assert tok.vocab_size == 4 and tok.eot_id == 3
+    with pytest.raises(DataError, match="'z'"):
+        tok.encode("abz")
+
+
+def test_bpe_training_is_deterministic_across_processes():
+    texts = [fake_corpus_text(i) for i in range(50)]
+    cfg = TokenizerConfig(kind="bpe", vocab_size=400)
+    first = train_tokenizer(cfg, texts).to_json()
+    assert train_tokenizer(cfg, texts).to_json() == first
+    code = ("import sys, hashlib; sys.path.insert(0, sys.argv[1]); from tests.test_data import *; "
+            "t = train_tokenizer(TokenizerConfig(kind='bpe', vocab_size=400), "
+            "[fake_corpus_text(i) for i in range(50)]); "
+            "print(hashlib.sha256(t.to_json().encode()).hexdigest())")
+    env = {**os.environ, "PYTHONHASHSEED": "12345"}  # a different hash seed than ours
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True,
+                         env=env, cwd=ROOT, check=True).stdout.split()[-1]
+    assert out == hashlib.sha256(first.encode()).hexdigest()
+
+
+def fake_corpus_text(seed: int) -> str:
+    rng = random.Random(seed)
+    return " ".join(rng.choice(WORDS) for _ in range(60))
+
+
+# ------------------------------------------------------------------ documents and sources
+
+def test_wikitext_grouping_starts_articles_at_titles():
+    rows = [" \n", " = Alpha = \n", " \n", " First para . \n", " = = Section = = \n", " \n",
+            " Key : Pld\n", " = Played , W = \n", " Wins , L\n",  # a table legend, not a title
+            " \n", " \n", " = Beta = \n", " \n", " Beta text . \n", ""]
+    docs = list(group_documents(rows, "wikitext"))
+    assert docs == [" = Alpha = \n First para . \n = = Section = = \n Key : Pld\n = Played , W = \n Wins , L",
+                    " = Beta = \n Beta text . "]
+    assert list(group_documents(["a\n", " \n", "", "b"], "line")) == ["a", "b"]
+
+
+def test_missing_files_and_empty_globs_raise_data_error(tmp_path):
+    with pytest.raises(DataError, match="nope.txt.*does not exist"):
+        open_corpus(local_cfg(tmp_path, train=[str(tmp_path / "nope.txt")], valid_fraction=0.1))
+    with pytest.raises(DataError, match=r"\*\.md.*matches no files"):
+        open_corpus(local_cfg(tmp_path, train=[str(tmp_path / "*.md")], valid_fraction=0.1))
+    (tmp_path / "emptydir").mkdir()
+    with pytest.raises(DataError, match="emptydir.*no files"):
+        open_corpus(local_cfg(tmp_path, train=[str(tmp_path / "emptydir")], valid_fraction=0.1))
+
+
+def test_empty_corpus_raises_data_error(tmp_path):
+    blank = tmp_path / "blank.txt"
+    blank.write_text("\n \n\n")
+    cfg = local_cfg(tmp_path, train=[str(blank)], valid=[str(blank)])
+    with pytest.raises(DataError, match="no documents"):
+        prepare_data(cfg, progress=False)
+    assert not list((tmp_path / "cache").glob("*/meta.json"))  # nothing half-built is left
+
+
+def test_directories_and_globs_resolve_sorted(tmp_path):
+    for name in ("b.txt", "a.txt", "sub/c.txt"):
+        fake_corpus(tmp_path / "d" / name, 5, seed=len(name))
+    by_dir = open_corpus(local_cfg(tmp_path, train=[str(tmp_path / "d")], valid_fraction=0.2))
+    by_glob = open_corpus(local_cfg(tmp_path, train=[str(tmp_path / "d" / "**" / "*.txt")],
+                                    valid_fraction=0.2))
+    expected = [tmp_path / "d" / n for n in ("a.txt", "b.txt", "sub/c.txt")]
+    assert by_dir.files["train"] == expected and sorted(by_glob.files["train"]) == expected
+
+
+def test_split_fraction_is_deterministic_document_level(tmp_path):
+    cfg = local_cfg(tmp_path, valid=[], valid_fraction=0.1, test_fraction=0.05, split_seed=3)
+    all_docs = list(group_documents((tmp_path / "corpus" / "train.txt").read_text().splitlines(), "line"))
+    corpus = open_corpus(cfg)
+    splits = {s: list(corpus.documents(s)) for s in ("train", "valid", "test")}
+    assert {s: len(d) for s, d in splits.items()} == {"train": 255, "valid": 30, "test": 15}
+    assert sorted(sum(splits.values(), [])) == sorted(all_docs)  # a partition of the documents
+    assert splits == {s: list(open_corpus(cfg).documents(s)) for s in splits}  # same again
+    other = open_corpus(local_cfg(tmp_path, valid=[], valid_fraction=0.1, test_fraction=0.05, split_seed=4))
+    assert list(other.documents("valid")) != splits["valid"]
+    tail = open_corpus(local_cfg(tmp_path, valid=[], valid_fraction=0.1, split_mode="tail"))
+    assert list(tail.documents("valid")) == all_docs[-30:]
+    assert list(tail.documents("train")) == all_docs[:-30]
+
+
+def test_hub_offline_error_explains_local_files(tmp_path):
+    # A fresh process so the offline switches are read at import, as datasets does.
+    code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
+            "from configs.schema import DataConfig, HubConfig\n"
+            "from data import prepare_data\n"
+            "from model.errors import DataError\n"
+            "try:\n"
+            "    prepare_data(DataConfig(source='hub', hub=HubConfig(name='wikitext-2-raw-v1'),"
+            " cache_dir=sys.argv[2], num_proc=1), progress=False)\n"
+            "except DataError as e:\n"
+            "    print('DATAERROR', e)\n")
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1",
+           "HF_HOME": str(tmp_path / "hf"), "HF_DATASETS_CACHE": str(tmp_path / "hf" / "datasets")}
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT), str(tmp_path / "cache")], env=env,
+                         cwd=tmp_path, capture_output=True, text=True, timeout=120).stdout
+    assert "DATAERROR" in out, out
+    assert "Salesforce/wikitext" in out and "wikitext-2-raw-v1" in out
+    assert "data.source=local" in out and "data.local.train=" in out and "data.local.valid=" in out
+
+
+# ------------------------------------------------------------------ preparation and cache
+
+def test_prepare_writes_uint16_tokens_with_correct_counts(tmp_path):
+    cfg = local_cfg(tmp_path)
+    prepared = prepare_data(cfg, progress=False)
+    assert prepared.meta["dtype"] == "uint16" and prepared.splits == ["train", "valid"]
+    corpus = open_corpus(cfg)
+    for split in ("train", "valid"):
+        tokens = prepared.split(split)
+        assert tokens.dtype == np.uint16
+        expected = encoded(prepared.tokenizer, corpus.documents(split))
+        assert tokens.tolist() == expected
+        assert prepared.meta["splits"][split]["tokens"] == len(expected)
+        assert prepared.meta["splits"][split]["documents"] == int((tokens == prepared.tokenizer.eot_id).sum())
+    assert (prepared.dir / "tokenizer.json").is_file()
+    assert prepared.meta["tokenizer"]["vocab_size"] == prepared.tokenizer.vocab_size <= 300
+    with pytest.raises(DataError, match="no 'test' split"):
+        prepared.split("test")
+
+
+def test_prepare_reuses_cache_without_retokenizing(tmp_path, monkeypatch):
+    cfg = local_cfg(tmp_path)
+    first = prepare_data(cfg, progress=False)
+    stamp = (first.dir / "meta.json").stat().st_mtime_ns
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the cached data was rebuilt")
+
+    monkeypatch.setattr(prepare_mod, "_build", fail)
+    again = prepare_data(cfg, progress=False)
+    assert again.dir == first.dir and again.meta == first.meta
+    assert (again.dir / "meta.json").stat().st_mtime_ns == stamp
+
+
+def test_prepare_rebuilds_on_config_or_content_change(tmp_path):
+    cfg = local_cfg(tmp_path)
+    first = prepare_data(cfg, progress=False)
+    bigger = DataConfig(**{**cfg.__dict__, "tokenizer": TokenizerConfig(kind="bpe", vocab_size=320)})
+    assert prepare_data(bigger, progress=False).dir != first.dir
+    as_bytes = DataConfig(**{**cfg.__dict__, "tokenizer": TokenizerConfig(kind="byte")})
+    assert prepare_data(as_bytes, progress=False).dir != first.dir
+    # Settings that cannot change the tokens share the cache entry.
+    same = DataConfig(**{**cfg.__dict__, "num_proc": 2})
+    assert prepare_mod.data_key(same, open_corpus(same)) == prepare_mod.data_key(cfg, open_corpus(cfg))
+    fake_corpus(tmp_path / "corpus" / "train.txt", 301)  # the file changed: size and mtime
+    changed = prepare_data(cfg, progress=False)
+    assert changed.dir != first.dir and changed.meta["splits"]["train"]["documents"] == 301
+
+
+def test_incomplete_directories_are_never_used(tmp_path):
+    cfg = local_cfg(tmp_path)
+    good = prepare_data(cfg, progress=False)
+    expected = good.split("train").tolist()
+    # Simulate an interrupted build: a directory without meta.json plus a stale temp dir.
+    (good.dir / "meta.json").unlink()
+    (good.dir / "train.bin").write_bytes(b"\x01\x00" * 3)
+    stale = good.dir.parent / f"{good.dir.name}.tmp-999-deadbeef"
+    stale.mkdir()
+    (stale / "train.bin").write_bytes(b"junk")
+    rebuilt = prepare_data(cfg, progress=False)
+    assert rebuilt.split("train").tolist() == expected
+    assert not stale.exists()
+
+
+def test_truncated_token_file_is_reported(tmp_path):
+    cfg = local_cfg(tmp_path)
+    prepared = prepare_data(cfg, progress=False)
+    (prepared.dir / "valid.bin").write_bytes(b"\x00\x00")
+    with pytest.raises(DataError, match="valid.bin is missing or truncated"):
+        prepare_data(cfg, progress=False)
+
+
+def test_process_pool_gives_identical_tokens(tmp_path):
+    cfg = local_cfg(tmp_path)
+    one = prepare_data(cfg, progress=False)
+    pooled_cfg = DataConfig(**{**cfg.__dict__, "num_proc": 2, "cache_dir": str(tmp_path / "cache2")})
+    monkey_chunk = prepare_mod.CHUNK_CHARS
+    prepare_mod.CHUNK_CHARS = 500  # many small tasks, so ordering across workers matters
+    try:
+        two = prepare_data(pooled_cfg, progress=False)
+    finally:
+        prepare_mod.CHUNK_CHARS = monkey_chunk
+    assert two.meta["content_hash"] == one.meta["content_hash"]
+    assert two.split("train").tolist() == one.split("train").tolist()
+
+
+def test_split_fraction_prepare_is_deterministic(tmp_path):
+    cfg = local_cfg(tmp_path, valid=[], valid_fraction=0.1)
+    a = prepare_data(cfg, progress=False)
+    b = prepare_data(DataConfig(**{**cfg.__dict__, "cache_dir": str(tmp_path / "other")}), progress=False)
+    assert a.meta["content_hash"] == b.meta["content_hash"]
+    assert a.meta["splits"]["valid"]["documents"] == 30
+
+
+# ------------------------------------------------------------------ built-in corpus
+
+def test_builtin_corpus_is_deterministic_and_substantial():
+    docs = builtin_documents()
+    digest = hashlib.sha256(json.dumps(docs).encode()).hexdigest()
+    code = ("import sys, json, hashlib; sys.path.insert(0, sys.argv[1]); "
+            "from data.builtin import builtin_documents; "
+            "print(hashlib.sha256(json.dumps(builtin_documents()).encode()).hexdigest())")
+    env = {**os.environ, "PYTHONHASHSEED": "987"}
+    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True,
+                         env=env, cwd=ROOT, check=True).stdout.split()[-1]
+    assert out == digest
+    assert len(docs) > 300 and sum(len(t) for _, t in docs) > 1_000_000
+    chars = {s: sum(len(t) for title, t in docs if split_of(title) == s) for s in ("train", "valid", "test")}
+    assert chars["train"] > 5 * chars["valid"] > 0 and chars["test"] > 0
+
+
+def test_builtin_corpus_prepares(tmp_path):
+    cfg = DataConfig(source="builtin", tokenizer=TokenizerConfig(kind="byte"), num_proc=1,
+                     cache_dir=str(tmp_path))
+    prepared = prepare_data(cfg, progress=False)
+    assert prepared.splits == ["train", "valid", "test"]
+    assert prepared.meta["splits"]["valid"]["tokens"] > 50_000
+    text = prepared.tokenizer.decode(prepared.split("train")[:2000].tolist())
+    assert EOT in text and "Module" in text
+
+
+# ------------------------------------------------------------------ real WikiText-2 files
+
+@pytest.mark.slow
+@pytest.mark.skipif(not (WIKITEXT2 / "train.txt").is_file(), reason="../shared/data/wikitext-2 absent")
+def test_prepare_real_wikitext2_local(tmp_path):
+    cfg = DataConfig(source="local", documents="wikitext", cache_dir=str(tmp_path),
+                     local=LocalConfig(train=[str(WIKITEXT2 / "train.txt")],
+                                       valid=[str(WIKITEXT2 / "valid.txt")],
+                                       test=[str(WIKITEXT2 / "test.txt")]),
+                     tokenizer=TokenizerConfig(kind="bpe", vocab_size=1024), num_proc=2)
+    prepared = prepare_data(cfg, progress=False)
+    splits = prepared.meta["splits"]
+    # WikiText-2 has 600 / 60 / 60 articles (Merity et al. 2016).
+    assert [splits[s]["documents"] for s in ("train", "valid", "test")] == [600, 60, 60]
+    # ~2.09M / 0.22M / 0.25M words; a 1024-token BPE needs somewhat more tokens than words.
+    assert 2.0e6 < splits["train"]["tokens"] < 6.0e6
+    assert 0.08 < splits["valid"]["tokens"] / splits["train"]["tokens"] < 0.14
+    assert 0.09 < splits["test"]["tokens"] / splits["train"]["tokens"] < 0.15
+
+
+# ------------------------------------------------------------------ training sampler
+
+def toy_tokens(n: int = 5000) -> np.ndarray:
+    return np.random.default_rng(0).integers(0, 60000, size=n).astype(np.uint16)
+
+
+def test_sampler_same_seed_same_batches_and_shift():
+    tokens = toy_tokens()
+    a, b = TrainSampler(tokens, 32, 4, seed=7), TrainSampler(tokens, 32, 4, seed=7)
+    for _ in range(3):
+        (xa, ya), (xb, yb) = a.next_batch(), b.next_batch()
+        assert torch.equal(xa, xb) and torch.equal(ya, yb)
+    assert xa.shape == ya.shape == (4, 32) and xa.dtype == ya.dtype == torch.int64
+    assert torch.equal(xa[:, 1:], ya[:, :-1])
+    flat = tokens.astype(np.int64)
+    for row_x, row_y in zip(xa.numpy(), ya.numpy()):  # each row is a real window of the file
+        start = next(s for s in range(len(flat)) if np.array_equal(flat[s:s + 32], row_x))
+        assert np.array_equal(flat[start + 1:start + 33], row_y)
+    c = TrainSampler(tokens, 32, 4, seed=8)
+    assert not torch.equal(c.next_batch()[0], TrainSampler(tokens, 32, 4, seed=7).next_batch()[0])
+
+
+def test_sampler_state_restores_exactly():
+    tokens = toy_tokens()
+    run = TrainSampler(tokens, 16, 3, seed=1)
+    for _ in range(5):
+        run.next_batch()
+    state = json.loads(json.dumps(run.state_dict()))  # plain, JSON-serialisable
+    expected = [run.next_batch() for _ in range(4)]
+    resumed = TrainSampler(tokens, 16, 3, seed=999)
+    resumed.load_state_dict(state)
+    for x, y in expected:
+        rx, ry = resumed.next_batch()
+        assert torch.equal(rx, x) and torch.equal(ry, y)
+
+
+def test_two_ranks_equal_one_rank_with_double_batch():
+    tokens = toy_tokens()
+    single = TrainSampler(tokens, 16, 8, seed=3)
+    ranks = [TrainSampler(tokens, 16, 4, seed=3, rank=r, world_size=2) for r in range(2)]
+    for _ in range(3):
+        x, y = single.next_batch()
+        parts = [s.next_batch() for s in ranks]
+        assert torch.equal(torch.cat([p[0] for p in parts]), x)
+        assert torch.equal(torch.cat([p[1] for p in parts]), y)
+        assert not torch.equal(parts[0][0], parts[1][0])
+
+
+def test_sampler_windows_stay_inside_and_reach_the_end():
+    tokens = np.arange(20, dtype=np.uint16)
+    sampler = TrainSampler(tokens, 4, 64, seed=0)
+    starts = np.concatenate([sampler.offsets(k) for k in range(20)])
+    assert starts.min() == 0 and starts.max() == 20 - 5
+    with pytest.raises(DataError, match="fewer than one window"):
+        TrainSampler(tokens, 20, 1, seed=0)
+
+
+# ------------------------------------------------------------------ evaluation windows
+
+@pytest.mark.parametrize("n, length", [(1000, 128), (1001, 100), (129, 128), (5000, 7), (300, 1)])
+def test_nonoverlap_windows(n, length):
+    windows = eval_windows(n, length)
+    assert len(windows) == (n - 1) // length
+    assert all(w.score_from == 0 and w.length == length for w in windows)
+    assert [w.start for w in windows] == [i * length for i in range(len(windows))]
+    assert windows[-1].start + length + 1 <= n
+
+
+@pytest.mark.parametrize("n, length, stride", [(1000, 128, 64), (1000, 100, 30), (129, 128, 5),
+                                               (5000, 256, 1), (777, 10, 9), (500, 64, 64)])
+def test_sliding_windows_score_every_target_once(n, length, stride):
+    windows = eval_windows(n, length, stride)
+    counts = np.zeros(n, dtype=int)  # counts[t]: how often target token t was scored
+    for w in windows:
+        assert w.start >= 0 and w.start + w.length + 1 <= n
+        counts[w.start + 1 + w.score_from:w.start + 1 + w.length] += 1
+    expected_cover = n - 1 if stride < length else (n - 1) // length * length
+    assert counts[0] == 0 and (counts[1:expected_cover + 1] == 1).all() and counts.sum() == expected_cover
+    # Scored targets always have at least length - stride tokens of context (first window aside).
+    assert all(w.score_from >= length - stride for w in windows[1:])
+
+
+def test_eval_window_caps_and_too_short_split():
+    assert len(eval_windows(10_000, 100, max_windows=7)) == 7
+    capped = eval_windows(10_000, 100, stride=50, max_tokens=1000)
+    assert sum(w.scored for w in capped) >= 1000 > sum(w.scored for w in capped[:-1])
+    with pytest.raises(DataError, match=r"has 100 tokens.*length 128"):
+        eval_windows(100, 128)
+
+
+def test_window_batch_builds_shifted_inputs_and_masks():
+    tokens = np.arange(50, dtype=np.uint16)
+    windows = eval_windows(50, 8, stride=4)
+    x, y, mask = window_batch(tokens, windows)
+    assert x.shape == y.shape == mask.shape == (len(windows), 8)
+    assert torch.equal(x + 1, y) and x.dtype == torch.int64
+    assert mask.sum().item() == 49
+    assert mask[0].all() and not mask[1, :4].any() and mask[1, 4:].all()
