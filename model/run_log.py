@@ -1,0 +1,93 @@
+"""A run's metrics: ``metrics.jsonl`` in the run directory, a tqdm bar, optional wandb.
+
+Only rank 0 logs. On resume, records from steps after the checkpoint (which will be
+trained again) are dropped from metrics.jsonl, so the file reads as one uninterrupted
+run; wandb continues the same run id, stored in the checkpoint state and in
+``wandb_id.txt``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import time
+import uuid
+from pathlib import Path
+from typing import Optional
+
+from tqdm import tqdm
+
+from model.checkpoint import write_atomic
+from model.errors import UserError
+
+
+class _NoBar:
+    def update(self, n: int = 1) -> None: ...
+    def set_postfix(self, **kwargs) -> None: ...
+    def close(self) -> None: ...
+
+
+class RunLog:
+    def __init__(self, run_dir: Path, cfg, is_main: bool, start_step: int = 0,
+                 wandb_id: Optional[str] = None):
+        self.run_dir, self.cfg, self.is_main = run_dir, cfg, is_main
+        self.wandb, self.wandb_id, self.file = None, wandb_id, None
+        if not is_main:
+            return
+        run_dir.mkdir(parents=True, exist_ok=True)
+        path = run_dir / "metrics.jsonl"
+        if path.exists():
+            kept = [line for line in path.read_text().splitlines()
+                    if line.strip() and json.loads(line).get("step", 0) <= start_step]
+            write_atomic(path, "".join(line + "\n" for line in kept))
+        self.file = open(path, "a")
+        if cfg.log.wandb:
+            self._init_wandb()
+
+    def _init_wandb(self) -> None:
+        try:
+            import wandb
+        except ImportError:
+            raise UserError("log.wandb=true needs the wandb package: pip install wandb "
+                            "(or set log.wandb=false)") from None
+        from configs import config_to_dict
+
+        id_file = self.run_dir / "wandb_id.txt"
+        if self.wandb_id is None and id_file.exists():
+            self.wandb_id = id_file.read_text().strip()
+        self.wandb_id = self.wandb_id or uuid.uuid4().hex[:8]
+        write_atomic(id_file, self.wandb_id)
+        log = self.cfg.log
+        self.wandb = wandb.init(project=log.wandb_project, entity=log.wandb_entity, name=self.cfg.name,
+                                id=self.wandb_id, resume="allow", mode=log.wandb_mode,
+                                dir=str(self.run_dir), config=config_to_dict(self.cfg))
+
+    def _write(self, record: dict) -> None:
+        if not self.is_main:
+            return
+        record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
+        self.file.write(json.dumps(record) + "\n")
+        self.file.flush()
+        if self.wandb is not None:
+            self.wandb.log({k: v for k, v in record.items() if v is not None and k != "step"},
+                           step=record["step"])
+
+    def train(self, step: int, tokens: int, loss: float, lr: float, grad_norm: float,
+              tokens_per_sec: float, mfu: Optional[float]) -> None:
+        self._write({"step": step, "tokens": tokens, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                     "tokens_per_sec": round(tokens_per_sec, 1), "mfu": mfu, "time": time.time()})
+
+    def validation(self, step: int, tokens: int, val_loss: float) -> None:
+        self._write({"step": step, "tokens": tokens, "val_loss": val_loss,
+                     "val_ppl": math.exp(min(val_loss, 700.0)), "time": time.time()})
+
+    def progress(self, total: int, initial: int):
+        if not (self.is_main and self.cfg.log.progress):
+            return _NoBar()
+        return tqdm(total=total, initial=initial, desc=self.cfg.name, unit="step", dynamic_ncols=True)
+
+    def close(self) -> None:
+        if self.file is not None:
+            self.file.close()
+        if self.wandb is not None:
+            self.wandb.finish()

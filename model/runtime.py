@@ -1,0 +1,120 @@
+"""Where and how a run executes: device, precision, and the data-parallel group.
+
+Under ``torchrun`` (RANK/WORLD_SIZE/LOCAL_RANK set) the process group is NCCL on CUDA
+and gloo on CPU; multi-node works the same way with torchrun's rendezvous arguments.
+Precision ``auto`` is float32 on CPU (bf16 matmuls are hundreds of times slower on
+typical CPUs) and bf16 autocast on CUDA devices that support it (else fp16 with a
+gradient scaler).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+from dataclasses import dataclass
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+
+from model.errors import ConfigError
+
+# Dense bf16 peak FLOP/s of common accelerators, for MFU (vendor datasheets).
+PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "A10G": 125e12, "L4": 121e12,
+              "RTX 4090": 165e12, "RTX 3090": 71e12, "V100": 125e12}
+
+
+@dataclass
+class Runtime:
+    device: torch.device
+    dtype: torch.dtype  # autocast dtype; float32 means no autocast
+    rank: int = 0
+    world_size: int = 1
+    peak_flops: Optional[float] = None
+
+    @property
+    def is_main(self) -> bool:
+        return self.rank == 0
+
+    def autocast(self):
+        if self.dtype == torch.float32:
+            return contextlib.nullcontext()
+        return torch.autocast(device_type=self.device.type, dtype=self.dtype)
+
+    def barrier(self) -> None:
+        if self.world_size > 1:
+            dist.barrier()
+
+    def mean_across_ranks(self, value: torch.Tensor) -> float:
+        if self.world_size > 1:
+            value = value.clone()
+            dist.all_reduce(value, op=dist.ReduceOp.SUM)
+            value /= self.world_size
+        return float(value)
+
+    def any_rank(self, flag: bool) -> bool:
+        if self.world_size == 1:
+            return flag
+        t = torch.tensor([1.0 if flag else 0.0], device=self.device)
+        dist.all_reduce(t, op=dist.ReduceOp.MAX)
+        return bool(t.item())
+
+    def mfu(self, achieved_flops: float) -> Optional[float]:
+        """Model FLOPs utilisation over all ranks, when the device's peak is known."""
+        if not self.peak_flops:
+            return None
+        return achieved_flops / (self.peak_flops * self.world_size)
+
+    def print(self, *args, **kwargs) -> None:
+        if self.is_main:
+            print(*args, **kwargs, flush=True)
+
+    def close(self) -> None:
+        if self.world_size > 1 and dist.is_initialized():
+            dist.destroy_process_group()
+
+
+def _device(choice: str, local_rank: int) -> torch.device:
+    if choice == "auto":
+        choice = "cuda" if torch.cuda.is_available() else "cpu"
+    if choice == "cuda":
+        if not torch.cuda.is_available():
+            raise ConfigError("train.device=cuda but no CUDA device is visible; use train.device=auto or cpu")
+        torch.cuda.set_device(local_rank)
+        return torch.device("cuda", local_rank)
+    if choice == "mps" and not torch.backends.mps.is_available():
+        raise ConfigError("train.device=mps but MPS is not available; use train.device=auto or cpu")
+    return torch.device(choice)
+
+
+def _dtype(choice: str, device: torch.device) -> torch.dtype:
+    if choice == "auto":
+        if device.type == "cuda":
+            return torch.bfloat16 if torch.cuda.is_bf16_supported() else torch.float16
+        return torch.float32
+    if choice == "float16" and device.type == "cpu":
+        raise ConfigError("train.dtype=float16 is not supported on CPU; use float32 (or bfloat16)")
+    return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[choice]
+
+
+def _peak_flops(device: torch.device) -> Optional[float]:
+    if os.environ.get("ROPELAB_PEAK_FLOPS"):
+        return float(os.environ["ROPELAB_PEAK_FLOPS"])
+    if device.type != "cuda":
+        return None
+    name = torch.cuda.get_device_name(device)
+    return next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
+
+
+def setup_runtime(train_cfg) -> Runtime:
+    """Join the torchrun process group if there is one, and pick device and precision."""
+    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+    local_rank = int(os.environ.get("LOCAL_RANK", 0))
+    device = _device(train_cfg.device, local_rank)
+    if world > 1 and not dist.is_initialized():
+        dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
+    if device.type == "cuda":
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+    return Runtime(device=device, dtype=_dtype(train_cfg.dtype, device), rank=rank, world_size=world,
+                   peak_flops=_peak_flops(device))

@@ -1,0 +1,249 @@
+"""train.py end to end on a tiny config: learning, exact resume, faults, DDP, wandb."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+from model.checkpoint import latest_checkpoint, load_state, read_meta
+from model.load import load_run
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def corpus(tmp_path_factory) -> Path:
+    """A small deterministic text corpus with train/valid files."""
+    d = tmp_path_factory.mktemp("corpus")
+    words = "the cat sat on a mat while rope and alibi rotate every token position".split()
+    gen = torch.Generator().manual_seed(0)
+    for split, n in (("train", 3000), ("valid", 400)):
+        idx = torch.randint(0, len(words), (n, 9), generator=gen).tolist()
+        (d / f"{split}.txt").write_text("\n".join(" ".join(words[i] for i in row) + "." for row in idx) + "\n")
+    return d
+
+
+def write_config(tmp: Path, corpus: Path, **extra: str) -> Path:
+    cfg = f"""
+name: tiny
+out_dir: {tmp / 'runs'}
+model: {{d_model: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2}}
+data:
+  source: local
+  local: {{train: [{corpus / 'train.txt'}], valid: [{corpus / 'valid.txt'}]}}
+  tokenizer: {{kind: byte}}
+  cache_dir: {tmp / 'cache'}
+  num_proc: 1
+train:
+  seq_len: 32
+  batch_size: 8
+  max_steps: 30
+  lr: 3.0e-3
+  warmup_steps: 5
+  eval_interval: 10
+  eval_batches: 4
+  ckpt_interval: 10
+  log_interval: 1
+  seed: 7
+log: {{progress: false}}
+"""
+    path = tmp / "tiny.yaml"
+    path.write_text(cfg)
+    return path
+
+
+def records(run_dir: Path, key: str = "loss") -> dict[int, float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r[key] for r in map(json.loads, lines) if key in r}
+
+
+def run_cli(*args: str, env_extra: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT), **(env_extra or {})}
+    return subprocess.run([sys.executable, str(ROOT / "train.py"), *args], capture_output=True,
+                          text=True, env=env, timeout=timeout, cwd=ROOT)
+
+
+def test_short_run_lowers_loss_and_writes_run_dir(tmp_path, corpus):
+    cfg = write_config(tmp_path, corpus)
+    assert train.main([str(cfg), "train.max_steps=60"]) == 0
+    run_dir = tmp_path / "runs" / "tiny"
+    losses = records(run_dir)
+    assert len(losses) == 60
+    first, last = sum(losses[s] for s in (1, 2, 3)) / 3, sum(losses[s] for s in (58, 59, 60)) / 3
+    assert last < first - 1.0, (first, last)
+    val = records(run_dir, "val_loss")
+    assert sorted(val) == [10, 20, 30, 40, 50, 60] and val[60] < val[10]
+    for name in ("config.yaml", "tokenizer.json", "best/model.safetensors", "checkpoints/latest"):
+        assert (run_dir / name).exists(), name
+    assert sorted(p.name for p in (run_dir / "checkpoints").glob("step_*")) == ["step_000050", "step_000060"]
+    meta = read_meta(latest_checkpoint(run_dir))
+    assert meta["finished"] and meta["step"] == 60
+    run = load_run(run_dir)  # the run directory alone rebuilds the model
+    assert run.model.cfg.vocab_size == 257
+    # Running the same command again refuses to touch the finished run.
+    assert train.main([str(cfg), "train.max_steps=60"]) == 2
+
+
+def stop_after(step: int, monkeypatch):
+    """Make the trainer behave as if SIGTERM arrived during step ``step``."""
+    original = train.Trainer.train_step
+
+    def train_step(self):
+        out = original(self)
+        if self.step == step:
+            self.stop_signal = signal.SIGTERM
+        return out
+
+    monkeypatch.setattr(train.Trainer, "train_step", train_step)
+
+
+def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, corpus, monkeypatch):
+    cfg = write_config(tmp_path, corpus)
+    assert train.main([str(cfg), "name=straight"]) == 0
+    with monkeypatch.context() as m:
+        stop_after(13, m)
+        assert train.main([str(cfg), "name=broken"]) == 128 + signal.SIGTERM
+    run_dir = tmp_path / "runs" / "broken"
+    assert read_meta(latest_checkpoint(run_dir))["step"] == 13
+    assert max(records(run_dir)) == 13
+    assert train.main([str(cfg), "name=broken", "--resume"]) == 0
+    straight, resumed = records(tmp_path / "runs" / "straight"), records(run_dir)
+    assert sorted(resumed) == list(range(1, 31))
+    assert resumed == straight  # bitwise: every logged loss identical
+    assert records(run_dir, "val_loss") == records(tmp_path / "runs" / "straight", "val_loss")
+
+
+def test_resume_refuses_a_different_experiment(tmp_path, corpus, capsys):
+    cfg = write_config(tmp_path, corpus)
+    assert train.main([str(cfg), "train.max_steps=10"]) == 0
+    assert train.main([str(cfg), "train.max_steps=20", "model.d_model=64", "--resume"]) == 2
+    assert "model.d_model" in capsys.readouterr().err
+    assert train.main([str(cfg), "train.max_steps=20", "train.lr=1e-2", "--resume"]) == 2
+    # Extending the run is the same experiment.
+    assert train.main([str(cfg), "train.max_steps=20", "--resume"]) == 0
+    assert max(records(tmp_path / "runs" / "tiny")) == 20
+
+
+def test_sigterm_saves_a_loadable_checkpoint(tmp_path, corpus):
+    cfg = write_config(tmp_path, corpus)
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    proc = subprocess.Popen([sys.executable, str(ROOT / "train.py"), str(cfg), "train.max_steps=100000",
+                             "train.ckpt_interval=100000"], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    metrics = tmp_path / "runs" / "tiny" / "metrics.jsonl"
+    deadline = time.time() + 120
+    while time.time() < deadline and (not metrics.exists() or len(metrics.read_text().splitlines()) < 5):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    out, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM, err
+    assert "Continue with --resume" in out
+    ckpt = latest_checkpoint(tmp_path / "runs" / "tiny")
+    state = load_state(ckpt)
+    assert state["step"] == read_meta(ckpt)["step"] >= 5
+    load_run(tmp_path / "runs" / "tiny")
+
+
+def test_nan_loss_stops_cleanly_and_keeps_checkpoints(tmp_path, corpus, monkeypatch, capsys):
+    cfg = write_config(tmp_path, corpus)
+    calls = {"n": 0}
+    real = torch.nn.functional.cross_entropy
+
+    def poisoned(*args, **kwargs):
+        calls["n"] += 1
+        loss = real(*args, **kwargs)
+        return loss * float("nan") if calls["n"] == 15 else loss
+
+    monkeypatch.setattr(train.F, "cross_entropy", poisoned)
+    assert train.main([str(cfg), "train.eval_interval=1000"]) == 2
+    err = capsys.readouterr().err
+    assert "loss became nan at step 15" in err and "Traceback" not in err
+    run_dir = tmp_path / "runs" / "tiny"
+    ckpt = latest_checkpoint(run_dir)
+    assert read_meta(ckpt)["step"] == 10
+    run = load_run(run_dir)
+    assert all(torch.isfinite(p).all() for p in run.model.parameters())
+
+
+def test_corrupt_checkpoints_are_refused_clearly(tmp_path, corpus):
+    cfg = write_config(tmp_path, corpus)
+    assert train.main([str(cfg), "train.max_steps=10"]) == 0
+    ckpt = latest_checkpoint(tmp_path / "runs" / "tiny")
+    weights = ckpt / "model.safetensors"
+    good = weights.read_bytes()
+    weights.write_bytes(good[: len(good) // 2])
+    res = run_cli(str(cfg), "train.max_steps=20", "--resume")
+    assert res.returncode == 2 and "truncated or corrupt" in res.stderr and "Traceback" not in res.stderr
+    weights.write_bytes(good)
+    # A state file holding a pickled object (code on load) is refused, not executed.
+    torch.save({"optimizer": object()}, ckpt / "state.pt")
+    res = run_cli(str(cfg), "train.max_steps=20", "--resume")
+    assert res.returncode == 2 and "cannot load" in res.stderr and "Traceback" not in res.stderr
+
+
+def test_checkpoint_keys_have_no_compile_prefix(tmp_path):
+    from conftest import tiny_config
+    from model.checkpoint import save_checkpoint
+    from model.transformer import Transformer
+    from safetensors import safe_open
+
+    model = Transformer(tiny_config())
+    compiled = torch.compile(model)  # not run: wrapping alone adds the _orig_mod. prefix
+    assert any(k.startswith("_orig_mod.") for k in compiled.state_dict())
+    ckpt = save_checkpoint(tmp_path, 1, compiled, {"step": 1}, {}, keep_last=1)
+    with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
+        keys = list(f.keys())
+    assert keys and not any("_orig_mod" in k or k.startswith("module.") for k in keys)
+
+
+def test_existing_run_is_not_overwritten(tmp_path, corpus, capsys):
+    cfg = write_config(tmp_path, corpus)
+    assert train.main([str(cfg), "train.max_steps=10"]) == 0
+    before = (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text()
+    assert train.main([str(cfg), "train.max_steps=10"]) == 2
+    assert "--resume" in capsys.readouterr().err
+    assert (tmp_path / "runs" / "tiny" / "metrics.jsonl").read_text() == before
+
+
+def test_torchrun_two_processes_match_one(tmp_path, corpus):
+    cfg = write_config(tmp_path, corpus)
+    common = [str(cfg), "train.max_steps=12", "train.eval_interval=6"]
+    assert train.main(common + ["name=single", "train.batch_size=8"]) == 0
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
+    res = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc_per_node=2",
+                          str(ROOT / "train.py"), *common, "name=ddp", "train.batch_size=4"],
+                         capture_output=True, text=True, env=env, timeout=600, cwd=ROOT)
+    assert res.returncode == 0, res.stderr[-3000:]
+    single, ddp = records(tmp_path / "runs" / "single"), records(tmp_path / "runs" / "ddp")
+    assert sorted(ddp) == list(range(1, 13))
+    for step in single:
+        assert ddp[step] == pytest.approx(single[step], rel=1e-4, abs=1e-5), step
+    vs, vd = records(tmp_path / "runs" / "single", "val_loss"), records(tmp_path / "runs" / "ddp", "val_loss")
+    assert vd[12] == pytest.approx(vs[12], rel=1e-4)
+
+
+def test_wandb_offline_writes_files_without_network(tmp_path, corpus):
+    pytest.importorskip("wandb")
+    cfg = write_config(tmp_path, corpus)
+    res = run_cli(str(cfg), "train.max_steps=4", "log.wandb=true", "log.wandb_mode=offline",
+                  env_extra={"WANDB_SILENT": "true", "HTTPS_PROXY": "http://127.0.0.1:9"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    run_dir = tmp_path / "runs" / "tiny"
+    offline = list((run_dir / "wandb").glob("offline-run-*"))
+    assert offline and any(offline[0].glob("*.wandb"))
+    run_id = (run_dir / "wandb_id.txt").read_text().strip()
+    assert offline[0].name.endswith(run_id)
+    # A resumed run continues the same wandb run id.
+    res = run_cli(str(cfg), "train.max_steps=6", "log.wandb=true", "log.wandb_mode=offline", "--resume",
+                  env_extra={"WANDB_SILENT": "true"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert all(p.name.endswith(run_id) for p in (run_dir / "wandb").glob("offline-run-*"))

@@ -1,0 +1,286 @@
+"""Train a model: ``python train.py CONFIG [key=value ...] [--resume]``.
+
+Builds everything from one resolved RunConfig, runs the optimisation loop and writes a
+run directory (see model/checkpoint.py for its layout). The same script runs
+data-parallel under ``torchrun`` (NCCL on CUDA, gloo on CPU); rank 0 alone writes files.
+
+Exactness: a resumed run restores weights, optimizer, schedule position, RNG states and
+the sampler, so every later logged loss equals the uninterrupted run's (bitwise on CPU
+with the same settings and thread count).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+import torch.distributed as dist
+import torch.nn.functional as F
+
+from configs import config_to_dict, load_config, save_config
+from configs.schema import RunConfig
+from data.prepare import prepare_data
+from data.samplers import TrainSampler
+from eval.perplexity import validation_loss
+from model.checkpoint import (latest_checkpoint, load_state, load_weights, read_meta, save_best,
+                              save_checkpoint, unwrap)
+from model.errors import CheckpointError, UserError
+from model.optim import build_optimizer, lr_at
+from model.runtime import Runtime, setup_runtime
+from model.run_log import RunLog
+from model.transformer import Transformer
+
+# Keys that may change when a run resumes: they do not change what is being trained.
+RESUMABLE_TRAIN_KEYS = {"max_steps", "max_tokens", "eval_interval", "eval_batches", "ckpt_interval",
+                        "keep_last", "resume", "log_interval", "compile", "device"}
+
+
+class TrainingError(UserError):
+    """The run cannot continue (e.g. a non-finite loss); checkpoints already saved are kept."""
+
+
+def check_resumable(saved: RunConfig, current: RunConfig, run_dir: Path) -> None:
+    """Refuse a resume that would silently turn into a different experiment."""
+    old, new = config_to_dict(saved), config_to_dict(current)
+    changed = [f"{section}.{key}" for section in ("model", "data", "train")
+               for key in sorted(set(old[section]) | set(new[section]))
+               if old[section].get(key) != new[section].get(key)
+               and not (section == "train" and key in RESUMABLE_TRAIN_KEYS)]
+    if changed:
+        raise UserError(f"cannot resume {run_dir}: these settings differ from the saved run: "
+                        f"{', '.join(changed)}. A resumed run must be the same experiment; "
+                        "start a new run with another name=... instead.")
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, rt: Runtime):
+        self.rt = rt
+        self.run_dir = Path(cfg.out_dir) / cfg.name
+        resume_from = self._find_resume_point(cfg)
+        data = self._prepare(cfg)
+        self.cfg = cfg.with_vocab_size(data.tokenizer.vocab_size)
+        self.tokenizer = data.tokenizer
+        self.train_tokens, self.valid_tokens = data.split("train"), data.split("valid")
+        t = self.cfg.train
+        self.total_steps = t.total_steps(rt.world_size)
+        torch.manual_seed(t.seed)
+        self.model = Transformer(self.cfg.model).to(rt.device)
+        self.optimizer = build_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2), rt.device.type)
+        self.sampler = TrainSampler(self.train_tokens, t.seq_len, t.batch_size, seed=t.seed,
+                                    rank=rt.rank, world_size=rt.world_size)
+        self.scaler = torch.amp.GradScaler(rt.device.type) if rt.dtype == torch.float16 else None
+        self.step, self.tokens_seen, self.best_val, self.wandb_id = 0, 0, math.inf, None
+        if resume_from is not None:
+            self._restore(resume_from)
+        self.forward_model = self._wrap(self.model)
+        self.stop_signal: Optional[int] = None
+
+    # --- setup ----------------------------------------------------------------------
+    def _find_resume_point(self, cfg: RunConfig) -> Optional[Path]:
+        ckpt = latest_checkpoint(self.run_dir) if self.run_dir.exists() else None
+        if ckpt is not None and cfg.train.resume == "never":
+            raise UserError(f"{self.run_dir} already has a checkpoint ({ckpt.name}). Continue it with "
+                            "--resume (or train.resume=auto), or start a new run with name=... ; "
+                            "nothing was changed.")
+        return ckpt
+
+    def _prepare(self, cfg: RunConfig):
+        # Rank 0 tokenizes; the others wait and then read the cache it wrote.
+        if not self.rt.is_main:
+            self.rt.barrier()
+        data = prepare_data(cfg.data, progress=cfg.log.progress and self.rt.is_main)
+        if self.rt.is_main:
+            self.rt.barrier()
+        return data
+
+    def _restore(self, ckpt: Path) -> None:
+        saved = load_config(self.run_dir / "config.yaml")
+        check_resumable(saved, self.cfg, self.run_dir)
+        meta = read_meta(ckpt)
+        load_weights(self.model, ckpt)
+        state = load_state(ckpt)
+        try:
+            self.optimizer.load_state_dict(state["optimizer"])
+            self.sampler.load_state_dict(state["sampler"])
+            torch.set_rng_state(state["rng_cpu"])
+            if torch.cuda.is_available() and state.get("rng_cuda") is not None:
+                torch.cuda.set_rng_state(state["rng_cuda"])
+            if self.scaler is not None and state.get("scaler"):
+                self.scaler.load_state_dict(state["scaler"])
+            self.step, self.tokens_seen = int(state["step"]), int(state["tokens"])
+            self.best_val, self.wandb_id = float(state["best_val"]), state.get("wandb_id")
+        except (KeyError, ValueError, RuntimeError, TypeError) as e:
+            raise CheckpointError(f"{ckpt}/state.pt does not match this run ({type(e).__name__}: {e}); "
+                                  "it may come from another version or config") from None
+        self.rt.print(f"resuming {self.run_dir} from {ckpt.name} (step {meta['step']})")
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.cfg.train.compile:
+            model = torch.compile(model)
+        if self.rt.world_size > 1:
+            ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return model
+
+    # --- one optimisation step ------------------------------------------------------
+    def train_step(self) -> tuple[float, float]:
+        """Forward/backward over grad_accum micro-batches, clip, step; returns (loss, grad norm)."""
+        t, rt = self.cfg.train, self.rt
+        lr = lr_at(self.step, t.lr, t.warmup_steps, self.total_steps, t.min_lr_ratio)
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+        loss_sum = torch.zeros((), device=rt.device)
+        for micro in range(t.grad_accum):
+            x, y = (b.to(rt.device, non_blocking=True) for b in self.sampler.next_batch())
+            last = micro == t.grad_accum - 1
+            sync = contextlib.nullcontext() if last or rt.world_size == 1 else self.forward_model.no_sync()
+            with sync, rt.autocast():
+                logits = self.forward_model(x)
+                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / t.grad_accum
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            loss_sum += loss.detach()
+        loss_value = rt.mean_across_ranks(loss_sum)
+        if not math.isfinite(loss_value):
+            raise TrainingError(
+                f"the loss became {loss_value} at step {self.step + 1}; the run stopped before the "
+                "update, and checkpoints already saved are intact. Lower train.lr, lengthen "
+                "train.warmup_steps or keep train.grad_clip on, then resume with --resume.")
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        clip = t.grad_clip if t.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += t.tokens_per_step(rt.world_size)
+        return loss_value, grad_norm
+
+    # --- evaluation and checkpoints -------------------------------------------------
+    def evaluate(self) -> float:
+        t = self.cfg.train
+        # eval_batches global batches: the same windows whatever the number of ranks.
+        windows = t.eval_batches * t.batch_size * self.rt.world_size
+        with self.rt.autocast():
+            return validation_loss(unwrap(self.model), self.valid_tokens, t.seq_len, t.batch_size,
+                                   max_windows=windows)
+
+    def save(self, val_loss: Optional[float] = None) -> None:
+        if self.rt.is_main:
+            state = {"optimizer": self.optimizer.state_dict(), "sampler": self.sampler.state_dict(),
+                     "rng_cpu": torch.get_rng_state(),
+                     "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+                     "scaler": self.scaler.state_dict() if self.scaler else None,
+                     "step": self.step, "tokens": self.tokens_seen, "best_val": self.best_val,
+                     "wandb_id": self.wandb_id}
+            meta = {"tokens": self.tokens_seen, "val_loss": val_loss,
+                    "finished": self.step >= self.total_steps, "total_steps": self.total_steps}
+            save_checkpoint(self.run_dir, self.step, self.model, state, meta, self.cfg.train.keep_last)
+        self.rt.barrier()
+
+    def _handle_signal(self, signum, frame) -> None:
+        self.stop_signal = signum
+
+    # --- the loop -------------------------------------------------------------------
+    def run(self) -> int:
+        t, rt = self.cfg.train, self.rt
+        if self.step >= self.total_steps:
+            rt.print(f"{self.run_dir} is already complete ({self.step}/{self.total_steps} steps)")
+            return 0
+        log = RunLog(self.run_dir, self.cfg, rt.is_main, start_step=self.step, wandb_id=self.wandb_id)
+        if rt.is_main:
+            self.run_dir.mkdir(parents=True, exist_ok=True)
+            save_config(self.cfg, self.run_dir / "config.yaml")
+            self.tokenizer.save(self.run_dir / "tokenizer.json")
+        self.wandb_id = log.wandb_id
+        flops_per_token = unwrap(self.model).flops_per_token(t.seq_len)
+        old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        try:
+            return self._loop(log, flops_per_token)
+        finally:
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
+            log.close()
+
+    def _loop(self, log: RunLog, flops_per_token: float) -> int:
+        t, rt = self.cfg.train, self.rt
+        self.model.train()
+        bar = log.progress(self.total_steps, self.step)
+        window_seconds, window_tokens = 0.0, 0  # training time only, not eval or saving
+        while self.step < self.total_steps:
+            started = time.perf_counter()
+            loss, grad_norm = self.train_step()
+            window_seconds += time.perf_counter() - started
+            window_tokens += t.tokens_per_step(rt.world_size)
+            last = self.step >= self.total_steps
+            if self.step % t.log_interval == 0 or last:
+                speed = window_tokens / window_seconds if window_seconds > 0 else 0.0
+                log.train(self.step, self.tokens_seen, loss, self.optimizer.param_groups[0]["lr"],
+                          grad_norm, speed, rt.mfu(flops_per_token * speed))
+                window_seconds, window_tokens = 0.0, 0
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
+                            refresh=False)
+            val_loss = None
+            if self.step % t.eval_interval == 0 or last:
+                val_loss = self.evaluate() if rt.is_main else None
+                self.model.train()
+                if rt.is_main:
+                    log.validation(self.step, self.tokens_seen, val_loss)
+                    if val_loss < self.best_val:
+                        self.best_val = val_loss
+                        save_best(self.run_dir, self.model, {"step": self.step, "val_loss": val_loss})
+            stop = rt.any_rank(self.stop_signal is not None)
+            if self.step % t.ckpt_interval == 0 or last or stop:
+                self.save(val_loss)
+            if stop and not last:
+                name = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal"
+                rt.print(f"\nstopped by {name} at step {self.step}; checkpoint saved in {self.run_dir}. "
+                         "Continue with --resume.")
+                return 128 + (self.stop_signal or signal.SIGTERM)
+        bar.close()
+        rt.print(f"done: {self.step} steps, {self.tokens_seen:,} tokens, best val loss {self.best_val:.4f} "
+                 f"→ {self.run_dir}")
+        return 0
+
+
+def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
+                                     epilog="example: python train.py configs/quickstart.yaml "
+                                            "model.pos.kind=alibi train.max_steps=200")
+    parser.add_argument("config", help="a YAML file under configs/ (or your own)")
+    parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.lr=3e-4")
+    parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
+    return parser.parse_args(argv)
+
+
+def main(argv: Optional[list[str]] = None) -> int:
+    args = parse_args(argv)
+    rt = None
+    try:
+        cfg = load_config(args.config, args.overrides)
+        if args.resume:
+            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume="auto"))
+        rt = setup_runtime(cfg.train)
+        return Trainer(cfg, rt).run()
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    finally:
+        if rt is not None:
+            rt.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
