@@ -34,7 +34,7 @@ from model.checkpoint import (latest_checkpoint, load_state, load_weights, read_
                               save_checkpoint, unwrap)
 from model.errors import CheckpointError, UserError
 from model.optim import build_optimizer, lr_at
-from model.runtime import Runtime, setup_runtime
+from model.runtime import Runtime, git_commit, setup_runtime
 from model.run_log import RunLog
 from model.transformer import Transformer
 
@@ -82,6 +82,7 @@ class Trainer:
             self._restore(resume_from)
         self.forward_model = self._wrap(self.model)
         self.stop_signal: Optional[int] = None
+        self.git_commit = git_commit()
 
     # --- setup ----------------------------------------------------------------------
     def _find_resume_point(self, cfg: RunConfig) -> Optional[Path]:
@@ -185,7 +186,8 @@ class Trainer:
                      "step": self.step, "tokens": self.tokens_seen, "best_val": self.best_val,
                      "wandb_id": self.wandb_id}
             meta = {"tokens": self.tokens_seen, "val_loss": val_loss,
-                    "finished": self.step >= self.total_steps, "total_steps": self.total_steps}
+                    "finished": self.step >= self.total_steps, "total_steps": self.total_steps,
+                    "params": self.model.num_params(), "git_commit": self.git_commit}
             save_checkpoint(self.run_dir, self.step, self.model, state, meta, self.cfg.train.keep_last)
         self.rt.barrier()
 

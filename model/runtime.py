@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import contextlib
 import os
+import subprocess
+from pathlib import Path
 from dataclasses import dataclass
 from typing import Optional
 
@@ -118,3 +120,16 @@ def setup_runtime(train_cfg) -> Runtime:
         torch.backends.cudnn.allow_tf32 = True
     return Runtime(device=device, dtype=_dtype(train_cfg.dtype, device), rank=rank, world_size=world,
                    peak_flops=_peak_flops(device))
+
+
+def git_commit() -> Optional[str]:
+    """The project's current commit (with "-dirty" if files changed), or None outside git."""
+    root = Path(__file__).resolve().parents[1]
+    try:
+        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return (sha + ("-dirty" if dirty else "")) if sha else None
