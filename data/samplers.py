@@ -8,7 +8,7 @@ batch ``b`` sees exactly the batches of a 1-rank run with batch ``2b``, and the 
 state is just the counter ``k``.
 
 Evaluation: contiguous windows over a split, either non-overlapping or sliding; each
-window says which of its targets to score so every target is scored exactly once.
+window says which of its targets to score so no target is scored twice.
 """
 
 from __future__ import annotations
@@ -80,10 +80,12 @@ def eval_windows(n_tokens: int, length: int, stride: Optional[int] = None,
 
     ``stride=None`` (or ``= length``): non-overlapping windows, ``(n_tokens - 1) // length``
     of them, every target scored; the remainder shorter than a window is dropped.
-    ``stride < length``: sliding windows ``stride`` apart; the first scores all its
-    targets, later ones only their last ``stride``, and a last window aligned to the end of
-    the split scores whatever is left, so every target is scored exactly once with at
-    least ``length - stride`` tokens of context (except in the first window).
+    ``stride < length``: sliding windows ``stride`` apart, each scoring only its last
+    ``stride`` targets, and a last window aligned to the end of the split scores whatever
+    is left. Every scored target therefore has at least ``length - stride`` tokens of
+    context — the first window's early targets too, which is why the first
+    ``length - stride`` targets of the split are not scored — and every later target is
+    scored exactly once. With ``stride = length`` this is the non-overlapping protocol.
     ``max_windows`` / ``max_tokens`` keep a prefix of the windows (``max_tokens`` counts
     scored targets, rounded up to whole windows).
     """
@@ -95,8 +97,7 @@ def eval_windows(n_tokens: int, length: int, stride: Optional[int] = None,
                         "or use a larger split")
     stride = length if stride is None else stride
     last_start = n_tokens - 1 - length
-    windows = [EvalWindow(s, length, 0 if s == 0 else length - stride)
-               for s in range(0, last_start + 1, stride)]
+    windows = [EvalWindow(s, length, length - stride) for s in range(0, last_start + 1, stride)]
     covered = windows[-1].start + length  # targets 1..covered are scored
     if stride < length and covered < n_tokens - 1:
         windows.append(EvalWindow(last_start, length, length - (n_tokens - 1 - covered)))

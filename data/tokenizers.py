@@ -13,6 +13,8 @@ import json
 from pathlib import Path
 from typing import Iterable, Iterator
 
+import numpy as np
+
 from configs.schema import TokenizerConfig
 from model.errors import DataError
 
@@ -37,6 +39,13 @@ class Tokenizer:
 
     def encode_batch(self, texts: list[str]) -> list[list[int]]:
         return [self.encode(t) for t in texts]
+
+    def token_bytes(self) -> np.ndarray:
+        """UTF-8 bytes each id stands for (int64, (vocab_size,)), for bits per byte.
+
+        <|endoftext|> counts as one byte: it stands for the break between documents.
+        """
+        raise NotImplementedError
 
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json(), encoding="utf-8")
@@ -71,6 +80,9 @@ class ByteTokenizer(Tokenizer):
     def to_json(self) -> str:
         return json.dumps({"kind": "byte", "eot": EOT})
 
+    def token_bytes(self) -> np.ndarray:
+        return np.ones(self.vocab_size, dtype=np.int64)
+
 
 class CharTokenizer(Tokenizer):
     """One id per distinct character of the corpus (sorted), then <|endoftext|>."""
@@ -96,6 +108,9 @@ class CharTokenizer(Tokenizer):
     def to_json(self) -> str:
         return json.dumps({"kind": "char", "eot": EOT, "chars": self.chars}, ensure_ascii=False)
 
+    def token_bytes(self) -> np.ndarray:
+        return np.array([len(c.encode("utf-8")) for c in self.chars] + [1], dtype=np.int64)
+
 
 class BPETokenizer(Tokenizer):
     """Byte-level BPE (GPT-2 style) from Hugging Face ``tokenizers``."""
@@ -120,6 +135,15 @@ class BPETokenizer(Tokenizer):
 
     def to_json(self) -> str:
         return self.hf.to_str()
+
+    def token_bytes(self) -> np.ndarray:
+        # Byte-level BPE writes each byte as one printable character (GPT-2's byte-to-unicode
+        # table), so a token's length in characters is its length in bytes.
+        out = np.ones(self.vocab_size, dtype=np.int64)
+        for token, i in self.hf.get_vocab().items():
+            if i != self.eot_id:
+                out[i] = len(token)
+        return out
 
 
 def _train_bpe(cfg: TokenizerConfig, texts: Iterable[str]) -> BPETokenizer:

@@ -399,9 +399,11 @@ def test_sliding_windows_score_every_target_once(n, length, stride):
         assert w.start >= 0 and w.start + w.length + 1 <= n
         counts[w.start + 1 + w.score_from:w.start + 1 + w.length] += 1
     expected_cover = n - 1 if stride < length else (n - 1) // length * length
-    assert counts[0] == 0 and (counts[1:expected_cover + 1] == 1).all() and counts.sum() == expected_cover
-    # Scored targets always have at least length - stride tokens of context (first window aside).
-    assert all(w.score_from >= length - stride for w in windows[1:])
+    skipped = length - stride  # the split's first targets lack length - stride tokens of context
+    assert (counts[: skipped + 1] == 0).all()
+    assert (counts[skipped + 1:expected_cover + 1] == 1).all() and counts.sum() == expected_cover - skipped
+    # Every scored target has at least length - stride tokens of context.
+    assert all(w.score_from >= length - stride for w in windows)
 
 
 def test_eval_window_caps_and_too_short_split():
@@ -418,5 +420,5 @@ def test_window_batch_builds_shifted_inputs_and_masks():
     x, y, mask = window_batch(tokens, windows)
     assert x.shape == y.shape == mask.shape == (len(windows), 8)
     assert torch.equal(x + 1, y) and x.dtype == torch.int64
-    assert mask.sum().item() == 49
-    assert mask[0].all() and not mask[1, :4].any() and mask[1, 4:].all()
+    assert mask.sum().item() == 49 - 4  # the first 4 targets have too little context
+    assert not mask[0, :4].any() and mask[0, 4:].all() and not mask[1, :4].any() and mask[1, 4:].all()

@@ -15,50 +15,10 @@ import torch
 
 import train
 from model.checkpoint import latest_checkpoint, load_state, read_meta
+from conftest import write_run_config as write_config
 from model.load import load_run
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-@pytest.fixture(scope="module")
-def corpus(tmp_path_factory) -> Path:
-    """A small deterministic text corpus with train/valid files."""
-    d = tmp_path_factory.mktemp("corpus")
-    words = "the cat sat on a mat while rope and alibi rotate every token position".split()
-    gen = torch.Generator().manual_seed(0)
-    for split, n in (("train", 3000), ("valid", 400)):
-        idx = torch.randint(0, len(words), (n, 9), generator=gen).tolist()
-        (d / f"{split}.txt").write_text("\n".join(" ".join(words[i] for i in row) + "." for row in idx) + "\n")
-    return d
-
-
-def write_config(tmp: Path, corpus: Path, **extra: str) -> Path:
-    cfg = f"""
-name: tiny
-out_dir: {tmp / 'runs'}
-model: {{d_model: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2}}
-data:
-  source: local
-  local: {{train: [{corpus / 'train.txt'}], valid: [{corpus / 'valid.txt'}]}}
-  tokenizer: {{kind: byte}}
-  cache_dir: {tmp / 'cache'}
-  num_proc: 1
-train:
-  seq_len: 32
-  batch_size: 8
-  max_steps: 30
-  lr: 3.0e-3
-  warmup_steps: 5
-  eval_interval: 10
-  eval_batches: 4
-  ckpt_interval: 10
-  log_interval: 1
-  seed: 7
-log: {{progress: false}}
-"""
-    path = tmp / "tiny.yaml"
-    path.write_text(cfg)
-    return path
 
 
 def records(run_dir: Path, key: str = "loss") -> dict[int, float]:

@@ -1,0 +1,201 @@
+"""Length extrapolation of trained runs: ``python -m eval.extrapolation RUN_DIR... [options]``.
+
+For every run, every RoPE scaling asked for (RoPE runs only; ``factor = L_eval / L_train``
+unless ``--factor`` is given, so lengths up to L_train are plain RoPE) and every length:
+perplexity under each protocol, plus the per-position loss at the longest length. Writes
+``results.json``, ``report.md`` and PNG plots into ``--out`` (see eval/report.py).
+
+Lengths a learned table cannot serve are recorded as ``n/a`` with the table size, never
+evaluated (and never a crash). Everything a run needs is read from its directory.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+import torch
+
+from configs.schema import EvalConfig
+from data.prepare import prepare_data
+from eval.perplexity import per_position_loss, perplexity
+from eval.report import write_report
+from model.config import RopeScalingConfig
+from model.errors import DataError, UserError
+from model.load import load_run
+
+SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn")
+
+
+@dataclass
+class Settings:
+    """What to evaluate; None fields fall back to each run's own ``eval`` config."""
+
+    lengths: Optional[list[int]] = None
+    scalings: Optional[list[str]] = None
+    protocols: Optional[list[str]] = None
+    stride: Optional[int] = None
+    max_tokens: Optional[int] = None
+    split: Optional[str] = None
+    factor: Optional[float] = None  # fixed scaling factor instead of L_eval / L_train
+    batch_size: int = 8
+    device: str = "cpu"
+    per_position: bool = True
+    extra: dict = field(default_factory=dict)
+
+
+def scaling_for(kind: str, length: int, train_len: int, factor: Optional[float]) -> Optional[RopeScalingConfig]:
+    """The RoPE scaling at one evaluation length; None where it reduces to plain RoPE."""
+    s = factor if factor is not None else length / train_len
+    if kind == "none" or s <= 1.0:
+        return None
+    return RopeScalingConfig(type=kind, factor=s, original_max_len=train_len)
+
+
+def run_metadata(run) -> dict:
+    cfg, meta = run.cfg, run.meta
+    return {"run": str(run.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind,
+            "pairing": cfg.model.pos.rope.pairing if cfg.model.pos.kind == "rope" else None,
+            "params": run.model.num_params(), "tokens_trained": meta.get("tokens"),
+            "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
+            "max_positions": run.model.pos.max_positions, "git_commit": meta.get("git_commit"),
+            "checkpoint": run.checkpoint.name}
+
+
+def _split_tokens(run, split: str) -> np.ndarray:
+    data = prepare_data(run.cfg.data, progress=False)
+    if data.tokenizer != run.tokenizer:
+        raise DataError(f"the prepared data for {run.run_dir} was tokenized differently from the "
+                        "run's tokenizer.json; delete the data cache and evaluate again")
+    if split not in data.splits:
+        raise DataError(f"{run.run_dir}: the corpus has no '{split}' split (has {data.splits})")
+    return data.split(split)
+
+
+def evaluate_run(run_dir: Path, settings: Settings, log=print) -> tuple[dict, list[dict], dict]:
+    """(metadata, result rows, per-position curves by scaling) for one run."""
+    base = load_run(run_dir, device=settings.device)
+    ev: EvalConfig = base.cfg.eval
+    train_len = base.cfg.train.seq_len
+    lengths = settings.lengths or ev.resolved_lengths(train_len)
+    protocols = settings.protocols or ev.protocols
+    split = settings.split or ev.split
+    max_tokens = settings.max_tokens if settings.max_tokens is not None else ev.max_tokens
+    kind = base.cfg.model.pos.kind
+    scalings = (settings.scalings or ev.scalings) if kind == "rope" else ["none"]
+    meta = run_metadata(base)
+    tokens = _split_tokens(base, split)
+    token_bytes = base.tokenizer.token_bytes()
+    rows, curves = [], {}
+    limit = base.model.pos.max_positions
+    for scaling in scalings:
+        for length in lengths:
+            model = None if limit is not None and length > limit else \
+                _model_for(base, run_dir, scaling, length, train_len, settings)
+            for protocol in protocols:
+                row = {**{k: meta[k] for k in ("run", "name", "encoding", "seed", "train_len")},
+                       "scaling": scaling, "length": length, "protocol": protocol, "split": split}
+                if model is None:
+                    rows.append({**row, "status": "n/a", "note": f"trained table: {limit} positions"})
+                    continue
+                stride = length if protocol == "nonoverlap" else (settings.stride or ev.sliding_stride(length))
+                started = time.perf_counter()
+                result = perplexity(model, tokens, length, stride=min(stride, length),
+                                    batch_size=settings.batch_size, max_tokens=max_tokens, token_bytes=token_bytes)
+                rows.append({**row, "status": "ok", **result.to_dict(), "protocol": protocol,
+                             "seconds": round(time.perf_counter() - started, 2)})
+                log(f"  {meta['name']:<28} {scaling:<8} L={length:<6} {protocol:<10} ppl={result.ppl:10.3f}")
+        if settings.per_position:
+            curves[scaling] = _curve(base, run_dir, scaling, lengths, train_len, tokens, max_tokens, settings)
+    return meta, rows, curves
+
+
+def _model_for(base, run_dir: Path, scaling: str, length: int, train_len: int, settings: Settings):
+    rope_scaling = scaling_for(scaling, length, train_len, settings.factor)
+    if rope_scaling is None:
+        return base.model
+    return load_run(run_dir, device=settings.device, scaling=rope_scaling).model
+
+
+def _curve(base, run_dir, scaling, lengths, train_len, tokens, max_tokens, settings) -> Optional[list[float]]:
+    limit = base.model.pos.max_positions
+    usable = [n for n in lengths if limit is None or n <= limit]
+    if not usable:
+        return None
+    length = max(usable)
+    model = _model_for(base, run_dir, scaling, length, train_len, settings)
+    windows = None if max_tokens is None else max(1, max_tokens // length)
+    try:
+        curve = per_position_loss(model, tokens, length, batch_size=settings.batch_size, max_windows=windows)
+    except DataError:
+        return None
+    return curve.tolist()
+
+
+def run_extrapolation(run_dirs: list[Path], settings: Settings, out: Path, log=print) -> dict:
+    """Evaluate every run and write results.json, report.md and plots into ``out``."""
+    runs, rows, curves, failures = [], [], {}, []
+    for run_dir in run_dirs:
+        log(f"evaluating {run_dir}")
+        try:
+            meta, run_rows, run_curves = evaluate_run(Path(run_dir), settings, log)
+        except UserError as e:
+            failures.append({"run": str(run_dir), "error": str(e)})
+            log(f"  skipped: {e}")
+            continue
+        runs.append(meta)
+        rows.extend(run_rows)
+        curves[meta["run"]] = run_curves
+    if not runs:
+        raise UserError("no run could be evaluated:\n" + "\n".join(f"- {f['run']}: {f['error']}" for f in failures))
+    results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": _settings_dict(settings),
+               "runs": runs, "results": rows, "per_position": curves, "missing": failures}
+    write_report(results, out)
+    return results
+
+
+def _settings_dict(s: Settings) -> dict:
+    return {k: v for k, v in vars(s).items() if k != "extra"}
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eval.extrapolation", description=__doc__.split("\n\n")[0])
+    p.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
+    p.add_argument("--lengths", type=int, nargs="+", help="evaluation lengths (default: each run's eval config)")
+    p.add_argument("--scaling", nargs="+", choices=SCALINGS, dest="scalings",
+                   help="RoPE scalings to compare (RoPE runs only)")
+    p.add_argument("--protocols", nargs="+", choices=["nonoverlap", "sliding"])
+    p.add_argument("--stride", type=int, help="sliding-window stride (default: half the length)")
+    p.add_argument("--max-tokens", type=int, help="cap on scored tokens per length")
+    p.add_argument("--split", choices=["valid", "test"])
+    p.add_argument("--factor", type=float, help="fixed RoPE scaling factor (default: L_eval / L_train)")
+    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--device", default="cpu")
+    p.add_argument("--no-per-position", action="store_true", help="skip per-position loss curves")
+    p.add_argument("--out", type=Path, default=Path("reports/extrapolation"), help="report directory")
+    return p.parse_args(argv)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    settings = Settings(lengths=args.lengths, scalings=args.scalings, protocols=args.protocols,
+                        stride=args.stride, max_tokens=args.max_tokens, split=args.split,
+                        factor=args.factor, batch_size=args.batch_size, device=args.device,
+                        per_position=not args.no_per_position)
+    try:
+        with torch.inference_mode():
+            run_extrapolation(args.runs, settings, args.out)
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {args.out}/report.md, results.json and plots")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

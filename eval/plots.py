@@ -1,0 +1,68 @@
+"""Matplotlib figures for extrapolation reports (headless: the Agg backend)."""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+from eval.report import label_for  # noqa: E402
+
+
+def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: Path, title: str) -> None:
+    """Perplexity vs evaluation length (log-x, log-y), one line per row, ± std as error bars."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for label in sorted(summary):
+        points = sorted((n, c) for n, c in summary[label].items() if "mean" in c)
+        if not points:
+            continue
+        xs = [n for n, _ in points]
+        ys = [c["mean"] for _, c in points]
+        err = [c["std"] or 0.0 for _, c in points]
+        ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3.5, capsize=2, label=label,
+                    linestyle="--" if "+" in label else "-")
+    ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
+    ax.text(train_len, 0.98, " L_train", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_xlabel("evaluation length (tokens)")
+    ax.set_ylabel("perplexity")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def plot_per_position(results: dict, train_len: int, path: Path, smooth: int = 16) -> None:
+    """Mean loss at each position (moving average over ``smooth`` positions), averaged over seeds."""
+    curves: dict[str, list[np.ndarray]] = defaultdict(list)
+    runs = {r["run"]: r for r in results["runs"]}
+    for run, by_scaling in results["per_position"].items():
+        for scaling, curve in by_scaling.items():
+            if curve:
+                curves[label_for(runs[run]["encoding"], scaling)].append(np.asarray(curve))
+    fig, ax = plt.subplots(figsize=(7.5, 4.8))
+    for label in sorted(curves):
+        length = min(len(c) for c in curves[label])
+        mean = np.mean([c[:length] for c in curves[label]], axis=0)
+        kernel = np.ones(smooth) / smooth
+        smoothed = np.convolve(mean, kernel, mode="valid") if length > smooth else mean
+        xs = np.arange(len(smoothed)) + (smooth - 1 if length > smooth else 0)
+        ax.plot(xs, smoothed, label=label, linewidth=1.2, linestyle="--" if "+" in label else "-")
+    ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
+    ax.set_xscale("symlog", linthresh=max(1, train_len // 4), base=2)
+    ax.set_xlabel("position in window")
+    ax.set_ylabel(f"mean loss (nats, {smooth}-position moving average)")
+    ax.set_title("Loss by position, at each encoding's longest evaluated length", fontsize=10)
+    ax.grid(True, alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
