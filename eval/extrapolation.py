@@ -12,6 +12,9 @@ evaluated (and never a crash). Everything a run needs is read from its directory
 from __future__ import annotations
 
 import argparse
+import hashlib
+import json
+import re
 import sys
 import time
 from dataclasses import dataclass, field
@@ -21,12 +24,14 @@ from typing import Optional
 import numpy as np
 import torch
 
+from configs import config_to_dict
 from configs.schema import EvalConfig
 from data.prepare import prepare_data
 from eval.perplexity import per_position_loss, perplexity
-from eval.report import write_report
+from eval.report import encoding_label, write_report
 from model.config import RopeScalingConfig
 from model.errors import DataError, UserError
+from model.checkpoint import latest_checkpoint
 from model.load import load_run
 
 SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn")
@@ -59,7 +64,14 @@ def scaling_for(kind: str, length: int, train_len: int, factor: Optional[float])
 
 def run_metadata(run) -> dict:
     cfg, meta = run.cfg, run.meta
-    return {"run": str(run.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind,
+    identity = config_to_dict(cfg)
+    for section, key in (("train", "seed"), ("train", "resume"), ("train", "device")):
+        identity[section].pop(key, None)
+    for key in ("name", "out_dir", "eval", "log"):
+        identity.pop(key, None)
+    group = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
+    return {"run": str(run.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind, "group": group,
+            "stem": re.sub(r"[_-]?seed[-=]?\d+", "", cfg.name) or cfg.name,
             "pairing": cfg.model.pos.rope.pairing if cfg.model.pos.kind == "rope" else None,
             "params": run.model.num_params(), "tokens_trained": meta.get("tokens"),
             "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
@@ -88,6 +100,7 @@ def evaluate_run(run_dir: Path, settings: Settings, log=print) -> tuple[dict, li
     max_tokens = settings.max_tokens if settings.max_tokens is not None else ev.max_tokens
     kind = base.cfg.model.pos.kind
     scalings = (settings.scalings or ev.scalings) if kind == "rope" else ["none"]
+    scalings = sorted(set(scalings), key=lambda name: (name != "none", SCALINGS.index(name)))
     meta = run_metadata(base)
     tokens = _split_tokens(base, split)
     token_bytes = base.tokenizer.token_bytes()
@@ -95,6 +108,10 @@ def evaluate_run(run_dir: Path, settings: Settings, log=print) -> tuple[dict, li
     limit = base.model.pos.max_positions
     for scaling in scalings:
         for length in lengths:
+            plain = scaling != "none" and scaling_for(scaling, length, train_len, settings.factor) is None
+            if plain and "none" in scalings:  # factor 1 is plain RoPE: copy, don't recompute
+                rows += [{**r, "scaling": scaling} for r in rows if r["scaling"] == "none" and r["length"] == length]
+                continue
             model = None if limit is not None and length > limit else \
                 _model_for(base, run_dir, scaling, length, train_len, settings)
             for protocol in protocols:
@@ -137,13 +154,49 @@ def _curve(base, run_dir, scaling, lengths, train_len, tokens, max_tokens, setti
     return curve.tolist()
 
 
-def run_extrapolation(run_dirs: list[Path], settings: Settings, out: Path, log=print) -> dict:
-    """Evaluate every run and write results.json, report.md and plots into ``out``."""
-    runs, rows, curves, failures = [], [], {}, []
+def _cached_evaluation(run_dir: Path, settings: Settings, log) -> tuple[dict, list[dict], dict]:
+    """evaluate_run, reusing an earlier result for the same checkpoint and settings."""
+    key = json.dumps({k: v for k, v in _settings_dict(settings).items() if k not in ("device", "batch_size")},
+                     sort_keys=True)
+    path = run_dir / "eval" / f"extrapolation-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
+    ckpt = latest_checkpoint(run_dir) if (run_dir / "config.yaml").exists() else None
+    if ckpt is not None and path.exists():
+        cached = json.loads(path.read_text())
+        if cached.get("checkpoint") == ckpt.name:
+            log(f"  reusing {path}")
+            return cached["meta"], cached["rows"], cached["curves"]
+    meta, rows, curves = evaluate_run(run_dir, settings, log)
+    path.parent.mkdir(exist_ok=True)
+    path.write_text(json.dumps({"checkpoint": meta["checkpoint"], "settings": key, "meta": meta,
+                                "rows": rows, "curves": curves}))
+    return meta, rows, curves
+
+
+def _label_groups(runs: list[dict], rows: list[dict]) -> None:
+    """Label rows by encoding; where one encoding has several configs, add the run-name stem."""
+    groups_per_kind: dict[str, set] = {}
+    for run in runs:
+        groups_per_kind.setdefault(run["encoding"], set()).add(run["group"])
+    label = {}
+    for run in runs:
+        kind = encoding_label(run["encoding"])
+        label[run["run"]] = kind if len(groups_per_kind[run["encoding"]]) == 1 else f"{kind} [{run['stem']}]"
+        run["label"] = label[run["run"]]
+    for row in rows:
+        row["label"] = label[row["run"]]
+
+
+def run_extrapolation(run_dirs: list[Path], settings: Settings, out: Path, log=print,
+                      missing: list[dict] = ()) -> dict:
+    """Evaluate every run and write results.json, report.md and plots into ``out``.
+
+    ``missing`` lists runs that should have been there (``{"run", "error"}``) for the report.
+    """
+    runs, rows, curves, failures = [], [], {}, list(missing)
     for run_dir in run_dirs:
         log(f"evaluating {run_dir}")
         try:
-            meta, run_rows, run_curves = evaluate_run(Path(run_dir), settings, log)
+            meta, run_rows, run_curves = _cached_evaluation(Path(run_dir), settings, log)
         except UserError as e:
             failures.append({"run": str(run_dir), "error": str(e)})
             log(f"  skipped: {e}")
@@ -153,6 +206,7 @@ def run_extrapolation(run_dirs: list[Path], settings: Settings, out: Path, log=p
         curves[meta["run"]] = run_curves
     if not runs:
         raise UserError("no run could be evaluated:\n" + "\n".join(f"- {f['run']}: {f['error']}" for f in failures))
+    _label_groups(runs, rows)
     results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": _settings_dict(settings),
                "runs": runs, "results": rows, "per_position": curves, "missing": failures}
     write_report(results, out)

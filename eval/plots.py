@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from eval.report import label_for  # noqa: E402
+from eval.report import encoding_label, with_scaling  # noqa: E402
 
 
 def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: Path, title: str) -> None:
@@ -47,7 +47,8 @@ def plot_per_position(results: dict, train_len: int, path: Path, smooth: int = 1
     for run, by_scaling in results["per_position"].items():
         for scaling, curve in by_scaling.items():
             if curve:
-                curves[label_for(runs[run]["encoding"], scaling)].append(np.asarray(curve))
+                label = runs[run].get("label") or encoding_label(runs[run]["encoding"])
+                curves[with_scaling(label, scaling)].append(np.asarray(curve))
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for label in sorted(curves):
         length = min(len(c) for c in curves[label])

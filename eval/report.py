@@ -23,13 +23,17 @@ PROTOCOL_TITLES = {
 }
 
 
-def label_for(encoding: str, scaling: str) -> str:
-    label = encoding if encoding != "none" else "nope"
+def encoding_label(encoding: str) -> str:
+    return "nope" if encoding == "none" else encoding
+
+
+def with_scaling(label: str, scaling: str) -> str:
     return label if scaling == "none" else f"{label} + {scaling}"
 
 
 def row_label(row: dict) -> str:
-    return label_for(row["encoding"], row["scaling"])
+    """A table row: the run's group label (encoding, made unique per config) + scaling."""
+    return with_scaling(row.get("label") or encoding_label(row["encoding"]), row["scaling"])
 
 
 def _group(rows: list[dict], protocol: str) -> dict[str, dict[int, list[dict]]]:

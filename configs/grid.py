@@ -1,0 +1,119 @@
+"""Ablation grids: a base run config, axes to sweep, and how to evaluate the result.
+
+A grid file (``configs/ablations/*.yaml``) may ``inherit`` like any config; ``base`` is
+resolved relative to the file that sets it::
+
+    name: pe-extrapolation-cpu         # runs go to <out_dir>/<name>/, the report to reports/<name>/
+    base: ../wikitext2-cpu.yaml
+    overrides: [train.max_steps=1000]  # applied to every run
+    axes:                              # dotted key -> values; the grid is their product
+      model.pos.kind: [rope, sinusoidal, learned, alibi, none]
+      train.seed: [0, 1]
+    eval: {lengths: [64, 128, 2048], protocols: [nonoverlap, sliding], scalings: [none, yarn]}
+
+Every planned run is built and validated (``load_config``) before anything trains, so a
+typo in an axis fails at once, naming the key.
+"""
+
+from __future__ import annotations
+
+import difflib
+import itertools
+import json
+import re
+from dataclasses import dataclass, field, fields
+from pathlib import Path
+from typing import Any, Optional
+
+from configs.load import load_config, load_config_tree
+from configs.schema import RunConfig
+from model.errors import ConfigError
+
+EVAL_KEYS = {"lengths", "protocols", "scalings", "stride", "max_tokens", "split", "factor", "batch_size"}
+
+
+@dataclass
+class PlannedRun:
+    name: str
+    overrides: list[str]  # everything beyond the base file, as train.py arguments
+    cfg: RunConfig
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.out_dir) / self.cfg.name
+
+
+@dataclass
+class Grid:
+    name: str
+    base: Path
+    out_dir: str = "runs"
+    overrides: list[str] = field(default_factory=list)
+    axes: dict[str, list[Any]] = field(default_factory=dict)
+    eval: dict[str, Any] = field(default_factory=dict)
+    report: Optional[str] = None
+    source: Optional[Path] = None
+
+    @property
+    def report_dir(self) -> Path:
+        return Path(self.report or f"reports/{self.name}")
+
+    def plan(self, extra_overrides: list[str] = ()) -> list[PlannedRun]:
+        """Every run of the grid, validated, in axis order (the last axis varies fastest)."""
+        keys = list(self.axes)
+        runs = []
+        for values in itertools.product(*(self.axes[k] for k in keys)):
+            name = "_".join(f"{k.split('.')[-1]}-{_name_part(v)}" for k, v in zip(keys, values)) or "run"
+            overrides = [*self.overrides, *extra_overrides, *(f"{k}={_text(v)}" for k, v in zip(keys, values)),
+                         f"out_dir={Path(self.out_dir) / self.name}", f"name={name}"]
+            try:
+                cfg = load_config(self.base, overrides)
+            except ConfigError as e:
+                raise ConfigError(f"{self.source}: run {name}: {e}") from None
+            runs.append(PlannedRun(name, overrides, cfg))
+        return runs
+
+
+def _text(value: Any) -> str:
+    """A value as it would be typed in a key=value override."""
+    return value if isinstance(value, str) else json.dumps(value)
+
+
+def _name_part(value: Any) -> str:
+    """A value as part of a directory name: letters, digits and . + - only."""
+    text = re.sub(r"[^A-Za-z0-9.+-]+", "_", _text(value)).strip("_")
+    return text[-40:] or "x"
+
+
+def _suggest(key: str, valid: set[str]) -> str:
+    close = difflib.get_close_matches(key, sorted(valid), n=1)
+    return f" (did you mean '{close[0]}'?)" if close else ""
+
+
+def load_grid(path: str | Path) -> Grid:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"grid file not found: {path}; see configs/ablations/ for examples")
+    tree, origins = load_config_tree(path)
+    valid = {f.name for f in fields(Grid)} - {"source"}
+    for key in tree:
+        if key not in valid:
+            raise ConfigError(f"{origins.get(key, path)}: unknown grid key '{key}'{_suggest(key, valid)}")
+    for key in tree.get("eval") or {}:
+        if key not in EVAL_KEYS:
+            raise ConfigError(f"{path}: unknown key 'eval.{key}'{_suggest(key, EVAL_KEYS)}")
+    if not isinstance(tree.get("name"), str) or not tree["name"] or "/" in tree["name"]:
+        raise ConfigError(f"{path}: 'name' must be a plain name for the grid's directory")
+    if not isinstance(tree.get("base"), str):
+        raise ConfigError(f"{path}: 'base' must name the run config the grid starts from")
+    axes = tree.get("axes") or {}
+    if not isinstance(axes, dict) or not all(isinstance(v, list) and v for v in axes.values()):
+        raise ConfigError(f"{path}: 'axes' must map dotted keys to non-empty lists of values")
+    if not isinstance(tree.get("overrides", []), list):
+        raise ConfigError(f"{path}: 'overrides' must be a list of key=value strings")
+    base = Path(origins.get("base", str(path))).parent / tree["base"]
+    if not base.is_file():
+        raise ConfigError(f"{path}: base config not found: {tree['base']} (looked for {base})")
+    return Grid(name=tree["name"], base=base, out_dir=tree.get("out_dir", "runs"),
+                overrides=[str(o) for o in tree.get("overrides", [])], axes=axes,
+                eval=dict(tree.get("eval") or {}), report=tree.get("report"), source=path)

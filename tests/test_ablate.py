@@ -1,0 +1,103 @@
+"""scripts/ablate.py: plan, train, skip, resume, survive failures, report."""
+
+from __future__ import annotations
+
+import signal
+from pathlib import Path
+
+import pytest
+
+import train
+from configs.grid import load_grid
+from conftest import write_run_config
+from model.checkpoint import latest_checkpoint, read_meta
+from model.errors import ConfigError
+from scripts import ablate
+
+
+def write_grid(tmp: Path, corpus: Path, axes: str, name: str = "tiny-grid") -> Path:
+    base = write_run_config(tmp, corpus)
+    grid = tmp / f"{name}.yaml"
+    grid.write_text(f"""
+name: {name}
+base: {base.name}
+out_dir: {tmp / 'runs'}
+overrides: [train.max_steps=12, train.eval_interval=12, train.ckpt_interval=4]
+axes:
+{axes}
+eval: {{lengths: [16, 32, 64], protocols: [nonoverlap], scalings: [none, yarn], max_tokens: 1024}}
+report: {tmp / 'report'}
+""")
+    return grid
+
+
+def test_plan_names_and_validation(tmp_path, corpus):
+    grid = load_grid(write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]\n  train.seed: [1, 2]"))
+    runs = grid.plan()
+    assert [r.name for r in runs] == ["kind-rope_seed-1", "kind-rope_seed-2", "kind-alibi_seed-1", "kind-alibi_seed-2"]
+    assert runs[2].cfg.model.pos.kind == "alibi" and runs[3].cfg.train.seed == 2
+    assert runs[0].run_dir == tmp_path / "runs" / "tiny-grid" / "kind-rope_seed-1"
+    bad = write_grid(tmp_path, corpus, "  model.pos.knd: [rope]", name="bad")
+    with pytest.raises(ConfigError, match="kind"):
+        load_grid(bad).plan()
+    typo = tmp_path / "typo.yaml"
+    typo.write_text(f"name: t\nbase: {write_run_config(tmp_path, corpus).name}\naxis: {{}}\n")
+    with pytest.raises(ConfigError, match="did you mean 'axes'"):
+        load_grid(typo)
+
+
+def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
+    grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]")
+    assert ablate.main([str(grid), "--dry-run"]) == 0
+    out = capsys.readouterr().out
+    assert "kind-rope" in out and "new" in out and "python train.py" in out
+    assert not (tmp_path / "runs").exists()
+
+
+def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, capsys, monkeypatch):
+    empty = tmp_path / "empty.txt"
+    empty.write_text("")
+    axes = (f"  model.pos.kind: [rope, learned]\n  train.seed: [1, 2]\n"
+            f"  data.local.valid: [[{corpus / 'valid.txt'}]]")
+    grid_path = write_grid(tmp_path, corpus, axes)
+    grid = load_grid(grid_path)
+    runs = grid.plan()
+    # One run was interrupted earlier: it must resume, not restart.
+    partial = runs[1]
+    original = train.Trainer.train_step
+
+    def stop_at_8(self):
+        out = original(self)
+        if self.step == 8:
+            self.stop_signal = signal.SIGTERM
+        return out
+
+    monkeypatch.setattr(train.Trainer, "train_step", stop_at_8)
+    assert train.main([str(grid.base), *partial.overrides]) == 128 + signal.SIGTERM
+    monkeypatch.undo()
+    assert ablate.status(partial) == ("partial", "step 8/12")
+
+    assert ablate.main([str(grid_path)]) == 0
+    out = capsys.readouterr().out
+    assert "4/4 runs finished" in out
+    assert "resuming" in (tmp_path / "runs" / "tiny-grid" / "logs" / f"{partial.name}.log").read_text()
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "rope" in report and "n/a (trained table: 32 positions)" in report and "±" in report
+    steps = {r.name: read_meta(latest_checkpoint(r.run_dir))["step"] for r in runs}
+    assert set(steps.values()) == {12}
+
+    # Again: nothing is trained again and evaluations come from the cache.
+    mtimes = {r.name: (r.run_dir / "checkpoints" / "latest").stat().st_mtime_ns for r in runs}
+    assert ablate.main([str(grid_path)]) == 0
+    out = capsys.readouterr().out
+    assert out.count(" done ") == 4 and out.count("reusing") == 4
+    assert mtimes == {r.name: (r.run_dir / "checkpoints" / "latest").stat().st_mtime_ns for r in runs}
+
+    # A grid where one run cannot work: the others still finish, the summary says why.
+    failing = write_grid(tmp_path, corpus, axes.replace("]]", f"], [{empty}]]"), name="tiny-grid")
+    assert ablate.main([str(failing)]) == 1
+    out = capsys.readouterr().out
+    assert "4/8 runs finished" in out  # the 4 earlier runs; the 4 with an empty valid split fail
+    failed = [line for line in out.splitlines() if line.strip().startswith("failed:")]
+    assert len(failed) == 4 and all("valid" in line for line in failed)
+    assert "Missing runs" in (tmp_path / "report" / "report.md").read_text()
