@@ -223,7 +223,8 @@ class Trainer:
         while self.step < self.total_steps:
             started = time.perf_counter()
             loss, grad_norm = self.train_step()
-            window_seconds += time.perf_counter() - started
+            step_seconds = time.perf_counter() - started
+            window_seconds += step_seconds
             window_tokens += t.tokens_per_step(rt.world_size)
             last = self.step >= self.total_steps
             if self.step % t.log_interval == 0 or last:
@@ -233,7 +234,7 @@ class Trainer:
                 window_seconds, window_tokens = 0.0, 0
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
-                            refresh=False)
+                            tok_s=f"{t.tokens_per_step(rt.world_size) / step_seconds:,.0f}", refresh=False)
             val_loss = None
             if self.step % t.eval_interval == 0 or last:
                 val_loss = self.evaluate() if rt.is_main else None

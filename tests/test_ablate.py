@@ -14,6 +14,8 @@ from model.checkpoint import latest_checkpoint, read_meta
 from model.errors import ConfigError
 from scripts import ablate
 
+ROOT = Path(__file__).resolve().parents[1]
+
 
 def write_grid(tmp: Path, corpus: Path, axes: str, name: str = "tiny-grid") -> Path:
     base = write_run_config(tmp, corpus)
@@ -44,6 +46,14 @@ def test_plan_names_and_validation(tmp_path, corpus):
     typo.write_text(f"name: t\nbase: {write_run_config(tmp_path, corpus).name}\naxis: {{}}\n")
     with pytest.raises(ConfigError, match="did you mean 'axes'"):
         load_grid(typo)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "configs" / "ablations").glob("*.yaml")), ids=lambda p: p.stem)
+def test_shipped_grids_plan(path):
+    runs = load_grid(path).plan()
+    kinds = {r.cfg.model.pos.kind for r in runs}
+    assert kinds == {"rope", "sinusoidal", "learned", "alibi", "none"}
+    assert len({r.cfg.train.seed for r in runs}) >= 2 and len(runs) == 5 * len({r.cfg.train.seed for r in runs})
 
 
 def test_dry_run_trains_nothing(tmp_path, corpus, capsys):

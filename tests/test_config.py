@@ -13,7 +13,7 @@ from configs.schema import RunConfig
 from model.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-PRESETS = sorted(CONFIG_DIR.rglob("*.yaml"))
+PRESETS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if p.parent.name != "ablations")  # grids: test_ablate
 
 
 def write(path: Path, data: dict | str) -> Path:
