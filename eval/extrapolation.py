@@ -146,7 +146,9 @@ def _curve(base, run_dir, scaling, lengths, train_len, tokens, max_tokens, setti
         return None
     length = max(usable)
     model = _model_for(base, run_dir, scaling, length, train_len, settings)
-    windows = None if max_tokens is None else max(1, max_tokens // length)
+    # Four times the perplexity budget: each position is one sample per window, so the
+    # curve needs more windows than a mean over all positions does.
+    windows = None if max_tokens is None else max(1, 4 * max_tokens // length)
     try:
         curve = per_position_loss(model, tokens, length, batch_size=settings.batch_size, max_windows=windows)
     except DataError:

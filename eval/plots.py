@@ -40,8 +40,20 @@ def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: P
     plt.close(fig)
 
 
-def plot_per_position(results: dict, train_len: int, path: Path, smooth: int = 16) -> None:
-    """Mean loss at each position (moving average over ``smooth`` positions), averaged over seeds."""
+def log_binned(curve: np.ndarray, bins: int = 48) -> tuple[np.ndarray, np.ndarray]:
+    """Means of ``curve`` over log-spaced position bins: (bin centres as 1-based positions, means).
+
+    Early positions change fast and late ones are noisy (few windows), so equal widths on
+    a log axis show both.
+    """
+    edges = np.unique(np.round(np.geomspace(1, len(curve) + 1, bins + 1)).astype(int))
+    centres = np.sqrt(edges[:-1] * (edges[1:] - 1).clip(min=1))
+    means = np.array([curve[a - 1:b - 1].mean() for a, b in zip(edges[:-1], edges[1:])])
+    return centres, means
+
+
+def plot_per_position(results: dict, train_len: int, path: Path) -> None:
+    """Mean loss by position (log-binned), averaged over seeds, one line per row."""
     curves: dict[str, list[np.ndarray]] = defaultdict(list)
     runs = {r["run"]: r for r in results["runs"]}
     for run, by_scaling in results["per_position"].items():
@@ -52,17 +64,14 @@ def plot_per_position(results: dict, train_len: int, path: Path, smooth: int = 1
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for label in sorted(curves):
         length = min(len(c) for c in curves[label])
-        mean = np.mean([c[:length] for c in curves[label]], axis=0)
-        kernel = np.ones(smooth) / smooth
-        smoothed = np.convolve(mean, kernel, mode="valid") if length > smooth else mean
-        xs = np.arange(len(smoothed)) + (smooth - 1 if length > smooth else 0)
-        ax.plot(xs, smoothed, label=label, linewidth=1.2, linestyle="--" if "+" in label else "-")
+        xs, ys = log_binned(np.mean([c[:length] for c in curves[label]], axis=0))
+        ax.plot(xs, ys, label=label, linewidth=1.2, linestyle="--" if "+" in label else "-")
     ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
-    ax.set_xscale("symlog", linthresh=max(1, train_len // 4), base=2)
-    ax.set_xlabel("position in window")
-    ax.set_ylabel(f"mean loss (nats, {smooth}-position moving average)")
+    ax.set_xscale("log", base=2)
+    ax.set_xlabel("position in window (1-based; log-spaced bins)")
+    ax.set_ylabel("mean loss (nats)")
     ax.set_title("Loss by position, at each encoding's longest evaluated length", fontsize=10)
-    ax.grid(True, alpha=0.3)
+    ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
