@@ -153,7 +153,7 @@ def _curve(base, run_dir, scaling, lengths, train_len, tokens, max_tokens, setti
         curve = per_position_loss(model, tokens, length, batch_size=settings.batch_size, max_windows=windows)
     except DataError:
         return None
-    return curve.tolist()
+    return [round(float(v), 5) for v in curve]  # nats; more digits would only bloat results.json
 
 
 def _cached_evaluation(run_dir: Path, settings: Settings, log) -> tuple[dict, list[dict], dict]:

@@ -90,7 +90,7 @@ def markdown_table(summary: dict[str, dict[int, dict]], lengths: list[int], trai
             elif "na" in cell:
                 cells.append(f"n/a ({cell['na']})")
             else:
-                text = _fmt(cell["mean"]) + (f" ± {_fmt(cell['std'])}" if cell["std"] is not None else "")
+                text = _fmt(cell["mean"]) + (f" ± {cell['std']:.2g}" if cell["std"] is not None else "")
                 if ratios and "ratio" in cell and n != train_len:
                     text += f" (×{cell['ratio']:.2f})"
                 cells.append(text)
