@@ -17,7 +17,7 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
 
@@ -51,7 +51,6 @@ class Settings:
     batch_size: int = 8
     device: str = "cpu"
     per_position: bool = True
-    extra: dict = field(default_factory=dict)
 
 
 def scaling_for(kind: str, length: int, train_len: int, factor: Optional[float]) -> Optional[RopeScalingConfig]:
@@ -216,7 +215,7 @@ def run_extrapolation(run_dirs: list[Path], settings: Settings, out: Path, log=p
 
 
 def _settings_dict(s: Settings) -> dict:
-    return {k: v for k, v in vars(s).items() if k != "extra"}
+    return dict(vars(s))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
