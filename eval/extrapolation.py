@@ -32,7 +32,7 @@ from eval.report import encoding_label, write_report
 from model.config import RopeScalingConfig
 from model.errors import DataError, UserError
 from model.checkpoint import latest_checkpoint
-from model.load import load_run
+from model.load import load_run, rescaled
 
 SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn")
 
@@ -112,7 +112,7 @@ def evaluate_run(run_dir: Path, settings: Settings, log=print) -> tuple[dict, li
                 rows += [{**r, "scaling": scaling} for r in rows if r["scaling"] == "none" and r["length"] == length]
                 continue
             model = None if limit is not None and length > limit else \
-                _model_for(base, run_dir, scaling, length, train_len, settings)
+                _model_for(base, scaling, length, train_len, settings)
             for protocol in protocols:
                 row = {**{k: meta[k] for k in ("run", "name", "encoding", "seed", "train_len")},
                        "scaling": scaling, "length": length, "protocol": protocol, "split": split}
@@ -127,24 +127,24 @@ def evaluate_run(run_dir: Path, settings: Settings, log=print) -> tuple[dict, li
                              "seconds": round(time.perf_counter() - started, 2)})
                 log(f"  {meta['name']:<28} {scaling:<8} L={length:<6} {protocol:<10} ppl={result.ppl:10.3f}")
         if settings.per_position:
-            curves[scaling] = _curve(base, run_dir, scaling, lengths, train_len, tokens, max_tokens, settings)
+            curves[scaling] = _curve(base, scaling, lengths, train_len, tokens, max_tokens, settings)
     return meta, rows, curves
 
 
-def _model_for(base, run_dir: Path, scaling: str, length: int, train_len: int, settings: Settings):
+def _model_for(base, scaling: str, length: int, train_len: int, settings: Settings):
     rope_scaling = scaling_for(scaling, length, train_len, settings.factor)
     if rope_scaling is None:
         return base.model
-    return load_run(run_dir, device=settings.device, scaling=rope_scaling).model
+    return rescaled(base, rope_scaling)
 
 
-def _curve(base, run_dir, scaling, lengths, train_len, tokens, max_tokens, settings) -> Optional[list[float]]:
+def _curve(base, scaling, lengths, train_len, tokens, max_tokens, settings) -> Optional[list[float]]:
     limit = base.model.pos.max_positions
     usable = [n for n in lengths if limit is None or n <= limit]
     if not usable:
         return None
     length = max(usable)
-    model = _model_for(base, run_dir, scaling, length, train_len, settings)
+    model = _model_for(base, scaling, length, train_len, settings)
     # Four times the perplexity budget: each position is one sample per window, so the
     # curve needs more windows than a mean over all positions does.
     windows = None if max_tokens is None else max(1, 4 * max_tokens // length)

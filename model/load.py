@@ -68,3 +68,17 @@ def load_run(run_dir: str | Path, which: str = "latest", device: str | torch.dev
     load_weights(model, ckpt)
     tokenizer = load_tokenizer(run_dir / "tokenizer.json")
     return LoadedRun(run_dir, cfg, model.to(device).eval(), tokenizer, ckpt, meta)
+
+
+def rescaled(run: LoadedRun, scaling: RopeScalingConfig) -> Transformer:
+    """The run's model with another RoPE scaling, built from the loaded weights (no disk I/O).
+
+    Inverse frequencies are non-persistent buffers, so the state dict is the same.
+    """
+    cfg = with_scaling(run.cfg, scaling)
+    if cfg is run.cfg:
+        return run.model
+    weight = run.model.tok_emb.weight
+    model = Transformer(cfg.model).to(weight.device)
+    model.load_state_dict(run.model.state_dict())
+    return model.eval()

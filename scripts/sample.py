@@ -20,7 +20,7 @@ if str(ROOT) not in sys.path:  # runnable as a file from anywhere
 from model.errors import UserError  # noqa: E402
 from model.generate import generate  # noqa: E402
 from model.config import RopeScalingConfig  # noqa: E402
-from model.load import load_run  # noqa: E402
+from model.load import load_run, rescaled  # noqa: E402
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -52,7 +52,7 @@ def main(argv=None) -> int:
             train_len = run.cfg.train.seq_len
             factor = args.factor or max(1.0, (len(prompt) + args.max_new_tokens) / train_len)
             scaling = RopeScalingConfig(type=args.scaling, factor=factor, original_max_len=train_len)
-            run = load_run(args.run_dir, which=args.which, device=args.device, scaling=scaling)
+            run.model = rescaled(run, scaling)
         for i in range(args.num_samples):
             seed = None if args.seed is None else args.seed + i
             out = generate(run.model, prompt, args.max_new_tokens, temperature=args.temperature,

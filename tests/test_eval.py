@@ -143,3 +143,16 @@ def test_token_bytes_count_utf8(tmp_path):
         assert lengths.shape == (tok.vocab_size,) and lengths[tok.eot_id] == 1
         for text in texts:
             assert lengths[tok.encode(text)].sum() == len(text.encode("utf-8")), kind
+
+
+def test_rescaled_model_equals_a_model_loaded_with_that_scaling(tiny_runs):
+    from model.config import RopeScalingConfig
+    from model.load import load_run, rescaled
+
+    scaling = RopeScalingConfig(type="yarn", factor=2.0, original_max_len=32)
+    run = load_run(tiny_runs / "rope-a")
+    x = torch.randint(0, 257, (1, 64))
+    with torch.no_grad():
+        expected = load_run(tiny_runs / "rope-a", scaling=scaling).model(x)
+        assert torch.equal(rescaled(run, scaling)(x), expected)
+        assert not torch.equal(run.model(x), expected)
