@@ -5,6 +5,11 @@ Every tokenizer has ``encode(str) -> list[int]``, ``decode(list[int]) -> str``,
 ``save(path)``; ``load_tokenizer(path)`` reads any of them back without retraining.
 bpe saves the Hugging Face ``tokenizer.json`` format unchanged (so other tools can read
 it); byte and char save a small JSON of our own with a ``kind`` field.
+
+For export to Hugging Face transformers (model/hf.py) every tokenizer can also build a
+``tokenizers`` object that produces the same ids (``to_hf``), and a foreign fast
+tokenizer whose end-of-text token is not ``<|endoftext|>`` (``</s>``, ``<|end_of_text|>``
+…) is wrapped as kind ``hf``, which records that token's name.
 """
 
 from __future__ import annotations
@@ -47,6 +52,13 @@ class Tokenizer:
         """
         raise NotImplementedError
 
+    def to_hf(self):
+        """A ``tokenizers.Tokenizer`` giving the same ids, with <|endoftext|> as a special token.
+
+        Used to export runs as Hugging Face fast tokenizers (tokenizer.json).
+        """
+        raise NotImplementedError
+
     def save(self, path: str | Path) -> None:
         Path(path).write_text(self.to_json(), encoding="utf-8")
 
@@ -83,6 +95,19 @@ class ByteTokenizer(Tokenizer):
     def token_bytes(self) -> np.ndarray:
         return np.ones(self.vocab_size, dtype=np.int64)
 
+    def to_hf(self):
+        from tokenizers import Tokenizer as HFTokenizer, decoders, models, pre_tokenizers
+
+        # Byte-level BPE without merges: the ByteLevel pre-tokenizer turns every byte into
+        # one printable symbol, and symbol of byte b gets id b. No regex split, so the
+        # whole text is one word and nothing but bytes come out.
+        vocab = {symbol: b for b, symbol in enumerate(byte_symbols())}
+        hf = HFTokenizer(models.BPE(vocab=vocab, merges=[]))
+        hf.pre_tokenizer = pre_tokenizers.ByteLevel(add_prefix_space=False, use_regex=False)
+        hf.decoder = decoders.ByteLevel()
+        _add_eot(hf, self.eot_id)
+        return hf
+
 
 class CharTokenizer(Tokenizer):
     """One id per distinct character of the corpus (sorted), then <|endoftext|>."""
@@ -111,6 +136,17 @@ class CharTokenizer(Tokenizer):
     def token_bytes(self) -> np.ndarray:
         return np.array([len(c.encode("utf-8")) for c in self.chars] + [1], dtype=np.int64)
 
+    def to_hf(self):
+        from tokenizers import Tokenizer as HFTokenizer, decoders, models
+
+        # A merge-free BPE splits its input into characters and looks each one up. A
+        # character outside the vocabulary is dropped there (ours raises DataError): a
+        # fast tokenizer has no way to refuse input.
+        hf = HFTokenizer(models.BPE(vocab=dict(self.index), merges=[]))
+        hf.decoder = decoders.Fuse()
+        _add_eot(hf, self.eot_id)
+        return hf
+
 
 class BPETokenizer(Tokenizer):
     """Byte-level BPE (GPT-2 style) from Hugging Face ``tokenizers``."""
@@ -136,6 +172,9 @@ class BPETokenizer(Tokenizer):
     def to_json(self) -> str:
         return self.hf.to_str()
 
+    def to_hf(self):
+        return self.hf
+
     def token_bytes(self) -> np.ndarray:
         # Byte-level BPE writes each byte as one printable character (GPT-2's byte-to-unicode
         # table), so a token's length in characters is its length in bytes.
@@ -144,6 +183,55 @@ class BPETokenizer(Tokenizer):
             if i != self.eot_id:
                 out[i] = len(token)
         return out
+
+
+class ForeignTokenizer(BPETokenizer):
+    """A foreign Hugging Face fast tokenizer with its own end-of-text token (e.g. ``</s>``).
+
+    Saved as ``{"kind": "hf", "eot": NAME, "tokenizer": <tokenizer.json>}`` so the token's
+    name survives a reload; the tokenizer itself is kept unchanged. ``token_bytes`` counts
+    characters per token, which is exact for byte-level BPE only (bits per byte of other
+    pipelines, e.g. SentencePiece, are approximate).
+    """
+
+    kind = "hf"
+
+    def __init__(self, hf_tokenizer, eot: str):
+        self.hf = hf_tokenizer
+        self.eot = eot
+        self.vocab_size = hf_tokenizer.get_vocab_size()
+        self.eot_id = hf_tokenizer.token_to_id(eot)
+        if self.eot_id is None:
+            raise DataError(f"the tokenizer has no end-of-text token {eot!r} in its vocabulary")
+
+    def to_json(self) -> str:
+        return json.dumps({"kind": "hf", "eot": self.eot, "tokenizer": json.loads(self.hf.to_str())},
+                          ensure_ascii=False)
+
+
+def byte_symbols() -> list[str]:
+    """The printable stand-in character of each byte 0..255 in byte-level BPE (GPT-2's table).
+
+    Bytes that are printable Latin-1 characters stand for themselves; the others
+    (controls, space, soft hyphen …) take code points 256, 257, … in byte order.
+    """
+    printable = set(range(ord("!"), ord("~") + 1)) | set(range(0xA1, 0xAC + 1)) | set(range(0xAE, 0xFF + 1))
+    symbols, extra = [], 0
+    for b in range(256):
+        if b in printable:
+            symbols.append(chr(b))
+        else:
+            symbols.append(chr(256 + extra))
+            extra += 1
+    return symbols
+
+
+def _add_eot(hf, eot_id: int) -> None:
+    from tokenizers import AddedToken
+
+    hf.add_special_tokens([AddedToken(EOT, special=True, normalized=False)])
+    if hf.token_to_id(EOT) != eot_id:  # added tokens take the next free id; ours is last too
+        raise AssertionError(f"{EOT} got id {hf.token_to_id(EOT)}, expected {eot_id}")
 
 
 def _train_bpe(cfg: TokenizerConfig, texts: Iterable[str]) -> BPETokenizer:
@@ -197,11 +285,64 @@ def tokenizer_from_json(text: str) -> Tokenizer:
         return ByteTokenizer()
     if kind == "char":
         return CharTokenizer(obj["chars"])
+    if kind == "hf":
+        from tokenizers import Tokenizer as HFTokenizer
+
+        return ForeignTokenizer(HFTokenizer.from_str(json.dumps(obj["tokenizer"])), obj["eot"])
     if kind is None and "model" in obj:  # a Hugging Face tokenizer.json
         from tokenizers import Tokenizer as HFTokenizer
 
         return BPETokenizer(HFTokenizer.from_str(text))
     raise DataError(f"not a ropelab tokenizer (kind={kind!r})")
+
+
+def save_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path, max_len: int) -> None:
+    """Files that ``transformers.AutoTokenizer.from_pretrained(directory)`` loads as ``tokenizer``.
+
+    <|endoftext|> is the EOS, BOS and pad token: every training document follows one.
+    """
+    directory = Path(directory)
+    fast = tokenizer.to_hf()
+    eot = fast.id_to_token(tokenizer.eot_id)
+    (directory / "tokenizer.json").write_text(fast.to_str(), encoding="utf-8")
+    special = {"bos_token": eot, "eos_token": eot, "pad_token": eot}
+    config = {
+        # The generic fast class loads tokenizer.json as it is; a Llama tokenizer class
+        # would impose SentencePiece conventions (a prefix space, </s>) that ours lack.
+        "tokenizer_class": "PreTrainedTokenizerFast", **special, "model_max_length": max_len,
+        "clean_up_tokenization_spaces": False, "add_bos_token": False, "add_eos_token": False}
+    (directory / "tokenizer_config.json").write_text(json.dumps(config, indent=2, ensure_ascii=False),
+                                                     encoding="utf-8")
+    (directory / "special_tokens_map.json").write_text(json.dumps(special, indent=2, ensure_ascii=False),
+                                                       encoding="utf-8")
+
+
+def load_hf_tokenizer(directory: str | Path, eos_token_id: int | list[int] | None = None) -> Tokenizer:
+    """The fast tokenizer of a Hugging Face model directory, with its end-of-text token.
+
+    The EOS comes from tokenizer_config.json, else from ``eos_token_id`` (config.json; the
+    first one if it is a list). ``<|endoftext|>`` gives a plain bpe tokenizer, anything
+    else (``</s>`` …) a ForeignTokenizer that remembers the name.
+    """
+    from tokenizers import Tokenizer as HFTokenizer
+
+    directory = Path(directory)
+    if not (directory / "tokenizer.json").is_file():
+        raise DataError(f"{directory} has no tokenizer.json (a fast tokenizer). Convert it with transformers: "
+                        "AutoTokenizer.from_pretrained(DIR).save_pretrained(DIR)")
+    try:
+        fast = HFTokenizer.from_file(str(directory / "tokenizer.json"))
+        config_path = directory / "tokenizer_config.json"
+        eos = json.loads(config_path.read_text(encoding="utf-8")).get("eos_token") if config_path.is_file() else None
+    except Exception as e:  # tokenizers raises its own exception type for bad files
+        raise DataError(f"cannot read the tokenizer in {directory}: {e}") from None
+    eos = eos.get("content") if isinstance(eos, dict) else eos  # a serialised AddedToken
+    if eos is None and eos_token_id is not None:
+        eos = fast.id_to_token(eos_token_id[0] if isinstance(eos_token_id, list) else eos_token_id)
+    if eos is None:
+        raise DataError(f"{directory} names no end-of-text token (eos_token in tokenizer_config.json or "
+                        "eos_token_id in config.json); ropelab needs one to separate documents")
+    return BPETokenizer(fast) if eos == EOT else ForeignTokenizer(fast, eos)
 
 
 def load_tokenizer(path: str | Path) -> Tokenizer:
