@@ -1,0 +1,85 @@
+"""Export a RoPE run to Hugging Face transformers, or import a transformers Llama as a run.
+
+    python scripts/export_hf.py RUN_DIR OUT_DIR [--which best] [--scaling yarn --factor 4] [--check]
+    python scripts/export_hf.py --import HF_DIR RUN_DIR
+
+The export loads with ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` as a
+``LlamaForCausalLM`` and with ``AutoTokenizer.from_pretrained(OUT_DIR)``. The import writes
+a run directory that ``python -m eval.extrapolation`` and ``scripts/sample.py`` read. The
+conversion is in model/hf.py and model/hf_io.py.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parents[1]
+if str(ROOT) not in sys.path:  # runnable as a file from anywhere
+    sys.path.insert(0, str(ROOT))
+
+from model.config import RopeScalingConfig  # noqa: E402
+from model.errors import UserError  # noqa: E402
+from model.hf_io import check_parity, export_run, import_hf  # noqa: E402
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="Export a RoPE run to Hugging Face transformers (Llama), "
+                                            "or import one with --import.")
+    p.add_argument("source", type=Path, help="RUN_DIR to export (with --import: a transformers Llama directory)")
+    p.add_argument("dest", type=Path, help="OUT_DIR to create (with --import: the run directory to create)")
+    p.add_argument("--import", dest="do_import", action="store_true",
+                   help="import a transformers Llama directory as a ropelab run")
+    p.add_argument("--which", choices=["latest", "best"], default="latest", help="which weights to export")
+    p.add_argument("--scaling", choices=["none", "linear", "ntk", "dynamic", "yarn", "llama3"], default=None,
+                   help="RoPE context extension written into the exported config")
+    p.add_argument("--factor", type=float, default=None, help="scaling factor s (with --scaling)")
+    p.add_argument("--original-max-len", type=int, default=None,
+                   help="training length the scaling extends (default: the run's train.seq_len)")
+    p.add_argument("--check", action="store_true",
+                   help="load the export in transformers and report the max |logit difference| (needs .[hf])")
+    p.add_argument("--check-length", type=int, default=None, help="tokens for --check (default: 2 x train length)")
+    return p.parse_args(argv)
+
+
+def _scaling(args: argparse.Namespace) -> RopeScalingConfig | None:
+    if args.scaling is None:
+        if args.factor is not None:
+            raise UserError("--factor needs --scaling (e.g. --scaling yarn --factor 4)")
+        return None
+    if args.scaling != "none" and args.factor is None:
+        raise UserError(f"--scaling {args.scaling} needs --factor (the context extension, e.g. 4)")
+    from configs import load_config
+
+    if not (args.source / "config.yaml").is_file():
+        return None  # not a run: export_run says so
+    original = args.original_max_len or load_config(args.source / "config.yaml").train.seq_len
+    return RopeScalingConfig(type=args.scaling, factor=args.factor or 1.0, original_max_len=original)
+
+
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    try:
+        if args.do_import:
+            notes = import_hf(args.source, args.dest)
+        else:
+            scaling = _scaling(args)
+            notes = export_run(args.source, args.dest, which=args.which, scaling=scaling)
+        for note in notes:
+            print(f"note: {note}")
+        print(f"wrote {args.dest}")
+        if args.check and not args.do_import:
+            diff, length = check_parity(args.source, args.dest, args.which, scaling, args.check_length)
+            print(f"check: max |logit difference| vs transformers over {length} random tokens: {diff:.3g}")
+        return 0
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    with torch.inference_mode():
+        sys.exit(main())
