@@ -23,7 +23,6 @@ from typing import Optional
 
 import torch
 import torch.distributed as dist
-import torch.nn.functional as F
 
 from configs import config_to_dict, load_config, save_config
 from configs.schema import RunConfig
@@ -61,11 +60,13 @@ def check_resumable(saved: RunConfig, current: RunConfig, run_dir: Path) -> None
 
 
 class Trainer:
-    def __init__(self, cfg: RunConfig, rt: Runtime):
+    def __init__(self, cfg: RunConfig, rt: Runtime, data=None):
+        """``data``: already prepared data (anything with ``tokenizer`` and ``split(name)``,
+        e.g. scripts/bench.py's synthetic tokens); by default ``cfg.data`` is prepared."""
         self.rt = rt
         self.run_dir = Path(cfg.out_dir) / cfg.name
         resume_from = self._find_resume_point(cfg)
-        data = self._prepare(cfg)
+        data = self._prepare(cfg) if data is None else data
         self.cfg = cfg.with_vocab_size(data.tokenizer.vocab_size)
         self.tokenizer = data.tokenizer
         self.train_tokens, self.valid_tokens = data.split("train"), data.split("valid")
@@ -144,8 +145,7 @@ class Trainer:
             last = micro == t.grad_accum - 1
             sync = contextlib.nullcontext() if last or rt.world_size == 1 else self.forward_model.no_sync()
             with sync, rt.autocast():
-                logits = self.forward_model(x)
-                loss = F.cross_entropy(logits.float().flatten(0, 1), y.flatten()) / t.grad_accum
+                loss = self.forward_model(x, targets=y) / t.grad_accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
         loss_value = rt.mean_across_ranks(loss_sum)

@@ -21,7 +21,6 @@ from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import torch
-import torch.nn.functional as F
 
 from data.samplers import EvalWindow, eval_windows, window_batch
 
@@ -58,9 +57,9 @@ def window_losses(model, tokens: np.ndarray, windows: Sequence[EvalWindow], batc
     try:
         for group in _batches(windows, windows[0].length, batch_size, max_batch_tokens):
             x, y, mask = window_batch(tokens, group)
-            logits = model(x.to(device))  # (B, T, V)
-            nll = F.cross_entropy(logits.float().flatten(0, 1), y.to(device).flatten(), reduction="none")
-            yield nll.view(y.shape).cpu(), y, mask
+            # Per-target NLL (B, T) straight from the model: the logits are never all held.
+            nll = model(x.to(device), targets=y.to(device), reduction="none")
+            yield nll.cpu(), y, mask
     finally:
         model.train(was_training)
 

@@ -12,6 +12,7 @@ from model.attention import Attention
 from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
+from model.loss import linear_cross_entropy
 from model.positional import build_positional, PositionalEncoding
 
 
@@ -48,21 +49,30 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                seq_len: Optional[int] = None) -> torch.Tensor:
+                seq_len: Optional[int] = None, targets: Optional[torch.Tensor] = None,
+                reduction: str = "mean") -> torch.Tensor:
         """Logits (B, T, vocab) for tokens ``idx`` (B, T) at ``positions`` (T,).
 
         ``positions`` default to 0 … T-1. ``seq_len`` is the sequence length the RoPE
         frequencies are fitted for (dynamic scaling only); with a cache it is the cache
-        length, otherwise the last position + 1.
+        length, otherwise the last position + 1. With ``targets`` (B, T) the result is
+        instead the cross-entropy (mean, or per target with ``reduction="none"``), computed
+        without materialising the logits (model/loss.py).
         """
+        if seq_len is None:  # known on the host, so no layer has to read positions back
+            if self.cache_len is not None:
+                seq_len = self.cache_len
+            else:
+                seq_len = idx.shape[1] if positions is None else int(positions.max()) + 1
         if positions is None:
             positions = torch.arange(idx.shape[1], device=idx.device)
-        if seq_len is None:
-            seq_len = self.cache_len
         x = self.drop(self.pos.embed(self.tok_emb(idx), positions))  # (B, T, d)
         for block in self.blocks:
             x = block(x, self.pos, positions, seq_len)
-        return self.head(self.norm(x))  # (B, T, vocab)
+        x = self.norm(x)
+        if targets is not None:
+            return linear_cross_entropy(x, self.head.weight, targets, reduction)
+        return self.head(x)  # (B, T, vocab)
 
     # --- initialisation -------------------------------------------------------------
     def reset_parameters(self) -> None:

@@ -13,6 +13,7 @@ from pathlib import Path
 import pytest
 import torch
 
+import model.transformer
 import train
 from model.checkpoint import latest_checkpoint, load_state, read_meta
 from conftest import write_run_config as write_config
@@ -116,14 +117,14 @@ def test_sigterm_saves_a_loadable_checkpoint(tmp_path, corpus):
 def test_nan_loss_stops_cleanly_and_keeps_checkpoints(tmp_path, corpus, monkeypatch, capsys):
     cfg = write_config(tmp_path, corpus)
     calls = {"n": 0}
-    real = torch.nn.functional.cross_entropy
+    real = model.transformer.linear_cross_entropy
 
     def poisoned(*args, **kwargs):
         calls["n"] += 1
         loss = real(*args, **kwargs)
         return loss * float("nan") if calls["n"] == 15 else loss
 
-    monkeypatch.setattr(train.F, "cross_entropy", poisoned)
+    monkeypatch.setattr(model.transformer, "linear_cross_entropy", poisoned)
     assert train.main([str(cfg), "train.eval_interval=1000"]) == 2
     err = capsys.readouterr().err
     assert "loss became nan at step 15" in err and "Traceback" not in err

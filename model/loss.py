@@ -1,0 +1,112 @@
+"""Cross-entropy of the LM head without materialising the full logits.
+
+For a vocabulary V much larger than d_model the head's logits (N × V) are the largest
+tensors of a training step: at batch 16 × 256 tokens and V = 8192 they are 134 MB, and a
+plain ``F.cross_entropy`` on them writes log-softmax, then its gradient, then zero-fills
+and scatters another N × V buffer, each a fresh allocation the kernel must page in. On a
+2-core CPU that was about a third of the step (scripts/bench.py, see README).
+
+Here the head matmul, log-sum-exp, loss and the gradient of the loss with respect to the
+logits are done per chunk of rows, and the chunk's contribution to the gradients of the
+hidden states and of the head weight is computed right away (the technique of Liger
+Kernel's fused linear cross-entropy, Hsu et al. 2024, and Apple's Cut Cross-Entropy,
+Wijmans et al. 2024). Backward then only scales the saved gradients by the incoming
+one. The FLOPs are those of the unfused head (one forward and two backward matmuls);
+peak memory drops from O(N·V) to O(chunk·V).
+
+Softmax statistics are float32 whatever the compute dtype; under autocast the matmuls run
+in the autocast dtype and the head-weight gradient is accumulated in float32.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import torch
+
+# Rows per chunk are chosen so one chunk of float32 logits is about this many bytes.
+CHUNK_BYTES = 16 * 2**20  # fastest of 2-32 MB on a 2-core CPU (scripts/bench.py era)
+
+
+def chunk_rows(n_rows: int, vocab: int) -> int:
+    return max(1, min(n_rows, CHUNK_BYTES // (4 * vocab)))
+
+
+def _dtypes(h: torch.Tensor) -> tuple[torch.dtype, torch.dtype]:
+    """(matmul dtype, softmax/accumulation dtype: at least float32)."""
+    dtype = h.dtype
+    if torch.is_autocast_enabled(h.device.type):
+        dtype = torch.get_autocast_dtype(h.device.type)
+    return dtype, torch.promote_types(dtype, torch.float32)
+
+
+class _FusedLinearCrossEntropy(torch.autograd.Function):
+    """Mean NLL of ``h @ weightᵀ`` against ``targets``; gradients computed in forward."""
+
+    @staticmethod
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        n, vocab = h.shape[0], weight.shape[0]
+        dtype, stat = _dtypes(h)
+        w = weight.to(dtype)
+        grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device)
+        grad_w = torch.zeros(weight.shape, dtype=stat, device=h.device)
+        total = torch.zeros((), dtype=stat, device=h.device)
+        step = chunk_rows(n, vocab)
+        for start in range(0, n, step):
+            hc, yc = h[start:start + step].to(dtype), targets[start:start + step]
+            logp = torch.log_softmax((hc @ w.t()).to(stat), dim=-1)  # (n_c, V)
+            total -= logp.gather(1, yc[:, None]).sum()
+            # d(mean NLL)/d logits = (softmax - onehot) / n, built in place in logp's buffer.
+            grad = logp.exp_()
+            grad.scatter_add_(1, yc[:, None], grad.new_full((yc.shape[0], 1), -1.0))
+            grad = grad.div_(n).to(dtype)
+            grad_h[start:start + step] = grad @ w  # (n_c, d)
+            grad_w += (grad.t() @ hc).to(stat)  # (V, d)
+        ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
+        return total / n
+
+    @staticmethod
+    def backward(ctx, grad_out: torch.Tensor):
+        grad_h, grad_w = ctx.saved_tensors
+        return grad_h * grad_out.to(grad_h.dtype), grad_w * grad_out.to(grad_w.dtype), None
+
+
+def _chunked_nll(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """Per-row NLL ((N,), float32 or wider) without gradients, one chunk of logits at a time."""
+    dtype, stat = _dtypes(h)
+    w = weight.to(dtype)
+    out = torch.empty(h.shape[0], dtype=stat, device=h.device)
+    step = chunk_rows(h.shape[0], weight.shape[0])
+    for start in range(0, h.shape[0], step):
+        logp = torch.log_softmax((h[start:start + step].to(dtype) @ w.t()).to(stat), dim=-1)
+        out[start:start + step] = -logp.gather(1, targets[start:start + step, None]).squeeze(1)
+    return out
+
+
+def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                         reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of logits ``h @ weightᵀ`` against ``targets``, never holding all logits.
+
+    ``h`` is (..., d), ``targets`` the matching (...) integer ids, ``weight`` (V, d).
+    ``reduction``: ``"mean"`` (a scalar, differentiable) or ``"none"`` (per-target NLL
+    shaped like ``targets``, no gradient). Results are float32 (float64 for float64 inputs).
+    """
+    if reduction not in ("mean", "none"):
+        raise ValueError(f"reduction must be 'mean' or 'none', not {reduction!r}")
+    flat_h, flat_y = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
+    if reduction == "none":
+        with torch.no_grad():
+            return _chunked_nll(flat_h, weight, flat_y).view(targets.shape)
+    needs_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
+    if not needs_grad:
+        with torch.no_grad():
+            return _chunked_nll(flat_h, weight, flat_y).mean()
+    return _FusedLinearCrossEntropy.apply(flat_h, weight, flat_y)
+
+
+def reference_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
+                            reduction: Optional[str] = "mean") -> torch.Tensor:
+    """The unfused definition, for tests: F.cross_entropy on float32 logits."""
+    return torch.nn.functional.cross_entropy(logits.float().flatten(0, -2), targets.flatten(),
+                                             reduction=reduction).view(
+        () if reduction == "mean" else targets.shape)

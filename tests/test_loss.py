@@ -1,0 +1,80 @@
+"""The chunked LM-head cross-entropy equals the plain definition, values and gradients."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+import model.loss as loss_mod
+from model.config import ModelConfig, PosConfig
+from model.loss import linear_cross_entropy
+from model.transformer import Transformer
+
+
+@pytest.fixture
+def small_chunks(monkeypatch):
+    # 7 rows per chunk at V=97: several chunks and a ragged last one.
+    monkeypatch.setattr(loss_mod, "CHUNK_BYTES", 7 * 4 * 97)
+
+
+def _inputs(n=40, d=16, vocab=97, seed=0):
+    g = torch.Generator().manual_seed(seed)
+    h = torch.randn(n, d, generator=g, dtype=torch.float64).requires_grad_()
+    w = torch.randn(vocab, d, generator=g, dtype=torch.float64).requires_grad_()
+    y = torch.randint(0, vocab, (n,), generator=g)
+    return h, w, y
+
+
+def test_chunking_really_chunks(small_chunks):
+    assert loss_mod.chunk_rows(40, 97) == 7
+
+
+@pytest.mark.parametrize("chunked", [False, True])
+def test_mean_loss_and_gradients_match_cross_entropy(request, chunked):
+    if chunked:
+        request.getfixturevalue("small_chunks")
+    h, w, y = _inputs()
+    ref = F.cross_entropy(h @ w.t(), y)
+    ref_grads = torch.autograd.grad(ref * 3.0, (h, w))  # a non-unit upstream gradient
+    out = linear_cross_entropy(h, w, y)
+    grads = torch.autograd.grad(out * 3.0, (h, w))
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+
+
+def test_per_target_loss_matches_and_keeps_shape(small_chunks):
+    h, w, y = _inputs()
+    h3, y3 = h.detach().view(4, 10, 16), y.view(4, 10)
+    out = linear_cross_entropy(h3, w.detach(), y3, reduction="none")
+    ref = F.cross_entropy((h3 @ w.detach().t()).flatten(0, 1), y3.flatten(), reduction="none").view(4, 10)
+    assert out.shape == (4, 10)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="reduction"):
+        linear_cross_entropy(h3, w, y3, reduction="sum")
+
+
+def test_no_grad_mean_matches(small_chunks):
+    h, w, y = _inputs()
+    with torch.no_grad():
+        out = linear_cross_entropy(h, w, y)
+        ref = F.cross_entropy(h @ w.t(), y)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+
+
+@pytest.mark.parametrize("tie", [True, False])
+def test_model_targets_path_equals_logits_path(small_chunks, tie):
+    """Loss and every parameter gradient through model(x, targets=y) equal the logits route."""
+    torch.manual_seed(0)
+    cfg = ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4, tie_embeddings=tie,
+                      pos=PosConfig(kind="rope"))
+    model = Transformer(cfg)
+    x, y = torch.randint(0, 97, (3, 12)), torch.randint(0, 97, (3, 12))
+    ref = F.cross_entropy(model(x).flatten(0, 1), y.flatten())
+    ref_grads = torch.autograd.grad(ref, list(model.parameters()))
+    out = model(x, targets=y)
+    grads = torch.autograd.grad(out, list(model.parameters()))
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
+    per_target = model(x, targets=y, reduction="none")
+    torch.testing.assert_close(per_target.mean(), ref.detach(), rtol=1e-6, atol=1e-6)
