@@ -87,17 +87,44 @@ class RoPE(PositionalEncoding):
         # without touching checkpoints.
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention_factor = attention
+        # (key, cos, sin): tables for positions 0 … n-1, reused by every layer and step.
+        self._tables: Optional[tuple] = None
 
     def cos_sin(self, positions: torch.Tensor, seq_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Laid-out cos and sin for ``positions``, float32, (T, rotary_dim), any length."""
+        """Laid-out cos and sin for ``positions``, float32, (T, rotary_dim), any length.
+
+        ``seq_len`` bounds the positions (last position < seq_len); without it the positions
+        are read (a device sync on GPUs, which Transformer.forward avoids by passing it).
+        """
+        length = seq_len if seq_len is not None else int(positions.max()) + 1
+        cos, sin = self._cos_sin_tables(length, positions.device)
+        return cos[positions], sin[positions]
+
+    def _cos_sin_tables(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
+        """Tables covering positions 0 … length-1, built once and reused.
+
+        Recomputing angles, cos and sin in every layer of every step cost as much as the
+        rotation itself. Plain frequencies do not depend on the length, so one table grown
+        in powers of two serves every call; dynamic NTK's frequencies do, so its table is
+        rebuilt whenever the fitted length changes (once per generation).
+        """
+        if self._tables is not None:
+            (dynamic_len, rows, table_device), cos, sin = self._tables
+            if table_device == device and (dynamic_len == length if self.dynamic else rows >= length):
+                return cos, sin
+        rows = length if self.dynamic else max(256, 1 << (length - 1).bit_length())
         inv_freq, attention = self.inv_freq, self.attention_factor
         if self.dynamic:
-            length = seq_len if seq_len is not None else int(positions.max()) + 1
             inv_freq, attention = inverse_frequencies(self.rotary_dim, self.theta, self.scaling, length)
-            inv_freq = inv_freq.to(positions.device)
-        angles = positions.to(torch.float32)[:, None] * inv_freq[None, :]  # (T, r/2)
-        angles = self.pairing.layout(angles)  # (T, r)
-        return angles.cos() * attention, angles.sin() * attention
+        # Built outside inference mode so a table first made during evaluation can still be
+        # saved for backward by a later training step.
+        with torch.inference_mode(False), torch.no_grad():
+            positions = torch.arange(rows, device=device, dtype=torch.float32)
+            angles = positions[:, None] * inv_freq.to(device)[None, :]  # (rows, r/2)
+            angles = self.pairing.layout(angles)  # (rows, r)
+            cos, sin = angles.cos() * attention, angles.sin() * attention
+        self._tables = ((length if self.dynamic else None, rows, device), cos, sin)
+        return cos, sin
 
     def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
                seq_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
