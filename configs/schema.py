@@ -48,10 +48,15 @@ def _positive(section: str, obj: object, *names: str, allow_none: bool = False) 
 
 @dataclass
 class TokenizerConfig:
-    """How text becomes token ids; trained (bpe) or built (char) on the training split."""
+    """How text becomes token ids; trained (bpe) or built (char) on the training split, or
+    read from a saved file (``kind: file``)."""
 
-    kind: Literal["bpe", "byte", "char"] = "bpe"
+    kind: Literal["bpe", "byte", "char", "file"] = "bpe"
     vocab_size: int = 2048  # bpe only: merges + 256 byte symbols + <|endoftext|>
+    # file only: a tokenizer.json (ropelab's, or any Hugging Face tokenizers file) used as
+    # is. Relative to the working directory; for a run's own config (e.g. an imported
+    # transformers model) evaluation reads the run directory's tokenizer.json instead.
+    path: Optional[str] = None
     min_frequency: int = 2  # bpe only: a pair must occur this often to be merged
     # bpe only: train on at most this many characters of the training split (None: all);
     # WikiText-103-sized corpora train a good tokenizer from a prefix in a fraction of the time.
@@ -60,6 +65,10 @@ class TokenizerConfig:
     def __post_init__(self) -> None:
         _positive("data.tokenizer", self, "min_frequency")
         _positive("data.tokenizer", self, "max_train_chars", allow_none=True)
+        if (self.kind == "file") != (self.path is not None):
+            raise ConfigError("data.tokenizer.path goes with data.tokenizer.kind=file (a saved "
+                              "tokenizer.json to use as is): set both, or neither"
+                              f" (got kind={self.kind}, path={self.path!r})")
         if self.kind == "bpe" and self.vocab_size < 258:
             raise ConfigError(f"data.tokenizer.vocab_size={self.vocab_size} is too small for "
                               "byte-level BPE: it needs 256 byte symbols + <|endoftext|> + merges")

@@ -87,11 +87,21 @@ def token_config(cfg: DataConfig) -> dict:
     """The parts of the data config that change the tokens (not cache_dir, num_proc, streaming)."""
     out = {"source": cfg.source, "documents": cfg.documents,
            "tokenizer": dataclasses.asdict(cfg.tokenizer)}
+    if cfg.tokenizer.kind == "file":  # what is in the file, wherever it lies
+        out["tokenizer"]["path"] = _file_digest(cfg.tokenizer.path)
     if cfg.source == "hub":
         out["hub"] = {k: v for k, v in dataclasses.asdict(cfg.hub).items() if k != "streaming"}
     if cfg.source == "local":
         out["local"] = dataclasses.asdict(cfg.local)
     return out
+
+
+def _file_digest(path: str) -> str:
+    try:
+        return hashlib.sha256(Path(path).read_bytes()).hexdigest()
+    except OSError as e:
+        raise DataError(f"data.tokenizer.path: cannot read {path} ({e.strerror}); give the path "
+                        "of a tokenizer.json") from None
 
 
 def data_key(cfg: DataConfig, corpus: Corpus) -> str:

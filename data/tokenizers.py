@@ -264,10 +264,13 @@ def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
     """Build the tokenizer ``cfg`` describes from ``texts`` (deterministic in their order).
 
     bpe wants the training split; char wants every split (its vocabulary is just the
-    alphabet, and an unseen character in valid/test could not be encoded); byte ignores them.
+    alphabet, and an unseen character in valid/test could not be encoded); byte and file
+    (a saved tokenizer, read as is) ignore them.
     """
     if cfg.kind == "byte":
         return ByteTokenizer()
+    if cfg.kind == "file":
+        return load_tokenizer(cfg.path)
     if cfg.kind == "char":
         chars: set[str] = set()
         for text in texts:

@@ -12,6 +12,7 @@ evaluated (and never a crash). Everything a run needs is read from its directory
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import re
@@ -79,7 +80,11 @@ def run_metadata(run) -> dict:
 
 
 def _split_tokens(run, split: str) -> np.ndarray:
-    data = prepare_data(run.cfg.data, progress=False)
+    data_cfg = run.cfg.data
+    if data_cfg.tokenizer.kind == "file":  # the run's own copy, wherever the run was moved
+        tokenizer = dataclasses.replace(data_cfg.tokenizer, path=str(run.run_dir / "tokenizer.json"))
+        data_cfg = dataclasses.replace(data_cfg, tokenizer=tokenizer)
+    data = prepare_data(data_cfg, progress=False)
     if data.tokenizer != run.tokenizer:
         raise DataError(f"the prepared data for {run.run_dir} was tokenized differently from the "
                         "run's tokenizer.json; delete the data cache and evaluate again")

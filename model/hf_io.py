@@ -165,7 +165,7 @@ def export_run(run_dir: Path, out_dir: Path, which: str = "latest",
 
 def _run_for(hf_dir: Path, hf: dict):
     """(RunConfig, Tokenizer, checkpoint meta, notes) for an HF directory: ours restored, or foreign."""
-    from configs.schema import RunConfig, TrainConfig
+    from configs.schema import DataConfig, RunConfig, TokenizerConfig, TrainConfig
     from data.tokenizers import load_hf_tokenizer, tokenizer_from_json
 
     model_cfg, train_len = model_config_from_hf(hf, str(hf_dir / "config.json"))
@@ -176,10 +176,13 @@ def _run_for(hf_dir: Path, hf: dict):
         meta = {k: v for k, v in side.get("checkpoint", {}).items() if k != "format"}
         notes = [f"ropelab export: original config restored ({run_cfg.model.pos.rope.pairing} pairing)"]
     else:
-        run_cfg, tokenizer, meta = RunConfig(model=model_cfg, train=TrainConfig(seq_len=train_len)), None, {}
-        notes = [f"foreign Llama: half pairing, train.seq_len={train_len}, default data/eval settings. "
-                 "eval.extrapolation tokenizes its corpus with config.yaml's data.tokenizer and refuses a "
-                 "run whose tokenizer differs; edit data.* to a corpus and tokenizer that reproduce it"]
+        # Its tokenizer cannot be retrained from a corpus: data.tokenizer uses the file as is
+        # (import_hf points it at the run's tokenizer.json).
+        data = DataConfig(tokenizer=TokenizerConfig(kind="file", path="tokenizer.json"))
+        run_cfg = RunConfig(model=model_cfg, data=data, train=TrainConfig(seq_len=train_len))
+        tokenizer, meta = None, {}
+        notes = [f"foreign Llama: half pairing, train.seq_len={train_len}, its own tokenizer "
+                 "(data.tokenizer.kind=file); evaluation corpus: the built-in one until you set data.*"]
         if (hf_dir / SIDE_FILE).exists():
             notes.insert(0, f"{SIDE_FILE} does not describe this config.json (changed after export?); ignored")
     tokenizer = tokenizer or load_hf_tokenizer(hf_dir, hf.get("eos_token_id"))
@@ -201,6 +204,9 @@ def import_hf(hf_dir: Path, run_dir: Path) -> list[str]:
         raise HFConversionError(f"{hf_dir} is not a directory; give a Hugging Face model directory")
     run_cfg, tokenizer, meta, notes = _run_for(hf_dir, read_json(hf_dir / "config.json"))
     run_cfg = dataclasses.replace(run_cfg, name=run_dir.resolve().name, out_dir=str(run_dir.parent))
+    if run_cfg.data.tokenizer.kind == "file":
+        tok_cfg = dataclasses.replace(run_cfg.data.tokenizer, path=str(run_dir.resolve() / "tokenizer.json"))
+        run_cfg = dataclasses.replace(run_cfg, data=dataclasses.replace(run_cfg.data, tokenizer=tok_cfg))
     model = Transformer(run_cfg.model)
     try:
         model.load_state_dict(from_hf_state(read_hf_weights(hf_dir), run_cfg.model, str(hf_dir)))

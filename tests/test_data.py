@@ -19,7 +19,7 @@ from configs.schema import DataConfig, LocalConfig, TokenizerConfig
 from data import EOT, TrainSampler, eval_windows, load_tokenizer, prepare_data, train_tokenizer, window_batch
 from data.builtin import builtin_documents, split_of
 from data.sources import group_documents, open_corpus
-from model.errors import DataError
+from model.errors import ConfigError, DataError
 
 ROOT = Path(__file__).resolve().parents[1]
 WIKITEXT2 = ROOT.parent / "shared" / "data" / "wikitext-2"
@@ -228,6 +228,36 @@ def test_prepare_rebuilds_on_config_or_content_change(tmp_path):
     fake_corpus(tmp_path / "corpus" / "train.txt", 301)  # the file changed: size and mtime
     changed = prepare_data(cfg, progress=False)
     assert changed.dir != first.dir and changed.meta["splits"]["train"]["documents"] == 301
+
+
+def test_file_tokenizer_is_used_as_is_and_keyed_by_content(tmp_path):
+    """kind=file: a saved tokenizer tokenizes the corpus unchanged; the cache follows the
+    file's content, not its path."""
+    trained = prepare_data(local_cfg(tmp_path), progress=False)
+    saved = tmp_path / "elsewhere" / "tok.json"
+    saved.parent.mkdir()
+    saved.write_text((trained.dir / "tokenizer.json").read_text())
+    base = local_cfg(tmp_path)
+    cfg = DataConfig(**{**base.__dict__, "tokenizer": TokenizerConfig(kind="file", path=str(saved))})
+    from_file = prepare_data(cfg, progress=False)
+    assert from_file.dir != trained.dir and from_file.tokenizer == trained.tokenizer
+    assert from_file.split("train").tolist() == trained.split("train").tolist()
+    copy = tmp_path / "copy.json"
+    copy.write_text(saved.read_text())
+    moved = DataConfig(**{**cfg.__dict__, "tokenizer": TokenizerConfig(kind="file", path=str(copy))})
+    assert prepare_mod.data_key(moved, open_corpus(moved)) == prepare_mod.data_key(cfg, open_corpus(cfg))
+    copy.write_text(json.dumps({"kind": "byte", "eot": EOT}))
+    assert prepare_data(moved, progress=False).tokenizer.kind == "byte"
+    missing = DataConfig(**{**cfg.__dict__, "tokenizer": TokenizerConfig(kind="file", path=str(tmp_path / "no.json"))})
+    with pytest.raises(DataError, match="data.tokenizer.path: cannot read"):
+        prepare_data(missing, progress=False)
+
+
+def test_file_tokenizer_config_needs_its_path():
+    with pytest.raises(ConfigError, match="data.tokenizer.path goes with data.tokenizer.kind=file"):
+        TokenizerConfig(kind="file")
+    with pytest.raises(ConfigError, match="kind=file"):
+        TokenizerConfig(kind="bpe", path="tokenizer.json")
 
 
 def test_incomplete_directories_are_never_used(tmp_path):

@@ -11,6 +11,7 @@ and greedy generations are varied sequences.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import pytest
@@ -19,7 +20,7 @@ import torch
 from conftest import tiny_config
 from configs import config_to_dict, save_config
 from configs.schema import DataConfig, LocalConfig, RunConfig, TokenizerConfig, TrainConfig
-from data.tokenizers import ByteTokenizer, train_tokenizer
+from data.tokenizers import ByteTokenizer, load_tokenizer, train_tokenizer
 from model.checkpoint import save_checkpoint
 from model.config import RopeScalingConfig
 from model.generate import generate
@@ -289,7 +290,8 @@ def test_without_side_file_imports_as_half_pairing(exported, tmp_path):
         assert float((run.model(x) - model(x)).abs().max()) < TOL
 
 
-def test_foreign_llama_with_its_own_eos_and_yarn(tmp_path):
+def _foreign_llama(tmp_path):
+    """A Llama saved by transformers with a word-level BPE and </s> as its EOS: (dir, model, tokenizer)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers
     from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -310,6 +312,11 @@ def test_foreign_llama_with_its_own_eos_and_yarn(tmp_path):
     hf_model.save_pretrained(str(hf_dir))
     fast.save(str(hf_dir / "tokenizer.json"))
     (hf_dir / "tokenizer_config.json").write_text(json.dumps({"eos_token": "</s>", "bos_token": "<s>"}))
+    return hf_dir, hf_model, fast
+
+
+def test_foreign_llama_with_its_own_eos_and_yarn(tmp_path):
+    hf_dir, hf_model, fast = _foreign_llama(tmp_path)
     assert cli(["--import", str(hf_dir), str(tmp_path / "run")]) == 0
     run = load_run(tmp_path / "run")
     s = run.cfg.model.pos.rope.scaling
@@ -318,6 +325,30 @@ def test_foreign_llama_with_its_own_eos_and_yarn(tmp_path):
     assert run.tokenizer.eot_id == 2 and run.tokenizer.encode("the cat") == fast.encode("the cat").ids
     x = torch.randint(0, 128, (1, 4 * TRAIN_LEN))
     assert max_diff(run.model, hf_model, x) < TOL
+
+
+def test_foreign_import_evaluates_with_its_own_tokenizer(tmp_path, corpus):
+    """A foreign tokenizer cannot be retrained: the run says data.tokenizer.kind=file and
+    evaluation tokenizes the corpus with the run's tokenizer.json, even after a move."""
+    from configs import load_config, save_config
+    from eval.extrapolation import main as extrapolation
+
+    hf_dir, _, fast = _foreign_llama(tmp_path)
+    assert cli(["--import", str(hf_dir), str(tmp_path / "run")]) == 0
+    cfg = load_config(tmp_path / "run" / "config.yaml")
+    assert cfg.data.tokenizer.kind == "file"
+    data = dataclasses.replace(cfg.data, source="local", cache_dir=str(tmp_path / "cache"), num_proc=1,
+                               local=LocalConfig(train=[str(corpus / "train.txt")],
+                                                 valid=[str(corpus / "valid.txt")]))
+    save_config(dataclasses.replace(cfg, data=data), tmp_path / "run" / "config.yaml")
+    (tmp_path / "run").rename(tmp_path / "moved")
+    out = tmp_path / "report"
+    assert extrapolation([str(tmp_path / "moved"), "--lengths", "16", "32", "--max-tokens", "256",
+                          "--no-per-position", "--out", str(out)]) == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [r["status"] for r in rows] == ["ok", "ok"] and all(r["ppl"] > 1 for r in rows)
+    prepared = list((tmp_path / "cache").glob("local-file-*/tokenizer.json"))
+    assert len(prepared) == 1 and load_tokenizer(prepared[0]).encode("the cat") == fast.encode("the cat").ids
 
 
 def test_imported_run_evaluates_with_extrapolation_tools(tmp_path, corpus):
