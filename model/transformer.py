@@ -59,13 +59,16 @@ class Transformer(nn.Module):
         instead the cross-entropy (mean, or per target with ``reduction="none"``), computed
         without materialising the logits (model/loss.py).
         """
-        if seq_len is None:  # known on the host, so no layer has to read positions back
-            if self.cache_len is not None:
-                seq_len = self.cache_len
-            else:
-                seq_len = idx.shape[1] if positions is None else int(positions.max()) + 1
+        # Positions served, known on the host: no layer reads positions back from the device,
+        # and the default path has no data-dependent call that would split a compiled graph.
         if positions is None:
-            positions = torch.arange(idx.shape[1], device=idx.device)
+            n_positions = idx.shape[1]
+            positions = torch.arange(n_positions, device=idx.device)
+        else:
+            n_positions = int(positions.max()) + 1
+        self.pos.check_length(n_positions)  # learned: a clear LengthError, never an index error
+        if seq_len is None:
+            seq_len = self.cache_len if self.cache_len is not None else n_positions
         x = self.drop(self.pos.embed(self.tok_emb(idx), positions))  # (B, T, d)
         for block in self.blocks:
             x = block(x, self.pos, positions, seq_len)
