@@ -1,134 +1,427 @@
-"""Speed and memory measurements, as ratios taken in one run: ``python scripts/bench.py``.
+"""Speed and memory against the machine's own limit: ``python scripts/bench.py [--config C]``.
 
-Absolute timings on shared machines are noisy; each section compares two ways of doing
-the same work back to back, on the same process and model, and reports the ratio.
+For the benchmark model (configs/bench.yaml: d_model 256, 4 layers, 4 heads, vocab 8192,
+16 × 256 tokens per step) and every positional encoding, measures
 
-1. attention: the fused SDPA causal path vs the explicit-softmax reference (forward).
-2. generation: decoding with the KV cache vs a full forward per new token.
-3. eval memory: peak resident memory of one forward at long lengths for every encoding,
-   each in a fresh process, including ALiBi with and without query chunking.
-Model shape: the CPU WikiText-2 preset (d_model 256, 4 layers, 4 heads, vocab 8192).
+- training: steady-state tokens/s of ``train.Trainer.train_step`` (the training loop's own
+  step: sampler, forward, loss, backward, clipping, AdamW) and model FLOPs utilisation,
+  where the peak is the matmul rate this script measures on this machine just before
+  (float32 on CPU, the autocast dtype on GPU), so MFU is a ratio to the machine's own limit;
+- the same step under ``torch.compile`` (``--compile``), and the speed-up;
+- decoding: greedy generation of 64, 256 and 1024 tokens with and without the KV cache, and
+  the per-token latency at the start (tokens 1–64) and end (the last 64) of the longest;
+- evaluation: perplexity throughput (eval/perplexity.py, non-overlapping windows) at 1×, 4×
+  and 16× the training length;
+- peak resident memory of each measurement (Linux: the high-water mark is reset before each
+  one through /proc/self/clear_refs; on CUDA also the allocator's peak).
+
+Figures are medians over ``--repeats`` timed repeats after warm-up. Each (section, encoding)
+runs in a fresh process so one measurement's memory or compiled graphs cannot leak into
+the next. The table goes to stdout and everything, with the machine, torch version and
+git commit, to ``--out`` (JSON). Timings on a shared machine are noisy: compare ratios
+from one run, and see that nothing else is running.
+
+``learned`` needs a table as long as the longest sequence measured; the benchmark gives
+it one (its speed, not its quality, is measured here) and says so in the JSON.
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
+import datetime
 import json
+import os
+import platform
 import resource
+import statistics
 import subprocess
 import sys
+import tempfile
 import time
 from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable, Optional
 
+import numpy as np
 import torch
 
 ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
+if str(ROOT) not in sys.path:  # runnable as a file from anywhere
     sys.path.insert(0, str(ROOT))
 
-from model.config import ModelConfig, PosConfig  # noqa: E402
+from configs import load_config  # noqa: E402
+from eval.perplexity import perplexity  # noqa: E402
+from model.errors import ConfigError, UserError  # noqa: E402
 from model.generate import generate  # noqa: E402
+from model.runtime import git_commit, setup_runtime  # noqa: E402
 from model.transformer import Transformer  # noqa: E402
 
 KINDS = ["rope", "sinusoidal", "learned", "alibi", "none"]
+SECTIONS = ["train", "compile", "decode", "eval"]
+PROMPT = 16  # prompt tokens before decoding
+LATENCY_WINDOW = 64  # decode steps averaged for the start/end latency
 
 
-def build(kind: str = "rope", max_len: int = 128) -> Transformer:
-    torch.manual_seed(0)
-    cfg = ModelConfig(vocab_size=8192, d_model=256, n_layers=4, n_heads=4,
-                      pos=PosConfig(kind=kind, max_len=max_len if kind == "learned" else None))
-    return Transformer(cfg).eval()
+# --- measurement helpers ---------------------------------------------------------------
+class PeakMemory:
+    """Peak resident memory (MB) since the last ``reset``; plus the CUDA allocator's peak."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.resettable = Path("/proc/self/clear_refs").exists()
+
+    def reset(self) -> None:
+        if self.resettable:
+            try:  # "5" resets the VmHWM high-water mark (Linux >= 4.0, proc(5))
+                Path("/proc/self/clear_refs").write_text("5")
+            except OSError:
+                self.resettable = False
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def read(self) -> dict:
+        out = {"peak_rss_mb": None, "rss_scope": "since reset" if self.resettable else "process lifetime"}
+        status = Path("/proc/self/status")
+        if self.resettable and status.exists():
+            for line in status.read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    out["peak_rss_mb"] = int(line.split()[1]) / 1024
+        if out["peak_rss_mb"] is None:
+            scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+            out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+        if self.device.type == "cuda":
+            out["cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        return out
 
 
-def best_of(fn, repeats: int) -> float:
-    """Fastest of ``repeats`` timed calls (after one warm-up), seconds."""
-    fn()
+def sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def timed(fn: Callable[[], object], repeats: int, warmup: int, device: torch.device) -> list[float]:
+    """Seconds of each of ``repeats`` calls after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
     times = []
     for _ in range(repeats):
+        sync(device)
         start = time.perf_counter()
         fn()
+        sync(device)
         times.append(time.perf_counter() - start)
-    return min(times)
+    return times
 
 
-@torch.inference_mode()
-def bench_attention(length: int, repeats: int) -> dict:
-    model = build()
-    x = torch.randint(0, 8192, (4, length))
-    fused = best_of(lambda: model(x), repeats)
-    model.set_attention_impl("reference")
-    reference = best_of(lambda: model(x), repeats)
-    return {"length": length, "fused_tok_s": 4 * length / fused, "reference_tok_s": 4 * length / reference,
-            "speedup": reference / fused}
+def matmul_peak(device: torch.device, dtype: torch.dtype, repeats: int = 10) -> dict:
+    """The machine's own limit: the best matmul rate (FLOP/s) seen over square sizes.
+
+    The fastest repeat, not the median: a peak is what the hardware can do, and a momentary
+    slowdown (another process) must not lower it and so inflate MFU.
+    """
+    best, median = {}, {}
+    for n in (512, 1024, 2048):
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        times = timed(lambda: a @ b, repeats, 3, device)
+        best[n], median[n] = 2 * n**3 / min(times), 2 * n**3 / statistics.median(times)
+    size = max(best, key=best.get)
+    return {"flops": best[size], "size": size, "dtype": str(dtype).replace("torch.", ""),
+            "best_by_size": {str(n): r for n, r in best.items()},
+            "median_by_size": {str(n): r for n, r in median.items()}}
 
 
-def bench_generation(prompt: int, new: int, repeats: int) -> dict:
-    model = build()
-    ids = torch.randint(0, 8192, (1, prompt))
-    cached = best_of(lambda: generate(model, ids, new, temperature=0), repeats)
-    uncached = best_of(lambda: generate(model, ids, new, temperature=0, use_cache=False), repeats)
-    return {"prompt": prompt, "new_tokens": new, "cached_tok_s": new / cached,
-            "uncached_tok_s": new / uncached, "speedup": uncached / cached}
+def top_ops(step: Callable[[], object], n: int, steps: int = 2) -> list[dict]:
+    """The ``n`` operators with the most self time over ``steps`` profiled steps (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0 or getattr(e, "self_device_time_total", 0)]
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    return [{"op": e.key, "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+             "share": e.self_cpu_time_total / total, "calls_per_step": e.count / steps} for e in events[:n]]
 
 
-@torch.inference_mode()
-def memory_worker(kind: str, length: int, chunk: int) -> None:
-    """Run in a subprocess: print peak RSS growth (MB) of one forward at ``length``."""
-    model = build(kind, max_len=length)
-    for block in model.blocks:
-        block.attn.query_chunk = chunk
-    x = torch.randint(0, 8192, (1, length))
-    before = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    logits = model(x)
-    assert torch.isfinite(logits).all()
-    after = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss
-    print(json.dumps({"peak_mb": after / 1024, "growth_mb": (after - before) / 1024}))
+def machine() -> dict:
+    cpu = platform.processor() or platform.machine()
+    info = Path("/proc/cpuinfo")
+    if info.exists():
+        cpu = next((line.split(":", 1)[1].strip() for line in info.read_text().splitlines()
+                    if line.startswith("model name")), cpu)
+    mem = None
+    if hasattr(os, "sysconf") and "SC_PHYS_PAGES" in os.sysconf_names:
+        mem = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE") / 2**30
+    return {"cpu": cpu, "logical_cpus": os.cpu_count(), "torch_threads": torch.get_num_threads(),
+            "ram_gb": mem, "platform": platform.platform(), "python": platform.python_version(),
+            "torch": torch.__version__,
+            "cuda": torch.cuda.get_device_name(0) if torch.cuda.is_available() else None,
+            "git_commit": git_commit(),
+            "date": datetime.datetime.now().isoformat(timespec="seconds")}
 
 
-def bench_memory(lengths: list[int]) -> list[dict]:
+# --- the model under test ----------------------------------------------------------------
+def bench_config(args: argparse.Namespace, kind: str, compile_: bool = False):
+    """The run config for one encoding; vocab from the tokenizer settings (no data needed)."""
+    cfg = load_config(args.config, args.set)
+    tok = cfg.data.tokenizer
+    if tok.kind == "char":
+        raise ConfigError("the benchmark needs a known vocabulary size: use a bpe or byte tokenizer "
+                          "in data.tokenizer (char vocabularies depend on the corpus)")
+    vocab = tok.vocab_size if tok.kind == "bpe" else 257
+    longest = max(cfg.train.seq_len * max(args.eval_multipliers), PROMPT + max(args.decode_lengths))
+    pos = dataclasses.replace(cfg.model.pos, kind=kind, max_len=longest if kind == "learned" else None)
+    train = dataclasses.replace(cfg.train, compile=compile_, max_steps=10**6, max_tokens=None,
+                                warmup_steps=10)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pos=pos), train=train,
+                              out_dir=tempfile.mkdtemp(prefix="ropelab-bench-"))
+    return cfg.with_vocab_size(vocab)
+
+
+def eval_model(cfg, device: torch.device) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(cfg.model).to(device).eval()
+
+
+# --- sections (each runs in its own process) ---------------------------------------------
+def section_train(args, kind: str, compile_: bool) -> dict:
+    from train import Trainer
+
+    cfg = bench_config(args, kind, compile_)
+    rt = setup_runtime(cfg.train)
+    peak = matmul_peak(rt.device, rt.dtype)
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, cfg.model.vocab_size, size=1_000_000, dtype=np.int64)
+    data = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=cfg.model.vocab_size),
+                           split=lambda name: tokens)
+    trainer = Trainer(cfg, rt, data=data)
+    memory = PeakMemory(rt.device)
+    memory.reset()
+    started = time.perf_counter()
+    trainer.train_step()  # the first step pays for compilation, allocation and warm-up
+    first = time.perf_counter() - started
+    times = timed(trainer.train_step, args.repeats, args.warmup, rt.device)
+    step = statistics.median(times)
+    profile = top_ops(trainer.train_step, args.profile) if args.profile else None
+    tokens_per_step = cfg.train.tokens_per_step()
+    tok_s = tokens_per_step / step
+    flops = trainer.model.flops_per_token(cfg.train.seq_len) * tok_s
+    return {"tok_s": tok_s, "step_ms": step * 1e3, "step_ms_all": [t * 1e3 for t in times],
+            "first_step_s": first, "achieved_flops": flops, "peak": peak, "mfu": flops / peak["flops"],
+            "params": trainer.model.num_params(), "tokens_per_step": tokens_per_step,
+            "device": str(rt.device), "dtype": str(rt.dtype).replace("torch.", ""), "profile": profile,
+            **memory.read()}
+
+
+def section_decode(args, kind: str) -> dict:
+    cfg = bench_config(args, kind)
+    device = setup_runtime(cfg.train).device
+    model = eval_model(cfg, device)
+    prompt = torch.randint(0, cfg.model.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    memory = PeakMemory(device)
     rows = []
-    for length in lengths:
-        for kind, chunk in [(k, 1024) for k in KINDS] + [("alibi", length)]:
-            out = subprocess.run([sys.executable, __file__, "--memory-worker", kind, str(length), str(chunk)],
-                                 capture_output=True, text=True, timeout=1200)
-            if out.returncode != 0:
-                rows.append({"kind": kind, "length": length, "chunk": chunk, "error": out.stderr.strip()[-200:]})
+    for n in args.decode_lengths:
+        row = {"new_tokens": n}
+        for use_cache in (True, False):
+            memory.reset()
+            times = timed(lambda: generate(model, prompt, n, temperature=0, use_cache=use_cache),
+                          args.decode_repeats, 1 if n <= 256 else 0, device)
+            label = "cached" if use_cache else "uncached"
+            row[f"{label}_tok_s"] = n / statistics.median(times)
+            row[f"{label}_peak_rss_mb"] = memory.read()["peak_rss_mb"]
+        row["speedup"] = row["cached_tok_s"] / row["uncached_tok_s"]
+        rows.append(row)
+    # Per-token latency: the time between successive forward calls of one cached generation.
+    n = max(args.decode_lengths)
+    stamps: list[float] = []
+
+    def stamp(*_) -> None:  # a forward hook must return None, or it replaces the output
+        sync(device)
+        stamps.append(time.perf_counter())
+
+    hook = model.register_forward_hook(stamp)
+    generate(model, prompt, n, temperature=0)
+    hook.remove()
+    gaps = np.diff(stamps) * 1e3  # gaps[i]: producing token i + 2 (token 1 comes from the prefill)
+    window = min(LATENCY_WINDOW, max(1, len(gaps) // 2))
+    start_ms, end_ms = float(np.median(gaps[:window])), float(np.median(gaps[-window:]))
+    return {"rows": rows, "latency": {"new_tokens": n, "window": window, "start_ms": start_ms,
+                                      "end_ms": end_ms, "end_over_start": end_ms / start_ms}}
+
+
+def section_eval(args, kind: str) -> dict:
+    cfg = bench_config(args, kind)
+    device = setup_runtime(cfg.train).device
+    model = eval_model(cfg, device)
+    memory = PeakMemory(device)
+    rows = []
+    for mult in args.eval_multipliers:
+        length = cfg.train.seq_len * mult
+        n_tokens = max(args.eval_tokens, length)
+        tokens = np.random.default_rng(mult).integers(0, cfg.model.vocab_size, size=n_tokens + 1)
+        memory.reset()
+        result = {}
+        times = timed(lambda: result.update(ppl=perplexity(model, tokens, length)),
+                      args.eval_repeats, 1, device)
+        scored = result["ppl"].tokens
+        rows.append({"multiplier": mult, "length": length, "tokens": scored,
+                     "tok_s": scored / statistics.median(times), **memory.read()})
+    return {"rows": rows}
+
+
+def run_section(args, section: str, kind: str) -> dict:
+    with torch.inference_mode(section in ("decode", "eval")):
+        if section == "train":
+            return section_train(args, kind, compile_=False)
+        if section == "compile":
+            return section_train(args, kind, compile_=True)
+        if section == "decode":
+            return section_decode(args, kind)
+        return section_eval(args, kind)
+
+
+def worker_result(args, section: str, kind: str) -> dict:
+    """Run one section for one encoding, in a fresh process unless --in-process."""
+    if args.in_process:
+        try:
+            return run_section(args, section, kind)
+        except (UserError, RuntimeError) as e:
+            return {"error": f"{type(e).__name__}: {e}"}
+    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", section, kind, *args.argv]
+    proc = subprocess.run(cmd, capture_output=True, text=True)
+    lines = proc.stdout.strip().splitlines()
+    if proc.returncode != 0 or not lines:
+        tail = (proc.stderr.strip().splitlines() or ["no output"])[-1]
+        return {"error": f"exit {proc.returncode}: {tail}"}
+    return json.loads(lines[-1])
+
+
+# --- report --------------------------------------------------------------------------------
+def fmt(value: Optional[float], spec: str = ",.0f") -> str:
+    return "—" if value is None else format(value, spec)
+
+
+def print_report(results: dict) -> None:
+    m = results["machine"]
+    print(f"\n{m['cpu']} · {m['torch_threads']} threads · torch {m['torch']} · commit {m['git_commit']}")
+    kinds = results["kinds"]
+    train, comp = results.get("train", {}), results.get("compile", {})
+    if train:
+        any_ok = next((r for r in train.values() if "error" not in r), None)
+        if any_ok:
+            print(f"\ntraining, {any_ok['tokens_per_step']} tokens/step, {any_ok['dtype']}, "
+                  f"{any_ok['params'] / 1e6:.2f}M params; MFU against the measured matmul peak")
+        print(f"{'encoding':<11} {'tok/s':>8} {'peak GF/s':>9} {'MFU':>6} {'vs rope':>7} {'RSS MB':>7} │ "
+              f"{'compiled':>8} {'MFU':>6} {'speed-up':>8} {'RSS MB':>7}")
+        base = train.get("rope", {}).get("tok_s")
+        for kind in kinds:
+            r, c = train.get(kind, {}), comp.get(kind, {})
+            if "error" in r:
+                print(f"{kind:<11} error: {r['error']}")
                 continue
-            rows.append({"kind": kind, "length": length, "chunk": chunk, **json.loads(out.stdout)})
-    return rows
+            rel = r.get("tok_s") / base if base and r.get("tok_s") else None
+            speed = c.get("tok_s") / r["tok_s"] if c.get("tok_s") and r.get("tok_s") else None
+            c_err = f"  compile error: {c['error']}" if "error" in c else ""
+            print(f"{kind:<11} {fmt(r.get('tok_s')):>8} {fmt(r['peak']['flops'] / 1e9 if r else None):>9} "
+                  f"{fmt(r.get('mfu') and 100 * r['mfu'], '.1f'):>5}% {fmt(rel, '.2f'):>7} "
+                  f"{fmt(r.get('peak_rss_mb')):>7} │ {fmt(c.get('tok_s')):>8} "
+                  f"{fmt(c.get('mfu') and 100 * c['mfu'], '.1f'):>5}% {fmt(speed, '.2f'):>7}× "
+                  f"{fmt(c.get('peak_rss_mb')):>7}{c_err}")
+    for kind in kinds:
+        for label, section in (("eager", train), ("compiled", comp)):
+            ops = section.get(kind, {}).get("profile")
+            if ops:
+                print(f"\nwhere a {label} {kind} training step spends its time (self CPU, torch.profiler):")
+                for op in ops:
+                    print(f"  {op['share']:6.1%} {op['self_cpu_ms_per_step']:8.1f} ms "
+                          f"{op['calls_per_step']:6.0f}×  {op['op'][:70]}")
+    decode = results.get("decode", {})
+    if decode:
+        print("\ndecoding, greedy, batch 1, prompt 16 (tokens/s; cached vs a full forward per token)")
+        for kind in kinds:
+            d = decode.get(kind, {})
+            if "error" in d:
+                print(f"{kind:<11} error: {d['error']}")
+                continue
+            cells = "  ".join(f"{r['new_tokens']:>5}: {r['cached_tok_s']:6.0f} vs {r['uncached_tok_s']:6.1f} "
+                              f"({r['speedup']:5.1f}×)" for r in d["rows"])
+            lat = d["latency"]
+            print(f"{kind:<11} {cells}   latency {lat['start_ms']:.2f} → {lat['end_ms']:.2f} ms "
+                  f"({lat['end_over_start']:.2f}×)")
+    ev = results.get("eval", {})
+    if ev:
+        print("\nevaluation (perplexity, non-overlapping windows): tokens/s and peak RSS")
+        for kind in kinds:
+            e = ev.get(kind, {})
+            if "error" in e:
+                print(f"{kind:<11} error: {e['error']}")
+                continue
+            cells = "  ".join(f"{r['multiplier']:>2}× L={r['length']:<5} {r['tok_s']:7.0f} tok/s "
+                              f"{r['peak_rss_mb']:6.0f} MB" for r in e["rows"])
+            print(f"{kind:<11} {cells}")
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(description="ropelab speed and memory benchmark",
+                                formatter_class=argparse.ArgumentDefaultsHelpFormatter)
+    p.add_argument("--config", type=Path, default=ROOT / "configs" / "bench.yaml",
+                   help="run config whose model/train settings are measured")
+    p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
+                   help="config overrides, e.g. --set model.n_kv_heads=2 train.batch_size=8")
+    p.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
+    p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
+    p.add_argument("--repeats", type=int, default=10, help="timed training steps")
+    p.add_argument("--warmup", type=int, default=3, help="untimed training steps after the first")
+    p.add_argument("--decode-lengths", type=int, nargs="+", default=[64, 256, 1024])
+    p.add_argument("--decode-repeats", type=int, default=3)
+    p.add_argument("--eval-multipliers", type=int, nargs="+", default=[1, 4, 16])
+    p.add_argument("--eval-tokens", type=int, default=32768, help="tokens scored per length")
+    p.add_argument("--eval-repeats", type=int, default=3)
+    p.add_argument("--profile", type=int, default=0, metavar="N",
+                   help="also profile training steps and report the N operators with the most self time")
+    p.add_argument("--out", type=Path, default=Path("reports") / "bench.json", help="JSON output")
+    p.add_argument("--in-process", action="store_true", help="no worker processes (debugging, tests)")
+    p.add_argument("--worker", nargs=2, metavar=("SECTION", "KIND"), help=argparse.SUPPRESS)
+    args = p.parse_args(argv)
+    for name in ("repeats", "decode_repeats", "eval_repeats"):
+        if getattr(args, name) < 1:
+            p.error(f"--{name.replace('_', '-')} must be at least 1")
+    if min(args.decode_lengths) < 1 or min(args.eval_multipliers) < 1 or args.warmup < 0 or args.profile < 0:
+        p.error("decode lengths and eval multipliers must be positive, --warmup and --profile >= 0")
+    raw = list(sys.argv[1:] if argv is None else argv)
+    if "--worker" in raw:  # the worker re-parses the parent's arguments
+        i = raw.index("--worker")
+        raw = raw[:i] + raw[i + 3:]
+    args.argv = raw
+    return args
 
 
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(description="ropelab speed/memory ratios")
-    p.add_argument("--quick", action="store_true", help="smaller sizes, fewer repeats")
-    p.add_argument("--memory-worker", nargs=3, metavar=("KIND", "LENGTH", "CHUNK"), help=argparse.SUPPRESS)
-    p.add_argument("--json", type=Path, help="also write the numbers to this file")
-    args = p.parse_args(argv)
-    if args.memory_worker:
-        kind, length, chunk = args.memory_worker
-        memory_worker(kind, int(length), int(chunk))
+    try:
+        args = parse_args(argv)
+        if args.worker:
+            print(json.dumps(run_section(args, *args.worker)))
+            return 0
+        bench_config(args, args.kinds[0])  # a bad config fails here, before any measurement
+        results = {"machine": machine(), "config": str(args.config), "overrides": args.set,
+                   "kinds": args.kinds, "learned_table": "sized to the longest sequence measured"}
+        for section in args.sections:
+            results[section] = {}
+            for kind in args.kinds:
+                print(f"{section:<8} {kind} …", file=sys.stderr, flush=True)
+                results[section][kind] = worker_result(args, section, kind)
+        print_report(results)
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(results, indent=1))
+        print(f"\nwrote {args.out}")
         return 0
-    repeats = 2 if args.quick else 5
-    results = {"threads": torch.get_num_threads(), "torch": torch.__version__}
-    results["attention"] = bench_attention(256 if args.quick else 512, repeats)
-    a = results["attention"]
-    print(f"attention (T={a['length']}): fused {a['fused_tok_s']:.0f} tok/s, reference "
-          f"{a['reference_tok_s']:.0f} tok/s → fused is {a['speedup']:.2f}× faster")
-    results["generation"] = bench_generation(32, 64 if args.quick else 256, max(1, repeats // 2))
-    g = results["generation"]
-    print(f"generation ({g['new_tokens']} new tokens): cached {g['cached_tok_s']:.1f} tok/s, uncached "
-          f"{g['uncached_tok_s']:.1f} tok/s → cache is {g['speedup']:.2f}× faster")
-    results["memory"] = bench_memory([2048] if args.quick else [2048, 8192])
-    print("eval memory, one sequence, one forward (peak RSS, growth over the loaded model):")
-    for r in results["memory"]:
-        label = f"{r['kind']}{' (no query chunking)' if r['chunk'] == r['length'] else ''}"
-        if "error" in r:
-            print(f"  {label:<28} L={r['length']:<6} error: {r['error']}")
-        else:
-            print(f"  {label:<28} L={r['length']:<6} peak {r['peak_mb']:7.0f} MB, growth {r['growth_mb']:7.0f} MB")
-    if args.json:
-        args.json.write_text(json.dumps(results, indent=1))
-    return 0
+    except UserError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
 
 
 if __name__ == "__main__":

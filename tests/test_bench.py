@@ -1,0 +1,57 @@
+"""scripts/bench.py runs end to end and records what it claims; no timing is asserted."""
+
+import json
+from pathlib import Path
+
+import pytest
+
+from scripts import bench
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "data.tokenizer.vocab_size=300",
+        "train.seq_len=16", "train.batch_size=2"]
+
+
+def run_bench(tmp_path, *extra):
+    out = tmp_path / "bench.json"
+    code = bench.main(["--config", str(ROOT / "configs" / "bench.yaml"), "--set", *TINY,
+                       "--in-process", "--repeats", "2", "--warmup", "0", "--decode-lengths", "4", "9",
+                       "--decode-repeats", "1", "--eval-multipliers", "1", "2", "--eval-tokens", "64",
+                       "--eval-repeats", "1", "--out", str(out), *extra])
+    return code, out
+
+
+def test_bench_writes_every_section_for_every_encoding(tmp_path, capsys):
+    code, out = run_bench(tmp_path, "--sections", "train", "decode", "eval", "--kinds", "rope", "alibi", "learned",
+                          "--profile", "5")
+    assert code == 0
+    results = json.loads(out.read_text())
+    machine = results["machine"]
+    assert machine["torch"] and machine["git_commit"] and machine["logical_cpus"] >= 1
+    for kind in ("rope", "alibi", "learned"):
+        train = results["train"][kind]
+        assert "error" not in train, train
+        assert train["tokens_per_step"] == 2 * 16 and len(train["step_ms_all"]) == 2
+        assert train["tok_s"] == pytest.approx(train["tokens_per_step"] / (train["step_ms"] / 1e3))
+        assert train["mfu"] == pytest.approx(train["achieved_flops"] / train["peak"]["flops"])
+        assert train["peak"]["dtype"] == "float32" and train["peak_rss_mb"] > 0
+        ops = train["profile"]
+        assert len(ops) == 5 and any("mm" in op["op"] for op in ops)
+        assert 0 < sum(op["share"] for op in ops) <= 1 + 1e-9
+        decode = results["decode"][kind]
+        assert [r["new_tokens"] for r in decode["rows"]] == [4, 9]
+        assert all(r["cached_tok_s"] > 0 and r["uncached_tok_s"] > 0 and r["speedup"] > 0 for r in decode["rows"])
+        lat = decode["latency"]
+        # 9 tokens: 8 gaps between forward calls, split into a start and an end window of 4.
+        assert lat["new_tokens"] == 9 and lat["window"] == 4 and lat["start_ms"] > 0 and lat["end_ms"] > 0
+        evals = results["eval"][kind]["rows"]
+        assert [(r["multiplier"], r["length"]) for r in evals] == [(1, 16), (2, 32)]
+        assert all(r["tokens"] > 0 and r["tok_s"] > 0 and r["peak_rss_mb"] > 0 for r in evals)
+    printed = capsys.readouterr().out
+    assert "MFU" in printed and "latency" in printed and "2× L=32" in printed and "torch.profiler" in printed
+
+
+def test_bench_refuses_a_bad_config_before_measuring(tmp_path, capsys):
+    code, out = run_bench(tmp_path, "--sections", "train", "--set", "model.pos.kind=rotary")
+    assert code == 2 and not out.exists()
+    assert "model.pos.kind" in capsys.readouterr().err
