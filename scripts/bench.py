@@ -335,7 +335,7 @@ def print_report(results: dict) -> None:
         for label, section in (("eager", train), ("compiled", comp)):
             ops = section.get(kind, {}).get("profile")
             if ops:
-                print(f"\nwhere a {label} {kind} training step spends its time (self CPU, torch.profiler):")
+                print(f"\nwhere one {label} {kind} training step spends its time (self CPU, torch.profiler):")
                 for op in ops:
                     print(f"  {op['share']:6.1%} {op['self_cpu_ms_per_step']:8.1f} ms "
                           f"{op['calls_per_step']:6.0f}×  {op['op'][:70]}")

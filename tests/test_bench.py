@@ -48,7 +48,7 @@ def test_bench_writes_every_section_for_every_encoding(tmp_path, capsys):
         assert [(r["multiplier"], r["length"]) for r in evals] == [(1, 16), (2, 32)]
         assert all(r["tokens"] > 0 and r["tok_s"] > 0 and r["peak_rss_mb"] > 0 for r in evals)
     printed = capsys.readouterr().out
-    assert "MFU" in printed and "latency" in printed and "2× L=32" in printed and "torch.profiler" in printed
+    assert "MFU" in printed and "latency" in printed and "2× L=32" in printed and "torch.profiler" in printed and "where one eager rope" in printed
 
 
 def test_bench_refuses_a_bad_config_before_measuring(tmp_path, capsys):
