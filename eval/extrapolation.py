@@ -35,7 +35,7 @@ from model.errors import DataError, UserError
 from model.checkpoint import latest_checkpoint
 from model.load import load_run, rescaled
 
-SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn")
+SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
 
 
 @dataclass

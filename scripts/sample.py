@@ -34,7 +34,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--seed", type=int, default=None)
     p.add_argument("--num-samples", type=int, default=1)
     p.add_argument("--which", choices=["latest", "best"], default="latest", help="which weights to load")
-    p.add_argument("--scaling", choices=["none", "linear", "ntk", "dynamic", "yarn"], default=None,
+    p.add_argument("--scaling", choices=["none", "linear", "ntk", "dynamic", "yarn", "llama3"], default=None,
                    help="RoPE context extension for long generations (RoPE runs only)")
     p.add_argument("--factor", type=float, default=None, help="scaling factor (default: needed length / train length)")
     p.add_argument("--device", default="cpu")

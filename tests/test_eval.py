@@ -94,7 +94,7 @@ def tiny_runs(tmp_path_factory, corpus):
 
 
 def test_report_from_tiny_runs(tiny_runs, tmp_path):
-    settings = Settings(lengths=[16, 32, 64], scalings=["none", "yarn"], protocols=["nonoverlap", "sliding"],
+    settings = Settings(lengths=[16, 32, 64], scalings=["none", "yarn", "llama3"], protocols=["nonoverlap", "sliding"],
                         max_tokens=2048)
     out = tmp_path / "report"
     results = run_extrapolation([tiny_runs / "rope-a", tiny_runs / "rope-b", tiny_runs / "learned"],
@@ -114,10 +114,11 @@ def test_report_from_tiny_runs(tiny_runs, tmp_path):
     assert table["rope"][64]["seeds"] == 2 and table["rope"][64]["std"] > 0
     assert "±" in report
     assert "na" in table["learned"][64] and table["learned"][32]["ratio"] == 1.0
-    # At the training length yarn is plain RoPE; beyond it, it changes the result.
+    # At the training length a scaling is plain RoPE; beyond it, it changes the result.
     rows = {(r["name"], r["scaling"], r["length"], r["protocol"]): r for r in saved["results"]}
-    assert rows[("rope-a", "yarn", 32, "nonoverlap")]["nll"] == rows[("rope-a", "none", 32, "nonoverlap")]["nll"]
-    assert rows[("rope-a", "yarn", 64, "nonoverlap")]["nll"] != rows[("rope-a", "none", 64, "nonoverlap")]["nll"]
+    for scaling in ("yarn", "llama3"):
+        assert rows[("rope-a", scaling, 32, "nonoverlap")]["nll"] == rows[("rope-a", "none", 32, "nonoverlap")]["nll"]
+        assert rows[("rope-a", scaling, 64, "nonoverlap")]["nll"] != rows[("rope-a", "none", 64, "nonoverlap")]["nll"]
     assert all(r["status"] == "n/a" for r in saved["results"] if r["encoding"] == "learned" and r["length"] == 64)
     assert set(saved["per_position"][str(tiny_runs / "learned")]) == {"none"}
     assert len(saved["per_position"][str(tiny_runs / "learned")]["none"]) == 32
