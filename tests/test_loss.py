@@ -78,3 +78,20 @@ def test_model_targets_path_equals_logits_path(small_chunks, tie):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7)
     per_target = model(x, targets=y, reduction="none")
     torch.testing.assert_close(per_target.mean(), ref.detach(), rtol=1e-6, atol=1e-6)
+
+
+def test_autocast_matmuls_in_bf16_statistics_in_float32(small_chunks):
+    """Under autocast (the GPU training path, run here on CPU) the head matmuls use the
+    autocast dtype like the unfused reference, while loss and gradients stay float32."""
+    h, w, y = (t.float() if t.is_floating_point() else t for t in _inputs())
+    h, w = h.detach().requires_grad_(), w.detach().requires_grad_()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = linear_cross_entropy(h, w, y)
+        ref = F.cross_entropy((h @ w.t()).float(), y)
+    grads, ref_grads = torch.autograd.grad(out, (h, w)), torch.autograd.grad(ref, (h, w))
+    assert out.dtype == torch.float32 and all(g.dtype == torch.float32 for g in grads)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    for a, b in zip(grads, ref_grads):  # bf16 rounding in another order: 1% of the scale
+        torch.testing.assert_close(a, b, rtol=0, atol=1e-2 * float(b.abs().max()))
+    # bf16 matmuls really happened: the float32 result differs.
+    assert not torch.allclose(out, F.cross_entropy(h @ w.t(), y), rtol=1e-6, atol=1e-7)
