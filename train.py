@@ -207,6 +207,10 @@ class Trainer:
             self.tokenizer.save(self.run_dir / "tokenizer.json")
         self.wandb_id = log.wandb_id
         flops_per_token = unwrap(self.model).flops_per_token(t.seq_len)
+        peak = f"{rt.peak_flops / 1e9:,.0f} GFLOP/s per device" if rt.peak_flops else "no peak"
+        rt.print(f"training {self.run_dir}: {self.model.num_params():,} parameters, "
+                 f"{t.tokens_per_step(rt.world_size):,} tokens/step, {rt.device.type} {str(rt.dtype)[6:]} "
+                 f"× {rt.world_size}; MFU against {peak} ({rt.peak_source})")
         old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         try:
             return self._loop(log, flops_per_token)

@@ -11,7 +11,9 @@ from __future__ import annotations
 
 import contextlib
 import os
+import statistics
 import subprocess
+import time
 from pathlib import Path
 from dataclasses import dataclass
 from typing import Optional
@@ -32,7 +34,8 @@ class Runtime:
     dtype: torch.dtype  # autocast dtype; float32 means no autocast
     rank: int = 0
     world_size: int = 1
-    peak_flops: Optional[float] = None
+    peak_flops: Optional[float] = None  # per device, for MFU
+    peak_source: str = "unknown"  # "measured matmul", "datasheet (…)" or the env variable
 
     @property
     def is_main(self) -> bool:
@@ -99,13 +102,51 @@ def _dtype(choice: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[choice]
 
 
-def _peak_flops(device: torch.device) -> Optional[float]:
+def measure_matmul_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] = (1024,),
+                        repeats: int = 5) -> dict:
+    """The machine's own matmul limit: the best rate (FLOP/s) seen over square ``sizes``.
+
+    The fastest repeat, not the median: a peak is what the hardware can do, and a momentary
+    slowdown (another process) must not lower it and so inflate MFU.
+    """
+    def sync() -> None:
+        if device.type == "cuda":
+            torch.cuda.synchronize(device)
+
+    best, median = {}, {}
+    for n in sizes:
+        a = torch.randn(n, n, device=device, dtype=dtype)
+        b = torch.randn(n, n, device=device, dtype=dtype)
+        for _ in range(3):  # warm-up
+            a @ b
+        times = []
+        for _ in range(repeats):
+            sync()
+            start = time.perf_counter()
+            a @ b
+            sync()
+            times.append(time.perf_counter() - start)
+        best[n], median[n] = 2 * n**3 / min(times), 2 * n**3 / statistics.median(times)
+    size = max(best, key=best.get)
+    return {"flops": best[size], "size": size, "dtype": str(dtype).replace("torch.", ""),
+            "best_by_size": {str(n): r for n, r in best.items()},
+            "median_by_size": {str(n): r for n, r in median.items()}}
+
+
+def _peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[Optional[float], str]:
+    """(peak FLOP/s per device for MFU, where it came from)."""
     if os.environ.get("ROPELAB_PEAK_FLOPS"):
-        return float(os.environ["ROPELAB_PEAK_FLOPS"])
-    if device.type != "cuda":
-        return None
-    name = torch.cuda.get_device_name(device)
-    return next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
+        return float(os.environ["ROPELAB_PEAK_FLOPS"]), "ROPELAB_PEAK_FLOPS"
+    if device.type == "cuda":
+        name = torch.cuda.get_device_name(device)
+        known = next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
+        if known is not None and dtype != torch.float32:
+            return known, f"datasheet ({name})"
+    if device.type == "cpu" and dtype != torch.float32:
+        return None, f"not measured ({dtype} matmuls on a CPU are too slow to time at startup)"
+    if device.type in ("cpu", "cuda"):  # no datasheet figure: measure (~0.1 s on a CPU)
+        return measure_matmul_peak(device, dtype)["flops"], "measured matmul"
+    return None, "unknown"
 
 
 def setup_runtime(train_cfg) -> Runtime:
@@ -118,8 +159,10 @@ def setup_runtime(train_cfg) -> Runtime:
     if device.type == "cuda":
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
-    return Runtime(device=device, dtype=_dtype(train_cfg.dtype, device), rank=rank, world_size=world,
-                   peak_flops=_peak_flops(device))
+    dtype = _dtype(train_cfg.dtype, device)
+    peak, source = _peak_flops(device, dtype)
+    return Runtime(device=device, dtype=dtype, rank=rank, world_size=world, peak_flops=peak,
+                   peak_source=source)
 
 
 def git_commit() -> Optional[str]:

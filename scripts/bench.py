@@ -54,7 +54,7 @@ from configs import load_config  # noqa: E402
 from eval.perplexity import perplexity  # noqa: E402
 from model.errors import ConfigError, UserError  # noqa: E402
 from model.generate import generate  # noqa: E402
-from model.runtime import git_commit, setup_runtime  # noqa: E402
+from model.runtime import git_commit, measure_matmul_peak, setup_runtime  # noqa: E402
 from model.transformer import Transformer  # noqa: E402
 
 KINDS = ["rope", "sinusoidal", "learned", "alibi", "none"]
@@ -112,24 +112,6 @@ def timed(fn: Callable[[], object], repeats: int, warmup: int, device: torch.dev
         sync(device)
         times.append(time.perf_counter() - start)
     return times
-
-
-def matmul_peak(device: torch.device, dtype: torch.dtype, repeats: int = 10) -> dict:
-    """The machine's own limit: the best matmul rate (FLOP/s) seen over square sizes.
-
-    The fastest repeat, not the median: a peak is what the hardware can do, and a momentary
-    slowdown (another process) must not lower it and so inflate MFU.
-    """
-    best, median = {}, {}
-    for n in (512, 1024, 2048):
-        a = torch.randn(n, n, device=device, dtype=dtype)
-        b = torch.randn(n, n, device=device, dtype=dtype)
-        times = timed(lambda: a @ b, repeats, 3, device)
-        best[n], median[n] = 2 * n**3 / min(times), 2 * n**3 / statistics.median(times)
-    size = max(best, key=best.get)
-    return {"flops": best[size], "size": size, "dtype": str(dtype).replace("torch.", ""),
-            "best_by_size": {str(n): r for n, r in best.items()},
-            "median_by_size": {str(n): r for n, r in median.items()}}
 
 
 def top_ops(step: Callable[[], object], n: int, steps: int = 2) -> list[dict]:
@@ -193,7 +175,7 @@ def section_train(args, kind: str, compile_: bool) -> dict:
 
     cfg = bench_config(args, kind, compile_)
     rt = setup_runtime(cfg.train)
-    peak = matmul_peak(rt.device, rt.dtype)
+    peak = measure_matmul_peak(rt.device, rt.dtype, sizes=(512, 1024, 2048), repeats=10)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, cfg.model.vocab_size, size=1_000_000, dtype=np.int64)
     data = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=cfg.model.vocab_size),

@@ -208,3 +208,21 @@ def test_wandb_offline_writes_files_without_network(tmp_path, corpus):
                   env_extra={"WANDB_SILENT": "true"})
     assert res.returncode == 0, res.stderr[-2000:]
     assert all(p.name.endswith(run_id) for p in (run_dir / "wandb").glob("offline-run-*"))
+
+
+def test_mfu_peak_is_measured_on_cpu_or_taken_from_the_environment(monkeypatch):
+    from configs.schema import TrainConfig
+    from model.runtime import setup_runtime
+
+    monkeypatch.delenv("ROPELAB_PEAK_FLOPS", raising=False)
+    rt = setup_runtime(TrainConfig(device="cpu"))
+    assert rt.peak_source == "measured matmul" and rt.peak_flops > 1e8
+    assert rt.mfu(rt.peak_flops / 2) == pytest.approx(0.5)
+    monkeypatch.setenv("ROPELAB_PEAK_FLOPS", "2e12")
+    rt = setup_runtime(TrainConfig(device="cpu"))
+    assert (rt.peak_flops, rt.peak_source) == (2e12, "ROPELAB_PEAK_FLOPS")
+    rt = setup_runtime(TrainConfig(device="cpu", dtype="bfloat16"))
+    assert rt.peak_flops == 2e12  # the override wins; without it bf16 on a CPU is not timed
+    monkeypatch.delenv("ROPELAB_PEAK_FLOPS")
+    rt = setup_runtime(TrainConfig(device="cpu", dtype="bfloat16"))
+    assert rt.peak_flops is None and rt.mfu(1e9) is None and "not measured" in rt.peak_source
