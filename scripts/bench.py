@@ -292,8 +292,8 @@ def print_report(results: dict) -> None:
     print(f"\n{m['cpu']} · {m['torch_threads']} threads · torch {m['torch']} · commit {m['git_commit']}")
     kinds = results["kinds"]
     train, comp = results.get("train", {}), results.get("compile", {})
-    if train:
-        any_ok = next((r for r in train.values() if "error" not in r), None)
+    if train or comp:
+        any_ok = next((r for r in [*train.values(), *comp.values()] if "error" not in r), None)
         if any_ok:
             print(f"\ntraining, {any_ok['tokens_per_step']} tokens/step, {any_ok['dtype']}, "
                   f"{any_ok['params'] / 1e6:.2f}M params; MFU against the measured matmul peak")
@@ -308,7 +308,8 @@ def print_report(results: dict) -> None:
             rel = r.get("tok_s") / base if base and r.get("tok_s") else None
             speed = c.get("tok_s") / r["tok_s"] if c.get("tok_s") and r.get("tok_s") else None
             c_err = f"  compile error: {c['error']}" if "error" in c else ""
-            print(f"{kind:<11} {fmt(r.get('tok_s')):>8} {fmt(r['peak']['flops'] / 1e9 if r else None):>9} "
+            peak = r.get("peak", {}).get("flops")
+            print(f"{kind:<11} {fmt(r.get('tok_s')):>8} {fmt(peak and peak / 1e9):>9} "
                   f"{fmt(r.get('mfu') and 100 * r['mfu'], '.1f'):>5}% {fmt(rel, '.2f'):>7} "
                   f"{fmt(r.get('peak_rss_mb')):>7} │ {fmt(c.get('tok_s')):>8} "
                   f"{fmt(c.get('mfu') and 100 * c['mfu'], '.1f'):>5}% {fmt(speed, '.2f'):>7}× "
@@ -321,30 +322,28 @@ def print_report(results: dict) -> None:
                 for op in ops:
                     print(f"  {op['share']:6.1%} {op['self_cpu_ms_per_step']:8.1f} ms "
                           f"{op['calls_per_step']:6.0f}×  {op['op'][:70]}")
-    decode = results.get("decode", {})
-    if decode:
-        print("\ndecoding, greedy, batch 1, prompt 16 (tokens/s; cached vs a full forward per token)")
-        for kind in kinds:
-            d = decode.get(kind, {})
-            if "error" in d:
-                print(f"{kind:<11} error: {d['error']}")
-                continue
-            cells = "  ".join(f"{r['new_tokens']:>5}: {r['cached_tok_s']:6.0f} vs {r['uncached_tok_s']:6.1f} "
-                              f"({r['speedup']:5.1f}×)" for r in d["rows"])
-            lat = d["latency"]
-            print(f"{kind:<11} {cells}   latency {lat['start_ms']:.2f} → {lat['end_ms']:.2f} ms "
-                  f"({lat['end_over_start']:.2f}×)")
-    ev = results.get("eval", {})
-    if ev:
-        print("\nevaluation (perplexity, non-overlapping windows): tokens/s and peak RSS")
-        for kind in kinds:
-            e = ev.get(kind, {})
-            if "error" in e:
-                print(f"{kind:<11} error: {e['error']}")
-                continue
-            cells = "  ".join(f"{r['multiplier']:>2}× L={r['length']:<5} {r['tok_s']:7.0f} tok/s "
-                              f"{r['peak_rss_mb']:6.0f} MB" for r in e["rows"])
-            print(f"{kind:<11} {cells}")
+    def decode_line(d: dict) -> str:
+        cells = "  ".join(f"{r['new_tokens']:>5}: {r['cached_tok_s']:6.0f} vs {r['uncached_tok_s']:6.1f} "
+                          f"({r['speedup']:5.1f}×)" for r in d["rows"])
+        lat = d["latency"]
+        return f"{cells}   latency {lat['start_ms']:.2f} → {lat['end_ms']:.2f} ms ({lat['end_over_start']:.2f}×)"
+
+    per_kind("\ndecoding, greedy, batch 1, prompt 16 (tokens/s; cached vs a full forward per token)",
+             results.get("decode"), kinds, decode_line)
+    per_kind("\nevaluation (perplexity, non-overlapping windows): tokens/s and peak RSS",
+             results.get("eval"), kinds,
+             lambda e: "  ".join(f"{r['multiplier']:>2}× L={r['length']:<5} {r['tok_s']:7.0f} tok/s "
+                                 f"{r['peak_rss_mb']:6.0f} MB" for r in e["rows"]))
+
+
+def per_kind(title: str, section: Optional[dict], kinds: list[str], line: Callable[[dict], str]) -> None:
+    """A titled block with one line per encoding (or its error)."""
+    if not section:
+        return
+    print(title)
+    for kind in kinds:
+        r = section.get(kind, {})
+        print(f"{kind:<11} " + (f"error: {r['error']}" if "error" in r else line(r)))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
