@@ -22,7 +22,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import torch.distributed as dist
 
 from configs import config_to_dict, load_config, save_config
 from configs.schema import RunConfig

@@ -20,8 +20,6 @@ in the autocast dtype and the head-weight gradient is accumulated in float32.
 
 from __future__ import annotations
 
-from typing import Optional
-
 import torch
 
 # Rows per chunk are chosen so one chunk of float32 logits is about this many bytes.
@@ -103,10 +101,3 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
             return _chunked_nll(flat_h, weight, flat_y).mean()
     return _FusedLinearCrossEntropy.apply(flat_h, weight, flat_y)
 
-
-def reference_cross_entropy(logits: torch.Tensor, targets: torch.Tensor,
-                            reduction: Optional[str] = "mean") -> torch.Tensor:
-    """The unfused definition, for tests: F.cross_entropy on float32 logits."""
-    return torch.nn.functional.cross_entropy(logits.float().flatten(0, -2), targets.flatten(),
-                                             reduction=reduction).view(
-        () if reduction == "mean" else targets.shape)

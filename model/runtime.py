@@ -16,7 +16,7 @@ import subprocess
 import time
 from pathlib import Path
 from dataclasses import dataclass
-from typing import Optional
+from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
@@ -102,6 +102,26 @@ def _dtype(choice: str, device: torch.device) -> torch.dtype:
     return {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16}[choice]
 
 
+def synchronize(device: torch.device) -> None:
+    """Wait for queued GPU work, so a timer measures it; nothing to wait for on a CPU."""
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def time_calls(fn: Callable[[], object], repeats: int, warmup: int, device: torch.device) -> list[float]:
+    """Seconds of each of ``repeats`` calls of ``fn`` after ``warmup`` untimed ones."""
+    for _ in range(warmup):
+        fn()
+    times = []
+    for _ in range(repeats):
+        synchronize(device)
+        start = time.perf_counter()
+        fn()
+        synchronize(device)
+        times.append(time.perf_counter() - start)
+    return times
+
+
 def measure_matmul_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] = (1024,),
                         repeats: int = 5) -> dict:
     """The machine's own matmul limit: the best rate (FLOP/s) seen over square ``sizes``.
@@ -109,23 +129,11 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[i
     The fastest repeat, not the median: a peak is what the hardware can do, and a momentary
     slowdown (another process) must not lower it and so inflate MFU.
     """
-    def sync() -> None:
-        if device.type == "cuda":
-            torch.cuda.synchronize(device)
-
     best, median = {}, {}
     for n in sizes:
         a = torch.randn(n, n, device=device, dtype=dtype)
         b = torch.randn(n, n, device=device, dtype=dtype)
-        for _ in range(3):  # warm-up
-            a @ b
-        times = []
-        for _ in range(repeats):
-            sync()
-            start = time.perf_counter()
-            a @ b
-            sync()
-            times.append(time.perf_counter() - start)
+        times = time_calls(lambda: a @ b, repeats, 3, device)
         best[n], median[n] = 2 * n**3 / min(times), 2 * n**3 / statistics.median(times)
     size = max(best, key=best.get)
     return {"flops": best[size], "size": size, "dtype": str(dtype).replace("torch.", ""),

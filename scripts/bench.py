@@ -54,7 +54,8 @@ from configs import load_config  # noqa: E402
 from eval.perplexity import perplexity  # noqa: E402
 from model.errors import ConfigError, UserError  # noqa: E402
 from model.generate import generate  # noqa: E402
-from model.runtime import git_commit, measure_matmul_peak, setup_runtime  # noqa: E402
+from model.runtime import (git_commit, measure_matmul_peak, setup_runtime,  # noqa: E402
+                           synchronize, time_calls)
 from model.transformer import Transformer  # noqa: E402
 
 KINDS = ["rope", "sinusoidal", "learned", "alibi", "none"]
@@ -93,25 +94,6 @@ class PeakMemory:
         if self.device.type == "cuda":
             out["cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
         return out
-
-
-def sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def timed(fn: Callable[[], object], repeats: int, warmup: int, device: torch.device) -> list[float]:
-    """Seconds of each of ``repeats`` calls after ``warmup`` untimed ones."""
-    for _ in range(warmup):
-        fn()
-    times = []
-    for _ in range(repeats):
-        sync(device)
-        start = time.perf_counter()
-        fn()
-        sync(device)
-        times.append(time.perf_counter() - start)
-    return times
 
 
 def top_ops(step: Callable[[], object], n: int, steps: int = 2) -> list[dict]:
@@ -186,7 +168,7 @@ def section_train(args, kind: str, compile_: bool) -> dict:
     started = time.perf_counter()
     trainer.train_step()  # the first step pays for compilation, allocation and warm-up
     first = time.perf_counter() - started
-    times = timed(trainer.train_step, args.repeats, args.warmup, rt.device)
+    times = time_calls(trainer.train_step, args.repeats, args.warmup, rt.device)
     step = statistics.median(times)
     profile = top_ops(trainer.train_step, args.profile) if args.profile else None
     tokens_per_step = cfg.train.tokens_per_step()
@@ -210,7 +192,7 @@ def section_decode(args, kind: str) -> dict:
         row = {"new_tokens": n}
         for use_cache in (True, False):
             memory.reset()
-            times = timed(lambda: generate(model, prompt, n, temperature=0, use_cache=use_cache),
+            times = time_calls(lambda: generate(model, prompt, n, temperature=0, use_cache=use_cache),
                           args.decode_repeats, 1 if n <= 256 else 0, device)
             label = "cached" if use_cache else "uncached"
             row[f"{label}_tok_s"] = n / statistics.median(times)
@@ -222,7 +204,7 @@ def section_decode(args, kind: str) -> dict:
     stamps: list[float] = []
 
     def stamp(*_) -> None:  # a forward hook must return None, or it replaces the output
-        sync(device)
+        synchronize(device)
         stamps.append(time.perf_counter())
 
     hook = model.register_forward_hook(stamp)
@@ -247,7 +229,7 @@ def section_eval(args, kind: str) -> dict:
         tokens = np.random.default_rng(mult).integers(0, cfg.model.vocab_size, size=n_tokens + 1)
         memory.reset()
         result = {}
-        times = timed(lambda: result.update(ppl=perplexity(model, tokens, length)),
+        times = time_calls(lambda: result.update(ppl=perplexity(model, tokens, length)),
                       args.eval_repeats, 1, device)
         scored = result["ppl"].tokens
         rows.append({"multiplier": mult, "length": length, "tokens": scored,
