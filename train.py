@@ -1,7 +1,7 @@
 """Train a model: ``python train.py CONFIG [key=value ...] [--resume]``.
 
 Builds everything from one resolved RunConfig, runs the optimisation loop and writes a
-run directory (see model/checkpoint.py for its layout). The same script runs
+run directory (see training/run_dir.py for its layout). The same script runs
 data-parallel under ``torchrun`` (NCCL on CUDA, gloo on CPU); rank 0 alone writes files.
 
 Exactness: a resumed run restores weights, optimizer, schedule position, RNG states and
@@ -23,37 +23,33 @@ from typing import Optional
 
 import torch
 
-from configs import config_to_dict, load_config, save_config
+from configs import config_to_yaml, load_config
+from configs.experiment import experiment_differences
 from configs.schema import RunConfig
+from data.atomic import write_text_atomic
 from data.prepare import prepare_data
 from data.samplers import TrainSampler
 from eval.perplexity import validation_loss
-from model.checkpoint import (latest_checkpoint, load_state, load_weights, read_meta, save_best,
-                              save_checkpoint, unwrap)
 from model.errors import CheckpointError, UserError
-from model.optim import build_optimizer, lr_at
-from model.runtime import Runtime, git_commit, setup_runtime
-from model.run_log import RunLog
 from model.transformer import Transformer
-
-# Keys that may change when a run resumes: they do not change what is being trained.
-RESUMABLE_TRAIN_KEYS = {"max_steps", "max_tokens", "eval_interval", "eval_batches", "ckpt_interval",
-                        "keep_last", "resume", "log_interval", "compile", "device"}
+from training.checkpoint import load_state, load_weights, read_meta, save_best, save_checkpoint, unwrap
+from training.cli import entry_point
+from training.metrics import MetricsLog
+from training.optim import build_optimizer, lr_at
+from training.provenance import git_commit
+from training.run_dir import RunDir
+from training.runtime import Runtime, setup_runtime
 
 
 class TrainingError(UserError):
     """The run cannot continue (e.g. a non-finite loss); checkpoints already saved are kept."""
 
 
-def check_resumable(saved: RunConfig, current: RunConfig, run_dir: Path) -> None:
+def check_resumable(saved: RunConfig, current: RunConfig, run: RunDir) -> None:
     """Refuse a resume that would silently turn into a different experiment."""
-    old, new = config_to_dict(saved), config_to_dict(current)
-    changed = [f"{section}.{key}" for section in ("model", "data", "train")
-               for key in sorted(set(old[section]) | set(new[section]))
-               if old[section].get(key) != new[section].get(key)
-               and not (section == "train" and key in RESUMABLE_TRAIN_KEYS)]
+    changed = experiment_differences(saved, current)
     if changed:
-        raise UserError(f"cannot resume {run_dir}: these settings differ from the saved run: "
+        raise UserError(f"cannot resume {run}: these settings differ from the saved run: "
                         f"{', '.join(changed)}. A resumed run must be the same experiment; "
                         "start a new run with another name=... instead.")
 
@@ -63,7 +59,7 @@ class Trainer:
         """``data``: already prepared data (anything with ``tokenizer`` and ``split(name)``,
         e.g. scripts/bench.py's synthetic tokens); by default ``cfg.data`` is prepared."""
         self.rt = rt
-        self.run_dir = Path(cfg.out_dir) / cfg.name
+        self.run_dir = RunDir(Path(cfg.out_dir) / cfg.name)
         resume_from = self._find_resume_point(cfg)
         data = self._prepare(cfg) if data is None else data
         self.cfg = cfg.with_vocab_size(data.tokenizer.vocab_size)
@@ -86,7 +82,7 @@ class Trainer:
 
     # --- setup ----------------------------------------------------------------------
     def _find_resume_point(self, cfg: RunConfig) -> Optional[Path]:
-        ckpt = latest_checkpoint(self.run_dir) if self.run_dir.exists() else None
+        ckpt = self.run_dir.latest_checkpoint() if self.run_dir.path.exists() else None
         if ckpt is not None and cfg.train.resume == "never":
             raise UserError(f"{self.run_dir} already has a checkpoint ({ckpt.name}). Continue it with "
                             "--resume (or train.resume=auto), or start a new run with name=... ; "
@@ -103,7 +99,7 @@ class Trainer:
         return data
 
     def _restore(self, ckpt: Path) -> None:
-        saved = load_config(self.run_dir / "config.yaml")
+        saved = load_config(self.run_dir.config)
         check_resumable(saved, self.cfg, self.run_dir)
         meta = read_meta(ckpt)
         load_weights(self.model, ckpt)
@@ -199,11 +195,11 @@ class Trainer:
         if self.step >= self.total_steps:
             rt.print(f"{self.run_dir} is already complete ({self.step}/{self.total_steps} steps)")
             return 0
-        log = RunLog(self.run_dir, self.cfg, rt.is_main, start_step=self.step, wandb_id=self.wandb_id)
+        log = MetricsLog(self.run_dir, self.cfg, rt.is_main, start_step=self.step, wandb_id=self.wandb_id)
         if rt.is_main:
-            self.run_dir.mkdir(parents=True, exist_ok=True)
-            save_config(self.cfg, self.run_dir / "config.yaml")
-            self.tokenizer.save(self.run_dir / "tokenizer.json")
+            self.run_dir.path.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.run_dir.config, config_to_yaml(self.cfg))
+            write_text_atomic(self.run_dir.tokenizer, self.tokenizer.to_json())
         self.wandb_id = log.wandb_id
         flops_per_token = unwrap(self.model).flops_per_token(t.seq_len)
         peak = f"{rt.peak_flops / 1e9:,.0f} GFLOP/s per device" if rt.peak_flops else "no peak"
@@ -218,7 +214,7 @@ class Trainer:
                 signal.signal(s, h)
             log.close()
 
-    def _loop(self, log: RunLog, flops_per_token: float) -> int:
+    def _loop(self, log: MetricsLog, flops_per_token: float) -> int:
         t, rt = self.cfg.train, self.rt
         self.model.train()
         bar = log.progress(self.total_steps, self.step)
@@ -271,21 +267,17 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
+@entry_point
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
-    rt = None
+    cfg = load_config(args.config, args.overrides)
+    if args.resume:
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume="auto"))
+    rt = setup_runtime(cfg.train)
     try:
-        cfg = load_config(args.config, args.overrides)
-        if args.resume:
-            cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume="auto"))
-        rt = setup_runtime(cfg.train)
         return Trainer(cfg, rt).run()
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     finally:
-        if rt is not None:
-            rt.close()
+        rt.close()
 
 
 if __name__ == "__main__":

@@ -11,8 +11,10 @@ resolved relative to the file that sets it::
       train.seed: [0, 1]
     eval: {lengths: [64, 128, 2048], protocols: [nonoverlap, sliding], scalings: [none, yarn]}
 
-Every planned run is built and validated (``load_config``) before anything trains, so a
-typo in an axis fails at once, naming the key.
+``eval`` holds keys of the runs' ``EvalConfig``: it is checked like any config section
+when the grid loads and becomes ``eval.*`` overrides of every run, so each planned run's
+``cfg.eval`` is what the grid evaluates it with. Every planned run is built and validated
+(``load_config``) before anything trains, so a typo in an axis fails at once, naming the key.
 """
 
 from __future__ import annotations
@@ -25,11 +27,9 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
-from configs.load import load_config, load_config_tree
-from configs.schema import RunConfig
+from configs.loader import load_config, load_config_tree, override_section
+from configs.schema import EvalConfig, RunConfig
 from model.errors import ConfigError
-
-EVAL_KEYS = {"lengths", "protocols", "scalings", "stride", "max_tokens", "split", "factor", "batch_size"}
 
 
 @dataclass
@@ -50,7 +50,7 @@ class Grid:
     out_dir: str = "runs"
     overrides: list[str] = field(default_factory=list)
     axes: dict[str, list[Any]] = field(default_factory=dict)
-    eval: dict[str, Any] = field(default_factory=dict)
+    eval_overrides: list[str] = field(default_factory=list)  # the grid's eval section, as eval.* overrides
     report: Optional[str] = None
     source: Optional[Path] = None
 
@@ -64,7 +64,8 @@ class Grid:
         runs = []
         for values in itertools.product(*(self.axes[k] for k in keys)):
             name = "_".join(f"{k.split('.')[-1]}-{_name_part(v)}" for k, v in zip(keys, values)) or "run"
-            overrides = [*self.overrides, *extra_overrides, *(f"{k}={_text(v)}" for k, v in zip(keys, values)),
+            overrides = [*self.overrides, *self.eval_overrides, *extra_overrides,
+                         *(f"{k}={_text(v)}" for k, v in zip(keys, values)),
                          f"out_dir={Path(self.out_dir) / self.name}", f"name={name}"]
             try:
                 cfg = load_config(self.base, overrides)
@@ -95,13 +96,12 @@ def load_grid(path: str | Path) -> Grid:
     if not path.is_file():
         raise ConfigError(f"grid file not found: {path}; see configs/ablations/ for examples")
     tree, origins = load_config_tree(path)
-    valid = {f.name for f in fields(Grid)} - {"source"}
+    valid = {f.name for f in fields(Grid)} - {"source", "eval_overrides"} | {"eval"}
     for key in tree:
         if key not in valid:
             raise ConfigError(f"{origins.get(key, path)}: unknown grid key '{key}'{_suggest(key, valid)}")
-    for key in tree.get("eval") or {}:
-        if key not in EVAL_KEYS:
-            raise ConfigError(f"{path}: unknown key 'eval.{key}'{_suggest(key, EVAL_KEYS)}")
+    evaluation = tree.get("eval") or {}
+    override_section(EvalConfig(), evaluation, str(origins.get("eval", path)), "eval.")  # typed check now
     if not isinstance(tree.get("name"), str) or not tree["name"] or "/" in tree["name"]:
         raise ConfigError(f"{path}: 'name' must be a plain name for the grid's directory")
     if not isinstance(tree.get("base"), str):
@@ -116,4 +116,5 @@ def load_grid(path: str | Path) -> Grid:
         raise ConfigError(f"{path}: base config not found: {tree['base']} (looked for {base})")
     return Grid(name=tree["name"], base=base, out_dir=tree.get("out_dir", "runs"),
                 overrides=[str(o) for o in tree.get("overrides", [])], axes=axes,
-                eval=dict(tree.get("eval") or {}), report=tree.get("report"), source=path)
+                eval_overrides=[f"eval.{k}={_text(v)}" for k, v in evaluation.items()],
+                report=tree.get("report"), source=path)

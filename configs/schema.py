@@ -2,7 +2,7 @@
 
 ``RunConfig{name, out_dir, model, data, train, eval, log}``. ``model`` is
 ``model.config.ModelConfig`` (architecture only). YAML turns into these objects through
-``configs/load.py``, which checks keys and types and names the file on error; the checks
+``configs/loader.py``, which checks keys and types and names the file on error; the checks
 here are about values (ranges, combinations) and run in ``__post_init__`` so that an
 impossible config fails before any work starts.
 
@@ -24,7 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from model.config import ModelConfig, ScalingType
+from model.config import SCALING_TYPES, ModelConfig, ScalingType
 from model.errors import ConfigError
 
 # Named Hub datasets: (repo, config, text field, train, validation, test split names).
@@ -221,11 +221,14 @@ class TrainConfig:
 
 @dataclass
 class EvalConfig:
-    """Length-extrapolation evaluation.
+    """Length-extrapolation evaluation: the one typed config of ``eval/``.
 
+    A run's config carries it (``eval:``); a grid's ``eval:`` section and the flags of
+    ``python -m eval.extrapolation`` override its keys through the same typed loader.
     Lengths: ``lengths`` if given, else ``length_multipliers`` x train.seq_len. The sliding
     protocol's stride defaults to half the evaluated length, so every scored token sees at
-    least length/2 tokens of context at twice the cost of non-overlapping windows.
+    least length/2 tokens of context at twice the cost of non-overlapping windows. RoPE
+    scalings use factor = length / train.seq_len unless ``factor`` fixes it.
     """
 
     lengths: list[int] = field(default_factory=list)
@@ -233,9 +236,11 @@ class EvalConfig:
     stride: Optional[int] = None
     protocols: list[Literal["nonoverlap", "sliding"]] = field(default_factory=lambda: ["nonoverlap"])
     scalings: list[ScalingType] = field(default_factory=lambda: ["none"])
-    batch_size: int = 8
+    factor: Optional[float] = None  # a fixed RoPE scaling factor instead of length / train.seq_len
+    batch_size: int = 8  # windows per forward; never changes a result
     max_tokens: Optional[int] = None  # cap on tokens scored per length (None: the whole split)
     split: Literal["valid", "test"] = "valid"
+    per_position: bool = True  # also the mean loss at each position of the longest length
 
     def __post_init__(self) -> None:
         _positive("eval", self, "batch_size")
@@ -248,12 +253,22 @@ class EvalConfig:
             raise ConfigError("set eval.lengths or eval.length_multipliers (both are empty)")
         if not self.protocols:
             raise ConfigError("eval.protocols must name at least one of nonoverlap, sliding")
+        if not self.scalings:
+            raise ConfigError("eval.scalings must name at least one scaling (none: plain RoPE)")
+        if self.factor is not None and not self.factor >= 1.0:
+            raise ConfigError(f"eval.factor must be >= 1 (got {self.factor}); null means length / train.seq_len")
 
     def resolved_lengths(self, train_len: int) -> list[int]:
         """The evaluated lengths, ascending and distinct."""
         if self.lengths:
             return sorted(set(self.lengths))
         return sorted({max(1, round(m * train_len)) for m in self.length_multipliers})
+
+    def resolved_scalings(self, pos_kind: str) -> list[str]:
+        """Distinct scalings in SCALING_TYPES order, ``none`` first; only ``none`` for non-RoPE runs."""
+        if pos_kind != "rope":
+            return ["none"]
+        return sorted(set(self.scalings), key=SCALING_TYPES.index)
 
     def sliding_stride(self, length: int) -> int:
         return self.stride if self.stride is not None else max(1, length // 2)

@@ -9,9 +9,10 @@ uint32), every document followed by ``<|endoftext|>``. The directory name carrie
 of the data config parts that determine the tokens plus the source's identity (local
 files: path, size, mtime; built-in: the Python version and stdlib listing; Hub: repo,
 config, revision), so the same config reuses it at once and any change rebuilds.
-A build writes into a uniquely named temporary directory, writes meta.json last and then
-renames the directory into place; a directory without meta.json is never used. A lock
-file keeps two processes (e.g. two ranks) from building the same thing twice.
+A build writes into a temporary directory, writes meta.json last and renames the directory
+into place (data/atomic.py); a directory without meta.json is never used. A lock file
+keeps two processes (e.g. two ranks) from building the same thing twice. Evaluation
+prepares only the split it scores, with the run's own tokenizer (``kind: file``).
 """
 
 from __future__ import annotations
@@ -26,15 +27,15 @@ import os
 import shutil
 import sys
 import time
-import uuid
 from collections import deque
 from pathlib import Path
-from typing import Iterable, Iterator
+from typing import Iterable, Iterator, Optional
 
 import numpy as np
 from tqdm import tqdm
 
 from configs.schema import DataConfig
+from data.atomic import atomic_directory, remove_leftovers
 from data.sources import Corpus, open_corpus
 from data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json, train_tokenizer
 from model.errors import DataError
@@ -104,15 +105,25 @@ def _file_digest(path: str) -> str:
                         "of a tokenizer.json") from None
 
 
-def data_key(cfg: DataConfig, corpus: Corpus) -> str:
+def data_key(cfg: DataConfig, corpus: Corpus, splits: Optional[tuple[str, ...]] = None) -> str:
     payload = {"format": FORMAT_VERSION, "config": token_config(cfg), "source": corpus.identity()}
+    if splits is not None:
+        payload["splits"] = sorted(splits)
     return hashlib.sha256(json.dumps(payload, sort_keys=True).encode()).hexdigest()
 
 
-def prepare_data(cfg: DataConfig, progress: bool = True) -> PreparedData:
-    """Tokenize the corpus ``cfg`` describes into the cache (or reuse it) and open it."""
+def prepare_data(cfg: DataConfig, progress: bool = True,
+                 splits: Optional[Iterable[str]] = None) -> PreparedData:
+    """Tokenize the corpus ``cfg`` describes into the cache (or reuse it) and open it.
+
+    ``splits`` limits the work to those splits (evaluation needs one); by default all.
+    """
     corpus = open_corpus(cfg)
-    key = data_key(cfg, corpus)
+    wanted = None if splits is None else tuple(splits)
+    for split in wanted or ():
+        if split not in corpus.splits:
+            raise DataError(f"{corpus.describe()} has no {split!r} split (it has {', '.join(corpus.splits)})")
+    key = data_key(cfg, corpus, wanted)
     root = cache_root(cfg)
     tok = cfg.tokenizer
     final = root / f"{cfg.source}-{tok.kind}{tok.vocab_size if tok.kind == 'bpe' else ''}-{key[:16]}"
@@ -122,15 +133,12 @@ def prepare_data(cfg: DataConfig, progress: bool = True) -> PreparedData:
     with _exclusive(root / f"{final.name}.lock"):
         if (final / "meta.json").is_file():  # another process built it while we waited
             return PreparedData.load(final)
-        _remove_incomplete(root, final)
-        tmp = root / f"{final.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}"
-        tmp.mkdir()
-        try:
-            _build(cfg, corpus, key, tmp, progress)
-            os.rename(tmp, final)
-        except BaseException:
-            shutil.rmtree(tmp, ignore_errors=True)
-            raise
+        # We hold the lock, so no other build of this directory is in progress.
+        remove_leftovers(final)
+        if final.is_dir():
+            shutil.rmtree(final)
+        with atomic_directory(final) as tmp:
+            _build(cfg, corpus, wanted or corpus.splits, key, tmp, progress)
     return PreparedData.load(final)
 
 
@@ -149,14 +157,8 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
-def _remove_incomplete(root: Path, final: Path) -> None:
-    """Leftovers of interrupted builds; we hold the lock, so none of them is in progress."""
-    for path in [final, *root.glob(f"{final.name}.tmp-*")]:
-        if path.is_dir():
-            shutil.rmtree(path)
-
-
-def _build(cfg: DataConfig, corpus: Corpus, key: str, out: Path, progress: bool) -> None:
+def _build(cfg: DataConfig, corpus: Corpus, wanted: tuple[str, ...], key: str, out: Path,
+           progress: bool) -> None:
     if cfg.tokenizer.kind == "char":  # the alphabet of every split (see train_tokenizer)
         texts: Iterable[str] = itertools.chain.from_iterable(corpus.documents(s) for s in corpus.splits)
     else:
@@ -170,7 +172,7 @@ def _build(cfg: DataConfig, corpus: Corpus, key: str, out: Path, progress: bool)
     splits = {}
     num_proc = cfg.num_proc or min(2, os.cpu_count() or 1)
     with _encoder(tokenizer, num_proc) as encode:
-        for split in corpus.splits:
+        for split in wanted:
             bar = tqdm(desc=f"tokenize {split}", unit="doc", disable=not progress)
             splits[split] = _write_split(encode(_chunks(corpus.documents(split)), dtype),
                                          out / f"{split}.bin", digest, bar)

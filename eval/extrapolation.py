@@ -1,12 +1,14 @@
 """Length extrapolation of trained runs: ``python -m eval.extrapolation RUN_DIR... [options]``.
 
 For every run, every RoPE scaling asked for (RoPE runs only; ``factor = L_eval / L_train``
-unless ``--factor`` is given, so lengths up to L_train are plain RoPE) and every length:
+unless ``eval.factor`` is set, so lengths up to L_train are plain RoPE) and every length:
 perplexity under each protocol, plus the per-position loss at the longest length. Writes
 ``results.json``, ``report.md`` and PNG plots into ``--out`` (see eval/report.py).
 
-Lengths a learned table cannot serve are recorded as ``n/a`` with the table size, never
-evaluated (and never a crash). Everything a run needs is read from its directory.
+What is evaluated is each run's own ``eval`` config (configs/schema.py: EvalConfig),
+with the command-line flags (or a grid's ``eval:``) overriding its keys. The corpus is
+tokenized with the run's own tokenizer.json. Lengths a learned table cannot serve are
+recorded as ``n/a`` with the table size, never evaluated (and never a crash).
 """
 
 from __future__ import annotations
@@ -18,40 +20,31 @@ import json
 import re
 import sys
 import time
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 import torch
 
-from configs import config_to_dict
-from configs.schema import EvalConfig
+from configs import override_section
+from configs.experiment import seed_group
+from configs.schema import EvalConfig, RunConfig, TokenizerConfig
+from data.atomic import write_text_atomic
 from data.prepare import prepare_data
+from eval.labels import encoding_label
 from eval.perplexity import per_position_loss, perplexity
-from eval.report import encoding_label, write_report
-from model.config import RopeScalingConfig
+from eval.report import write_report
+from model.config import SCALING_TYPES, RopeScalingConfig
 from model.errors import DataError, UserError
-from model.checkpoint import latest_checkpoint
-from model.load import load_run, rescaled
+from training.cli import entry_point
+from training.run_dir import RunDir
+from training.saved_run import SavedRun, load_run, read_run_config, rescaled
 
-SCALINGS = ("none", "linear", "ntk", "dynamic", "yarn", "llama3")
+EvalFor = Callable[[RunConfig], EvalConfig]  # the evaluation config of a run, from its config
 
 
-@dataclass
-class Settings:
-    """What to evaluate; None fields fall back to each run's own ``eval`` config."""
-
-    lengths: Optional[list[int]] = None
-    scalings: Optional[list[str]] = None
-    protocols: Optional[list[str]] = None
-    stride: Optional[int] = None
-    max_tokens: Optional[int] = None
-    split: Optional[str] = None
-    factor: Optional[float] = None  # fixed scaling factor instead of L_eval / L_train
-    batch_size: int = 8
-    device: str = "cpu"
-    per_position: bool = True
+def own_eval(cfg: RunConfig) -> EvalConfig:
+    return cfg.eval
 
 
 def scaling_for(kind: str, length: int, train_len: int, factor: Optional[float]) -> Optional[RopeScalingConfig]:
@@ -62,119 +55,109 @@ def scaling_for(kind: str, length: int, train_len: int, factor: Optional[float])
     return RopeScalingConfig(type=kind, factor=s, original_max_len=train_len)
 
 
-def run_metadata(run) -> dict:
-    cfg, meta = run.cfg, run.meta
-    identity = config_to_dict(cfg)
-    for section, key in (("train", "seed"), ("train", "resume"), ("train", "device")):
-        identity[section].pop(key, None)
-    for key in ("name", "out_dir", "eval", "log"):
-        identity.pop(key, None)
-    group = hashlib.sha256(json.dumps(identity, sort_keys=True).encode()).hexdigest()[:12]
-    return {"run": str(run.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind, "group": group,
+def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
+    cfg, meta = saved.cfg, saved.meta
+    # Seeds of one experiment, trained for as many tokens, are pooled into one row.
+    group = f"{seed_group(cfg)}-{meta.get('tokens')}"
+    return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind, "group": group,
             "stem": re.sub(r"[_-]?seed[-=]?\d+", "", cfg.name) or cfg.name,
             "pairing": cfg.model.pos.rope.pairing if cfg.model.pos.kind == "rope" else None,
-            "params": run.model.num_params(), "tokens_trained": meta.get("tokens"),
+            "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"),
             "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
-            "max_positions": run.model.pos.max_positions, "git_commit": meta.get("git_commit"),
-            "checkpoint": run.checkpoint.name}
+            "max_len": saved.model.pos.max_len, "git_commit": meta.get("git_commit"),
+            "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev)}
 
 
-def _split_tokens(run, split: str) -> np.ndarray:
-    data_cfg = run.cfg.data
-    if data_cfg.tokenizer.kind == "file":  # the run's own copy, wherever the run was moved
-        tokenizer = dataclasses.replace(data_cfg.tokenizer, path=str(run.run_dir / "tokenizer.json"))
-        data_cfg = dataclasses.replace(data_cfg, tokenizer=tokenizer)
-    data = prepare_data(data_cfg, progress=False)
-    if data.tokenizer != run.tokenizer:
-        raise DataError(f"the prepared data for {run.run_dir} was tokenized differently from the "
-                        "run's tokenizer.json; delete the data cache and evaluate again")
-    if split not in data.splits:
-        raise DataError(f"{run.run_dir}: the corpus has no '{split}' split (has {data.splits})")
+def split_tokens(saved: SavedRun, split: str) -> np.ndarray:
+    """The run's ``split``, tokenized with the run's own tokenizer.json (never retrained)."""
+    own = TokenizerConfig(kind="file", path=str(saved.run.tokenizer))
+    data_cfg = dataclasses.replace(saved.cfg.data, tokenizer=own)
+    data = prepare_data(data_cfg, progress=False, splits=[split])
+    if data.tokenizer != saved.tokenizer:  # unreachable unless the cache was tampered with
+        raise DataError(f"the prepared data in {data.dir} does not match {saved.run.tokenizer}; "
+                        "delete that directory and evaluate again")
     return data.split(split)
 
 
-def evaluate_run(run_dir: Path, settings: Settings, log=print) -> tuple[dict, list[dict], dict]:
+def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) -> tuple[dict, list[dict], dict]:
     """(metadata, result rows, per-position curves by scaling) for one run."""
-    base = load_run(run_dir, device=settings.device)
-    ev: EvalConfig = base.cfg.eval
+    base = load_run(run_dir, device=device)
     train_len = base.cfg.train.seq_len
-    lengths = settings.lengths or ev.resolved_lengths(train_len)
-    protocols = settings.protocols or ev.protocols
-    split = settings.split or ev.split
-    max_tokens = settings.max_tokens if settings.max_tokens is not None else ev.max_tokens
-    kind = base.cfg.model.pos.kind
-    scalings = (settings.scalings or ev.scalings) if kind == "rope" else ["none"]
-    scalings = sorted(set(scalings), key=lambda name: (name != "none", SCALINGS.index(name)))
-    meta = run_metadata(base)
-    tokens = _split_tokens(base, split)
+    lengths = ev.resolved_lengths(train_len)
+    scalings = ev.resolved_scalings(base.cfg.model.pos.kind)
+    meta = run_metadata(base, ev)
+    tokens = split_tokens(base, ev.split)
     token_bytes = base.tokenizer.token_bytes()
     rows, curves = [], {}
-    limit = base.model.pos.max_positions
+    limit = base.model.pos.max_len
     for scaling in scalings:
         for length in lengths:
-            plain = scaling != "none" and scaling_for(scaling, length, train_len, settings.factor) is None
+            plain = scaling != "none" and scaling_for(scaling, length, train_len, ev.factor) is None
             if plain and "none" in scalings:  # factor 1 is plain RoPE: copy, don't recompute
                 rows += [{**r, "scaling": scaling} for r in rows if r["scaling"] == "none" and r["length"] == length]
                 continue
-            model = None if limit is not None and length > limit else \
-                _model_for(base, scaling, length, train_len, settings)
-            for protocol in protocols:
+            model = None if limit is not None and length > limit else _model_for(base, scaling, length, ev)
+            for protocol in ev.protocols:
                 row = {**{k: meta[k] for k in ("run", "name", "encoding", "seed", "train_len")},
-                       "scaling": scaling, "length": length, "protocol": protocol, "split": split}
+                       "scaling": scaling, "length": length, "protocol": protocol, "split": ev.split}
                 if model is None:
                     rows.append({**row, "status": "n/a", "note": f"trained table: {limit} positions"})
                     continue
-                stride = length if protocol == "nonoverlap" else (settings.stride or ev.sliding_stride(length))
+                stride = length if protocol == "nonoverlap" else ev.sliding_stride(length)
                 started = time.perf_counter()
                 result = perplexity(model, tokens, length, stride=min(stride, length),
-                                    batch_size=settings.batch_size, max_tokens=max_tokens, token_bytes=token_bytes)
+                                    batch_size=ev.batch_size, max_tokens=ev.max_tokens, token_bytes=token_bytes)
                 rows.append({**row, "status": "ok", **result.to_dict(), "protocol": protocol,
                              "seconds": round(time.perf_counter() - started, 2)})
                 log(f"  {meta['name']:<28} {scaling:<8} L={length:<6} {protocol:<10} ppl={result.ppl:10.3f}")
-        if settings.per_position:
-            curves[scaling] = _curve(base, scaling, lengths, train_len, tokens, max_tokens, settings)
+        if ev.per_position:
+            curves[scaling] = _curve(base, scaling, lengths, tokens, ev)
     return meta, rows, curves
 
 
-def _model_for(base, scaling: str, length: int, train_len: int, settings: Settings):
-    rope_scaling = scaling_for(scaling, length, train_len, settings.factor)
-    if rope_scaling is None:
-        return base.model
-    return rescaled(base, rope_scaling)
+def _model_for(base: SavedRun, scaling: str, length: int, ev: EvalConfig):
+    rope_scaling = scaling_for(scaling, length, base.cfg.train.seq_len, ev.factor)
+    return base.model if rope_scaling is None else rescaled(base, rope_scaling)
 
 
-def _curve(base, scaling, lengths, train_len, tokens, max_tokens, settings) -> Optional[list[float]]:
-    limit = base.model.pos.max_positions
+def _curve(base: SavedRun, scaling: str, lengths: list[int], tokens, ev: EvalConfig) -> Optional[list[float]]:
+    limit = base.model.pos.max_len
     usable = [n for n in lengths if limit is None or n <= limit]
     if not usable:
         return None
     length = max(usable)
-    model = _model_for(base, scaling, length, train_len, settings)
+    model = _model_for(base, scaling, length, ev)
     # Four times the perplexity budget: each position is one sample per window, so the
     # curve needs more windows than a mean over all positions does.
-    windows = None if max_tokens is None else max(1, 4 * max_tokens // length)
+    windows = None if ev.max_tokens is None else max(1, 4 * ev.max_tokens // length)
     try:
-        curve = per_position_loss(model, tokens, length, batch_size=settings.batch_size, max_windows=windows)
+        curve = per_position_loss(model, tokens, length, batch_size=ev.batch_size, max_windows=windows)
     except DataError:
         return None
     return [round(float(v), 5) for v in curve]  # nats; more digits would only bloat results.json
 
 
-def _cached_evaluation(run_dir: Path, settings: Settings, log) -> tuple[dict, list[dict], dict]:
-    """evaluate_run, reusing an earlier result for the same checkpoint and settings."""
-    key = json.dumps({k: v for k, v in _settings_dict(settings).items() if k not in ("device", "batch_size")},
-                     sort_keys=True)
-    path = run_dir / "eval" / f"extrapolation-{hashlib.sha256(key.encode()).hexdigest()[:12]}.json"
-    ckpt = latest_checkpoint(run_dir) if (run_dir / "config.yaml").exists() else None
+def _cache_key(ev: EvalConfig) -> str:
+    """What changes the numbers: every eval key but batch_size."""
+    key = {k: v for k, v in dataclasses.asdict(ev).items() if k != "batch_size"}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log) -> tuple[dict, list[dict], dict]:
+    """evaluate_run, reusing an earlier result for the same checkpoint and evaluation config."""
+    run = RunDir(run_dir)
+    ev = eval_for(read_run_config(run))
+    path = run.eval_cache("extrapolation", _cache_key(ev))
+    ckpt = run.latest_checkpoint()
     if ckpt is not None and path.exists():
         cached = json.loads(path.read_text())
         if cached.get("checkpoint") == ckpt.name:
             log(f"  reusing {path}")
             return cached["meta"], cached["rows"], cached["curves"]
-    meta, rows, curves = evaluate_run(run_dir, settings, log)
+    meta, rows, curves = evaluate_run(run.path, ev, device, log)
     path.parent.mkdir(exist_ok=True)
-    path.write_text(json.dumps({"checkpoint": meta["checkpoint"], "settings": key, "meta": meta,
-                                "rows": rows, "curves": curves}))
+    write_text_atomic(path, json.dumps({"checkpoint": meta["checkpoint"], "meta": meta, "rows": rows,
+                                        "curves": curves}))
     return meta, rows, curves
 
 
@@ -192,9 +175,9 @@ def _label_groups(runs: list[dict], rows: list[dict]) -> None:
         row["label"] = label[row["run"]]
 
 
-def run_extrapolation(run_dirs: list[Path], settings: Settings, out: Path, log=print,
-                      missing: list[dict] = ()) -> dict:
-    """Evaluate every run and write results.json, report.md and plots into ``out``.
+def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = own_eval, device: str = "cpu",
+                      log=print, missing: Sequence[dict] = ()) -> dict:
+    """Evaluate every run with ``eval_for(its config)`` and write results.json, report.md and plots.
 
     ``missing`` lists runs that should have been there (``{"run", "error"}``) for the report.
     """
@@ -202,7 +185,7 @@ def run_extrapolation(run_dirs: list[Path], settings: Settings, out: Path, log=p
     for run_dir in run_dirs:
         log(f"evaluating {run_dir}")
         try:
-            meta, run_rows, run_curves = _cached_evaluation(Path(run_dir), settings, log)
+            meta, run_rows, run_curves = cached_evaluation(Path(run_dir), eval_for, device, log)
         except UserError as e:
             failures.append({"run": str(run_dir), "error": str(e)})
             log(f"  skipped: {e}")
@@ -213,46 +196,47 @@ def run_extrapolation(run_dirs: list[Path], settings: Settings, out: Path, log=p
     if not runs:
         raise UserError("no run could be evaluated:\n" + "\n".join(f"- {f['run']}: {f['error']}" for f in failures))
     _label_groups(runs, rows)
-    results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "settings": _settings_dict(settings),
-               "runs": runs, "results": rows, "per_position": curves, "missing": failures}
+    results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs, "results": rows,
+               "per_position": curves, "missing": failures}
     write_report(results, out)
     return results
 
 
-def _settings_dict(s: Settings) -> dict:
-    return dict(vars(s))
-
-
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m eval.extrapolation", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="python -m eval.extrapolation", description=__doc__.split("\n\n")[0],
+                                epilog="Flags override the keys of each run's own eval config.")
     p.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
-    p.add_argument("--lengths", type=int, nargs="+", help="evaluation lengths (default: each run's eval config)")
-    p.add_argument("--scaling", nargs="+", choices=SCALINGS, dest="scalings",
-                   help="RoPE scalings to compare (RoPE runs only)")
+    p.add_argument("--lengths", type=int, nargs="+", help="eval.lengths: evaluation lengths")
+    p.add_argument("--scaling", nargs="+", choices=SCALING_TYPES, dest="scalings",
+                   help="eval.scalings: RoPE scalings to compare (RoPE runs only)")
     p.add_argument("--protocols", nargs="+", choices=["nonoverlap", "sliding"])
-    p.add_argument("--stride", type=int, help="sliding-window stride (default: half the length)")
-    p.add_argument("--max-tokens", type=int, help="cap on scored tokens per length")
+    p.add_argument("--stride", type=int, help="eval.stride: sliding-window stride (default: half the length)")
+    p.add_argument("--max-tokens", type=int, help="eval.max_tokens: cap on scored tokens per length")
     p.add_argument("--split", choices=["valid", "test"])
-    p.add_argument("--factor", type=float, help="fixed RoPE scaling factor (default: L_eval / L_train)")
-    p.add_argument("--batch-size", type=int, default=8)
+    p.add_argument("--factor", type=float, help="eval.factor: fixed RoPE scaling factor (default: L_eval / L_train)")
+    p.add_argument("--batch-size", type=int, help="eval.batch_size: windows per forward")
+    p.add_argument("--no-per-position", dest="per_position", action="store_const", const=False,
+                   help="skip per-position loss curves")
     p.add_argument("--device", default="cpu")
-    p.add_argument("--no-per-position", action="store_true", help="skip per-position loss curves")
     p.add_argument("--out", type=Path, default=Path("reports/extrapolation"), help="report directory")
     return p.parse_args(argv)
 
 
+EVAL_FLAGS = ("lengths", "scalings", "protocols", "stride", "max_tokens", "split", "factor", "batch_size",
+              "per_position")
+
+
+@entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
-    settings = Settings(lengths=args.lengths, scalings=args.scalings, protocols=args.protocols,
-                        stride=args.stride, max_tokens=args.max_tokens, split=args.split,
-                        factor=args.factor, batch_size=args.batch_size, device=args.device,
-                        per_position=not args.no_per_position)
-    try:
-        with torch.inference_mode():
-            run_extrapolation(args.runs, settings, args.out)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    tree = {key: getattr(args, key) for key in EVAL_FLAGS if getattr(args, key) is not None}
+    override_section(EvalConfig(), tree, "command line", "eval.")  # a bad value fails before any work
+
+    def eval_for(cfg: RunConfig) -> EvalConfig:
+        return override_section(cfg.eval, tree, "command line", "eval.")
+
+    with torch.inference_mode():
+        run_extrapolation(args.runs, args.out, eval_for, device=args.device)
     print(f"wrote {args.out}/report.md, results.json and plots")
     return 0
 

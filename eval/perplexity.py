@@ -23,6 +23,7 @@ import numpy as np
 import torch
 
 from data.samplers import EvalWindow, eval_windows, window_batch
+from model.loss import perplexity_of
 
 
 @dataclass
@@ -94,7 +95,7 @@ def perplexity(model, tokens: np.ndarray, length: int, *, stride: Optional[int] 
     nll = total / count
     bpb = total / math.log(2) / n_bytes if n_bytes else None
     return Perplexity(length=length, protocol="nonoverlap" if stride == length else "sliding",
-                      stride=stride, nll=nll, ppl=math.exp(min(nll, 700.0)), bpb=bpb, tokens=count,
+                      stride=stride, nll=nll, ppl=perplexity_of(nll), bpb=bpb, tokens=count,
                       windows=len(windows))
 
 

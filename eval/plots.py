@@ -11,7 +11,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
-from eval.report import encoding_label, with_scaling  # noqa: E402
+from eval.labels import encoding_label, with_scaling  # noqa: E402
 
 
 def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: Path, title: str) -> None:

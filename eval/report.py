@@ -17,23 +17,13 @@ from typing import Optional
 
 import numpy as np
 
+from eval.labels import row_label
+from eval.plots import plot_per_position, plot_perplexity
+
 PROTOCOL_TITLES = {
     "nonoverlap": "Non-overlapping windows (ALiBi paper protocol)",
     "sliding": "Sliding window (each scored token has ≥ L−S tokens of context)",
 }
-
-
-def encoding_label(encoding: str) -> str:
-    return "nope" if encoding == "none" else encoding
-
-
-def with_scaling(label: str, scaling: str) -> str:
-    return label if scaling == "none" else f"{label} + {scaling}"
-
-
-def row_label(row: dict) -> str:
-    """A table row: the run's group label (encoding, made unique per config) + scaling."""
-    return with_scaling(row.get("label") or encoding_label(row["encoding"]), row["scaling"])
 
 
 def _group(rows: list[dict], protocol: str) -> dict[str, dict[int, list[dict]]]:
@@ -139,8 +129,6 @@ def write_report(results: dict, out: Path) -> None:
            "fixed-window evaluation dynamic NTK sees one length per window, so it equals static NTK "
            "at scale s·L/L_train − (s−1)."]
     (out / "report.md").write_text("\n".join(md) + "\n")
-    from eval.plots import plot_per_position, plot_perplexity
-
     for protocol in protocols:
         plot_perplexity(summarize(rows, protocol), train_len, out / _plot_name(protocol),
                         PROTOCOL_TITLES[protocol])

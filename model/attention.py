@@ -1,12 +1,11 @@
 """Causal multi-head self-attention with optional grouped-query heads and KV cache.
 
-The positional encoding is asked to ``rotate`` q/k and for a ``bias`` every time; the
-attention never branches on which encoding it has. Two paths compute the same thing:
-``F.scaled_dot_product_attention`` (fused, with the ``is_causal`` fast path whenever no
-bias or cache is involved) and a plain reference with an explicit float32 softmax, kept
-for tests. When a bias or a cache is involved, queries are processed in chunks so a
-long sequence never materialises a full (H, T, T) bias; memory grows with
-chunk × T instead of T².
+Attention receives the forward's ``PositionContext`` and uses it the same way whatever
+the encoding: ``ctx.rotate`` on q and k, ``ctx.bias`` on the scores. Without a bias and
+without a cache it is ``F.scaled_dot_product_attention`` with the fused ``is_causal``
+path. With a bias or a cache, queries are processed in chunks with an explicit mask, so
+a long sequence never materialises a full (H, T, T) bias; memory grows with chunk × T
+instead of T². One new query against the cache (decoding) takes two small matmuls.
 """
 
 from __future__ import annotations
@@ -20,17 +19,7 @@ from torch import nn
 
 from model.config import ModelConfig
 from model.kv_cache import KVCache
-from model.positional import PositionalEncoding
-
-
-def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        mask: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """softmax(q kᵀ/√d + bias, masked) v with float32 scores; k/v already expanded to q's heads."""
-    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
-    if bias is not None:
-        scores = scores + bias
-    scores = scores.masked_fill(~mask, float("-inf"))
-    return (scores.softmax(dim=-1) @ v.float()).to(q.dtype)
+from model.positional import PositionContext
 
 
 class Attention(nn.Module):
@@ -42,28 +31,26 @@ class Attention(nn.Module):
         self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
-        self.cache: Optional[KVCache] = None
-        self.reference = False  # use the explicit-softmax path (tests)
+        self.cache: Optional[KVCache] = None  # attached by Transformer.setup_cache
         self.query_chunk = 512  # queries per chunk on the masked/biased path (512: fastest at 16×L)
 
-    def forward(self, x: torch.Tensor, pe: PositionalEncoding, positions: torch.Tensor,
-                seq_len: Optional[int] = None) -> torch.Tensor:
+    def forward(self, x: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
         B, T, _ = x.shape
         q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
         k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
         v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
-        q, k = pe.rotate(q, k, positions, seq_len)
-        k_positions = positions
+        q, k = ctx.rotate(q, k)
+        k_positions = ctx.positions
         if self.cache is not None:
-            k, v = self.cache.update(positions, k, v)  # (B, Hkv, Tk, D), Tk = last position + 1
-            k_positions = torch.arange(k.shape[2], device=positions.device)
-        if self.cache is None and not self.reference and not pe.has_bias:
+            k, v = self.cache.update(ctx.positions, k, v)  # (B, Hkv, Tk, D), Tk = last position + 1
+            k_positions = torch.arange(k.shape[2], device=k.device)
+        if self.cache is None and not ctx.has_bias:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
                                                dropout_p=self.dropout if self.training else 0.0)
-        elif T == 1 and self.cache is not None and not self.reference:
-            y = self._decode_step(q, k, v, pe.bias(positions, k_positions))
+        elif T == 1 and self.cache is not None:
+            y = self._decode_step(q, k, v, ctx.bias(ctx.positions, k_positions))
         else:
-            y = self._chunked(q, k, v, pe, positions, k_positions, same_tokens=self.cache is None)
+            y = self._chunked(q, k, v, ctx, k_positions, same_tokens=self.cache is None)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))  # (B, T, d)
 
     def _decode_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
@@ -83,7 +70,8 @@ class Attention(nn.Module):
         probs = F.dropout(scores.softmax(dim=-1), self.dropout, self.training).to(v.dtype)
         return (probs @ v).view(B, self.n_heads, 1, D)  # (B, H, 1, D)
 
-    def _chunked(self, q, k, v, pe, q_positions, k_positions, same_tokens: bool = False) -> torch.Tensor:
+    def _chunked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: PositionContext,
+                 k_positions: torch.Tensor, same_tokens: bool) -> torch.Tensor:
         """Attention over query chunks with an explicit causal mask and the encoding's bias.
 
         ``same_tokens``: keys are the queries' own tokens (no cache), so with ascending
@@ -91,23 +79,17 @@ class Attention(nn.Module):
         it are dropped instead of masked, which halves the work of a long biased
         sequence (an explicit mask gets none of ``is_causal``'s block skipping).
         """
-        if self.reference:
-            groups = self.n_heads // self.n_kv_heads
-            k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         dropout = self.dropout if self.training else 0.0
         outputs = []
         for start in range(0, q.shape[2], self.query_chunk):
-            qp = q_positions[start:start + self.query_chunk]
+            qp = ctx.positions[start:start + self.query_chunk]
             qc = q[:, :, start:start + self.query_chunk]
             kc, vc, kp = k, v, k_positions
-            if same_tokens and not self.reference:
+            if same_tokens:
                 end = start + qc.shape[2]
                 kc, vc, kp = k[:, :, :end], v[:, :, :end], k_positions[:end]
             mask = kp[None, :] <= qp[:, None]  # (tq, Tk), True = may attend
-            bias = pe.bias(qp, kp)  # (H, tq, Tk) or None
-            if self.reference:
-                outputs.append(reference_attention(qc, kc, vc, mask, bias))
-                continue
+            bias = ctx.bias(qp, kp)  # (H, tq, Tk) or None
             if bias is not None:
                 mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))
             # A 4-D mask: with a 2-D or 3-D one the CPU kernel silently falls back to the

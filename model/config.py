@@ -3,11 +3,25 @@
 Batch sizes, cache lengths and evaluation lengths are runtime arguments. Each dataclass
 validates itself in ``__post_init__`` so an impossible model fails before any work starts;
 ``configs/`` turns YAML into these objects and names the file and key on error.
+
+Lengths, one word each (the whole project uses these names):
+
+- ``seq_len`` (``train.seq_len``): the training length L, tokens per training sequence.
+- ``original_max_len`` (``pos.rope.scaling``): the length L0 a RoPE scaling extends from;
+  normally the training length (transformers calls it original_max_position_embeddings).
+- ``max_len``: a capacity in positions: the rows of a learned table (``pos.max_len``, and
+  ``PositionalEncoding.max_len``, None where unbounded), the slots of a KV cache, the cap
+  on prompt + new tokens in generation.
+- ``fit_len``: the length of the whole sequence a forward belongs to, which dynamic NTK
+  fits its frequencies to: the forward's own length, or with a KV cache the cache's
+  ``max_len`` (generation sizes it to prompt + max_new_tokens).
+- ``length``: an evaluation window length (eval/).
 """
 
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
@@ -15,6 +29,9 @@ from model.errors import ConfigError
 
 PosKind = Literal["rope", "sinusoidal", "learned", "alibi", "none"]
 ScalingType = Literal["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
+# The one list of each, for every CLI, the benchmark and the tests.
+POS_KINDS: tuple[str, ...] = typing.get_args(PosKind)
+SCALING_TYPES: tuple[str, ...] = typing.get_args(ScalingType)
 
 
 @dataclass

@@ -1,7 +1,7 @@
-"""Errors a user can cause (bad config, data, lengths, checkpoints).
+"""Errors a user can cause (bad config, data, lengths, checkpoints, arguments).
 
-Every CLI catches ``UserError`` and prints its message without a traceback, exiting
-non-zero; anything else is a bug and keeps its traceback.
+Every entry point reports ``UserError`` as one ``error: …`` line without a traceback and
+exits 2 (``training.cli.entry_point``); anything else is a bug and keeps its traceback.
 """
 
 
@@ -11,6 +11,10 @@ class UserError(Exception):
 
 class ConfigError(UserError, ValueError):
     """A configuration key, type or value is invalid."""
+
+
+class ArgumentError(UserError, ValueError):
+    """A function or command-line argument is out of range (e.g. a sampling temperature)."""
 
 
 class LengthError(UserError, ValueError):

@@ -3,7 +3,8 @@
 Sampling follows the usual order: temperature, then top-k, then top-p (nucleus,
 Holtzman et al. 2020) on the renormalised distribution; temperature 0 is greedy.
 The same function runs without a cache (a full forward per token) so the two paths can
-be compared; both fit the RoPE frequencies to prompt + max_new_tokens (see model/rope.py).
+be compared; both fit the RoPE frequencies to prompt + max_new_tokens
+(``fit_len``, see model/positional/rope.py).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from model.errors import LengthError
+from model.errors import ArgumentError, LengthError
 from model.transformer import Transformer
 
 
@@ -39,13 +40,13 @@ def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[
 
 def _check_args(temperature: float, top_k: Optional[int], top_p: Optional[float], max_new_tokens: int) -> None:
     if temperature < 0:
-        raise ValueError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
+        raise ArgumentError(f"temperature must be >= 0 (0 = greedy), got {temperature}")
     if top_k is not None and top_k < 1:
-        raise ValueError(f"top_k must be >= 1, got {top_k}")
+        raise ArgumentError(f"top_k must be >= 1, got {top_k}")
     if top_p is not None and not 0 < top_p <= 1:
-        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+        raise ArgumentError(f"top_p must be in (0, 1], got {top_p}")
     if max_new_tokens < 0:
-        raise ValueError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
+        raise ArgumentError(f"max_new_tokens must be >= 0, got {max_new_tokens}")
 
 
 @torch.no_grad()
@@ -66,7 +67,7 @@ def generate(model: Transformer, prompt: torch.Tensor | Sequence[int], max_new_t
     tokens = tokens[None] if tokens.dim() == 1 else tokens
     B, T = tokens.shape
     if T == 0:
-        raise ValueError("the prompt is empty: give at least one token (e.g. the end-of-text token)")
+        raise ArgumentError("the prompt is empty: give at least one token (e.g. the end-of-text token)")
     total = T + max_new_tokens
     if max_len is not None and total > max_len:
         raise LengthError(f"prompt ({T} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
@@ -100,7 +101,7 @@ def _decode(model, tokens, total, temperature, top_k, top_p, generator, eos_id, 
             logits = model(tokens[:, positions], positions)[:, -1]
     for t in range(T, total):
         if not use_cache:
-            logits = model(out[:, :t], seq_len=total)[:, -1]
+            logits = model(out[:, :t], fit_len=total)[:, -1]
         nxt = sample_next(logits, temperature, top_k, top_p, generator)
         if eos_id is not None:
             nxt = torch.where(finished, torch.full_like(nxt, eos_id), nxt)

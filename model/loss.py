@@ -20,6 +20,8 @@ in the autocast dtype and the head-weight gradient is accumulated in float32.
 
 from __future__ import annotations
 
+import math
+
 import torch
 
 # Rows per chunk are chosen so one chunk of float32 logits is about this many bytes.
@@ -101,3 +103,8 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
             return _chunked_nll(flat_h, weight, flat_y).mean()
     return _FusedLinearCrossEntropy.apply(flat_h, weight, flat_y)
 
+
+def perplexity_of(nll: float) -> float:
+    """exp(mean NLL), clamped so an untrained or diverged model reports a huge finite number
+    instead of overflowing (exp(700) ≈ 1e304)."""
+    return math.exp(min(nll, 700.0))

@@ -13,7 +13,7 @@ from model.config import ModelConfig
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
 from model.loss import linear_cross_entropy
-from model.positional import build_positional, PositionalEncoding
+from model.positional import PositionContext, build_positional
 
 
 class Block(nn.Module):
@@ -27,9 +27,8 @@ class Block(nn.Module):
         self.mlp = SwiGLU(cfg)
         self.drop = nn.Dropout(cfg.dropout)
 
-    def forward(self, x: torch.Tensor, pe: PositionalEncoding, positions: torch.Tensor,
-                seq_len: Optional[int]) -> torch.Tensor:
-        x = x + self.drop(self.attn(self.attn_norm(x), pe, positions, seq_len))
+    def forward(self, x: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
+        x = x + self.drop(self.attn(self.attn_norm(x), ctx))
         return x + self.drop(self.mlp(self.mlp_norm(x)))
 
 
@@ -45,33 +44,30 @@ class Transformer(nn.Module):
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
             self.head.weight = self.tok_emb.weight
-        self.cache_len: Optional[int] = None
         self.reset_parameters()
 
-    def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None,
-                seq_len: Optional[int] = None, targets: Optional[torch.Tensor] = None,
+    def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
+                fit_len: Optional[int] = None, targets: Optional[torch.Tensor] = None,
                 reduction: str = "mean") -> torch.Tensor:
-        """Logits (B, T, vocab) for tokens ``idx`` (B, T) at ``positions`` (T,).
+        """Logits (B, T, vocab) for tokens ``idx`` (B, T) at ``positions`` (T,), default 0 … T-1.
 
-        ``positions`` default to 0 … T-1. ``seq_len`` is the sequence length the RoPE
-        frequencies are fitted for (dynamic scaling only); with a cache it is the cache
-        length, otherwise the last position + 1. With ``targets`` (B, T) the result is
-        instead the cross-entropy (mean, or per target with ``reduction="none"``), computed
-        without materialising the logits (model/loss.py).
+        ``fit_len`` is the length of the whole sequence (dynamic NTK fits its frequencies
+        to it): by default the attached KV cache's size, else this forward's last position
+        + 1. With ``targets`` (B, T) the result is the cross-entropy instead (mean, or per
+        target with ``reduction="none"``), never materialising the logits (model/loss.py).
         """
-        # Positions served, known on the host: no layer reads positions back from the device,
-        # and the default path has no data-dependent call that would split a compiled graph.
+        # The positions served are known on the host: no layer reads them back from the
+        # device, and the default path has no data-dependent call to split a compiled graph.
         if positions is None:
-            n_positions = idx.shape[1]
-            positions = torch.arange(n_positions, device=idx.device)
+            end = idx.shape[1]
+            positions = torch.arange(end, device=idx.device)
         else:
-            n_positions = int(positions.max()) + 1
-        self.pos.check_length(n_positions)  # learned: a clear LengthError, never an index error
-        if seq_len is None:
-            seq_len = self.cache_len if self.cache_len is not None else n_positions
+            end = int(positions.max()) + 1
+        self.pos.check_length(end)  # learned: a clear LengthError, never an index error
+        ctx = self.pos.context(positions, fit_len or self.cache_max_len() or end)
         x = self.drop(self.pos.embed(self.tok_emb(idx), positions))  # (B, T, d)
         for block in self.blocks:
-            x = block(x, self.pos, positions, seq_len)
+            x = block(x, ctx)
         x = self.norm(x)
         if targets is not None:
             return linear_cross_entropy(x, self.head.weight, targets, reduction)
@@ -104,19 +100,15 @@ class Transformer(nn.Module):
             attn = block.attn
             attn.cache = KVCache(batch_size, max_len, attn.n_kv_heads, attn.head_dim,
                                  dtype or weight.dtype, device or weight.device)
-        self.cache_len = max_len
 
     def clear_cache(self) -> None:
         for block in self.blocks:
             block.attn.cache = None
-        self.cache_len = None
 
-    def set_attention_impl(self, impl: str) -> None:
-        """``"sdpa"`` (default, fused) or ``"reference"`` (explicit softmax, for tests)."""
-        if impl not in ("sdpa", "reference"):
-            raise ValueError(f"attention impl must be 'sdpa' or 'reference', not {impl!r}")
-        for block in self.blocks:
-            block.attn.reference = impl == "reference"
+    def cache_max_len(self) -> Optional[int]:
+        """Positions the attached KV cache holds (the sequence's planned length), or None."""
+        cache = self.blocks[0].attn.cache
+        return None if cache is None else cache.max_len
 
     # --- accounting -----------------------------------------------------------------
     def num_params(self, exclude_embeddings: bool = False) -> int:

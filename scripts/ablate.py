@@ -4,8 +4,10 @@ Re-running the same command is always safe: finished runs are skipped, interrupt
 resume from their last checkpoint, and nothing complete is trained again (evaluations
 are cached per run and checkpoint too). Each run trains in its own process, so one
 failure does not stop the others; the summary lists what failed and why, and the report
-states which runs are missing. With ``--devices cuda:0 cuda:1 …`` runs are spread one per
-device; on CPU they run one after another.
+states which runs are missing. Each run's output goes to ``train.log`` in its run
+directory. With ``--devices cuda:0 cuda:1 …`` runs are spread one per device; on CPU they
+run one after another. A run on disk counts as the grid's when it is the same experiment
+(configs/experiment.py), so raising the grid's ``train.max_steps`` continues finished runs.
 """
 
 from __future__ import annotations
@@ -20,49 +22,43 @@ import threading
 from pathlib import Path
 from typing import Optional
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
+from tqdm import tqdm
 
-from tqdm import tqdm  # noqa: E402
-
-from configs import config_to_dict, load_config  # noqa: E402
-from configs.grid import Grid, PlannedRun, load_grid  # noqa: E402
-from eval.extrapolation import Settings, run_extrapolation  # noqa: E402
-from model.checkpoint import latest_checkpoint, read_meta  # noqa: E402
-from model.errors import UserError  # noqa: E402
-
-# Config sections that may legitimately differ between the plan and a run on disk.
-IGNORED = {("model", "vocab_size"), ("train", "resume"), ("train", "device")}
+from configs import load_config
+from configs.experiment import experiment_differences
+from configs.grid import Grid, PlannedRun, load_grid
+from configs.schema import EvalConfig, RunConfig
+from eval.extrapolation import run_extrapolation
+from model.errors import UserError
+from training.checkpoint import read_meta
+from training.cli import entry_point
+from training.run_dir import RunDir
 
 
 def status(run: PlannedRun) -> tuple[str, str]:
-    """(state, detail): new | partial | done | conflict."""
-    run_dir = run.run_dir
+    """(state, detail): new | partial | done | conflict, as ``train.py --resume`` would see it."""
+    run_dir = RunDir(run.run_dir)
     try:
-        ckpt = latest_checkpoint(run_dir) if run_dir.exists() else None
+        ckpt = run_dir.latest_checkpoint() if run_dir.path.exists() else None
     except UserError as e:
         return "conflict", str(e)
     if ckpt is None:
         return "new", ""
-    saved = load_config(run_dir / "config.yaml")
-    old, new = config_to_dict(saved), config_to_dict(run.cfg)
-    diffs = [f"{s}.{k}" for s in ("model", "data", "train") for k in set(old[s]) | set(new[s])
-             if (s, k) not in IGNORED and old[s].get(k) != new[s].get(k)]
+    diffs = experiment_differences(load_config(run_dir.config), run.cfg)
     if diffs:
-        return "conflict", (f"{run_dir} holds a run with other settings ({', '.join(sorted(diffs))}); "
+        return "conflict", (f"{run_dir} holds a run with other settings ({', '.join(diffs)}); "
                             "move it away or give the grid another name")
-    meta = read_meta(ckpt)
-    if meta.get("finished"):
-        return "done", f"step {meta['step']}"
-    return "partial", f"step {meta['step']}/{meta.get('total_steps', '?')}"
+    step, total = read_meta(ckpt)["step"], run.cfg.train.total_steps()
+    if step >= total:
+        return "done", f"step {step}"
+    return "partial", f"step {step}/{total}"
 
 
-def train_one(grid: Grid, run: PlannedRun, device: Optional[str], log_dir: Path) -> tuple[bool, str]:
-    """Train (or resume) one run in a subprocess; (ok, reason)."""
-    log_dir.mkdir(parents=True, exist_ok=True)
-    log_path = log_dir / f"{run.name}.log"
-    cmd = [sys.executable, str(ROOT / "train.py"), str(grid.base), *run.overrides,
+def train_one(grid: Grid, run: PlannedRun, device: Optional[str]) -> tuple[bool, str]:
+    """Train (or resume) one run in a subprocess, its output in the run's log; (ok, reason)."""
+    log_path = RunDir(run.run_dir).log
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    cmd = [sys.executable, "-m", "train", str(grid.base), *run.overrides,
            "train.resume=auto", "log.progress=false"]
     env = dict(os.environ)
     if device and device.startswith("cuda:"):
@@ -96,7 +92,7 @@ def train_all(grid: Grid, todo: list[PlannedRun], devices: list[Optional[str]]) 
                 return
             with lock:
                 bar.write(f"→ {run.name}" + (f" on {device}" if device else ""))
-            ok, reason = train_one(grid, run, device, Path(grid.out_dir) / grid.name / "logs")
+            ok, reason = train_one(grid, run, device)
             with lock:
                 if not ok:
                     failures[run.name] = reason
@@ -112,11 +108,13 @@ def train_all(grid: Grid, todo: list[PlannedRun], devices: list[Optional[str]]) 
     return failures
 
 
-def settings_for(grid: Grid, device: Optional[str]) -> Settings:
-    ev = grid.eval
-    return Settings(lengths=ev.get("lengths"), scalings=ev.get("scalings"), protocols=ev.get("protocols"),
-                    stride=ev.get("stride"), max_tokens=ev.get("max_tokens"), split=ev.get("split"),
-                    factor=ev.get("factor"), batch_size=ev.get("batch_size", 8), device=device or "cpu")
+def planned_eval(runs: list[PlannedRun]):
+    """The evaluation config of each planned run (its config + the grid's eval), by run name."""
+    by_name = {run.cfg.name: run.cfg.eval for run in runs}
+
+    def eval_for(cfg: RunConfig) -> EvalConfig:
+        return by_name[cfg.name]
+    return eval_for
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -152,10 +150,10 @@ def run_grid(args: argparse.Namespace) -> int:
         if run.name not in failures and run not in finished:
             failures[run.name] = "not finished"
     if not args.skip_eval and finished:
-        device = args.devices[0] if args.devices else None
-        results = run_extrapolation([r.run_dir for r in finished], settings_for(grid, device), grid.report_dir,
-                                    missing=[{"run": str(r.run_dir), "error": failures[r.name]}
-                                             for r in runs if r.name in failures])
+        device = args.devices[0] if args.devices else "cpu"
+        results = run_extrapolation([r.run_dir for r in finished], grid.report_dir, planned_eval(runs),
+                                    device=device, missing=[{"run": str(r.run_dir), "error": failures[r.name]}
+                                                            for r in runs if r.name in failures])
         print(f"report: {grid.report_dir / 'report.md'} ({len(results['runs'])} runs)")
     print(f"\n{len(finished)}/{len(runs)} runs finished.")
     for name, reason in failures.items():
@@ -163,13 +161,11 @@ def run_grid(args: argparse.Namespace) -> int:
     return 1 if failures else 0
 
 
+@entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
     try:
         return run_grid(args)
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
     except KeyboardInterrupt:
         print("\ninterrupted: finished runs are kept and the current one saved a checkpoint; "
               "run the same command again to continue", file=sys.stderr)

@@ -46,19 +46,18 @@ from typing import Callable, Optional
 import numpy as np
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # runnable as a file from anywhere
-    sys.path.insert(0, str(ROOT))
+import configs
+from configs import load_config
+from eval.perplexity import perplexity
+from model.config import POS_KINDS
+from model.errors import ConfigError, UserError
+from model.generate import generate
+from model.transformer import Transformer
+from train import Trainer
+from training.cli import entry_point
+from training.provenance import git_commit
+from training.runtime import measure_matmul_peak, setup_runtime, synchronize, time_calls
 
-from configs import load_config  # noqa: E402
-from eval.perplexity import perplexity  # noqa: E402
-from model.errors import ConfigError, UserError  # noqa: E402
-from model.generate import generate  # noqa: E402
-from model.runtime import (git_commit, measure_matmul_peak, setup_runtime,  # noqa: E402
-                           synchronize, time_calls)
-from model.transformer import Transformer  # noqa: E402
-
-KINDS = ["rope", "sinusoidal", "learned", "alibi", "none"]
 SECTIONS = ["train", "compile", "decode", "eval"]
 PROMPT = 16  # prompt tokens before decoding
 LATENCY_WINDOW = 64  # decode steps averaged for the start/end latency
@@ -153,8 +152,6 @@ def eval_model(cfg, device: torch.device) -> Transformer:
 
 # --- sections (each runs in its own process) ---------------------------------------------
 def section_train(args, kind: str, compile_: bool) -> dict:
-    from train import Trainer
-
     cfg = bench_config(args, kind, compile_)
     rt = setup_runtime(cfg.train)
     peak = measure_matmul_peak(rt.device, rt.dtype, sizes=(512, 1024, 2048), repeats=10)
@@ -255,7 +252,7 @@ def worker_result(args, section: str, kind: str) -> dict:
             return run_section(args, section, kind)
         except (UserError, RuntimeError) as e:
             return {"error": f"{type(e).__name__}: {e}"}
-    cmd = [sys.executable, str(Path(__file__).resolve()), "--worker", section, kind, *args.argv]
+    cmd = [sys.executable, "-m", "scripts.bench", "--worker", section, kind, *args.argv]
     proc = subprocess.run(cmd, capture_output=True, text=True)
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
@@ -331,11 +328,11 @@ def per_kind(title: str, section: Optional[dict], kinds: list[str], line: Callab
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="ropelab speed and memory benchmark",
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
-    p.add_argument("--config", type=Path, default=ROOT / "configs" / "bench.yaml",
+    p.add_argument("--config", type=Path, default=Path(configs.__file__).parent / "bench.yaml",
                    help="run config whose model/train settings are measured")
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="config overrides, e.g. --set model.n_kv_heads=2 train.batch_size=8")
-    p.add_argument("--kinds", nargs="+", default=KINDS, choices=KINDS)
+    p.add_argument("--kinds", nargs="+", default=list(POS_KINDS), choices=POS_KINDS)
     p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
     p.add_argument("--repeats", type=int, default=10, help="timed training steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed training steps after the first")
@@ -363,28 +360,25 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+@entry_point
 def main(argv=None) -> int:
-    try:
-        args = parse_args(argv)
-        if args.worker:
-            print(json.dumps(run_section(args, *args.worker)))
-            return 0
-        bench_config(args, args.kinds[0])  # a bad config fails here, before any measurement
-        results = {"machine": machine(), "config": str(args.config), "overrides": args.set,
-                   "kinds": args.kinds, "learned_table": "sized to the longest sequence measured"}
-        for section in args.sections:
-            results[section] = {}
-            for kind in args.kinds:
-                print(f"{section:<8} {kind} …", file=sys.stderr, flush=True)
-                results[section][kind] = worker_result(args, section, kind)
-        print_report(results)
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(results, indent=1))
-        print(f"\nwrote {args.out}")
+    args = parse_args(argv)
+    if args.worker:
+        print(json.dumps(run_section(args, *args.worker)))
         return 0
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    bench_config(args, args.kinds[0])  # a bad config fails here, before any measurement
+    results = {"machine": machine(), "config": str(args.config), "overrides": args.set,
+               "kinds": args.kinds, "learned_table": "sized to the longest sequence measured"}
+    for section in args.sections:
+        results[section] = {}
+        for kind in args.kinds:
+            print(f"{section:<8} {kind} …", file=sys.stderr, flush=True)
+            results[section][kind] = worker_result(args, section, kind)
+    print_report(results)
+    args.out.parent.mkdir(parents=True, exist_ok=True)
+    args.out.write_text(json.dumps(results, indent=1))
+    print(f"\nwrote {args.out}")
+    return 0
 
 
 if __name__ == "__main__":

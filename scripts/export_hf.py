@@ -6,7 +6,7 @@
 The export loads with ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` as a
 ``LlamaForCausalLM`` and with ``AutoTokenizer.from_pretrained(OUT_DIR)``. The import writes
 a run directory that ``python -m eval.extrapolation`` and ``scripts/sample.py`` read. The
-conversion is in model/hf.py and model/hf_io.py.
+mapping is model/llama_mapping.py; reading and writing directories training/hf_directory.py.
 """
 
 from __future__ import annotations
@@ -17,13 +17,12 @@ from pathlib import Path
 
 import torch
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:  # runnable as a file from anywhere
-    sys.path.insert(0, str(ROOT))
-
-from model.config import RopeScalingConfig  # noqa: E402
-from model.errors import UserError  # noqa: E402
-from model.hf_io import check_parity, export_run, import_hf  # noqa: E402
+from model.config import SCALING_TYPES, RopeScalingConfig
+from model.errors import ArgumentError
+from training.cli import entry_point
+from training.hf_directory import check_parity, export_run, import_hf
+from training.run_dir import RunDir
+from training.saved_run import read_run_config
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -34,7 +33,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--import", dest="do_import", action="store_true",
                    help="import a transformers Llama directory as a ropelab run")
     p.add_argument("--which", choices=["latest", "best"], default="latest", help="which weights to export")
-    p.add_argument("--scaling", choices=["none", "linear", "ntk", "dynamic", "yarn", "llama3"], default=None,
+    p.add_argument("--scaling", choices=SCALING_TYPES, default=None,
                    help="RoPE context extension written into the exported config")
     p.add_argument("--factor", type=float, default=None, help="scaling factor s (with --scaling)")
     p.add_argument("--original-max-len", type=int, default=None,
@@ -48,36 +47,32 @@ def parse_args(argv=None) -> argparse.Namespace:
 def _scaling(args: argparse.Namespace) -> RopeScalingConfig | None:
     if args.scaling is None:
         if args.factor is not None:
-            raise UserError("--factor needs --scaling (e.g. --scaling yarn --factor 4)")
+            raise ArgumentError("--factor needs --scaling (e.g. --scaling yarn --factor 4)")
         return None
     if args.scaling != "none" and args.factor is None:
-        raise UserError(f"--scaling {args.scaling} needs --factor (the context extension, e.g. 4)")
-    from configs import load_config
-
-    if not (args.source / "config.yaml").is_file():
+        raise ArgumentError(f"--scaling {args.scaling} needs --factor (the context extension, e.g. 4)")
+    run = RunDir(args.source)
+    if not run.is_run():
         return None  # not a run: export_run says so
-    original = args.original_max_len or load_config(args.source / "config.yaml").train.seq_len
+    original = args.original_max_len or read_run_config(run).train.seq_len
     return RopeScalingConfig(type=args.scaling, factor=args.factor or 1.0, original_max_len=original)
 
 
+@entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
-    try:
-        if args.do_import:
-            notes = import_hf(args.source, args.dest)
-        else:
-            scaling = _scaling(args)
-            notes = export_run(args.source, args.dest, which=args.which, scaling=scaling)
-        for note in notes:
-            print(f"note: {note}")
-        print(f"wrote {args.dest}")
-        if args.check and not args.do_import:
-            diff, length = check_parity(args.source, args.dest, args.which, scaling, args.check_length)
-            print(f"check: max |logit difference| vs transformers over {length} random tokens: {diff:.3g}")
-        return 0
-    except UserError as e:
-        print(f"error: {e}", file=sys.stderr)
-        return 2
+    if args.do_import:
+        notes = import_hf(args.source, args.dest)
+    else:
+        scaling = _scaling(args)
+        notes = export_run(args.source, args.dest, which=args.which, scaling=scaling)
+    for note in notes:
+        print(f"note: {note}")
+    print(f"wrote {args.dest}")
+    if args.check and not args.do_import:
+        diff, length = check_parity(args.source, args.dest, args.which, scaling, args.check_length)
+        print(f"check: max |logit difference| vs transformers over {length} random tokens: {diff:.3g}")
+    return 0
 
 
 if __name__ == "__main__":

@@ -9,7 +9,7 @@
 3. ``rope_attention.png`` — scores q_m·k_n for one fixed query/key vector at every
    position pair, without and with RoPE: without, every pair scores alike; with RoPE the
    score depends only on m−n (constant along diagonals).
-All computed with the project's own RoPE (model/rope.py), not a re-implementation.
+All computed with the project's own RoPE (model/positional/rope.py), not a re-implementation.
 """
 
 from __future__ import annotations
@@ -24,13 +24,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
-if str(ROOT) not in sys.path:
-    sys.path.insert(0, str(ROOT))
-
 from model.config import ModelConfig, PosConfig, RopeConfig  # noqa: E402
-from model.rope import RoPE  # noqa: E402
-from model.rope_scaling import base_inv_freq  # noqa: E402
+from model.positional.rope import RoPE  # noqa: E402
+from model.positional.rope_scaling import base_inv_freq  # noqa: E402
+from training.cli import entry_point  # noqa: E402
 
 
 def rope_for(head_dim: int, theta: float = 10000.0) -> RoPE:
@@ -82,7 +79,7 @@ def plot_attention(path: Path, head_dim: int = 64, positions: int = 64, seed: in
     pos = torch.arange(positions)
     qs, ks = q.expand(1, 1, positions, head_dim), k.expand(1, 1, positions, head_dim)
     plain = (qs @ ks.transpose(-2, -1))[0, 0] / head_dim ** 0.5
-    q_rot, k_rot = rope_for(head_dim).rotate(qs, ks, pos)
+    q_rot, k_rot = rope_for(head_dim).rotation(pos)(qs, ks)
     rotated = (q_rot @ k_rot.transpose(-2, -1))[0, 0] / head_dim ** 0.5
     causal = torch.ones(positions, positions, dtype=torch.bool).tril()
     fig, axes = plt.subplots(1, 2, figsize=(10, 4.3))
@@ -98,6 +95,7 @@ def plot_attention(path: Path, head_dim: int = 64, positions: int = 64, seed: in
     plt.close(fig)
 
 
+@entry_point
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Plot RoPE explanations.")
     p.add_argument("--out", type=Path, default=Path("docs/rope"))

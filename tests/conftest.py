@@ -7,9 +7,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.config import ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
+from model.config import POS_KINDS, ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
 
-ALL_KINDS = ["rope", "sinusoidal", "learned", "alibi", "none"]
+ALL_KINDS = list(POS_KINDS)
 
 
 def tiny_config(kind: str = "rope", *, pairing: str = "half", rotary_fraction: float = 1.0,

@@ -10,9 +10,15 @@ import pytest
 import train
 from configs.grid import load_grid
 from conftest import write_run_config
-from model.checkpoint import latest_checkpoint, read_meta
+from model.config import POS_KINDS
 from model.errors import ConfigError
 from scripts import ablate
+from training.checkpoint import read_meta
+from training.run_dir import RunDir
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    return RunDir(run_dir).latest_checkpoint()
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -52,7 +58,7 @@ def test_plan_names_and_validation(tmp_path, corpus):
 def test_shipped_grids_plan(path):
     runs = load_grid(path).plan()
     kinds = {r.cfg.model.pos.kind for r in runs}
-    assert kinds == {"rope", "sinusoidal", "learned", "alibi", "none"}
+    assert kinds == set(POS_KINDS)
     assert len({r.cfg.train.seed for r in runs}) >= 2 and len(runs) == 5 * len({r.cfg.train.seed for r in runs})
 
 
@@ -90,7 +96,7 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
     assert ablate.main([str(grid_path)]) == 0
     out = capsys.readouterr().out
     assert "4/4 runs finished" in out
-    assert "resuming" in (tmp_path / "runs" / "tiny-grid" / "logs" / f"{partial.name}.log").read_text()
+    assert "resuming" in RunDir(partial.run_dir).log.read_text()
     report = (tmp_path / "report" / "report.md").read_text()
     assert "rope" in report and "n/a (trained table: 32 positions)" in report and "±" in report
     steps = {r.name: read_meta(latest_checkpoint(r.run_dir))["step"] for r in runs}

@@ -10,6 +10,7 @@ import yaml
 
 from configs import config_from_dict, config_to_dict, load_config, save_config
 from configs.schema import RunConfig
+from model.config import POS_KINDS
 from model.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
@@ -149,7 +150,7 @@ def test_wrong_types_rejected(override, key):
 def test_literal_lists_allowed_values():
     with pytest.raises(ConfigError) as e:
         load_config(CONFIG_DIR / "quickstart.yaml", ["model.pos.kind=rotary"])
-    for allowed in ("rope", "sinusoidal", "learned", "alibi", "none"):
+    for allowed in POS_KINDS:
         assert repr(allowed) in str(e.value)
     with pytest.raises(ConfigError, match="'nonoverlap'"):
         load_config(CONFIG_DIR / "quickstart.yaml", ["eval.protocols=[sliding, chunked]"])

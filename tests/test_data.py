@@ -16,7 +16,7 @@ import torch
 
 import data.prepare as prepare_mod
 from configs.schema import DataConfig, LocalConfig, TokenizerConfig
-from data import EOT, TrainSampler, eval_windows, load_tokenizer, prepare_data, train_tokenizer, window_batch
+from data import EOT, TrainSampler, eval_windows, prepare_data, window_batch
 from data.builtin import builtin_documents, split_of
 from data.sources import group_documents, open_corpus
 from model.errors import ConfigError, DataError
@@ -214,7 +214,7 @@ def test_incomplete_directories_are_never_used(tmp_path):
     # Simulate an interrupted build: a directory without meta.json plus a stale temp dir.
     (good.dir / "meta.json").unlink()
     (good.dir / "train.bin").write_bytes(b"\x01\x00" * 3)
-    stale = good.dir.parent / f"{good.dir.name}.tmp-999-deadbeef"
+    stale = good.dir.parent / f".{good.dir.name}.tmp-999-deadbeef"  # as data/atomic.py names them
     stale.mkdir()
     (stale / "train.bin").write_bytes(b"junk")
     rebuilt = prepare_data(cfg, progress=False)

@@ -12,7 +12,8 @@ import torch
 import train
 from conftest import tiny_config, write_run_config
 from data.tokenizers import ByteTokenizer
-from eval.extrapolation import Settings, run_extrapolation, scaling_for
+from configs.schema import EvalConfig
+from eval.extrapolation import run_extrapolation, scaling_for
 from eval.perplexity import per_position_loss, perplexity, validation_loss
 from eval.report import summarize
 from model.transformer import Transformer
@@ -94,11 +95,11 @@ def tiny_runs(tmp_path_factory, corpus):
 
 
 def test_report_from_tiny_runs(tiny_runs, tmp_path):
-    settings = Settings(lengths=[16, 32, 64], scalings=["none", "yarn", "llama3"], protocols=["nonoverlap", "sliding"],
-                        max_tokens=2048)
+    ev = EvalConfig(lengths=[16, 32, 64], scalings=["none", "yarn", "llama3"], protocols=["nonoverlap", "sliding"],
+                    max_tokens=2048)
     out = tmp_path / "report"
     results = run_extrapolation([tiny_runs / "rope-a", tiny_runs / "rope-b", tiny_runs / "learned"],
-                                settings, out, log=lambda *a: None)
+                                out, lambda cfg: ev, log=lambda *a: None)
     report = (out / "report.md").read_text()
     assert "## Non-overlapping windows" in report and "## Sliding window" in report
     assert "n/a (trained table: 32 positions)" in report
@@ -148,7 +149,7 @@ def test_token_bytes_count_utf8(tmp_path):
 
 def test_rescaled_model_equals_a_model_loaded_with_that_scaling(tiny_runs):
     from model.config import RopeScalingConfig
-    from model.load import load_run, rescaled
+    from training.saved_run import load_run, rescaled
 
     scaling = RopeScalingConfig(type="yarn", factor=2.0, original_max_len=32)
     run = load_run(tiny_runs / "rope-a")
@@ -157,3 +158,32 @@ def test_rescaled_model_equals_a_model_loaded_with_that_scaling(tiny_runs):
         expected = load_run(tiny_runs / "rope-a", scaling=scaling).model(x)
         assert torch.equal(rescaled(run, scaling)(x), expected)
         assert not torch.equal(run.model(x), expected)
+
+
+def test_evaluation_uses_the_runs_tokenizer_and_never_retrains_one(tmp_path, corpus, monkeypatch):
+    import data.tokenizers
+    from eval.extrapolation import evaluate_run
+
+    cfg = str(write_run_config(tmp_path, corpus))
+    assert train.main([cfg, "train.max_steps=4", "data.tokenizer.kind=bpe", "data.tokenizer.vocab_size=300",
+                       "data.tokenizer.min_frequency=1"]) == 0
+    run_dir = tmp_path / "runs" / "tiny"
+    ev = EvalConfig(lengths=[32], max_tokens=512, per_position=False)
+    first = evaluate_run(run_dir, ev, log=lambda *a: None)[1]
+
+    def no_training(*args, **kwargs):
+        raise AssertionError("evaluation retrained a tokenizer")
+
+    monkeypatch.setattr(data.tokenizers, "_train_bpe", no_training)
+    import shutil
+    shutil.rmtree(tmp_path / "cache")  # neither the training nor the evaluation cache is left
+    again = evaluate_run(run_dir, ev, log=lambda *a: None)[1]
+    assert [r["nll"] for r in again] == [r["nll"] for r in first]
+
+
+def test_cli_flags_are_checked_before_any_work(tiny_runs, tmp_path, capsys):
+    from eval.extrapolation import main
+    assert main([str(tiny_runs / "rope-a"), "--stride", "0", "--out", str(tmp_path / "r")]) == 2
+    err = capsys.readouterr().err
+    assert "eval.stride must be a positive integer" in err and "Traceback" not in err
+    assert not (tmp_path / "r").exists()

@@ -21,14 +21,15 @@ from conftest import tiny_config
 from configs import config_to_dict, save_config
 from configs.schema import DataConfig, LocalConfig, RunConfig, TokenizerConfig, TrainConfig
 from data.tokenizers import ByteTokenizer, load_tokenizer, train_tokenizer
-from model.checkpoint import save_checkpoint
-from model.config import RopeScalingConfig
+from model.config import POS_KINDS, RopeScalingConfig
 from model.generate import generate
-from model.hf import permute_rows
-from model.hf_io import SIDE_FILE
-from model.load import load_run
+from model.llama_mapping import permute_rows
 from model.transformer import Transformer
 from scripts.export_hf import main as cli
+from training.checkpoint import save_checkpoint
+from training.hf_directory import SIDE_FILE
+from training.run_dir import RunDir
+from training.saved_run import load_run
 
 transformers = pytest.importorskip("transformers")
 
@@ -76,12 +77,13 @@ def make_run(run_dir, cfg, tokenizer=None, data=None):
     """A run directory (config, tokenizer, step-3 checkpoint) for a random model, no training."""
     torch.manual_seed(0)
     model = spread(Transformer(cfg))
+    run = RunDir(run_dir)
     run_dir.mkdir(parents=True)
     run_cfg = RunConfig(name=run_dir.name, out_dir=str(run_dir.parent), model=cfg,
                         train=TrainConfig(seq_len=TRAIN_LEN), data=data or DataConfig())
-    save_config(run_cfg, run_dir / "config.yaml")
-    (tokenizer or ByteTokenizer()).save(run_dir / "tokenizer.json")
-    save_checkpoint(run_dir, 3, model, None, {"tokens": 1234, "val_loss": 5.0}, keep_last=1)
+    save_config(run_cfg, run.config)
+    (tokenizer or ByteTokenizer()).save(run.tokenizer)
+    save_checkpoint(run, 3, model, None, {"tokens": 1234, "val_loss": 5.0}, keep_last=1)
     return model.eval()
 
 
@@ -230,7 +232,7 @@ def test_autotokenizer_matches_our_tokenizer(kind, tmp_path):
     assert auto.bos_token_id == auto.pad_token_id == tok.eot_id
 
 
-@pytest.mark.parametrize("kind", ["sinusoidal", "learned", "alibi", "none"])
+@pytest.mark.parametrize("kind", [k for k in POS_KINDS if k != "rope"])
 def test_refuses_encodings_llama_cannot_express(kind, tmp_path, capsys):
     make_run(tmp_path / "run", model_config(kind))
     assert cli([str(tmp_path / "run"), str(tmp_path / "hf")]) == 2
@@ -387,7 +389,7 @@ def test_edited_export_is_read_from_config_json_not_the_side_file(exported, tmp_
 
 
 def test_a_failed_write_leaves_nothing_behind(exported, tmp_path, monkeypatch):
-    import model.hf_io as hf_io
+    import training.hf_directory as hf_io
 
     def broken(model):
         raise OSError("disk full")

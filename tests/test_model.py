@@ -12,6 +12,7 @@ from conftest import ALL_KINDS, tiny_config
 from model.config import ModelConfig, PosConfig
 from model.errors import ConfigError
 from model.transformer import Transformer
+from reference import reference_forward
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
@@ -31,21 +32,23 @@ def test_causal(kind):
 def test_sdpa_matches_reference(kind, kv_heads):
     model = Transformer(tiny_config(kind, n_kv_heads=kv_heads)).eval()
     x = torch.randint(0, 97, (2, 33))
-    fast = model(x)
-    model.set_attention_impl("reference")
-    assert torch.allclose(model(x), fast, atol=1e-5)
+    with torch.no_grad():
+        assert torch.allclose(model(x), reference_forward(model, x), atol=1e-5)
 
 
-def test_reference_path_by_hand():
-    """One head, no position: the reference equals softmax(qkᵀ/√d + mask) v written out."""
-    model = Transformer(tiny_config("none", n_heads=1, n_kv_heads=1, n_layers=1)).eval()
-    model.set_attention_impl("reference")
+@pytest.mark.parametrize("kind", ["none", "alibi"])
+def test_attention_by_hand(kind):
+    """One head: attention equals softmax(qkᵀ/√d + bias + mask) v written out, fused or chunked."""
+    model = Transformer(tiny_config(kind, n_heads=1, n_kv_heads=1, n_layers=1)).eval()
     attn = model.blocks[0].attn
     x = torch.randn(1, 6, 32)
     q, k, v = attn.wq(x)[0], attn.wk(x)[0], attn.wv(x)[0]
-    scores = q @ k.T / math.sqrt(32) + torch.full((6, 6), float("-inf")).triu(1)
+    distance = torch.arange(6)[:, None] - torch.arange(6)[None, :]
+    bias = -(2.0 ** -8) * distance if kind == "alibi" else torch.zeros(6, 6)  # one head: slope 2^-8
+    scores = q @ k.T / math.sqrt(32) + bias + torch.full((6, 6), float("-inf")).triu(1)
     expected = attn.wo(scores.softmax(-1) @ v)
-    got = attn(x, model.pos, torch.arange(6))
+    with torch.no_grad():
+        got = attn(x, model.pos.context(torch.arange(6), 6))
     assert torch.allclose(got[0], expected, atol=1e-6)
 
 

@@ -8,9 +8,19 @@ import pytest
 import torch
 
 from conftest import ALL_KINDS, tiny_config
+from model.config import POS_KINDS
 from model.errors import LengthError
-from model.positional import alibi_slopes, sinusoid_table
+from model.positional import ENCODINGS, build_positional
+from model.positional.absolute import sinusoid_table
+from model.positional.alibi import alibi_slopes
 from model.transformer import Transformer
+from reference import reference_forward
+
+
+def test_registry_serves_every_kind_of_the_config():
+    assert set(ENCODINGS) == set(POS_KINDS)
+    for kind in POS_KINDS:
+        assert isinstance(build_positional(tiny_config(kind)), ENCODINGS[kind])
 
 
 def test_alibi_slopes_power_of_two():
@@ -77,5 +87,4 @@ def test_runs_at_sixteen_times_training_length(kind):
         for block in model.blocks:
             block.attn.query_chunk = 100
         assert torch.allclose(model(x), logits, atol=1e-5)
-        model.set_attention_impl("reference")
-        assert torch.allclose(model(x), logits, atol=1e-5)
+        assert torch.allclose(reference_forward(model, x), logits, atol=1e-5)

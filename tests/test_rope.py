@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from model.rope import PAIRINGS, HalfPairing, InterleavedPairing, RoPE
+from model.positional.rope import PAIRINGS, HalfPairing, InterleavedPairing, RoPE
 from model.transformer import Transformer
 
 
@@ -19,7 +19,7 @@ def rope(head_dim: int, pairing: str, rotary_fraction: float = 1.0, theta: float
 def rotate_one(enc: RoPE, x: torch.Tensor, position: int) -> torch.Tensor:
     """Rotate a single head vector x (D,) to ``position``."""
     q = x.view(1, 1, 1, -1)
-    out, _ = enc.rotate(q, q.clone(), torch.tensor([position]))
+    out, _ = enc.rotation(torch.tensor([position]))(q, q.clone())
     return out.view(-1)
 
 
@@ -64,8 +64,8 @@ def test_angles_are_float32_under_bf16():
     cos, sin = enc.cos_sin(torch.arange(300, 302))
     assert cos.dtype == sin.dtype == torch.float32
     q = torch.randn(1, 1, 2, 8)
-    out32, _ = enc.rotate(q, q, torch.arange(300, 302))
-    out16, _ = enc.rotate(q.bfloat16(), q.bfloat16(), torch.arange(300, 302))
+    out32, _ = enc.rotation(torch.arange(300, 302))(q, q)
+    out16, _ = enc.rotation(torch.arange(300, 302))(q.bfloat16(), q.bfloat16())
     assert out16.dtype == torch.bfloat16
     # Only the final cast rounds: positions 300 and 301 stay distinct.
     assert torch.allclose(out16.float(), out32, atol=2e-2)
@@ -84,7 +84,7 @@ def attention_logits(model: Transformer, idx: torch.Tensor) -> torch.Tensor:
     x = model.blocks[0].attn_norm(model.pos.embed(model.tok_emb(idx), torch.arange(T)))
     q = attn.wq(x).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
     k = attn.wk(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
-    q, k = model.pos.rotate(q, k, torch.arange(T))
+    q, k = model.pos.context(torch.arange(T), T).rotate(q, k)
     k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)
     return q @ k.transpose(-2, -1)
 

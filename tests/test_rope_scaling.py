@@ -8,11 +8,11 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from model.config import RopeScalingConfig
-from model.rope_scaling import base_inv_freq, inverse_frequencies
+from model.config import SCALING_TYPES, RopeScalingConfig
+from model.positional.rope_scaling import base_inv_freq, inverse_frequencies
 from model.transformer import Transformer
 
-METHODS = ["linear", "ntk", "dynamic", "yarn", "llama3"]
+METHODS = [t for t in SCALING_TYPES if t != "none"]
 
 
 def scaling(kind: str, factor: float, original: int = 128, **kw) -> RopeScalingConfig:
@@ -22,7 +22,7 @@ def scaling(kind: str, factor: float, original: int = 128, **kw) -> RopeScalingC
 @pytest.mark.parametrize("kind", METHODS)
 def test_factor_one_is_plain_rope(kind):
     plain, plain_attn = inverse_frequencies(64, 10000.0, RopeScalingConfig())
-    scaled, attn = inverse_frequencies(64, 10000.0, scaling(kind, 1.0), seq_len=4096)
+    scaled, attn = inverse_frequencies(64, 10000.0, scaling(kind, 1.0), fit_len=4096)
     assert torch.equal(scaled, plain) and attn == plain_attn == 1.0
     x = torch.randint(0, 97, (1, 40))
     ref = Transformer(tiny_config()).eval()
@@ -49,7 +49,7 @@ HAND = [
 
 @pytest.mark.parametrize("kind,kw,seq_len,expected,attention", HAND)
 def test_hand_derived_inverse_frequencies(kind, kw, seq_len, expected, attention):
-    inv, attn = inverse_frequencies(4, 10000.0, scaling(kind, **kw), seq_len=seq_len)
+    inv, attn = inverse_frequencies(4, 10000.0, scaling(kind, **kw), fit_len=seq_len)
     assert torch.allclose(inv.double(), torch.tensor(expected, dtype=torch.float64), rtol=1e-6)
     assert attn == pytest.approx(attention, rel=1e-12)
 
@@ -64,7 +64,7 @@ def test_yarn_attention_factor_scales_cos_and_sin():
 def test_methods_change_frequencies_as_documented():
     plain = base_inv_freq(64, 10000.0).float()
     for kind in METHODS:
-        inv, _ = inverse_frequencies(64, 10000.0, scaling(kind, 4.0), seq_len=512)
+        inv, _ = inverse_frequencies(64, 10000.0, scaling(kind, 4.0), fit_len=512)
         assert inv[0] == pytest.approx(float(plain[0]) / (4 if kind == "linear" else 1), rel=1e-6)
         assert inv[-1] < plain[-1]  # the slowest pair is always slowed down
 
@@ -110,7 +110,7 @@ CASES = [
 def test_matches_transformers(kind, head_dim, theta, factor, original, fraction, seq_len, extra):
     hf_inv, hf_attn = hf_inverse_frequencies(kind, head_dim, theta, factor, original, fraction, seq_len, extra)
     ours, attn = inverse_frequencies(int(head_dim * fraction), theta,
-                                     scaling(kind, factor, original, **extra), seq_len=seq_len)
+                                     scaling(kind, factor, original, **extra), fit_len=seq_len)
     assert ours.shape == hf_inv.shape
     assert torch.allclose(ours, hf_inv.float(), atol=1e-6, rtol=0)
     assert attn == pytest.approx(float(hf_attn), rel=1e-9)

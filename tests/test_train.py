@@ -15,9 +15,14 @@ import torch
 
 import model.transformer
 import train
-from model.checkpoint import latest_checkpoint, load_state, read_meta
 from conftest import write_run_config as write_config
-from model.load import load_run
+from training.checkpoint import load_state, read_meta
+from training.run_dir import RunDir
+from training.saved_run import load_run
+
+
+def latest_checkpoint(run_dir: Path) -> Path:
+    return RunDir(run_dir).latest_checkpoint()
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -153,14 +158,14 @@ def test_corrupt_checkpoints_are_refused_clearly(tmp_path, corpus):
 
 def test_checkpoint_keys_have_no_compile_prefix(tmp_path):
     from conftest import tiny_config
-    from model.checkpoint import save_checkpoint
     from model.transformer import Transformer
     from safetensors import safe_open
+    from training.checkpoint import save_checkpoint
 
     model = Transformer(tiny_config())
     compiled = torch.compile(model)  # not run: wrapping alone adds the _orig_mod. prefix
     assert any(k.startswith("_orig_mod.") for k in compiled.state_dict())
-    ckpt = save_checkpoint(tmp_path, 1, compiled, {"step": 1}, {}, keep_last=1)
+    ckpt = save_checkpoint(RunDir(tmp_path), 1, compiled, {"step": 1}, {}, keep_last=1)
     with safe_open(str(ckpt / "model.safetensors"), "pt") as f:
         keys = list(f.keys())
     assert keys and not any("_orig_mod" in k or k.startswith("module.") for k in keys)
@@ -212,7 +217,7 @@ def test_wandb_offline_writes_files_without_network(tmp_path, corpus):
 
 def test_mfu_peak_is_measured_on_cpu_or_taken_from_the_environment(monkeypatch):
     from configs.schema import TrainConfig
-    from model.runtime import setup_runtime
+    from training.runtime import setup_runtime
 
     monkeypatch.delenv("ROPELAB_PEAK_FLOPS", raising=False)
     rt = setup_runtime(TrainConfig(device="cpu"))

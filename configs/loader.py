@@ -220,7 +220,7 @@ def _coerce(value: Any, tp: Any, key: str, origins: Origins) -> Any:
         if isinstance(value, str):
             return value
     else:
-        raise TypeError(f"configs/load.py cannot check fields of type {tp!r} ({key})")
+        raise TypeError(f"configs/loader.py cannot check fields of type {tp!r} ({key})")
     raise _located(f"{_origin_of(key, origins)}: {key} must be {_type_name(tp)}, got {value!r}")
 
 
@@ -277,6 +277,19 @@ def config_from_dict(tree: dict, origins: Origins | None = None) -> RunConfig:
     return _build(RunConfig, tree, "", origins or {})
 
 
+def override_section(section: Any, tree: dict, origin: str, prefix: str) -> Any:
+    """``section`` (a config dataclass such as EvalConfig) with the keys of ``tree`` merged in.
+
+    The same merge and typed checks as a YAML file: unknown keys get a suggestion, wrong
+    types and impossible values an error naming ``origin`` and the key under ``prefix``.
+    """
+    if not isinstance(tree, dict):
+        raise ConfigError(f"{origin}: '{prefix.rstrip('.')}' must be a mapping of keys to values")
+    merged, origins = dataclasses.asdict(section), {"": origin}
+    _merge(merged, tree, origin, origins, prefix)
+    return _build(type(section), merged, prefix, origins)
+
+
 def config_to_dict(cfg: RunConfig) -> dict:
     """The config as plain YAML-safe types; ``config_from_dict`` inverts it exactly."""
     return dataclasses.asdict(cfg)
@@ -294,8 +307,12 @@ def load_config(paths: PathOrPaths, overrides: Iterable[str] = ()) -> RunConfig:
     return config_from_dict(tree, origins)
 
 
+def config_to_yaml(cfg: RunConfig) -> str:
+    """The resolved config as YAML text; ``config_from_dict(yaml.safe_load(text))`` inverts it."""
+    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
+    return "# Resolved ropelab config (written by save_config).\n" + text
+
+
 def save_config(cfg: RunConfig, path: str | Path) -> None:
     """Write the resolved config as YAML; ``load_config(path)`` gives back an equal config."""
-    text = yaml.safe_dump(config_to_dict(cfg), sort_keys=False, default_flow_style=False)
-    Path(path).write_text("# Resolved ropelab config (written by save_config).\n" + text,
-                          encoding="utf-8")
+    Path(path).write_text(config_to_yaml(cfg), encoding="utf-8")

@@ -1,4 +1,4 @@
-"""Export and import directories: a run ↔ a transformers Llama directory.
+"""Hugging Face transformers directories: export a run, import one as a run, check parity.
 
 An export (``export_run``) holds what ``AutoModelForCausalLM`` and ``AutoTokenizer`` read —
 config.json, generation_config.json, model.safetensors, tokenizer.json,
@@ -8,24 +8,33 @@ Importing our own export (``import_hf``) restores that run exactly; a directory 
 ropelab.json, or whose config.json no longer matches it, is read as a foreign Llama
 (half pairing, config from config.json, default data/train/eval settings).
 
-Both directions write into a temporary sibling and rename it into place, and neither
-writes into an existing non-empty directory. The mapping itself is in model/hf.py.
+Both directions write into a temporary sibling and rename it into place (data/atomic.py),
+and neither writes into an existing non-empty directory. The mapping itself (names,
+configs, q/k row order) is in model/llama_mapping.py.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import json
-import os
-import shutil
 from pathlib import Path
 from typing import Optional
 
 import torch
+from safetensors import SafetensorError
+from safetensors.torch import load_file, save_file
 
+from configs import config_from_dict, config_to_dict, save_config
+from configs.schema import DataConfig, RunConfig, TokenizerConfig, TrainConfig
+from data.atomic import atomic_directory
+from data.tokenizers import load_hf_tokenizer, save_hf_tokenizer, tokenizer_from_json
 from model.config import ModelConfig, RopeScalingConfig
-from model.hf import (ARCH_KEYS, HFConversionError, check_exportable, from_hf_state, hf_config,
-                      hf_rope_settings, model_config_from_hf, to_hf_state)
+from model.llama_mapping import (ARCH_KEYS, HFConversionError, check_exportable, from_hf_state, hf_config,
+                                 hf_rope_settings, model_config_from_hf, to_hf_state)
+from model.transformer import Transformer
+from training.checkpoint import save_checkpoint
+from training.run_dir import TOKENIZER, RunDir
+from training.saved_run import load_run, with_scaling
 
 SIDE_FILE = "ropelab.json"
 FORMAT = "ropelab-hf/1"
@@ -34,9 +43,6 @@ WEIGHTS = "model.safetensors"
 
 def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:
     """Every tensor of a safetensors checkpoint, single file or sharded (index.json)."""
-    from safetensors import SafetensorError
-    from safetensors.torch import load_file
-
     index = hf_dir / f"{WEIGHTS}.index.json"
     if (hf_dir / WEIGHTS).is_file():
         files = [hf_dir / WEIGHTS]
@@ -69,21 +75,6 @@ def check_target(path: Path) -> None:
                                 "(nothing was written)")
 
 
-def write_atomically(path: Path, fill) -> None:
-    """Build ``path`` in a temporary sibling with ``fill(tmp)``, then rename it into place."""
-    tmp = path.parent / f".{path.name}.tmp-{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True)
-    try:
-        fill(tmp)
-        if path.exists():
-            path.rmdir()  # empty (check_target)
-        tmp.rename(path)
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
-
-
 def read_json(path: Path) -> dict:
     """A JSON object from ``path``, or HFConversionError saying what is wrong with the file."""
     try:
@@ -99,8 +90,6 @@ def read_json(path: Path) -> dict:
 
 def side_config(hf_dir: Path, hf: dict) -> Optional[tuple[object, dict]]:
     """(RunConfig, side file) from ropelab.json if it describes exactly this config.json, else None."""
-    from configs import config_from_dict
-
     path = hf_dir / SIDE_FILE
     if not path.is_file():
         return None
@@ -131,12 +120,6 @@ def _export_notes(cfg: ModelConfig, config: dict) -> list[str]:
 def export_run(run_dir: Path, out_dir: Path, which: str = "latest",
                scaling: Optional[RopeScalingConfig] = None) -> list[str]:
     """Write ``out_dir`` for ``AutoModelForCausalLM``/``AutoTokenizer``; returns notes for the user."""
-    from safetensors.torch import save_file
-
-    from configs import config_to_dict
-    from data.tokenizers import save_hf_tokenizer
-    from model.load import load_run, with_scaling
-
     out_dir = Path(out_dir)
     check_target(out_dir)
     run = load_run(run_dir, which=which)
@@ -151,23 +134,18 @@ def export_run(run_dir: Path, out_dir: Path, which: str = "latest",
             "tokenizer": run.tokenizer.to_json() if run.tokenizer.kind in ("byte", "char") else None,
             "notes": notes}
 
-    def fill(tmp: Path) -> None:
+    with atomic_directory(out_dir) as tmp:
         save_file(to_hf_state(run.model), str(tmp / WEIGHTS), metadata={"format": "pt"})
         save_hf_tokenizer(run.tokenizer, tmp, config["max_position_embeddings"])
         ids = {k: config[k] for k in ("bos_token_id", "eos_token_id", "pad_token_id")}
         (tmp / "config.json").write_text(json.dumps(config, indent=2))
         (tmp / "generation_config.json").write_text(json.dumps(ids, indent=2))
         (tmp / SIDE_FILE).write_text(json.dumps(side, indent=2, ensure_ascii=False), encoding="utf-8")
-
-    write_atomically(out_dir, fill)
     return notes
 
 
 def _run_for(hf_dir: Path, hf: dict):
     """(RunConfig, Tokenizer, checkpoint meta, notes) for an HF directory: ours restored, or foreign."""
-    from configs.schema import DataConfig, RunConfig, TokenizerConfig, TrainConfig
-    from data.tokenizers import load_hf_tokenizer, tokenizer_from_json
-
     model_cfg, train_len = model_config_from_hf(hf, str(hf_dir / "config.json"))
     own = side_config(hf_dir, hf)
     if own is not None:
@@ -178,7 +156,7 @@ def _run_for(hf_dir: Path, hf: dict):
     else:
         # Its tokenizer cannot be retrained from a corpus: data.tokenizer uses the file as is
         # (import_hf points it at the run's tokenizer.json).
-        data = DataConfig(tokenizer=TokenizerConfig(kind="file", path="tokenizer.json"))
+        data = DataConfig(tokenizer=TokenizerConfig(kind="file", path=TOKENIZER))
         run_cfg = RunConfig(model=model_cfg, data=data, train=TrainConfig(seq_len=train_len))
         tokenizer, meta = None, {}
         notes = [f"foreign Llama: half pairing, train.seq_len={train_len}, its own tokenizer "
@@ -194,10 +172,6 @@ def _run_for(hf_dir: Path, hf: dict):
 
 def import_hf(hf_dir: Path, run_dir: Path) -> list[str]:
     """Write a ropelab run directory (config, tokenizer, checkpoint) for a transformers Llama."""
-    from configs import save_config
-    from model.checkpoint import save_checkpoint
-    from model.transformer import Transformer
-
     hf_dir, run_dir = Path(hf_dir), Path(run_dir)
     check_target(run_dir)
     if not hf_dir.is_dir():
@@ -205,7 +179,7 @@ def import_hf(hf_dir: Path, run_dir: Path) -> list[str]:
     run_cfg, tokenizer, meta, notes = _run_for(hf_dir, read_json(hf_dir / "config.json"))
     run_cfg = dataclasses.replace(run_cfg, name=run_dir.resolve().name, out_dir=str(run_dir.parent))
     if run_cfg.data.tokenizer.kind == "file":
-        tok_cfg = dataclasses.replace(run_cfg.data.tokenizer, path=str(run_dir.resolve() / "tokenizer.json"))
+        tok_cfg = dataclasses.replace(run_cfg.data.tokenizer, path=str(RunDir(run_dir.resolve()).tokenizer))
         run_cfg = dataclasses.replace(run_cfg, data=dataclasses.replace(run_cfg.data, tokenizer=tok_cfg))
     model = Transformer(run_cfg.model)
     try:
@@ -216,12 +190,11 @@ def import_hf(hf_dir: Path, run_dir: Path) -> list[str]:
     step = int(meta.pop("step", 0) or 0)
     meta = {**meta, "imported_from": str(hf_dir), "params": model.num_params()}
 
-    def fill(tmp: Path) -> None:
-        save_config(run_cfg, tmp / "config.yaml")
-        tokenizer.save(tmp / "tokenizer.json")
-        save_checkpoint(tmp, step, model, None, meta, keep_last=1)  # weights only: not resumable
-
-    write_atomically(run_dir, fill)
+    with atomic_directory(run_dir) as tmp:
+        run = RunDir(tmp)
+        save_config(run_cfg, run.config)
+        tokenizer.save(run.tokenizer)
+        save_checkpoint(run, step, model, None, meta, keep_last=1)  # weights only: not resumable
     return notes
 
 
@@ -232,8 +205,6 @@ def check_parity(run_dir: Path, out_dir: Path, which: str = "latest",
         from transformers import AutoModelForCausalLM
     except ImportError:
         raise HFConversionError("checking needs transformers: pip install -e '.[hf]'") from None
-    from model.load import load_run
-
     run = load_run(run_dir, which=which, scaling=scaling)
     length = length or 2 * run.cfg.train.seq_len  # beyond the training length, where RoPE matters most
     hf_model = AutoModelForCausalLM.from_pretrained(str(out_dir)).eval()  # float32, as config.json says

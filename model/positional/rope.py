@@ -15,22 +15,27 @@ through. Angles, cos and sin and the rotation itself are float32 whatever the mo
 
 Dynamic NTK and the KV cache: with ``dynamic`` scaling the frequencies depend on the
 sequence length. Keys are rotated once, when they enter the cache, so every key and every
-query of one sequence must use the same frequencies. The length used is ``seq_len``:
-an uncached forward passes its own length; generation passes the cache length
-(prompt + max_new_tokens) on every step, cached or not. Cached decoding therefore equals
-an uncached forward over the full planned length exactly, instead of mixing keys rotated
+query of one sequence must use the same frequencies: those fitted to ``fit_len``, the
+length of the whole sequence (model/config.py). An uncached forward fits them to its own
+length; a cached one to the cache's size, which generation sets to prompt +
+max_new_tokens and also passes to its uncached path. Cached decoding therefore equals an
+uncached forward over the full planned length exactly, instead of mixing keys rotated
 under different bases as a per-step recomputation would.
+
+Per forward, ``RoPE.rotation`` gathers cos/sin for the forward's positions once; every
+layer then rotates with the same ``Rotation``.
 """
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from typing import Optional
 
 import torch
 
 from model.config import ModelConfig
-from model.positional import PositionalEncoding
-from model.rope_scaling import inverse_frequencies
+from model.positional.base import PositionalEncoding
+from model.positional.rope_scaling import inverse_frequencies
 
 
 class HalfPairing:
@@ -71,8 +76,22 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing, rotar
     return out.to(x.dtype)
 
 
+@dataclass(frozen=True)
+class Rotation:
+    """cos/sin gathered for one forward's positions; rotates q and k of every layer."""
+
+    cos: torch.Tensor  # (T, rotary_dim), laid out for the pairing, float32
+    sin: torch.Tensor
+    pairing: type
+    rotary_dim: int
+
+    def __call__(self, q: torch.Tensor, k: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return (rotate(q, self.cos, self.sin, self.pairing, self.rotary_dim),
+                rotate(k, self.cos, self.sin, self.pairing, self.rotary_dim))
+
+
 class RoPE(PositionalEncoding):
-    """Rotary embeddings with optional context-extension scaling (model/rope_scaling.py)."""
+    """Rotary embeddings with optional context-extension scaling (rope_scaling.py)."""
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -87,16 +106,20 @@ class RoPE(PositionalEncoding):
         # without touching checkpoints.
         self.register_buffer("inv_freq", inv_freq, persistent=False)
         self.attention_factor = attention
-        # (key, cos, sin): tables for positions 0 … n-1, reused by every layer and step.
+        # (key, cos, sin): tables for positions 0 … n-1, reused by every forward.
         self._tables: Optional[tuple] = None
 
-    def cos_sin(self, positions: torch.Tensor, seq_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
+    def rotation(self, positions: torch.Tensor, fit_len: Optional[int] = None) -> Rotation:
+        cos, sin = self.cos_sin(positions, fit_len)
+        return Rotation(cos, sin, self.pairing, self.rotary_dim)
+
+    def cos_sin(self, positions: torch.Tensor, fit_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
         """Laid-out cos and sin for ``positions``, float32, (T, rotary_dim), any length.
 
-        ``seq_len`` bounds the positions (last position < seq_len); without it the positions
+        ``fit_len`` bounds the positions (last position < fit_len); without it the positions
         are read (a device sync on GPUs, which Transformer.forward avoids by passing it).
         """
-        length = seq_len if seq_len is not None else int(positions.max()) + 1
+        length = fit_len if fit_len is not None else int(positions.max()) + 1
         cos, sin = self._cos_sin_tables(length, positions.device)
         return cos[positions], sin[positions]
 
@@ -125,9 +148,3 @@ class RoPE(PositionalEncoding):
             cos, sin = angles.cos() * attention, angles.sin() * attention
         self._tables = ((length if self.dynamic else None, rows, device), cos, sin)
         return cos, sin
-
-    def rotate(self, q: torch.Tensor, k: torch.Tensor, positions: torch.Tensor,
-               seq_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        cos, sin = self.cos_sin(positions, seq_len)
-        return (rotate(q, cos, sin, self.pairing, self.rotary_dim),
-                rotate(k, cos, sin, self.pairing, self.rotary_dim))

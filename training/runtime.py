@@ -12,9 +12,7 @@ from __future__ import annotations
 import contextlib
 import os
 import statistics
-import subprocess
 import time
-from pathlib import Path
 from dataclasses import dataclass
 from typing import Callable, Optional
 
@@ -171,16 +169,3 @@ def setup_runtime(train_cfg) -> Runtime:
     peak, source = _peak_flops(device, dtype)
     return Runtime(device=device, dtype=dtype, rank=rank, world_size=world, peak_flops=peak,
                    peak_source=source)
-
-
-def git_commit() -> Optional[str]:
-    """The project's current commit (with "-dirty" if files changed), or None outside git."""
-    root = Path(__file__).resolve().parents[1]
-    try:
-        sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
-                             timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
-    except (OSError, subprocess.SubprocessError):
-        return None
-    return (sha + ("-dirty" if dirty else "")) if sha else None

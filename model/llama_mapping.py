@@ -1,4 +1,4 @@
-"""RoPE runs to and from Hugging Face transformers' Llama format (``LlamaForCausalLM``).
+"""Our model ↔ Hugging Face transformers' Llama (``LlamaForCausalLM``): names and configs.
 
 The architectures are the same (RMSNorm, SwiGLU, no biases, GQA, optional tied head), so
 the conversion is a renaming of weights plus three things that need care:
@@ -14,12 +14,13 @@ the conversion is a renaming of weights plus three things that need care:
   therefore set to ``original_max_len`` for it. A forward over a whole sequence agrees,
   generation does not: transformers refits the frequencies to the current length at every
   step (keys already cached keep the old ones), ours fits them once to prompt +
-  max_new_tokens (see model/rope.py), so greedy outputs part early.
+  max_new_tokens (see model/positional/rope.py), so greedy outputs part early.
 - What Llama cannot express is refused: sinusoidal, learned, ALiBi and NoPE encodings, and
   partial rotary (Llama rotates every dim of a head).
 
-Reading and writing directories is in model/hf_io.py. Neither module needs
-``transformers``; only the export check (``hf_io.check_parity``) loads it.
+Pure functions on configs and tensors: no file I/O. Reading and writing transformers
+directories is in training/hf_directory.py. Neither needs ``transformers``; only the
+export check (``hf_directory.check_parity``) loads it.
 """
 
 from __future__ import annotations
@@ -30,6 +31,7 @@ import torch
 
 from model.config import ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
 from model.errors import UserError
+from model.positional.rope_scaling import ntk_base
 
 # config.json keys that fix the network's shape and numerics (compared on import).
 ARCH_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
@@ -74,9 +76,8 @@ def rope_parameters(cfg: ModelConfig, train_len: int) -> tuple[dict, int]:
     extended = max(original, round(original * s.factor))  # the context the scaling is meant for
     if kind == "none":
         return {"rope_type": "default", "rope_theta": rope.theta}, train_len
-    if kind == "ntk":  # the same base change as model/rope_scaling.py
-        d = cfg.rotary_dim
-        return {"rope_type": "default", "rope_theta": rope.theta * s.factor ** (d / (d - 2))}, extended
+    if kind == "ntk":
+        return {"rope_type": "default", "rope_theta": ntk_base(rope.theta, s.factor, cfg.rotary_dim)}, extended
     params = {"rope_type": kind, "rope_theta": rope.theta, "factor": s.factor}
     if kind == "linear":
         return params, extended
@@ -95,7 +96,7 @@ def rope_parameters(cfg: ModelConfig, train_len: int) -> tuple[dict, int]:
 def hf_config(cfg: ModelConfig, train_len: int, eot_id: int) -> dict:
     """config.json for ``LlamaForCausalLM``; readable by transformers 4.45+ and 5."""
     check_exportable(cfg)
-    params, max_positions = rope_parameters(cfg, train_len)
+    params, max_position_embeddings = rope_parameters(cfg, train_len)
     legacy = {k: v for k, v in params.items() if k != "rope_theta"} if params["rope_type"] != "default" else None
     return {
         "architectures": ["LlamaForCausalLM"], "model_type": "llama",
@@ -104,7 +105,7 @@ def hf_config(cfg: ModelConfig, train_len: int, eot_id: int) -> dict:
         "num_key_value_heads": cfg.kv_heads, "head_dim": cfg.head_dim, "hidden_act": "silu",
         "rms_norm_eps": cfg.norm_eps, "tie_word_embeddings": cfg.tie_embeddings,
         "attention_bias": False, "mlp_bias": False, "attention_dropout": 0.0, "pretraining_tp": 1,
-        "max_position_embeddings": max_positions, "initializer_range": min(cfg.init_std, 1.0),
+        "max_position_embeddings": max_position_embeddings, "initializer_range": min(cfg.init_std, 1.0),
         # Every document follows <|endoftext|> in training, so it also serves as BOS and pad.
         "bos_token_id": eot_id, "eos_token_id": eot_id, "pad_token_id": eot_id,
         "use_cache": True, "dtype": "float32", "torch_dtype": "float32",

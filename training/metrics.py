@@ -2,8 +2,8 @@
 
 Only rank 0 logs. On resume, records from steps after the checkpoint (which will be
 trained again) are dropped from metrics.jsonl, so the file reads as one uninterrupted
-run; wandb continues the same run id, stored in the checkpoint state and in
-``wandb_id.txt``.
+run; wandb continues the same run id, stored in the checkpoint state and in the run
+directory (training/run_dir.py).
 """
 
 from __future__ import annotations
@@ -12,13 +12,15 @@ import json
 import math
 import time
 import uuid
-from pathlib import Path
 from typing import Optional
 
 from tqdm import tqdm
 
-from model.checkpoint import write_atomic
+from configs import config_to_dict
+from data.atomic import write_text_atomic
 from model.errors import UserError
+from model.loss import perplexity_of
+from training.run_dir import RunDir
 
 
 class _NoBar:
@@ -27,19 +29,19 @@ class _NoBar:
     def close(self) -> None: ...
 
 
-class RunLog:
-    def __init__(self, run_dir: Path, cfg, is_main: bool, start_step: int = 0,
+class MetricsLog:
+    def __init__(self, run: RunDir, cfg, is_main: bool, start_step: int = 0,
                  wandb_id: Optional[str] = None):
-        self.run_dir, self.cfg, self.is_main = run_dir, cfg, is_main
+        self.run, self.cfg, self.is_main = run, cfg, is_main
         self.wandb, self.wandb_id, self.file = None, wandb_id, None
         if not is_main:
             return
-        run_dir.mkdir(parents=True, exist_ok=True)
-        path = run_dir / "metrics.jsonl"
+        run.path.mkdir(parents=True, exist_ok=True)
+        path = run.metrics
         if path.exists():
             kept = [line for line in path.read_text().splitlines()
                     if line.strip() and json.loads(line).get("step", 0) <= start_step]
-            write_atomic(path, "".join(line + "\n" for line in kept))
+            write_text_atomic(path, "".join(line + "\n" for line in kept))
         self.file = open(path, "a")
         if cfg.log.wandb:
             self._init_wandb()
@@ -50,17 +52,15 @@ class RunLog:
         except ImportError:
             raise UserError("log.wandb=true needs the wandb package: pip install wandb "
                             "(or set log.wandb=false)") from None
-        from configs import config_to_dict
-
-        id_file = self.run_dir / "wandb_id.txt"
+        id_file = self.run.wandb_id
         if self.wandb_id is None and id_file.exists():
             self.wandb_id = id_file.read_text().strip()
         self.wandb_id = self.wandb_id or uuid.uuid4().hex[:8]
-        write_atomic(id_file, self.wandb_id)
+        write_text_atomic(id_file, self.wandb_id)
         log = self.cfg.log
         self.wandb = wandb.init(project=log.wandb_project, entity=log.wandb_entity, name=self.cfg.name,
                                 id=self.wandb_id, resume="allow", mode=log.wandb_mode,
-                                dir=str(self.run_dir), config=config_to_dict(self.cfg))
+                                dir=str(self.run.wandb_dir), config=config_to_dict(self.cfg))
 
     def _write(self, record: dict) -> None:
         if not self.is_main:
@@ -79,7 +79,7 @@ class RunLog:
 
     def validation(self, step: int, tokens: int, val_loss: float) -> None:
         self._write({"step": step, "tokens": tokens, "val_loss": val_loss,
-                     "val_ppl": math.exp(min(val_loss, 700.0)), "time": time.time()})
+                     "val_ppl": perplexity_of(val_loss), "time": time.time()})
 
     def progress(self, total: int, initial: int):
         if not (self.is_main and self.cfg.log.progress):

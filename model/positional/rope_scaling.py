@@ -34,8 +34,10 @@ def base_inv_freq(dim: int, theta: float) -> torch.Tensor:
     return 1.0 / (theta ** exponents)
 
 
-def _ntk_exponent(dim: int) -> float:
-    return dim / (dim - 2)
+def ntk_base(theta: float, factor: float, dim: int) -> float:
+    """The "NTK-aware" base θ·s^(d/(d−2)) (bloc97 2023): the slowest pair is interpolated
+    by exactly s while the fastest keeps its frequency."""
+    return theta * factor ** (dim / (dim - 2))
 
 
 def _yarn_correction_dim(rotations: float, dim: int, theta: float, original_len: int) -> float:
@@ -76,10 +78,10 @@ def _llama3(dim: int, theta: float, s: RopeScalingConfig) -> torch.Tensor:
 
 
 def inverse_frequencies(dim: int, theta: float, scaling: RopeScalingConfig,
-                        seq_len: Optional[int] = None) -> tuple[torch.Tensor, float]:
+                        fit_len: Optional[int] = None) -> tuple[torch.Tensor, float]:
     """Inverse frequencies (float32, shape (dim/2,)) and the cos/sin attention factor.
 
-    ``seq_len`` is the length the frequencies must serve; only ``dynamic`` uses it.
+    ``fit_len`` is the length the frequencies must serve; only ``dynamic`` uses it.
     """
     kind, factor = scaling.type, scaling.factor
     if kind == "none" or factor == 1.0:
@@ -87,11 +89,11 @@ def inverse_frequencies(dim: int, theta: float, scaling: RopeScalingConfig,
     elif kind == "linear":
         inv_freq, attention = base_inv_freq(dim, theta) / factor, 1.0
     elif kind == "ntk":
-        inv_freq, attention = base_inv_freq(dim, theta * factor ** _ntk_exponent(dim)), 1.0
+        inv_freq, attention = base_inv_freq(dim, ntk_base(theta, factor, dim)), 1.0
     elif kind == "dynamic":
-        length = max(seq_len or 0, scaling.original_max_len)
+        length = max(fit_len or 0, scaling.original_max_len)
         effective = factor * length / scaling.original_max_len - (factor - 1)
-        inv_freq, attention = base_inv_freq(dim, theta * effective ** _ntk_exponent(dim)), 1.0
+        inv_freq, attention = base_inv_freq(dim, ntk_base(theta, effective, dim)), 1.0
     elif kind == "yarn":
         inv_freq, attention = _yarn(dim, theta, scaling)
     elif kind == "llama3":

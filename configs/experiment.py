@@ -1,0 +1,62 @@
+"""When two run configs are the same experiment: the one definition, used everywhere.
+
+``train.py --resume`` refuses a config that is not the run's own experiment,
+``scripts/ablate.py`` reports a run on disk whose experiment differs from the grid's as a
+conflict, and evaluation pools runs that are the same experiment apart from the seed (and
+trained for the same number of tokens) as seeds of one row. All three use
+``experiment_differences`` with the one list below.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from typing import Iterable
+
+from configs.loader import config_to_dict
+from configs.schema import RunConfig
+
+# Keys that may differ between two configs of one experiment: they name or place the
+# run, schedule its checkpoints and logs, choose where it runs, or say how long to train
+# (a run may be extended: a grid that raises max_steps continues its finished runs).
+MAY_DIFFER: tuple[str, ...] = (
+    "name", "out_dir", "eval", "log",
+    "model.vocab_size",  # derived from data.tokenizer, which is compared
+    "data.cache_dir", "data.num_proc", "data.hub.streaming",  # where and how tokens are made, not which
+    "train.max_steps", "train.max_tokens",
+    "train.eval_interval", "train.eval_batches", "train.ckpt_interval", "train.keep_last",
+    "train.log_interval", "train.resume", "train.compile", "train.device",
+)
+SEED = "train.seed"
+
+
+def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
+def _counts(key: str, ignored: tuple[str, ...]) -> bool:
+    return not any(key == k or key.startswith(k + ".") for k in ignored)
+
+
+def experiment_identity(cfg: RunConfig, ignore: Iterable[str] = ()) -> dict[str, object]:
+    """Dotted key -> value for every key that defines the experiment (and is not ignored)."""
+    ignored = MAY_DIFFER + tuple(ignore)
+    return {k: v for k, v in _flatten(config_to_dict(cfg)).items() if _counts(k, ignored)}
+
+
+def experiment_differences(a: RunConfig, b: RunConfig, ignore: Iterable[str] = ()) -> list[str]:
+    """The dotted keys whose values make ``a`` and ``b`` different experiments (sorted)."""
+    ia, ib = experiment_identity(a, ignore), experiment_identity(b, ignore)
+    return sorted(k for k in set(ia) | set(ib) if ia.get(k) != ib.get(k))
+
+
+def seed_group(cfg: RunConfig) -> str:
+    """A short hash shared by configs that are the same experiment apart from the seed."""
+    identity = json.dumps(experiment_identity(cfg, ignore=(SEED,)), sort_keys=True, default=str)
+    return hashlib.sha256(identity.encode()).hexdigest()[:12]

@@ -1,0 +1,93 @@
+"""The positional-encoding interface, the per-forward context it prepares, and NoPE.
+
+An encoding may act in three places and overrides only what it needs:
+
+- ``embed(x, positions)``: additive absolute encodings at the input;
+- ``rotation(positions, fit_len)``: RoPE and its relatives, a prepared rotation of q and k;
+- ``bias(q_positions, k_positions)``: a per-head additive bias on attention scores (ALiBi).
+
+``Transformer.forward`` asks the encoding once per forward for a ``PositionContext``
+(the rotation with its cos/sin already gathered for this forward's positions, and the
+bias function) and hands that one object to every block; attention uses it without ever
+asking which encoding it has. Positions are an explicit 1-D integer tensor; tables,
+angles and biases are float32 whatever the model dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Callable, Optional
+
+import torch
+from torch import nn
+
+from model.errors import LengthError
+
+Tensor = torch.Tensor
+Rotate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (q, k) -> rotated (q, k)
+Bias = Callable[[Tensor, Tensor], Tensor]  # (q_positions, k_positions) -> (H, Tq, Tk) float32
+
+
+@dataclass(frozen=True)
+class PositionContext:
+    """What the layers need from the encoding for one forward, prepared once.
+
+    ``rotate`` acts on queries and keys of this forward's ``positions`` (keys entering a
+    KV cache are rotated at their own positions, once); ``bias`` gives the score bias
+    between any query and key positions (query chunks, cached keys).
+    """
+
+    positions: Tensor  # (T,)
+    rotate_qk: Optional[Rotate] = None
+    bias_fn: Optional[Bias] = None
+
+    @property
+    def has_bias(self) -> bool:
+        """Whether attention needs an explicit score matrix (else the fused causal path)."""
+        return self.bias_fn is not None
+
+    def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
+        return (q, k) if self.rotate_qk is None else self.rotate_qk(q, k)
+
+    def bias(self, q_positions: Tensor, k_positions: Tensor) -> Optional[Tensor]:
+        return None if self.bias_fn is None else self.bias_fn(q_positions, k_positions)
+
+
+class PositionalEncoding(nn.Module):
+    """The no-op base: NoPE (``kind: none``) is exactly this."""
+
+    #: largest number of positions this encoding can serve (None: unbounded)
+    max_len: Optional[int] = None
+    #: whether ``bias`` is overridden (an explicit score matrix is needed)
+    has_bias: bool = False
+
+    def embed(self, x: Tensor, positions: Tensor) -> Tensor:
+        return x
+
+    def rotation(self, positions: Tensor, fit_len: Optional[int] = None) -> Optional[Rotate]:
+        """A function rotating (q, k) at ``positions``, or None; see PositionContext."""
+        return None
+
+    def bias(self, q_positions: Tensor, k_positions: Tensor) -> Optional[Tensor]:
+        return None
+
+    def context(self, positions: Tensor, fit_len: int) -> PositionContext:
+        """Everything attention needs for one forward over ``positions`` (see module doc)."""
+        return PositionContext(positions, self.rotation(positions, fit_len),
+                               self.bias if self.has_bias else None)
+
+    def check_length(self, n_positions: int) -> None:
+        """Raise LengthError if positions 0 … n_positions-1 cannot all be served."""
+        if self.max_len is not None and n_positions > self.max_len:
+            raise LengthError(
+                f"pos.kind=learned has a table of {self.max_len} positions "
+                f"(pos.max_len={self.max_len}) but {n_positions} positions were requested. "
+                "Learned absolute positions cannot extrapolate: use at most "
+                f"{self.max_len} tokens, or retrain with a larger pos.max_len.")
+
+
+class NoPE(PositionalEncoding):
+    """No positional information beyond the causal mask (Kazemnejad et al. 2023)."""
+
+    def __init__(self, cfg=None):
+        super().__init__()

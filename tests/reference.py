@@ -1,0 +1,48 @@
+"""Slow, obvious references that tests compare the model against (never used by the model).
+
+``reference_forward`` runs a Transformer's weights with attention written out: key/value
+heads copied to every query head, the full T×T score matrix with the encoding's bias over
+all positions, a float32 softmax. It shares the model's embeddings, norms, MLPs and the
+encoding's rotation/bias (tested on their own in test_rope/test_positional), so a
+difference isolates the attention paths: fused SDPA, query chunks, the decode step.
+"""
+
+from __future__ import annotations
+
+import math
+from typing import Optional
+
+import torch
+
+
+def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
+                        mask: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
+    """softmax(q kᵀ/√d + bias, masked) v with float32 scores; k/v already expanded to q's heads."""
+    scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    if bias is not None:
+        scores = scores + bias
+    scores = scores.masked_fill(~mask, float("-inf"))
+    return (scores.softmax(dim=-1) @ v.float()).to(q.dtype)
+
+
+@torch.no_grad()
+def reference_forward(model, idx: torch.Tensor) -> torch.Tensor:
+    """Logits (B, T, V) of ``model`` at positions 0 … T-1, attention computed the slow way."""
+    B, T = idx.shape
+    positions = torch.arange(T)
+    ctx = model.pos.context(positions, T)
+    mask = torch.ones(T, T, dtype=torch.bool).tril()
+    x = model.pos.embed(model.tok_emb(idx), positions)
+    for block in model.blocks:
+        attn = block.attn
+        h = block.attn_norm(x)
+        q = attn.wq(h).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
+        k = attn.wk(h).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+        v = attn.wv(h).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+        q, k = ctx.rotate(q, k)
+        groups = attn.n_heads // attn.n_kv_heads
+        k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+        y = reference_attention(q, k, v, mask, ctx.bias(positions, positions))
+        x = x + attn.wo(y.transpose(1, 2).reshape(B, T, -1))
+        x = x + block.mlp(block.mlp_norm(x))
+    return model.head(model.norm(x))

@@ -1,0 +1,74 @@
+"""One definition of "the same experiment", shared by resume, ablate's status and seed pooling."""
+
+from __future__ import annotations
+
+import pytest
+
+import train
+from configs import load_config
+from configs.experiment import MAY_DIFFER, experiment_differences, seed_group
+from configs.grid import load_grid
+from conftest import write_run_config
+from scripts import ablate
+
+QUICK = "configs/quickstart.yaml"
+
+
+@pytest.mark.parametrize("override", ["train.max_steps=5000", "train.eval_interval=7", "train.device=cpu",
+                                      "data.cache_dir=/elsewhere", "data.num_proc=1", "eval.lengths=[64]",
+                                      "log.wandb=true", "name=other", "out_dir=elsewhere"])
+def test_keys_that_do_not_change_what_is_trained(override):
+    assert experiment_differences(load_config(QUICK), load_config(QUICK, [override])) == []
+
+
+@pytest.mark.parametrize("override,key", [("train.lr=3e-4", "train.lr"), ("model.d_model=64", "model.d_model"),
+                                          ("data.tokenizer.vocab_size=4096", "data.tokenizer.vocab_size"),
+                                          ("model.pos.rope.theta=500000", "model.pos.rope.theta"),
+                                          ("train.seed=3", "train.seed")])
+def test_keys_that_do(override, key):
+    assert experiment_differences(load_config(QUICK), load_config(QUICK, [override])) == [key]
+
+
+def test_seeds_share_a_group_and_nothing_else_does():
+    base = load_config(QUICK)
+    assert seed_group(base) == seed_group(load_config(QUICK, ["train.seed=9", "train.max_steps=10"]))
+    assert seed_group(base) != seed_group(load_config(QUICK, ["model.pos.kind=alibi"]))
+    assert all(k.split(".")[0] in ("name", "out_dir", "eval", "log", "model", "data", "train") for k in MAY_DIFFER)
+
+
+def test_ablate_and_resume_agree_when_a_grid_extends_its_runs(tmp_path, corpus):
+    """Raising a grid's max_steps: ablate says partial and train.py --resume continues the run."""
+    base = write_run_config(tmp_path, corpus)
+    grid_path = tmp_path / "g.yaml"
+    grid_path.write_text(f"name: g\nbase: {base.name}\nout_dir: {tmp_path / 'runs'}\n"
+                         "overrides: [train.max_steps=6, train.eval_interval=6, train.ckpt_interval=6]\n"
+                         "axes: {train.seed: [1]}\n")
+    run = load_grid(grid_path).plan()[0]
+    assert train.main([str(base), *run.overrides]) == 0
+    assert ablate.status(run) == ("done", "step 6")
+    longer = load_grid(grid_path).plan(["train.max_steps=9"])[0]
+    assert ablate.status(longer) == ("partial", "step 6/9")
+    assert train.main([str(base), *longer.overrides, "--resume"]) == 0
+    assert ablate.status(longer) == ("done", "step 9")
+    # A change that makes another experiment is a conflict for both.
+    other = load_grid(grid_path).plan(["train.max_steps=9", "train.lr=1e-2"])[0]
+    state, detail = ablate.status(other)
+    assert state == "conflict" and "train.lr" in detail
+    assert train.main([str(base), *other.overrides, "--resume"]) == 2
+
+
+def test_grid_eval_is_typed_and_reaches_every_run(tmp_path, corpus):
+    base = write_run_config(tmp_path, corpus)
+    good = tmp_path / "good.yaml"
+    good.write_text(f"name: g\nbase: {base.name}\naxes: {{train.seed: [1, 2]}}\n"
+                    "eval: {lengths: [16, 64], scalings: [none, yarn], max_tokens: 512}\n")
+    runs = load_grid(good).plan()
+    assert all(r.cfg.eval.lengths == [16, 64] and r.cfg.eval.scalings == ["none", "yarn"] for r in runs)
+    for bad, message in (("{lengths: [a]}", "eval.lengths[0] must be an integer"),
+                         ("{lenghts: [16]}", "did you mean 'eval.lengths'"),
+                         ("{stride: 0}", "eval.stride must be a positive integer")):
+        path = tmp_path / "bad.yaml"
+        path.write_text(f"name: g\nbase: {base.name}\naxes: {{train.seed: [1]}}\neval: {bad}\n")
+        with pytest.raises(Exception, match=message.replace("[", r"\[").replace("]", r"\]")) as info:
+            load_grid(path)
+        assert "bad.yaml" in str(info.value)

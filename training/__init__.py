@@ -1,0 +1,12 @@
+"""What a run needs besides the network and the data.
+
+- run_dir.py: the run directory, the one owner of every path inside a run
+- checkpoint.py: atomic checkpoints, safe loading
+- saved_run.py: a trained model, its config and tokenizer, rebuilt from a run directory
+- runtime.py: device, precision, the data-parallel group, MFU peaks and timing
+- optim.py: AdamW groups and the warmup + cosine schedule
+- metrics.py: metrics.jsonl, the progress bar and wandb
+- provenance.py: the git commit results are recorded with
+- hf_directory.py: export to / import from Hugging Face transformers directories
+- cli.py: how every entry point reports a user's mistake (exit code 2)
+"""

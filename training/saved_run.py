@@ -1,0 +1,94 @@
+"""Rebuild a trained model from its run directory alone (config, tokenizer, weights).
+
+Evaluation, sampling and export never re-derive a config by hand: they read the run's
+config.yaml, optionally swap in a RoPE scaling (inference-time, no retraining), load the
+weights, and use the run's own tokenizer.json.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from configs import load_config
+from configs.schema import RunConfig
+from data.tokenizers import Tokenizer, load_tokenizer
+from model.config import RopeScalingConfig
+from model.errors import CheckpointError, ConfigError
+from model.transformer import Transformer
+from training.checkpoint import load_weights, read_meta
+from training.run_dir import RunDir
+
+
+@dataclass
+class SavedRun:
+    run: RunDir
+    cfg: RunConfig
+    model: Transformer
+    tokenizer: Tokenizer
+    checkpoint: Path
+    meta: dict
+
+    @property
+    def run_dir(self) -> Path:
+        return self.run.path
+
+
+def with_scaling(cfg: RunConfig, scaling: Optional[RopeScalingConfig]) -> RunConfig:
+    """``cfg`` with model.pos.rope.scaling replaced; RoPE runs only."""
+    if scaling is None:
+        return cfg
+    if cfg.model.pos.kind != "rope":
+        if scaling.type == "none":
+            return cfg
+        raise ConfigError(f"RoPE scaling '{scaling.type}' needs a RoPE model; this run uses "
+                          f"pos.kind={cfg.model.pos.kind}")
+    pos = cfg.model.pos
+    rope = dataclasses.replace(pos.rope, scaling=scaling)
+    model_cfg = dataclasses.replace(cfg.model, pos=dataclasses.replace(pos, rope=rope))
+    return dataclasses.replace(cfg, model=model_cfg)
+
+
+def read_run_config(run: RunDir) -> RunConfig:
+    if not run.is_run():
+        raise CheckpointError(f"{run} is not a run directory (no {run.config.name}); train one with "
+                              "python train.py CONFIG name=...")
+    return load_config(run.config)
+
+
+def load_run(run_dir: str | Path, which: str = "latest", device: str | torch.device = "cpu",
+             scaling: Optional[RopeScalingConfig] = None) -> SavedRun:
+    """The run's model in eval mode with ``which`` weights ("latest" or "best")."""
+    run = RunDir(run_dir)
+    cfg = with_scaling(read_run_config(run), scaling)
+    if which == "best":
+        ckpt = run.best
+        if not ckpt.is_dir():
+            raise CheckpointError(f"{run} has no best/ checkpoint yet (no validation has run)")
+    else:
+        ckpt = run.latest_checkpoint()
+        if ckpt is None:
+            raise CheckpointError(f"{run} has no checkpoint yet; train it first")
+    meta = read_meta(ckpt)
+    model = Transformer(cfg.model)
+    load_weights(model, ckpt)
+    tokenizer = load_tokenizer(run.tokenizer)
+    return SavedRun(run, cfg, model.to(device).eval(), tokenizer, ckpt, meta)
+
+
+def rescaled(saved: SavedRun, scaling: RopeScalingConfig) -> Transformer:
+    """The run's model with another RoPE scaling, built from the loaded weights (no disk I/O).
+
+    Inverse frequencies are non-persistent buffers, so the state dict is the same.
+    """
+    cfg = with_scaling(saved.cfg, scaling)
+    if cfg is saved.cfg:
+        return saved.model
+    weight = saved.model.tok_emb.weight
+    model = Transformer(cfg.model).to(weight.device)
+    model.load_state_dict(saved.model.state_dict())
+    return model.eval()
