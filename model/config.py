@@ -32,6 +32,9 @@ ScalingType = Literal["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
 # The one list of each, for every CLI, the benchmark and the tests.
 POS_KINDS: tuple[str, ...] = typing.get_args(PosKind)
 SCALING_TYPES: tuple[str, ...] = typing.get_args(ScalingType)
+# Encodings that add a bias to the attention scores, so attention must form them (the
+# encoding's ``has_bias``; tests/test_positional.py keeps the two in agreement).
+SCORE_BIAS_KINDS: frozenset[str] = frozenset({"alibi"})
 
 
 @dataclass

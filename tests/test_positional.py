@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ALL_KINDS, tiny_config
-from model.config import POS_KINDS
+from model.config import POS_KINDS, SCORE_BIAS_KINDS
 from model.errors import LengthError
 from model.positional import ENCODINGS, build_positional
 from model.positional.absolute import sinusoid_table
@@ -21,6 +21,7 @@ def test_registry_serves_every_kind_of_the_config():
     assert set(ENCODINGS) == set(POS_KINDS)
     for kind in POS_KINDS:
         assert isinstance(build_positional(tiny_config(kind)), ENCODINGS[kind])
+        assert ENCODINGS[kind].has_bias == (kind in SCORE_BIAS_KINDS)
 
 
 def test_alibi_slopes_power_of_two():
