@@ -89,12 +89,16 @@ class Attention(nn.Module):
                 end = start + qc.shape[2]
                 kc, vc, kp = k[:, :, :end], v[:, :, :end], k_positions[:end]
             mask = kp[None, :] <= qp[:, None]  # (tq, Tk), True = may attend
-            bias = ctx.bias(qp, kp)  # (H, tq, Tk) or None
+            bias = ctx.bias(qp, kp)  # (H, tq, Tk) float32, or None
             if bias is not None:
-                mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))
+                mask = bias.masked_fill(~mask, float("-inf"))
+                # The bias stays float32 up to the scores: in bf16 a slope·distance of ~2
+                # is rounded to 2^-7, a whole slope step of the slowest ALiBi head at L=512,
+                # so under autocast the biased path computes in float32.
+                qc, kc, vc = qc.float(), kc.float(), vc.float()
             # A 4-D mask: with a 2-D or 3-D one the CPU kernel silently falls back to the
             # unfused math path, which holds (B, H, tq, Tk) scores (2-3x slower at 16×L).
             mask = mask.view((1,) * (4 - mask.dim()) + tuple(mask.shape))
-            outputs.append(F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, enable_gqa=True,
-                                                          dropout_p=dropout))
+            y = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, enable_gqa=True, dropout_p=dropout)
+            outputs.append(y.to(q.dtype))
         return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]

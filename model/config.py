@@ -39,10 +39,11 @@ SCORE_BIAS_KINDS: frozenset[str] = frozenset({"alibi"})
 
 @dataclass
 class RopeScalingConfig:
-    """Inference-time RoPE context extension (see model/rope_scaling.py for the formulas).
+    """RoPE context extension (see model/positional/rope_scaling.py for the formulas).
 
     ``factor`` is the ratio s = target length / ``original_max_len``. ``factor: 1`` (or
-    ``type: none``) is plain RoPE for every method.
+    ``type: none``) is plain RoPE for every method except ``dynamic``, which scales by
+    length / original_max_len on its own once a sequence is longer (as in transformers).
     """
 
     type: ScalingType = "none"

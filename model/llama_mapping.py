@@ -71,7 +71,7 @@ def check_exportable(cfg: ModelConfig) -> None:
 def rope_parameters(cfg: ModelConfig, train_len: int) -> tuple[dict, int]:
     """(transformers ``rope_parameters``, ``max_position_embeddings``) for a RoPE config."""
     rope, s = cfg.pos.rope, cfg.pos.rope.scaling
-    kind = s.type if s.factor != 1.0 else "none"
+    kind = s.type if s.factor != 1.0 or s.type == "dynamic" else "none"  # dynamic scales even at factor 1
     original = s.original_max_len or train_len
     extended = max(original, round(original * s.factor))  # the context the scaling is meant for
     if kind == "none":

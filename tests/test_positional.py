@@ -89,3 +89,24 @@ def test_runs_at_sixteen_times_training_length(kind):
             block.attn.query_chunk = 100
         assert torch.allclose(model(x), logits, atol=1e-5)
         assert torch.allclose(reference_forward(model, x), logits, atol=1e-5)
+
+
+def test_alibi_bias_reaches_the_scores_in_float32_under_autocast(monkeypatch):
+    """bf16 would round −slope·distance to one slope step of the slowest head at L=512."""
+    model = Transformer(tiny_config("alibi")).to(torch.bfloat16).eval()
+    assert model.pos.slopes.dtype == torch.float32  # a bf16 cast leaves the slopes exact
+    seen = []
+    real = torch.nn.functional.scaled_dot_product_attention
+
+    def spy(q, k, v, attn_mask=None, **kwargs):
+        seen.append((q.dtype, None if attn_mask is None else attn_mask.dtype))
+        return real(q, k, v, attn_mask=attn_mask, **kwargs)
+
+    monkeypatch.setattr(torch.nn.functional, "scaled_dot_product_attention", spy)
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        out = model(torch.randint(0, 97, (1, 40)))
+    assert out.dtype == torch.bfloat16 and seen
+    assert all(dtypes == (torch.float32, torch.float32) for dtypes in seen)
+    bias = model.pos.bias(torch.tensor([511]), torch.arange(512))  # (H, 1, 512)
+    slowest = bias[-1, 0]
+    assert slowest.dtype == torch.float32 and torch.unique(slowest).numel() == 512

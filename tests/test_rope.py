@@ -147,3 +147,16 @@ def test_config_rejects_odd_rotary_dims():
         tiny_config(rotary_fraction=0.75, d_model=24, n_heads=4)  # 6 * 0.75 = 4.5
     with pytest.raises(ConfigError, match="even whole number"):
         tiny_config(rotary_fraction=0.375)  # 8 * 0.375 = 3
+
+
+def test_a_bf16_model_keeps_float32_frequencies():
+    """model.to(bfloat16) must not round the frequencies: cos/sin stay exact at long positions."""
+    model = Transformer(tiny_config()).to(torch.bfloat16)  # head_dim 8
+    positions = torch.arange(1990, 2048)
+    cos, sin = model.pos.cos_sin(positions)
+    inv_freq = 10000.0 ** (-torch.arange(0, 8, 2, dtype=torch.float64) / 8)
+    angles = positions.double()[:, None] * inv_freq[None, :]
+    angles = torch.cat((angles, angles), dim=-1)  # half pairing layout
+    assert cos.dtype == torch.float32
+    assert (cos.double() - angles.cos()).abs().max() < 1e-4
+    assert (sin.double() - angles.sin()).abs().max() < 1e-4

@@ -9,7 +9,7 @@ import torch
 
 from conftest import tiny_config
 from model.config import SCALING_TYPES, RopeScalingConfig
-from model.positional.rope_scaling import base_inv_freq, inverse_frequencies
+from model.positional.rope_scaling import base_inv_freq, effective_scale, inverse_frequencies
 from model.transformer import Transformer
 
 METHODS = [t for t in SCALING_TYPES if t != "none"]
@@ -21,14 +21,29 @@ def scaling(kind: str, factor: float, original: int = 128, **kw) -> RopeScalingC
 
 @pytest.mark.parametrize("kind", METHODS)
 def test_factor_one_is_plain_rope(kind):
+    """Factor 1 is plain RoPE for every method, and for dynamic NTK up to L0 only."""
+    fit_len = 128 if kind == "dynamic" else 4096  # dynamic scales beyond L0 = 128 even at factor 1
     plain, plain_attn = inverse_frequencies(64, 10000.0, RopeScalingConfig())
-    scaled, attn = inverse_frequencies(64, 10000.0, scaling(kind, 1.0), fit_len=4096)
+    scaled, attn = inverse_frequencies(64, 10000.0, scaling(kind, 1.0), fit_len=fit_len)
     assert torch.equal(scaled, plain) and attn == plain_attn == 1.0
     x = torch.randint(0, 97, (1, 40))
     ref = Transformer(tiny_config()).eval()
-    model = Transformer(tiny_config(scaling=scaling(kind, 1.0, original=16))).eval()
+    original = 40 if kind == "dynamic" else 16
+    model = Transformer(tiny_config(scaling=scaling(kind, 1.0, original=original))).eval()
     model.load_state_dict(ref.state_dict())
     assert torch.equal(model(x), ref(x))
+
+
+def test_dynamic_factor_one_scales_by_the_length_ratio():
+    """transformers' semantics: base · (L/L0)^(d/(d−2)) once L > L0, with no factor needed."""
+    inv, _ = inverse_frequencies(4, 10000.0, scaling("dynamic", 1.0, original=16), fit_len=64)
+    assert torch.allclose(inv.double(), torch.tensor([1.0, 1 / 400], dtype=torch.float64), rtol=1e-6)  # base 1e4·4², ^-1/2
+    for length, expected in ((16, 1.0), (8, 1.0), (32, 2.0), (256, 16.0)):
+        assert effective_scale(scaling("dynamic", 1.0, original=16), length) == expected
+    # With factor s at length L the scale is s·L/L0 − (s − 1): 13 at 4×L0 with s = 4 (the
+    # double counting an evaluation must avoid by not also setting s = L/L0).
+    assert effective_scale(scaling("dynamic", 4.0, original=16), 64) == 13.0
+    assert effective_scale(scaling("yarn", 4.0), 10_000) == 4.0 and effective_scale(RopeScalingConfig()) == 1.0
 
 
 # Hand-derived on dim 4, θ = 10000: plain inverse frequencies are [1, 1/100].
@@ -95,6 +110,9 @@ CASES = [
     ("ntk", 64, 10000.0, 4.0, 128, 1.0, None, {}),
     ("ntk", 48, 500000.0, 8.0, 512, 0.5, None, {}),
     ("dynamic", 64, 10000.0, 4.0, 128, 1.0, 700, {}),
+    ("dynamic", 64, 10000.0, 1.0, 128, 1.0, 700, {}),  # factor 1 still scales beyond L0
+    ("dynamic", 64, 10000.0, 1.0, 128, 1.0, 100, {}),
+    ("dynamic", 32, 500000.0, 1.0, 256, 0.5, 4096, {}),
     ("dynamic", 64, 10000.0, 2.0, 128, 1.0, 100, {}),
     ("dynamic", 32, 1e6, 8.0, 256, 0.25, 4096, {}),
     ("yarn", 64, 10000.0, 4.0, 128, 1.0, None, {}),

@@ -39,8 +39,10 @@ class ALiBi(PositionalEncoding):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
+        # A plain float32 attribute, not a buffer, so a bf16 cast of the model keeps the
+        # slopes exact; moved to the positions' device when used.
+        self.slopes = alibi_slopes(cfg.n_heads)
 
     def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
         distance = (q_positions[:, None] - k_positions[None, :]).to(torch.float32)  # (Tq, Tk)
-        return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)
+        return -self.slopes.to(distance.device)[:, None, None] * distance  # (H, Tq, Tk), float32

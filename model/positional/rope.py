@@ -100,12 +100,12 @@ class RoPE(PositionalEncoding):
         self.theta = rope.theta
         self.scaling = rope.scaling
         self.pairing = PAIRINGS[rope.pairing]
-        self.dynamic = rope.scaling.type == "dynamic" and rope.scaling.factor != 1.0
-        inv_freq, attention = inverse_frequencies(self.rotary_dim, self.theta, self.scaling)
-        # Not persistent: frequencies are config, so scaling can change at eval time
-        # without touching checkpoints.
-        self.register_buffer("inv_freq", inv_freq, persistent=False)
-        self.attention_factor = attention
+        self.dynamic = rope.scaling.type == "dynamic"
+        # A plain float32 attribute, not a buffer: ``model.to(torch.bfloat16)`` casts
+        # buffers, and bf16 frequencies put cos off by up to 0.86 below position 2048.
+        # Frequencies are config, so scaling can change at eval time without touching
+        # checkpoints; tables are built on the positions' device.
+        self.inv_freq, self.attention_factor = inverse_frequencies(self.rotary_dim, self.theta, self.scaling)
         # (key, cos, sin): tables for positions 0 … n-1, reused by every forward.
         self._tables: Optional[tuple] = None
 

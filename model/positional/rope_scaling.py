@@ -7,8 +7,11 @@ cos and sin. The formulas follow the papers and agree with Hugging Face transfor
 
 - linear  — position interpolation (Chen et al. 2023): θ_i / s.
 - ntk     — "NTK-aware" base change (bloc97, 2023): base · s^(d/(d-2)).
-- dynamic — dynamic NTK (emozilla, 2023): the ntk base with the effective scale
-            s·L/L0 - (s-1), used only when the current length L exceeds L0.
+- dynamic — dynamic NTK (emozilla, 2023), with transformers' semantics exactly: the ntk
+            base with the effective scale s·L/L0 − (s−1) once the sequence length L
+            exceeds L0, else plain RoPE. With factor s = 1 the scale is L/L0: the method
+            as published, which needs no factor because it adapts to the length itself.
+            So an evaluation at L must not also set s = L/L0 (that gives s² − s + 1).
 - yarn    — YaRN (Peng et al. 2023, §3.2-3.4): per-dimension ramp between interpolation
             and extrapolation, boundaries at β_fast and β_slow rotations over L0, and the
             attention factor 0.1·ln s + 1 applied to cos and sin.
@@ -77,23 +80,34 @@ def _llama3(dim: int, theta: float, s: RopeScalingConfig) -> torch.Tensor:
     return torch.where(medium, smoothed, out)
 
 
+def effective_scale(scaling: RopeScalingConfig, fit_len: Optional[int] = None) -> float:
+    """The context-extension scale a method applies to a sequence of ``fit_len`` tokens.
+
+    1 for plain RoPE, the factor for the static methods, and for dynamic NTK
+    s·max(L, L0)/L0 − (s − 1), which grows with the length (transformers'
+    ``_compute_dynamic_ntk_parameters``; L0 is ``original_max_len``).
+    """
+    if scaling.type == "none":
+        return 1.0
+    if scaling.type == "dynamic":
+        length = max(fit_len or 0, scaling.original_max_len)
+        return scaling.factor * length / scaling.original_max_len - (scaling.factor - 1)
+    return scaling.factor
+
+
 def inverse_frequencies(dim: int, theta: float, scaling: RopeScalingConfig,
                         fit_len: Optional[int] = None) -> tuple[torch.Tensor, float]:
     """Inverse frequencies (float32, shape (dim/2,)) and the cos/sin attention factor.
 
     ``fit_len`` is the length the frequencies must serve; only ``dynamic`` uses it.
     """
-    kind, factor = scaling.type, scaling.factor
-    if kind == "none" or factor == 1.0:
+    kind, scale = scaling.type, effective_scale(scaling, fit_len)
+    if scale == 1.0:  # every method is plain RoPE at scale 1
         inv_freq, attention = base_inv_freq(dim, theta), 1.0
     elif kind == "linear":
-        inv_freq, attention = base_inv_freq(dim, theta) / factor, 1.0
-    elif kind == "ntk":
-        inv_freq, attention = base_inv_freq(dim, ntk_base(theta, factor, dim)), 1.0
-    elif kind == "dynamic":
-        length = max(fit_len or 0, scaling.original_max_len)
-        effective = factor * length / scaling.original_max_len - (factor - 1)
-        inv_freq, attention = base_inv_freq(dim, ntk_base(theta, effective, dim)), 1.0
+        inv_freq, attention = base_inv_freq(dim, theta) / scale, 1.0
+    elif kind in ("ntk", "dynamic"):
+        inv_freq, attention = base_inv_freq(dim, ntk_base(theta, scale, dim)), 1.0
     elif kind == "yarn":
         inv_freq, attention = _yarn(dim, theta, scaling)
     elif kind == "llama3":
