@@ -6,11 +6,11 @@ and what makes two configs the same experiment.
 
 from configs.loader import (config_from_dict, config_to_dict, config_to_yaml, load_config, override_section,
                             parse_override, save_config)
-from configs.schema import (DataConfig, EvalConfig, HubConfig, LocalConfig, LogConfig, RunConfig,
+from configs.schema import (DataConfig, EvalConfig, EvalCorpus, HubConfig, LocalConfig, LogConfig, RunConfig,
                             TokenizerConfig, TrainConfig)
 
 __all__ = [
-    "DataConfig", "EvalConfig", "HubConfig", "LocalConfig", "LogConfig", "RunConfig",
+    "DataConfig", "EvalConfig", "EvalCorpus", "HubConfig", "LocalConfig", "LogConfig", "RunConfig",
     "TokenizerConfig", "TrainConfig", "config_from_dict", "config_to_dict", "config_to_yaml",
     "load_config", "override_section", "parse_override", "save_config",
 ]

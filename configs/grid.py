@@ -6,6 +6,8 @@ resolved relative to the file that sets it::
     name: pe-extrapolation-cpu         # runs go to <out_dir>/<name>/, the report to reports/<name>/
     base: ../wikitext2-cpu.yaml
     overrides: [train.max_steps=1000]  # applied to every run
+    variants:                          # optional named rows, each crossed with the axes
+      linear-rope: [model.attention=linear, model.pos.kind=rope]
     axes:                              # dotted key -> values; the grid is their product
       model.pos.kind: [rope, sinusoidal, learned, alibi, none]
       train.seed: [0, 1]
@@ -50,6 +52,9 @@ class Grid:
     out_dir: str = "runs"
     overrides: list[str] = field(default_factory=list)
     axes: dict[str, list[Any]] = field(default_factory=dict)
+    # Named rows that are not a product of values (attention kind with an encoding, an
+    # option of one encoding): name -> overrides, crossed with the axes.
+    variants: dict[str, list[str]] = field(default_factory=dict)
     eval_overrides: list[str] = field(default_factory=list)  # the grid's eval section, as eval.* overrides
     report: Optional[str] = None
     source: Optional[Path] = None
@@ -59,12 +64,15 @@ class Grid:
         return Path(self.report or f"reports/{self.name}")
 
     def plan(self, extra_overrides: list[str] = ()) -> list[PlannedRun]:
-        """Every run of the grid, validated, in axis order (the last axis varies fastest)."""
+        """Every run of the grid, validated: variants in order, each crossed with the axes
+        (the last axis varies fastest)."""
         keys = list(self.axes)
         runs = []
-        for values in itertools.product(*(self.axes[k] for k in keys)):
-            name = "_".join(f"{k.split('.')[-1]}-{_name_part(v)}" for k, v in zip(keys, values)) or "run"
-            overrides = [*self.overrides, *self.eval_overrides, *extra_overrides,
+        for variant, values in itertools.product(self.variants or {None: []}, itertools.product(
+                *(self.axes[k] for k in keys))):
+            parts = ([variant] if variant else []) + [f"{k.split('.')[-1]}-{_name_part(v)}" for k, v in zip(keys, values)]
+            name = "_".join(parts) or "run"
+            overrides = [*self.overrides, *self.eval_overrides, *self.variants.get(variant, []), *extra_overrides,
                          *(f"{k}={_text(v)}" for k, v in zip(keys, values)),
                          f"out_dir={Path(self.out_dir) / self.name}", f"name={name}"]
             try:
@@ -111,10 +119,17 @@ def load_grid(path: str | Path) -> Grid:
         raise ConfigError(f"{path}: 'axes' must map dotted keys to non-empty lists of values")
     if not isinstance(tree.get("overrides", []), list):
         raise ConfigError(f"{path}: 'overrides' must be a list of key=value strings")
+    variants = tree.get("variants") or {}
+    if not isinstance(variants, dict) or not all(
+            isinstance(k, str) and re.fullmatch(r"[A-Za-z0-9.+-]+", k) and isinstance(v, list)
+            for k, v in variants.items()):
+        raise ConfigError(f"{path}: 'variants' must map names (letters, digits, . + -) to lists of "
+                          "key=value overrides")
     base = Path(origins.get("base", str(path))).parent / tree["base"]
     if not base.is_file():
         raise ConfigError(f"{path}: base config not found: {tree['base']} (looked for {base})")
     return Grid(name=tree["name"], base=base, out_dir=tree.get("out_dir", "runs"),
                 overrides=[str(o) for o in tree.get("overrides", [])], axes=axes,
+                variants={k: [str(o) for o in v] for k, v in variants.items()},
                 eval_overrides=[f"eval.{k}={_text(v)}" for k, v in evaluation.items()],
                 report=tree.get("report"), source=path)

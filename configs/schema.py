@@ -144,7 +144,7 @@ class DataConfig:
     # What one document is (each ends with <|endoftext|>): line = each line / dataset row;
     # paragraph = blocks separated by blank lines (local only); file = a whole file (local
     # only); wikitext = lines grouped into articles, a new one at each ` = Title = ` line.
-    documents: Literal["line", "paragraph", "file", "wikitext"] = "line"
+    documents: DocumentMode = "line"
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     cache_dir: Optional[str] = None  # None: $ROPELAB_CACHE or .cache/ropelab/data
     num_proc: Optional[int] = None  # tokenizer processes; None: min(2, cpu count)
@@ -219,6 +219,48 @@ class TrainConfig:
         return math.ceil(self.max_tokens / self.tokens_per_step(world_size))
 
 
+DocumentMode = Literal["line", "paragraph", "file", "wikitext"]
+
+
+@dataclass
+class EvalCorpus:
+    """A corpus to evaluate on, always tokenized with the evaluated run's own tokenizer.
+
+    ``source: run`` is the run's own data (its ``eval.split``); ``local`` reads ``paths``
+    (files, directories or globs); ``hub`` a Hugging Face dataset (``hub``: a preset name
+    or repo[:config], ``split``: the dataset's split name); ``builtin`` the built-in
+    corpus. ``within_document`` lays windows inside documents only (documents shorter
+    than a window are skipped and counted), the way long-context papers evaluate on
+    books; otherwise windows run over the split as one stream. ``lengths`` and
+    ``protocols`` override the evaluation's for this corpus.
+    """
+
+    source: Literal["run", "local", "hub", "builtin"] = "run"
+    name: Optional[str] = None  # how reports call it (default: derived from the source)
+    paths: list[str] = field(default_factory=list)
+    hub: Optional[str] = None
+    split: Optional[str] = None  # run/builtin: valid or test (default eval.split); hub: its split name
+    documents: Optional[DocumentMode] = None  # default: the run's own; file for local; line otherwise
+    within_document: bool = False
+    lengths: list[int] = field(default_factory=list)  # empty: the evaluation's lengths
+    protocols: list[Literal["nonoverlap", "sliding"]] = field(default_factory=list)  # empty: the evaluation's
+
+    def __post_init__(self) -> None:
+        if (self.source == "local") != bool(self.paths):
+            raise ConfigError("eval corpus: paths go with source=local (files, directories or globs) "
+                              f"and only with it (got source={self.source}, paths={self.paths})")
+        if (self.source == "hub") != (self.hub is not None):
+            raise ConfigError("eval corpus: hub (a dataset name) goes with source=hub and only with it")
+        if self.source in ("run", "builtin") and self.split not in (None, "valid", "test"):
+            raise ConfigError(f"eval corpus: split must be valid or test for source={self.source} "
+                              f"(got {self.split!r})")
+        if self.source == "run" and self.documents is not None:
+            raise ConfigError("eval corpus: source=run keeps the run's own data.documents; "
+                              "use source=local to read the files another way")
+        if any(n < 1 for n in self.lengths):
+            raise ConfigError(f"eval corpus: lengths must be positive integers (got {self.lengths})")
+
+
 @dataclass
 class EvalConfig:
     """Length-extrapolation evaluation: the one typed config of ``eval/``.
@@ -227,8 +269,9 @@ class EvalConfig:
     ``python -m eval.extrapolation`` override its keys through the same typed loader.
     Lengths: ``lengths`` if given, else ``length_multipliers`` x train.seq_len. The sliding
     protocol's stride defaults to half the evaluated length, so every scored token sees at
-    least length/2 tokens of context at twice the cost of non-overlapping windows. RoPE
-    scalings use factor = length / train.seq_len unless ``factor`` fixes it.
+    least length/2 tokens of context at twice the cost of non-overlapping windows. Static
+    RoPE scalings use factor = length / train.seq_len unless ``factor`` fixes it; dynamic
+    NTK adapts to the length itself, so it keeps factor 1 (or ``factor``).
     """
 
     lengths: list[int] = field(default_factory=list)
@@ -238,9 +281,13 @@ class EvalConfig:
     scalings: list[ScalingType] = field(default_factory=lambda: ["none"])
     factor: Optional[float] = None  # a fixed RoPE scaling factor instead of length / train.seq_len
     batch_size: int = 8  # windows per forward; never changes a result
-    max_tokens: Optional[int] = None  # cap on tokens scored per length (None: the whole split)
+    # Tokens scored per length and protocol, in windows spread evenly over the split
+    # (100k ≈ 40% of WikiText-2's validation split); null scores the whole split.
+    max_tokens: Optional[int] = 100_000
     split: Literal["valid", "test"] = "valid"
-    per_position: bool = True  # also the mean loss at each position of the longest length
+    per_position: bool = True  # the mean loss by position at the longest length (from its windows)
+    corpora: list[EvalCorpus] = field(default_factory=lambda: [EvalCorpus()])
+    reference: str = "rope"  # the row the report compares every other row with (paired)
 
     def __post_init__(self) -> None:
         _positive("eval", self, "batch_size")
@@ -257,6 +304,8 @@ class EvalConfig:
             raise ConfigError("eval.scalings must name at least one scaling (none: plain RoPE)")
         if self.factor is not None and not self.factor >= 1.0:
             raise ConfigError(f"eval.factor must be >= 1 (got {self.factor}); null means length / train.seq_len")
+        if not self.corpora:
+            raise ConfigError("eval.corpora must name at least one corpus ({source: run} is the run's own)")
 
     def resolved_lengths(self, train_len: int) -> list[int]:
         """The evaluated lengths, ascending and distinct."""

@@ -5,10 +5,11 @@
 """
 
 from data.prepare import PreparedData, prepare_data
-from data.samplers import EvalWindow, TrainSampler, eval_windows, window_batch
+from data.samplers import (EvalWindow, TrainSampler, document_spans, document_windows, eval_windows,
+                           spread_windows, window_batch)
 from data.tokenizers import EOT, Tokenizer, load_tokenizer, train_tokenizer
 
 __all__ = [
-    "EOT", "EvalWindow", "PreparedData", "Tokenizer", "TrainSampler", "eval_windows",
-    "load_tokenizer", "prepare_data", "train_tokenizer", "window_batch",
+    "EOT", "EvalWindow", "PreparedData", "Tokenizer", "TrainSampler", "document_spans", "document_windows",
+    "eval_windows", "load_tokenizer", "prepare_data", "spread_windows", "train_tokenizer", "window_batch",
 ]

@@ -8,11 +8,14 @@ batch ``b`` sees exactly the batches of a 1-rank run with batch ``2b``, and the 
 state is just the counter ``k``.
 
 Evaluation: contiguous windows over a split, either non-overlapping or sliding; each
-window says which of its targets to score so no target is scored twice.
+window says which of its targets to score so no target is scored twice. Windows run over
+the whole split as one stream (as in the ALiBi paper's evaluation), or inside each
+document only (``document_windows``), the way long-context papers evaluate on books.
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 from typing import Optional
 
@@ -75,7 +78,7 @@ class EvalWindow:
 
 
 def eval_windows(n_tokens: int, length: int, stride: Optional[int] = None,
-                 max_windows: Optional[int] = None, max_tokens: Optional[int] = None) -> list[EvalWindow]:
+                 max_windows: Optional[int] = None, offset: int = 0) -> list[EvalWindow]:
     """Deterministic windows over a split of ``n_tokens`` tokens (``n_tokens - 1`` targets).
 
     ``stride=None`` (or ``= length``): non-overlapping windows, ``(n_tokens - 1) // length``
@@ -86,8 +89,8 @@ def eval_windows(n_tokens: int, length: int, stride: Optional[int] = None,
     context — the first window's early targets too, which is why the first
     ``length - stride`` targets of the split are not scored — and every later target is
     scored exactly once. With ``stride = length`` this is the non-overlapping protocol.
-    ``max_windows`` / ``max_tokens`` keep a prefix of the windows (``max_tokens`` counts
-    scored targets, rounded up to whole windows).
+    ``max_windows`` keeps a prefix (the training-time validation); ``offset`` shifts every
+    window, for a stretch of tokens that starts inside a longer split.
     """
     if length < 1 or (stride is not None and not 1 <= stride <= length):
         raise ValueError(f"need length >= 1 and 1 <= stride <= length (got {length}, {stride})")
@@ -97,21 +100,58 @@ def eval_windows(n_tokens: int, length: int, stride: Optional[int] = None,
                         "or use a larger split")
     stride = length if stride is None else stride
     last_start = n_tokens - 1 - length
-    windows = [EvalWindow(s, length, length - stride) for s in range(0, last_start + 1, stride)]
-    covered = windows[-1].start + length  # targets 1..covered are scored
+    windows = [EvalWindow(offset + s, length, length - stride) for s in range(0, last_start + 1, stride)]
+    covered = windows[-1].start - offset + length  # targets 1..covered are scored
     if stride < length and covered < n_tokens - 1:
-        windows.append(EvalWindow(last_start, length, length - (n_tokens - 1 - covered)))
-    if max_windows is not None:
-        windows = windows[:max_windows]
-    if max_tokens is not None:
-        kept, total = [], 0
-        for w in windows:
-            if total >= max_tokens:
-                break
-            kept.append(w)
-            total += w.scored
-        windows = kept
-    return windows
+        windows.append(EvalWindow(offset + last_start, length, length - (n_tokens - 1 - covered)))
+    return windows[:max_windows] if max_windows is not None else windows
+
+
+def document_spans(tokens: np.ndarray, eot_id: int) -> list[tuple[int, int]]:
+    """(start, end) per document: ``tokens[start:end]`` is its text and ``tokens[end]`` its
+    end-of-text token (``end`` = len(tokens) - 1 for a last document without one)."""
+    ends = np.flatnonzero(np.asarray(tokens) == eot_id)
+    if len(ends) == 0 or ends[-1] != len(tokens) - 1:
+        ends = np.append(ends, len(tokens) - 1)
+    starts = np.concatenate(([0], ends[:-1] + 1))
+    return [(int(a), int(b)) for a, b in zip(starts, ends) if b > a]
+
+
+def document_windows(spans: list[tuple[int, int]], length: int,
+                     stride: Optional[int] = None) -> tuple[list[EvalWindow], int]:
+    """Windows that never cross a document boundary, and how many documents were too short.
+
+    A document's inputs and targets are its tokens through its end-of-text token, so its
+    last target is the end of the document; documents with fewer than ``length + 1`` such
+    tokens cannot hold one window and are skipped (and counted).
+    """
+    windows, skipped = [], 0
+    for start, end in spans:
+        n = end - start + 1
+        if n - 1 < length:
+            skipped += 1
+            continue
+        windows.extend(eval_windows(n, length, stride, offset=start))
+    return windows, skipped
+
+
+def spread_windows(windows: list[EvalWindow], max_tokens: Optional[int]) -> list[EvalWindow]:
+    """The fewest evenly spaced windows (first and last included) scoring ``max_tokens``.
+
+    Evenly spaced over the whole split rather than a prefix, so a budget covers every part
+    of the corpus (and far more documents, which the bootstrap resamples). Deterministic,
+    so every run is scored on the same tokens. All windows when they score fewer.
+    """
+    total = sum(w.scored for w in windows)
+    if max_tokens is None or total <= max_tokens:
+        return windows
+    count = max(1, math.ceil(max_tokens * len(windows) / total))
+    while True:
+        picked = np.unique(np.round(np.linspace(0, len(windows) - 1, count)).astype(np.int64))
+        chosen = [windows[i] for i in picked]
+        if sum(w.scored for w in chosen) >= max_tokens or count >= len(windows):
+            return chosen
+        count += 1
 
 
 def window_batch(tokens: np.ndarray,

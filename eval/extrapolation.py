@@ -23,19 +23,19 @@ import time
 from pathlib import Path
 from typing import Callable, Optional, Sequence
 
-import numpy as np
 import torch
 
 from configs import override_section
 from configs.experiment import seed_group
-from configs.schema import EvalConfig, RunConfig, TokenizerConfig
+from configs.schema import EvalConfig, EvalCorpus, RunConfig
 from data.atomic import write_text_atomic
-from data.prepare import prepare_data
+from eval.corpus import CorpusTokens, load_corpus
 from eval.labels import encoding_label
-from eval.perplexity import per_position_loss, perplexity
+from eval.perplexity import perplexity
 from eval.report import write_report
 from model.config import SCALING_TYPES, RopeScalingConfig
-from model.errors import DataError, UserError
+from model.errors import UserError
+from model.positional.rope_scaling import effective_scale
 from training.cli import entry_point
 from training.run_dir import RunDir
 from training.saved_run import SavedRun, load_run, read_run_config, rescaled
@@ -48,18 +48,34 @@ def own_eval(cfg: RunConfig) -> EvalConfig:
 
 
 def scaling_for(kind: str, length: int, train_len: int, factor: Optional[float]) -> Optional[RopeScalingConfig]:
-    """The RoPE scaling at one evaluation length; None where it reduces to plain RoPE."""
-    s = factor if factor is not None else length / train_len
-    if kind == "none" or s <= 1.0:
+    """The RoPE scaling evaluated at one length; None where it is plain RoPE there.
+
+    Static methods use factor s = length / train_len (or the fixed ``factor``). Dynamic NTK
+    fits itself to the length, so its factor stays 1 (or ``factor``): setting s = L/L0 as
+    well would scale by s² − s + 1 (model/positional/rope_scaling.py).
+    """
+    if kind == "none" or length <= train_len and kind == "dynamic":
+        return None
+    s = (factor or 1.0) if kind == "dynamic" else (factor if factor is not None else length / train_len)
+    if kind != "dynamic" and s <= 1.0:
         return None
     return RopeScalingConfig(type=kind, factor=s, original_max_len=train_len)
+
+
+def scale_note(kind: str, length: int, train_len: int, factor: Optional[float]) -> dict:
+    """What a scaling row did at one length: its configured factor and effective scale."""
+    scaling = scaling_for(kind, length, train_len, factor)
+    if scaling is None:
+        return {"scaling_factor": 1.0, "effective_scale": 1.0}
+    return {"scaling_factor": scaling.factor, "effective_scale": round(effective_scale(scaling, length), 6)}
 
 
 def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
     cfg, meta = saved.cfg, saved.meta
     # Seeds of one experiment, trained for as many tokens, are pooled into one row.
     group = f"{seed_group(cfg)}-{meta.get('tokens')}"
-    return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind, "group": group,
+    return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind,
+            "attention": getattr(cfg.model, "attention", "softmax"), "group": group,
             "stem": re.sub(r"[_-]?seed[-=]?\d+", "", cfg.name) or cfg.name,
             "pairing": cfg.model.pos.rope.pairing if cfg.model.pos.kind == "rope" else None,
             "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"),
@@ -68,73 +84,70 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
             "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev)}
 
 
-def split_tokens(saved: SavedRun, split: str) -> np.ndarray:
-    """The run's ``split``, tokenized with the run's own tokenizer.json (never retrained)."""
-    own = TokenizerConfig(kind="file", path=str(saved.run.tokenizer))
-    data_cfg = dataclasses.replace(saved.cfg.data, tokenizer=own)
-    data = prepare_data(data_cfg, progress=False, splits=[split])
-    if data.tokenizer != saved.tokenizer:  # unreachable unless the cache was tampered with
-        raise DataError(f"the prepared data in {data.dir} does not match {saved.run.tokenizer}; "
-                        "delete that directory and evaluate again")
-    return data.split(split)
+def _check_finished(saved: SavedRun, allow_unfinished: bool) -> None:
+    if allow_unfinished or saved.meta.get("finished", True):
+        return
+    raise UserError(f"{saved.run_dir} is not finished (its latest checkpoint is step {saved.meta.get('step')} of "
+                    f"{saved.meta.get('total_steps')}): it is still training or was interrupted. Finish it with "
+                    "python train.py CONFIG --resume, or evaluate the checkpoint as it is with --allow-unfinished.")
 
 
-def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) -> tuple[dict, list[dict], dict]:
-    """(metadata, result rows, per-position curves by scaling) for one run."""
+def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
+                 allow_unfinished: bool = False) -> tuple[dict, list[dict], dict]:
+    """(metadata, result rows, per-position curves by corpus and scaling) for one run."""
     base = load_run(run_dir, device=device)
-    train_len = base.cfg.train.seq_len
-    lengths = ev.resolved_lengths(train_len)
-    scalings = ev.resolved_scalings(base.cfg.model.pos.kind)
+    _check_finished(base, allow_unfinished)
     meta = run_metadata(base, ev)
-    tokens = split_tokens(base, ev.split)
-    token_bytes = base.tokenizer.token_bytes()
     rows, curves = [], {}
-    limit = base.model.pos.max_len
+    for corpus in ev.corpora:
+        data = load_corpus(base, corpus, ev)
+        corpus_rows, curves[data.name] = _evaluate_corpus(base, ev, corpus, data, meta, log)
+        rows += corpus_rows
+    return meta, rows, curves
+
+
+def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: CorpusTokens, meta: dict,
+                     log) -> tuple[list[dict], dict]:
+    train_len, limit = base.cfg.train.seq_len, base.model.pos.max_len
+    lengths = sorted(set(corpus.lengths)) or ev.resolved_lengths(train_len)
+    curve_at = max((n for n in lengths if limit is None or n <= limit), default=None) if ev.per_position else None
+    scalings = ev.resolved_scalings(base.cfg.model.pos.kind)
+    rows, curves = [], {}
     for scaling in scalings:
         for length in lengths:
             plain = scaling != "none" and scaling_for(scaling, length, train_len, ev.factor) is None
-            if plain and "none" in scalings:  # factor 1 is plain RoPE: copy, don't recompute
-                rows += [{**r, "scaling": scaling} for r in rows if r["scaling"] == "none" and r["length"] == length]
+            if plain and "none" in scalings:  # plain RoPE at this length: copy, don't recompute
+                copied = [{**r, "scaling": scaling} for r in rows if r["scaling"] == "none" and r["length"] == length]
+                rows += copied
+                if length == curve_at and "none" in curves:
+                    curves[scaling] = curves["none"]
                 continue
             model = None if limit is not None and length > limit else _model_for(base, scaling, length, ev)
-            for protocol in ev.protocols:
+            for protocol in corpus.protocols or ev.protocols:
                 row = {**{k: meta[k] for k in ("run", "name", "encoding", "seed", "train_len")},
-                       "scaling": scaling, "length": length, "protocol": protocol, "split": ev.split}
+                       "corpus": data.name, "within_document": data.within_document, "scaling": scaling,
+                       **scale_note(scaling, length, train_len, ev.factor), "length": length, "protocol": protocol}
                 if model is None:
                     rows.append({**row, "status": "n/a", "note": f"trained table: {limit} positions"})
                     continue
-                stride = length if protocol == "nonoverlap" else ev.sliding_stride(length)
                 started = time.perf_counter()
-                result = perplexity(model, tokens, length, stride=min(stride, length),
-                                    batch_size=ev.batch_size, max_tokens=ev.max_tokens, token_bytes=token_bytes)
-                rows.append({**row, "status": "ok", **result.to_dict(), "protocol": protocol,
-                             "seconds": round(time.perf_counter() - started, 2)})
-                log(f"  {meta['name']:<28} {scaling:<8} L={length:<6} {protocol:<10} ppl={result.ppl:10.3f}")
-        if ev.per_position:
-            curves[scaling] = _curve(base, scaling, lengths, tokens, ev)
-    return meta, rows, curves
+                stride = length if protocol == "nonoverlap" else ev.sliding_stride(length)
+                result = perplexity(model, data.tokens, length, stride=min(stride, length), batch_size=ev.batch_size,
+                                    max_tokens=ev.max_tokens, token_bytes=base.tokenizer.token_bytes(),
+                                    eot_id=base.tokenizer.eot_id, within_document=data.within_document,
+                                    curve=length == curve_at and protocol == "nonoverlap")
+                found = result.to_dict()
+                if found.pop("curve") is not None:
+                    curves[scaling] = result.curve
+                rows.append({**row, "status": "ok", **found, "seconds": round(time.perf_counter() - started, 2)})
+                log(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} {protocol:<10} "
+                    f"ppl={result.ppl:10.3f}")
+    return rows, curves
 
 
 def _model_for(base: SavedRun, scaling: str, length: int, ev: EvalConfig):
     rope_scaling = scaling_for(scaling, length, base.cfg.train.seq_len, ev.factor)
     return base.model if rope_scaling is None else rescaled(base, rope_scaling)
-
-
-def _curve(base: SavedRun, scaling: str, lengths: list[int], tokens, ev: EvalConfig) -> Optional[list[float]]:
-    limit = base.model.pos.max_len
-    usable = [n for n in lengths if limit is None or n <= limit]
-    if not usable:
-        return None
-    length = max(usable)
-    model = _model_for(base, scaling, length, ev)
-    # Four times the perplexity budget: each position is one sample per window, so the
-    # curve needs more windows than a mean over all positions does.
-    windows = None if ev.max_tokens is None else max(1, 4 * ev.max_tokens // length)
-    try:
-        curve = per_position_loss(model, tokens, length, batch_size=ev.batch_size, max_windows=windows)
-    except DataError:
-        return None
-    return [round(float(v), 5) for v in curve]  # nats; more digits would only bloat results.json
 
 
 def _cache_key(ev: EvalConfig) -> str:
@@ -143,7 +156,8 @@ def _cache_key(ev: EvalConfig) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log) -> tuple[dict, list[dict], dict]:
+def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log,
+                      allow_unfinished: bool = False) -> tuple[dict, list[dict], dict]:
     """evaluate_run, reusing an earlier result for the same checkpoint and evaluation config."""
     run = RunDir(run_dir)
     ev = eval_for(read_run_config(run))
@@ -154,29 +168,45 @@ def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log) -> tup
         if cached.get("checkpoint") == ckpt.name:
             log(f"  reusing {path}")
             return cached["meta"], cached["rows"], cached["curves"]
-    meta, rows, curves = evaluate_run(run.path, ev, device, log)
+    meta, rows, curves = evaluate_run(run.path, ev, device, log, allow_unfinished)
     path.parent.mkdir(exist_ok=True)
     write_text_atomic(path, json.dumps({"checkpoint": meta["checkpoint"], "meta": meta, "rows": rows,
                                         "curves": curves}))
     return meta, rows, curves
 
 
+def share_window_sets(rows: list[dict]) -> dict[str, dict]:
+    """Move each row's per-unit token and byte counts into a table shared by every row
+    scored on the same windows (they are identical), keeping results.json small."""
+    sets = {}
+    for row in rows:
+        if "unit_tokens" not in row:
+            continue
+        shared = {"unit_kind": row.pop("unit_kind"), "unit_tokens": row.pop("unit_tokens"),
+                  "unit_bytes": row.pop("unit_bytes")}
+        key = hashlib.sha256(json.dumps(shared).encode()).hexdigest()[:12]
+        sets[key] = shared
+        row["window_set"] = key
+    return sets
+
+
 def _label_groups(runs: list[dict], rows: list[dict]) -> None:
-    """Label rows by encoding; where one encoding has several configs, add the run-name stem."""
+    """Label rows by encoding; where one encoding has several configs, by the run-name stem."""
     groups_per_kind: dict[str, set] = {}
     for run in runs:
         groups_per_kind.setdefault(run["encoding"], set()).add(run["group"])
     label = {}
     for run in runs:
         kind = encoding_label(run["encoding"])
-        label[run["run"]] = kind if len(groups_per_kind[run["encoding"]]) == 1 else f"{kind} [{run['stem']}]"
+        stem = run["stem"].removeprefix("kind-")
+        label[run["run"]] = kind if len(groups_per_kind[run["encoding"]]) == 1 else stem
         run["label"] = label[run["run"]]
     for row in rows:
         row["label"] = label[row["run"]]
 
 
 def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = own_eval, device: str = "cpu",
-                      log=print, missing: Sequence[dict] = ()) -> dict:
+                      log=print, missing: Sequence[dict] = (), allow_unfinished: bool = False) -> dict:
     """Evaluate every run with ``eval_for(its config)`` and write results.json, report.md and plots.
 
     ``missing`` lists runs that should have been there (``{"run", "error"}``) for the report.
@@ -185,7 +215,7 @@ def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = o
     for run_dir in run_dirs:
         log(f"evaluating {run_dir}")
         try:
-            meta, run_rows, run_curves = cached_evaluation(Path(run_dir), eval_for, device, log)
+            meta, run_rows, run_curves = cached_evaluation(Path(run_dir), eval_for, device, log, allow_unfinished)
         except UserError as e:
             failures.append({"run": str(run_dir), "error": str(e)})
             log(f"  skipped: {e}")
@@ -197,27 +227,37 @@ def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = o
         raise UserError("no run could be evaluated:\n" + "\n".join(f"- {f['run']}: {f['error']}" for f in failures))
     _label_groups(runs, rows)
     results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs, "results": rows,
-               "per_position": curves, "missing": failures}
+               "window_sets": share_window_sets(rows), "per_position": curves, "missing": failures}
     write_report(results, out)
     return results
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eval.extrapolation", description=__doc__.split("\n\n")[0],
-                                epilog="Flags override the keys of each run's own eval config.")
+                                epilog="Flags override the keys of each run's own eval config (eval.*).")
     p.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
     p.add_argument("--lengths", type=int, nargs="+", help="eval.lengths: evaluation lengths")
     p.add_argument("--scaling", nargs="+", choices=SCALING_TYPES, dest="scalings",
                    help="eval.scalings: RoPE scalings to compare (RoPE runs only)")
-    p.add_argument("--protocols", nargs="+", choices=["nonoverlap", "sliding"])
+    p.add_argument("--protocols", nargs="+", choices=["nonoverlap", "sliding"], help="eval.protocols")
     p.add_argument("--stride", type=int, help="eval.stride: sliding-window stride (default: half the length)")
-    p.add_argument("--max-tokens", type=int, help="eval.max_tokens: cap on scored tokens per length")
-    p.add_argument("--split", choices=["valid", "test"])
+    p.add_argument("--max-tokens", type=int, help="eval.max_tokens: tokens scored per length (spread over the split)")
+    p.add_argument("--all-tokens", action="store_true", help="score the whole split (eval.max_tokens: null)")
+    p.add_argument("--split", choices=["valid", "test"], help="eval.split: which split of the run's own data")
     p.add_argument("--factor", type=float, help="eval.factor: fixed RoPE scaling factor (default: L_eval / L_train)")
     p.add_argument("--batch-size", type=int, help="eval.batch_size: windows per forward")
     p.add_argument("--no-per-position", dest="per_position", action="store_const", const=False,
-                   help="skip per-position loss curves")
-    p.add_argument("--device", default="cpu")
+                   help="skip the per-position loss curves")
+    p.add_argument("--data", nargs="+", metavar="SOURCE",
+                   help="evaluate on another corpus: files, directories or globs; 'builtin'; or 'hub:NAME' "
+                        "(a preset or repo[:config]); always with each run's own tokenizer")
+    p.add_argument("--documents", choices=["line", "paragraph", "file", "wikitext"],
+                   help="what one document of --data is (default: file for local files, else line)")
+    p.add_argument("--data-split", help="with --data hub:NAME: the dataset's split (default: its validation split)")
+    p.add_argument("--within-document", action="store_true",
+                   help="windows never cross a document boundary (shorter documents are skipped and counted)")
+    p.add_argument("--allow-unfinished", action="store_true", help="evaluate runs whose training has not finished")
+    p.add_argument("--device", default="cpu", help="torch device for evaluation")
     p.add_argument("--out", type=Path, default=Path("reports/extrapolation"), help="report directory")
     return p.parse_args(argv)
 
@@ -226,17 +266,43 @@ EVAL_FLAGS = ("lengths", "scalings", "protocols", "stride", "max_tokens", "split
               "per_position")
 
 
+def corpus_from_flags(args: argparse.Namespace) -> Optional[dict]:
+    """The eval.corpora entry the --data flags describe, or None (each run's own corpus)."""
+    if args.data is None:
+        if args.documents or args.data_split or args.within_document:
+            raise UserError("--documents, --data-split and --within-document describe a --data corpus; "
+                            "add --data (or set eval.corpora in the run's config)")
+        return None
+    corpus: dict = {"within_document": args.within_document}
+    if args.documents:
+        corpus["documents"] = args.documents
+    if args.data == ["builtin"]:
+        corpus.update(source="builtin")
+    elif len(args.data) == 1 and args.data[0].startswith("hub:"):
+        corpus.update(source="hub", hub=args.data[0][4:], split=args.data_split)
+    else:
+        corpus.update(source="local", paths=list(args.data))
+    return corpus
+
+
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
     tree = {key: getattr(args, key) for key in EVAL_FLAGS if getattr(args, key) is not None}
+    if args.all_tokens:
+        if args.max_tokens is not None:
+            raise UserError("--all-tokens and --max-tokens contradict each other; give one")
+        tree["max_tokens"] = None
+    corpus = corpus_from_flags(args)
+    if corpus is not None:
+        tree["corpora"] = [corpus]
     override_section(EvalConfig(), tree, "command line", "eval.")  # a bad value fails before any work
 
     def eval_for(cfg: RunConfig) -> EvalConfig:
         return override_section(cfg.eval, tree, "command line", "eval.")
 
     with torch.inference_mode():
-        run_extrapolation(args.runs, args.out, eval_for, device=args.device)
+        run_extrapolation(args.runs, args.out, eval_for, device=args.device, allow_unfinished=args.allow_unfinished)
     print(f"wrote {args.out}/report.md, results.json and plots")
     return 0
 

@@ -1,29 +1,41 @@
-"""Perplexity of a model on a token split: pure functions ``(model, tokens, settings) -> results``.
+"""Perplexity of a model on a token stream, with what the statistics need.
 
-Protocols (windows from ``data.samplers.eval_windows``):
+Protocols (windows from data/samplers.py):
 - non-overlapping windows of the evaluation length — the default of Press et al. (2022,
   ALiBi), where early tokens of every window have little context;
 - sliding windows with stride S, scoring only the last S targets of each window, so
   each scored token has at least L−S tokens of context (the "early token curse" of
   non-overlapping evaluation avoided; Press et al. 2021, "Shortformer", §2.2).
+Windows run over the split as one stream or inside documents only (``within_document``);
+a token budget keeps windows spread evenly over the whole split.
 
-Reported: mean token NLL (nats), perplexity exp(NLL), bits per byte
-(NLL_total / ln 2 / UTF-8 bytes of the scored tokens, comparable across tokenizers), and
-the number of tokens scored. Batches shrink with the length (``max_batch_tokens``) so
-long evaluations keep memory bounded.
+Reported: mean token NLL (nats), perplexity exp(NLL), bits per byte (NLL_total / ln 2 /
+UTF-8 bytes of the scored tokens, comparable across tokenizers), tokens, windows and
+documents scored. For the bootstrap (eval/stats.py) the NLL, token and byte sums are kept
+per *unit*: the documents the scored tokens belong to (grouped into at most MAX_UNITS
+runs of consecutive documents), or, where fewer than MIN_DOCUMENTS documents are scored
+(a few long books), contiguous blocks of windows. Optionally the loss by position
+(non-overlapping windows), log-binned, with each bin's mean and spread over windows.
 """
 
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import dataclass, field
 from typing import Iterator, Optional, Sequence
 
 import numpy as np
 import torch
 
-from data.samplers import EvalWindow, eval_windows, window_batch
+from data.samplers import (EvalWindow, document_spans, document_windows, eval_windows, spread_windows,
+                           window_batch)
+from model.errors import DataError
 from model.loss import perplexity_of
+
+MIN_DOCUMENTS = 20  # fewer scored documents than this: resample blocks of windows instead
+MAX_UNITS = 100  # documents beyond this are grouped (consecutive) so results stay small
+BLOCKS = 50  # blocks of consecutive windows when documents are too few
+CURVE_BINS = 48
 
 
 @dataclass
@@ -36,9 +48,16 @@ class Perplexity:
     bpb: Optional[float]  # bits per UTF-8 byte of the scored text (None without byte counts)
     tokens: int  # targets scored
     windows: int
+    documents: int  # documents with at least one scored token
+    skipped_documents: int = 0  # within-document mode: documents shorter than one window
+    unit_kind: str = "blocks"  # what the bootstrap resamples: "documents" or "blocks"
+    unit_nll: list[float] = field(default_factory=list)
+    unit_tokens: list[int] = field(default_factory=list)
+    unit_bytes: list[int] = field(default_factory=list)
+    curve: Optional[dict] = None  # {"edges", "mean", "sd", "n"}: loss by position, binned
 
     def to_dict(self) -> dict:
-        return asdict(self)
+        return dict(vars(self))
 
 
 def _batches(windows: Sequence[EvalWindow], length: int, batch_size: int,
@@ -50,8 +69,9 @@ def _batches(windows: Sequence[EvalWindow], length: int, batch_size: int,
 
 @torch.no_grad()
 def window_losses(model, tokens: np.ndarray, windows: Sequence[EvalWindow], batch_size: int = 8,
-                  max_batch_tokens: int = 16384) -> Iterator[tuple[torch.Tensor, torch.Tensor, torch.Tensor]]:
-    """Per-target NLL for each batch of windows: yields (nll (B, T), targets (B, T), score mask (B, T))."""
+                  max_batch_tokens: int = 16384) -> Iterator[tuple[list[EvalWindow], torch.Tensor, torch.Tensor,
+                                                                  torch.Tensor]]:
+    """Per batch of windows: (windows, NLL (B, T), targets (B, T), score mask (B, T))."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -60,7 +80,7 @@ def window_losses(model, tokens: np.ndarray, windows: Sequence[EvalWindow], batc
             x, y, mask = window_batch(tokens, group)
             # Per-target NLL (B, T) straight from the model: the logits are never all held.
             nll = model(x.to(device), targets=y.to(device), reduction="none")
-            yield nll.cpu(), y, mask
+            yield group, nll.float().cpu(), y, mask
     finally:
         model.train(was_training)
 
@@ -70,40 +90,121 @@ def validation_loss(model, tokens: np.ndarray, length: int, batch_size: int,
     """Mean NLL over the first ``max_windows`` non-overlapping windows (the training-time check)."""
     windows = eval_windows(len(tokens), length, max_windows=max_windows)
     total, count = 0.0, 0
-    for nll, _, mask in window_losses(model, tokens, windows, batch_size):
+    for _, nll, _, mask in window_losses(model, tokens, windows, batch_size):
         total += float(nll[mask].double().sum())
         count += int(mask.sum())
     return total / count
 
 
+def curve_edges(length: int, bins: int = CURVE_BINS) -> np.ndarray:
+    """Log-spaced 1-based position bin edges: bin i holds positions [edges[i], edges[i+1])."""
+    return np.unique(np.round(np.geomspace(1, length + 1, bins + 1)).astype(np.int64))
+
+
+class _Units:
+    """Which bootstrap unit each scored target belongs to (see the module docstring)."""
+
+    def __init__(self, windows: list[EvalWindow], doc_index: np.ndarray):
+        self.doc_index = doc_index
+        scored = np.unique(np.concatenate([doc_index[w.start + 1 + w.score_from:w.start + 1 + w.length]
+                                           for w in windows]))
+        self.documents = len(scored)
+        self.kind = "documents" if len(scored) >= MIN_DOCUMENTS else "blocks"
+        if self.kind == "documents":
+            self.scored, self.count = scored, min(len(scored), MAX_UNITS)
+        else:
+            self.count = min(BLOCKS, len(windows))
+        self.block_of = {w.start: i * self.count // len(windows) for i, w in enumerate(windows)}
+
+    def of(self, window: EvalWindow) -> np.ndarray:
+        """Unit id of each of the window's targets (length,)."""
+        if self.kind == "blocks":
+            return np.full(window.length, self.block_of[window.start])
+        docs = self.doc_index[window.start + 1:window.start + 1 + window.length]
+        rank = np.clip(np.searchsorted(self.scored, docs), 0, len(self.scored) - 1)
+        return rank * self.count // len(self.scored)
+
+
+def layout(n_tokens: int, length: int, stride: int, max_tokens: Optional[int],
+           spans: Optional[list[tuple[int, int]]]) -> tuple[list[EvalWindow], int]:
+    """(windows, documents skipped): over the stream, or inside ``spans`` when given."""
+    if spans is None:
+        windows, skipped = eval_windows(n_tokens, length, stride=stride), 0
+    else:
+        windows, skipped = document_windows(spans, length, stride)
+    return spread_windows(windows, max_tokens), skipped
+
+
 def perplexity(model, tokens: np.ndarray, length: int, *, stride: Optional[int] = None,
-               batch_size: int = 8, max_tokens: Optional[int] = None,
-               token_bytes: Optional[np.ndarray] = None, max_batch_tokens: int = 16384) -> Perplexity:
+               batch_size: int = 8, max_tokens: Optional[int] = None, token_bytes: Optional[np.ndarray] = None,
+               eot_id: Optional[int] = None, within_document: bool = False, curve: bool = False,
+               max_batch_tokens: int = 16384) -> Perplexity:
     """Perplexity at ``length``: non-overlapping windows (``stride`` None or = length) or sliding.
 
-    ``token_bytes[id]`` is the UTF-8 byte length of token ``id`` (for bits per byte).
+    ``token_bytes[id]`` is the UTF-8 byte length of token ``id`` (for bits per byte);
+    ``eot_id`` marks document ends (units, and windows with ``within_document``).
     """
     stride = length if stride is None else stride
-    windows = eval_windows(len(tokens), length, stride=stride, max_tokens=max_tokens)
-    total, count, n_bytes = 0.0, 0, 0
-    lengths = torch.from_numpy(token_bytes.astype(np.int64)) if token_bytes is not None else None
-    for nll, y, mask in window_losses(model, tokens, windows, batch_size, max_batch_tokens):
-        total += float(nll[mask].double().sum())
-        count += int(mask.sum())
-        if lengths is not None:
-            n_bytes += int(lengths[y[mask]].sum())
-    nll = total / count
-    bpb = total / math.log(2) / n_bytes if n_bytes else None
-    return Perplexity(length=length, protocol="nonoverlap" if stride == length else "sliding",
-                      stride=stride, nll=nll, ppl=perplexity_of(nll), bpb=bpb, tokens=count,
-                      windows=len(windows))
+    if within_document and eot_id is None:
+        raise ValueError("within-document windows need the end-of-text id (eot_id)")
+    spans = document_spans(tokens, eot_id) if within_document else None
+    windows, skipped = layout(len(tokens), length, stride, max_tokens, spans)
+    if not windows:
+        longest = max((b - a for a, b in spans), default=0)
+        raise DataError(f"no document holds a window of {length} tokens (all {skipped} are shorter; the "
+                        f"longest has {longest} tokens); evaluate shorter lengths or turn within_document off")
+    doc_index = np.zeros(len(tokens), dtype=np.int64)
+    if eot_id is not None:  # doc_index[p]: the number of end-of-text tokens before position p
+        doc_index[1:] = np.cumsum(np.asarray(tokens[:-1]) == eot_id)
+    units = _Units(windows, doc_index)
+    sums = _Sums(units.count, length if curve and stride == length else None)
+    byte_len = torch.from_numpy(token_bytes.astype(np.int64)) if token_bytes is not None else None
+    for group, nll, y, mask in window_losses(model, tokens, windows, batch_size, max_batch_tokens):
+        unit = torch.from_numpy(np.stack([units.of(w) for w in group]))  # (B, T)
+        sums.add(nll, mask, unit, byte_len[y] if byte_len is not None else None)
+    return sums.result(length, stride, len(windows), units, skipped)
 
 
-def per_position_loss(model, tokens: np.ndarray, length: int, *, batch_size: int = 8,
-                      max_windows: Optional[int] = None, max_batch_tokens: int = 16384) -> np.ndarray:
-    """Mean NLL at each position 0 … length-1 over non-overlapping windows, float64 (length,)."""
-    windows = eval_windows(len(tokens), length, max_windows=max_windows)
-    sums = torch.zeros(length, dtype=torch.float64)
-    for nll, _, _ in window_losses(model, tokens, windows, batch_size, max_batch_tokens):
-        sums += nll.double().sum(dim=0)
-    return (sums / len(windows)).numpy()
+class _Sums:
+    """Running sums of one evaluation: per unit, and per position bin for the curve."""
+
+    def __init__(self, n_units: int, curve_length: Optional[int]):
+        self.nll = np.zeros(n_units)
+        self.tokens = np.zeros(n_units, dtype=np.int64)
+        self.bytes = np.zeros(n_units, dtype=np.int64)
+        self.edges = curve_edges(curve_length) if curve_length else None
+        if self.edges is not None:
+            n_bins = len(self.edges) - 1
+            self.bin_sum, self.bin_sq, self.bin_n = np.zeros(n_bins), np.zeros(n_bins), 0
+
+    def add(self, nll: torch.Tensor, mask: torch.Tensor, unit: torch.Tensor, nbytes: Optional[torch.Tensor]) -> None:
+        u = unit[mask].numpy()
+        np.add.at(self.nll, u, nll[mask].double().numpy())
+        np.add.at(self.tokens, u, 1)
+        if nbytes is not None:
+            np.add.at(self.bytes, u, nbytes[mask].numpy())
+        if self.edges is not None:  # each window's mean loss per bin: one sample per window
+            per_bin = np.stack([nll[:, a - 1:b - 1].double().mean(dim=1).numpy()
+                                for a, b in zip(self.edges[:-1], self.edges[1:])], axis=1)  # (B, bins)
+            self.bin_sum += per_bin.sum(axis=0)
+            self.bin_sq += (per_bin ** 2).sum(axis=0)
+            self.bin_n += per_bin.shape[0]
+
+    def curve(self) -> Optional[dict]:
+        if self.edges is None:
+            return None
+        n = self.bin_n
+        mean = self.bin_sum / n
+        var = np.maximum(self.bin_sq / n - mean ** 2, 0.0) * (n / (n - 1) if n > 1 else 0.0)
+        return {"edges": self.edges.tolist(), "mean": [round(float(v), 5) for v in mean],
+                "sd": [round(float(v), 5) for v in np.sqrt(var)], "n": n}
+
+    def result(self, length: int, stride: int, n_windows: int, units: _Units, skipped: int) -> Perplexity:
+        total, count, n_bytes = float(self.nll.sum()), int(self.tokens.sum()), int(self.bytes.sum())
+        nll = total / count
+        return Perplexity(
+            length=length, protocol="nonoverlap" if stride == length else "sliding", stride=stride, nll=nll,
+            ppl=perplexity_of(nll), bpb=total / math.log(2) / n_bytes if n_bytes else None, tokens=count,
+            windows=n_windows, documents=units.documents, skipped_documents=skipped, unit_kind=units.kind,
+            unit_nll=[round(float(v), 4) for v in self.nll], unit_tokens=self.tokens.tolist(),
+            unit_bytes=self.bytes.tolist(), curve=self.curve())

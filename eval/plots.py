@@ -10,28 +10,39 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
 
 from eval.labels import encoding_label, with_scaling  # noqa: E402
+from eval.stats import pooled_curve  # noqa: E402
+
+
+def _plain_ticks(ax, axis: str) -> None:
+    """Log axes labelled 128, 256, … rather than 2^7, 2^8, …"""
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
 
 
 def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: Path, title: str) -> None:
-    """Perplexity vs evaluation length (log-x, log-y), one line per row, ± std as error bars."""
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for label in sorted(summary):
-        points = sorted((n, c) for n, c in summary[label].items() if "mean" in c)
+    """Perplexity vs evaluation length (log-log), one line per row, 95% intervals as error bars."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, label in enumerate(sorted(summary)):
+        points = sorted((n, c) for n, c in summary[label].items() if "ppl" in c)
         if not points:
             continue
-        xs = [n for n, _ in points]
-        ys = [c["mean"] for _, c in points]
-        err = [c["std"] or 0.0 for _, c in points]
-        ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3.5, capsize=2, label=label,
+        xs = np.array([n for n, _ in points], dtype=float) * (1 + 0.012 * (i % 5 - 2))  # nudge overlapping bars
+        ys = np.array([c["ppl"] for _, c in points])
+        err = np.array([[c["ppl"] - c["low"] for _, c in points], [c["high"] - c["ppl"] for _, c in points]])
+        ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3, capsize=2, linewidth=1.1, label=label,
                     linestyle="--" if "+" in label else "-")
     ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
     ax.text(train_len, 0.98, " L_train", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="grey")
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
+    _plain_ticks(ax, "x")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
+    _plain_ticks(ax, "y")
     ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("perplexity")
+    ax.set_ylabel("perplexity (95% interval)")
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
@@ -40,37 +51,29 @@ def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: P
     plt.close(fig)
 
 
-def log_binned(curve: np.ndarray, bins: int = 48) -> tuple[np.ndarray, np.ndarray]:
-    """Means of ``curve`` over log-spaced position bins: (bin centres as 1-based positions, means).
-
-    Early positions change fast and late ones are noisy (few windows), so equal widths on
-    a log axis show both.
-    """
-    edges = np.unique(np.round(np.geomspace(1, len(curve) + 1, bins + 1)).astype(int))
-    centres = np.sqrt(edges[:-1] * (edges[1:] - 1).clip(min=1))
-    means = np.array([curve[a - 1:b - 1].mean() for a, b in zip(edges[:-1], edges[1:])])
-    return centres, means
-
-
-def plot_per_position(results: dict, train_len: int, path: Path) -> None:
-    """Mean loss by position (log-binned), averaged over seeds, one line per row."""
-    curves: dict[str, list[np.ndarray]] = defaultdict(list)
-    runs = {r["run"]: r for r in results["runs"]}
-    for run, by_scaling in results["per_position"].items():
+def plot_per_position(runs: list[dict], curves: dict[str, dict[str, dict]], train_len: int, path: Path,
+                      corpus: str) -> None:
+    """Mean loss by position bin, pooled over seeds, one line per row, with a 95% band."""
+    labels = {r["run"]: r.get("label") or encoding_label(r["encoding"]) for r in runs}
+    pooled: dict[str, list[dict]] = defaultdict(list)
+    for run, by_scaling in curves.items():
         for scaling, curve in by_scaling.items():
             if curve:
-                label = runs[run].get("label") or encoding_label(runs[run]["encoding"])
-                curves[with_scaling(label, scaling)].append(np.asarray(curve))
-    fig, ax = plt.subplots(figsize=(7.5, 4.8))
-    for label in sorted(curves):
-        length = min(len(c) for c in curves[label])
-        xs, ys = log_binned(np.mean([c[:length] for c in curves[label]], axis=0))
-        ax.plot(xs, ys, label=label, linewidth=1.2, linestyle="--" if "+" in label else "-")
+                pooled[with_scaling(labels[run], scaling)].append(curve)
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for label in sorted(pooled):
+        same = [c for c in pooled[label] if c["edges"] == pooled[label][0]["edges"]]
+        edges = np.asarray(same[0]["edges"], dtype=float)
+        centres = np.sqrt(edges[:-1] * (edges[1:] - 1).clip(min=1))
+        mean, low, high = pooled_curve(same)
+        line, = ax.plot(centres, mean, label=label, linewidth=1.1, linestyle="--" if "+" in label else "-")
+        ax.fill_between(centres, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
     ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
     ax.set_xscale("log", base=2)
+    _plain_ticks(ax, "x")
     ax.set_xlabel("position in window (1-based; log-spaced bins)")
-    ax.set_ylabel("mean loss (nats)")
-    ax.set_title("Loss by position, at each encoding's longest evaluated length", fontsize=10)
+    ax.set_ylabel("mean loss (nats), 95% band")
+    ax.set_title(f"{corpus}: loss by position at the longest evaluated length", fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()

@@ -1,140 +1,134 @@
 """Turn extrapolation results into report.md, results.json and PNG plots.
 
-Rows are an encoding (plus RoPE scaling); runs that share a config but differ in seed
-are one row, shown as mean ± std over seeds. Each cell also gives the ratio to the
-row's in-distribution perplexity (at the training length), so "stays flat" and "blows up"
-read at a glance. Lengths a learned table cannot serve read "n/a (trained table: N
+Rows are an encoding (plus RoPE scaling); runs that are the same experiment apart from
+the seed are one row. Every perplexity carries a 95% interval, every comparison is
+paired on identical tokens and marked when significant (eval/stats.py, eval/tables.py).
+The report states each run's commit and whether all runs come from one clean commit,
+the corpora, how many tokens and documents were scored, and what each RoPE scaling did
+at each length. Lengths a learned table cannot serve read "n/a (trained table: N
 positions)" and are left out of the plots.
 """
 
 from __future__ import annotations
 
 import json
-import math
-from collections import defaultdict
+import re
+from itertools import combinations
 from pathlib import Path
-from typing import Optional
 
-import numpy as np
-
-from eval.labels import row_label
 from eval.plots import plot_per_position, plot_perplexity
+from eval.tables import (comparison_table, compare, interval_table, ratio_to_train_len, scored_line,
+                         summarize)
 
 PROTOCOL_TITLES = {
     "nonoverlap": "Non-overlapping windows (ALiBi paper protocol)",
-    "sliding": "Sliding window (each scored token has ≥ L−S tokens of context)",
+    "sliding": "Sliding windows (each scored token has ≥ L−S tokens of context)",
 }
+MARKS = ("Marks: ▼ significantly lower perplexity than the row compared with, ▲ significantly higher, "
+         "~ no significant difference (95% paired bootstrap interval of the ratio excludes 1, or not).")
 
 
-def _group(rows: list[dict], protocol: str) -> dict[str, dict[int, list[dict]]]:
-    """label -> length -> rows (one per seed)."""
-    table: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+def provenance(runs: list[dict]) -> list[str]:
+    commits = sorted({r.get("git_commit") or "unknown" for r in runs})
+    dirty = [c for c in commits if c == "unknown" or c.endswith("-dirty")]
+    if len(commits) == 1 and not dirty:
+        return [f"All {len(runs)} runs were trained from commit `{commits[0][:12]}`, a clean tree."]
+    lines = [f"Runs were trained from {len(commits)} commits: " + ", ".join(f"`{c[:18]}`" for c in commits) + "."]
+    if dirty:
+        lines.append("**Not reproducible from a clean commit**: " + ", ".join(f"`{c}`" for c in dirty)
+                     + " (uncommitted changes, or no git).")
+    return lines
+
+
+def _runs_table(runs: list[dict]) -> list[str]:
+    lines = ["| run | row | encoding | attention | seed | params | tokens trained | train length | commit |",
+             "|---|---|---|---|---:|---:|---:|---:|---|"]
+    for run in runs:
+        lines.append(f"| {run['name']} | {run.get('label', '')} | {run['encoding']} | {run.get('attention', 'softmax')} "
+                     f"| {run['seed']} | {run['params']:,} | {(run['tokens_trained'] or 0):,} | {run['train_len']} "
+                     f"| {(run['git_commit'] or '')[:10]} |")
+    return lines
+
+
+def _scale_table(rows: list[dict], lengths: list[int], train_len: int) -> list[str]:
+    """What each scaling did at each length: its factor and effective scale."""
+    seen: dict[str, dict[int, tuple]] = {}
     for row in rows:
-        if row["protocol"] == protocol:
-            table[row_label(row)][row["length"]].append(row)
-    return table
+        if row["scaling"] != "none" and "effective_scale" in row:
+            seen.setdefault(row["scaling"], {})[row["length"]] = (row["scaling_factor"], row["effective_scale"])
+    if not seen:
+        return []
+    lines = ["", "### What each RoPE scaling did", "",
+             "Cells: factor s in the scaling's config → effective scale at that length. Static methods use "
+             "s = L_eval / L_train (plain RoPE up to L); dynamic NTK keeps s = 1 and scales by "
+             "L_eval / L_train by itself (transformers' semantics).", "",
+             *[line.replace("| row |", "| scaling |") for line in _header(lengths, train_len)]]
+    for scaling, cells in sorted(seen.items()):
+        text = [f"{cells[n][0]:g} → {cells[n][1]:g}" if n in cells else "–" for n in lengths]
+        lines.append(f"| {scaling} | " + " | ".join(text) + " |")
+    return lines
 
 
-def _mean_std(values: list[float]) -> tuple[float, Optional[float]]:
-    mean = float(np.mean(values))
-    return mean, (float(np.std(values, ddof=1)) if len(values) > 1 else None)
+def _header(lengths: list[int], train_len: int) -> list[str]:
+    return ["| row | " + " | ".join(f"{n}{' (L)' if n == train_len else ''}" for n in lengths) + " |",
+            "|---|" + "---:|" * len(lengths)]
 
 
-def _fmt(value: float) -> str:
-    if not math.isfinite(value):
-        return "inf"
-    return f"{value:.1f}" if value >= 100 else f"{value:.2f}"
+def _comparisons(results: dict, corpus: str, protocol: str, summary: dict, reference: str) -> dict:
+    labels = sorted(summary)
+    pairs = [(label, reference) for label in labels if label != reference and reference in summary]
+    base = re.escape(reference)
+    scalings = [label for label in labels if re.fullmatch(rf"{base}( \+ \w+)?", label)]
+    pairs += [(a, b) for a, b in combinations(scalings, 2) if (a, b) not in pairs and (b, a) not in pairs]
+    return compare(results, corpus, protocol, pairs)
 
 
-def summarize(rows: list[dict], protocol: str, key: str = "ppl") -> dict[str, dict[int, dict]]:
-    """label -> length -> {mean, std, ratio, seeds, na} for one protocol."""
-    out: dict[str, dict[int, dict]] = {}
-    for label, by_length in _group(rows, protocol).items():
-        train_len = next(iter(by_length.values()))[0]["train_len"]
-        cells = {}
-        for length, group in by_length.items():
-            ok = [r[key] for r in group if r["status"] == "ok" and r.get(key) is not None]
-            if not ok:
-                cells[length] = {"na": group[0].get("note", "n/a")}
-                continue
-            mean, std = _mean_std(ok)
-            cells[length] = {"mean": mean, "std": std, "seeds": len(ok)}
-        base = cells.get(train_len, {}).get("mean")
-        for cell in cells.values():
-            if "mean" in cell and base:
-                cell["ratio"] = cell["mean"] / base
-        out[label] = cells
-    return out
-
-
-def markdown_table(summary: dict[str, dict[int, dict]], lengths: list[int], train_len: int,
-                   ratios: bool = True) -> str:
-    head = "| encoding | " + " | ".join(f"{n}{' (L)' if n == train_len else ''}" for n in lengths) + " |"
-    lines = [head, "|---|" + "---:|" * len(lengths)]
-    for label in sorted(summary):
-        cells = []
-        for n in lengths:
-            cell = summary[label].get(n)
-            if cell is None:
-                cells.append("–")
-            elif "na" in cell:
-                cells.append(f"n/a ({cell['na']})")
-            else:
-                text = _fmt(cell["mean"]) + (f" ± {cell['std']:.2g}" if cell["std"] is not None else "")
-                if ratios and "ratio" in cell and n != train_len:
-                    text += f" (×{cell['ratio']:.2f})"
-                cells.append(text)
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
-
-
-def _tokens_line(rows: list[dict], protocol: str, lengths: list[int]) -> str:
-    counts = {}
-    for r in rows:
-        if r["protocol"] == protocol and r["status"] == "ok":
-            counts.setdefault(r["length"], r["tokens"])
-    return "Tokens scored per length: " + ", ".join(f"{n}: {counts[n]:,}" for n in lengths if n in counts) + "."
+def _protocol_section(results: dict, corpus: str, protocol: str, reference: str, out: Path, index: int) -> list[str]:
+    summary = summarize(results, corpus, protocol)
+    lengths = sorted({n for cells in summary.values() for n in cells})
+    train_len = next(c["train_len"] for cells in summary.values() for c in cells.values() if "train_len" in c)
+    plot = f"ppl_vs_length_{index}_{protocol}.png"
+    plot_perplexity(summary, train_len, out / plot, f"{corpus}: {PROTOCOL_TITLES[protocol]}")
+    rows = [r for r in results["results"] if r.get("corpus") == corpus and r["protocol"] == protocol]
+    return ["", f"### {PROTOCOL_TITLES[protocol]}", "", "Perplexity with its 95% interval:", "",
+            interval_table(summary, lengths, train_len), "", scored_line(summary, lengths), "",
+            f"![perplexity vs length]({plot})", "",
+            "Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
+            f"perplexity is than the second's, with its 95% interval. {MARKS}", "",
+            comparison_table(_comparisons(results, corpus, protocol, summary, reference), lengths, train_len), "",
+            "Perplexity relative to the same row at L (point estimates; different tokens, so not paired):", "",
+            ratio_to_train_len(summary, lengths, train_len), "",
+            "Bits per byte (95% interval):", "", interval_table(summary, lengths, train_len, key="bpb"),
+            *_scale_table(rows, lengths, train_len)]
 
 
 def write_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
-    rows = results["results"]
-    lengths = sorted({r["length"] for r in rows})
+    runs, rows = results["runs"], results["results"]
+    reference = runs[0]["eval"].get("reference", "rope") if runs else "rope"
     train_lens = sorted({r["train_len"] for r in rows})
-    train_len = train_lens[0]
-    protocols = [p for p in ("nonoverlap", "sliding") if any(r["protocol"] == p for r in rows)]
     md = ["# Length extrapolation report", "",
-          f"Created {results['created']}. Training length L = {', '.join(map(str, train_lens))}; "
-          "cells are perplexity (mean ± std over seeds where there are several) and, in "
-          "brackets, the ratio to the same row's perplexity at L.", ""]
-    md += ["## Runs", "", "| run | encoding | seed | params | tokens trained | train length | commit |",
-           "|---|---|---:|---:|---:|---:|---|"]
-    for run in results["runs"]:
-        md.append(f"| {run['name']} | {run['encoding']} | {run['seed']} | {run['params']:,} | "
-                  f"{(run['tokens_trained'] or 0):,} | {run['train_len']} | {(run['git_commit'] or '')[:10]} |")
+          f"Created {results['created']}. Training length L = {', '.join(map(str, train_lens))}. A cell is the "
+          "perplexity exp(mean over seeds of the mean NLL per token) with its 95% interval from a two-stage "
+          "bootstrap over seeds and documents (eval/stats.py); rows pool the runs that are the same experiment "
+          "apart from the seed.", "", "## Runs", "", *provenance(runs), "", *_runs_table(runs)]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""]
         md += [f"- {m['run']}: {m['error']}" for m in results["missing"]]
-    for protocol in protocols:
-        md += ["", f"## {PROTOCOL_TITLES[protocol]}", "", "### Perplexity", "",
-               markdown_table(summarize(rows, protocol), lengths, train_len), "",
-               "### Bits per byte", "", markdown_table(summarize(rows, protocol, "bpb"), lengths, train_len,
-                                                        ratios=False), "",
-               _tokens_line(rows, protocol, lengths), "",
-               f"![perplexity vs length]({_plot_name(protocol)})"]
-    if any(results["per_position"].values()):
-        md += ["", "## Loss by position", "", "![per-position loss](per_position.png)"]
-    md += ["", "Notes: RoPE scalings use factor = L_eval / L_train (plain RoPE up to L). In a "
-           "fixed-window evaluation dynamic NTK sees one length per window, so it equals static NTK "
-           "at scale s·L/L_train − (s−1)."]
+    corpora = list(dict.fromkeys(r["corpus"] for r in rows))
+    for index, corpus in enumerate(corpora):
+        within = any(r.get("within_document") for r in rows if r["corpus"] == corpus)
+        md += ["", f"## {corpus}", "", "Windows stay inside documents." if within else
+               "Windows run over the split as one stream."]
+        for protocol in [p for p in PROTOCOL_TITLES if any(r["corpus"] == corpus and r["protocol"] == p for r in rows)]:
+            md += _protocol_section(results, corpus, protocol, reference, out, index)
+        curves = {run: by_corpus.get(corpus, {}) for run, by_corpus in results["per_position"].items()}
+        if any(curves.values()):
+            name = f"per_position_{index}.png"
+            plot_per_position(runs, curves, train_lens[0], out / name, corpus)
+            md += ["", "### Loss by position", "",
+                   "At each row's longest evaluated length (non-overlapping windows), log-spaced position bins; "
+                   "the band is a 95% interval over windows and seeds.", "", f"![loss by position]({name})"]
     (out / "report.md").write_text("\n".join(md) + "\n")
-    for protocol in protocols:
-        plot_perplexity(summarize(rows, protocol), train_len, out / _plot_name(protocol),
-                        PROTOCOL_TITLES[protocol])
-    if any(results["per_position"].values()):
-        plot_per_position(results, train_len, out / "per_position.png")
 
-
-def _plot_name(protocol: str) -> str:
-    return f"ppl_vs_length_{protocol}.png"

@@ -98,11 +98,22 @@ class PosConfig:
     kind: PosKind = "rope"
     max_len: Optional[int] = None  # learned: size of the position table (required)
     rope: RopeConfig = field(default_factory=RopeConfig)
+    # Additive absolute encodings: the factor on the token embeddings before the encoding
+    # is added. null: the encoding's own (√d_model for sinusoidal, Vaswani et al. §3.4;
+    # 1 for learned). An ablation knob: token and position parts start at RMS 0.02·scale
+    # and 1/√2 (sinusoid) or 0.02 (learned table).
+    token_scale: Optional[float] = None
 
     def __post_init__(self) -> None:
         if self.kind == "learned" and (self.max_len is None or self.max_len < 1):
             raise ConfigError("pos.kind=learned needs pos.max_len (the number of positions "
                               "in the table, at least the training seq_len)")
+        if self.token_scale is not None:
+            if self.kind not in ("sinusoidal", "learned"):
+                raise ConfigError(f"pos.token_scale scales token embeddings before an absolute encoding is "
+                                  f"added; pos.kind={self.kind} adds none (use sinusoidal or learned, or null)")
+            if not self.token_scale > 0 or self.token_scale == float("inf"):
+                raise ConfigError(f"pos.token_scale must be a positive number (got {self.token_scale})")
 
 
 @dataclass

@@ -1,4 +1,4 @@
-"""Evaluation: perplexity by hand, protocols, per-position loss, reports with n/a cells."""
+"""Evaluation: perplexity by hand, protocols, per-position loss, units, reports with n/a cells."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import train
 from conftest import tiny_config, write_run_config
 from data.tokenizers import ByteTokenizer
 from configs.schema import EvalConfig
-from eval.extrapolation import run_extrapolation, scaling_for
-from eval.perplexity import per_position_loss, perplexity, validation_loss
-from eval.report import summarize
+from eval.extrapolation import run_extrapolation, scale_note, scaling_for
+from eval.perplexity import curve_edges, perplexity, validation_loss
+from eval.tables import summarize
 from model.transformer import Transformer
 
 
@@ -47,8 +47,40 @@ def test_perplexity_is_exp_mean_nll_by_hand(model_and_tokens):
     assert result.nll == pytest.approx(float(nll.mean()), rel=1e-6)
     assert result.ppl == pytest.approx(math.exp(float(nll.mean())), rel=1e-6)
     assert result.bpb == pytest.approx(float(nll.mean()) / math.log(2), rel=1e-6)  # one byte per token
+    # No end-of-text id: one document, so the bootstrap units are blocks of windows, and
+    # the per-unit sums add up to the totals.
+    assert result.unit_kind == "blocks" and len(result.unit_nll) == 15 and result.documents == 1
+    assert sum(result.unit_tokens) == result.tokens and sum(result.unit_bytes) == result.tokens
+    assert sum(result.unit_nll) == pytest.approx(float(nll.sum()), rel=1e-6)
     assert validation_loss(model, tokens, 64, 5, max_windows=4) == pytest.approx(
         float(manual_nll(model, tokens, 64, [0, 64, 128, 192]).mean()), rel=1e-6)
+
+
+def test_units_are_documents_when_there_are_enough(model_and_tokens):
+    """With an end-of-text id the units are the documents the scored targets belong to."""
+    model, tokens = model_and_tokens
+    eot = 96
+    tokens = tokens.copy()
+    tokens[tokens == eot] = 0
+    tokens[17::31] = eot  # 32 documents of 31 tokens
+    docs = np.concatenate([[0], np.cumsum(tokens[:-1] == eot)])  # document of each position
+    result = perplexity(model, tokens, 32, eot_id=eot)
+    scored_docs = np.unique(docs[1:1 + (999 // 32) * 32])
+    assert result.unit_kind == "documents" and result.documents == len(scored_docs) >= 20
+    nll = manual_nll(model, tokens, 32, range(0, 999 - 31, 32))
+    targets = np.arange(1, 1 + len(nll))
+    groups = np.searchsorted(scored_docs, docs[targets]) * len(result.unit_nll) // len(scored_docs)
+    expected = np.bincount(groups, weights=nll.numpy(), minlength=len(result.unit_nll))
+    assert np.allclose(result.unit_nll, expected, atol=1e-3)
+    assert result.unit_tokens == np.bincount(groups, minlength=len(result.unit_nll)).tolist()
+
+
+def test_a_token_budget_spreads_windows_over_the_split(model_and_tokens):
+    model, tokens = model_and_tokens
+    result = perplexity(model, tokens, 64, max_tokens=256)
+    assert (result.tokens, result.windows) == (256, 4)
+    starts = [0, 320, 576, 896]  # windows 0, 5, 9, 14 of 15: evenly spread, both ends included
+    assert result.nll == pytest.approx(float(manual_nll(model, tokens, 64, starts).mean()), rel=1e-6)
 
 
 def test_sliding_with_stride_equal_length_is_nonoverlap(model_and_tokens):
@@ -68,11 +100,15 @@ def test_sliding_with_stride_equal_length_is_nonoverlap(model_and_tokens):
 
 def test_per_position_curve(model_and_tokens):
     model, tokens = model_and_tokens
-    curve = per_position_loss(model, tokens, 100, batch_size=4)
-    assert curve.shape == (100,)
-    nll = manual_nll(model, tokens, 100, range(0, 900, 100)).view(9, 100)
-    assert np.allclose(curve, nll.mean(dim=0).numpy(), rtol=1e-6)
-    assert curve.mean() == pytest.approx(perplexity(model, tokens, 100).nll, rel=1e-6)
+    result = perplexity(model, tokens, 100, batch_size=4, curve=True)
+    curve = result.curve
+    nll = manual_nll(model, tokens, 100, range(0, 900, 100)).view(9, 100).double()
+    edges = curve_edges(100)
+    assert curve["edges"] == edges.tolist() and curve["n"] == 9 and edges[0] == 1 and edges[-1] == 101
+    per_window = torch.stack([nll[:, a - 1:b - 1].mean(dim=1) for a, b in zip(edges[:-1], edges[1:])], dim=1)
+    assert np.allclose(curve["mean"], per_window.mean(dim=0).numpy(), atol=1e-4)
+    assert np.allclose(curve["sd"], per_window.std(dim=0).numpy(), atol=1e-4)
+    assert perplexity(model, tokens, 100, stride=50, curve=True).curve is None  # non-overlapping only
 
 
 def test_scaling_factor_follows_the_length():
@@ -81,6 +117,11 @@ def test_scaling_factor_follows_the_length():
     assert (s.type, s.factor, s.original_max_len) == ("yarn", 4.0, 128)
     assert scaling_for("linear", 256, 128, 8.0).factor == 8.0
     assert scaling_for("none", 4096, 128, None) is None
+    # Dynamic NTK fits itself to the length: factor 1, effective scale L/L0 — never s² − s + 1.
+    for length, scale in ((128, 1.0), (256, 2.0), (512, 4.0), (2048, 16.0)):
+        assert scale_note("dynamic", length, 128, None) == {"scaling_factor": 1.0, "effective_scale": scale}
+        assert scale_note("ntk", length, 128, None)["effective_scale"] == scale
+    assert scale_note("dynamic", 512, 128, 2.0) == {"scaling_factor": 2.0, "effective_scale": 7.0}
 
 
 @pytest.fixture(scope="module")
@@ -101,28 +142,37 @@ def test_report_from_tiny_runs(tiny_runs, tmp_path):
     results = run_extrapolation([tiny_runs / "rope-a", tiny_runs / "rope-b", tiny_runs / "learned"],
                                 out, lambda cfg: ev, log=lambda *a: None)
     report = (out / "report.md").read_text()
-    assert "## Non-overlapping windows" in report and "## Sliding window" in report
+    assert "### Non-overlapping windows" in report and "### Sliding windows" in report
     assert "n/a (trained table: 32 positions)" in report
-    for name in ("ppl_vs_length_nonoverlap.png", "ppl_vs_length_sliding.png", "per_position.png"):
+    for name in ("ppl_vs_length_0_nonoverlap.png", "ppl_vs_length_0_sliding.png", "per_position_0.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     saved = json.loads((out / "results.json").read_text())
     assert saved["results"] == results["results"]
     run = saved["runs"][0]
-    for key in ("encoding", "params", "tokens_trained", "train_len", "seed", "git_commit"):
+    for key in ("encoding", "params", "tokens_trained", "train_len", "seed", "git_commit", "eval"):
         assert run[key] is not None, key
-    # Two seeds of one config are one row: mean ± std.
-    table = summarize(saved["results"], "nonoverlap")
-    assert table["rope"][64]["seeds"] == 2 and table["rope"][64]["std"] > 0
-    assert "±" in report
-    assert "na" in table["learned"][64] and table["learned"][32]["ratio"] == 1.0
+    # Two seeds of one config are one row, with an interval; the corpus is named.
+    corpus = saved["results"][0]["corpus"]
+    assert corpus == "valid.txt (valid)" and f"## {corpus}" in report
+    table = summarize(saved, corpus, "nonoverlap")
+    cell = table["rope"][64]
+    assert cell["seeds"] == 2 and cell["low"] < cell["ppl"] < cell["high"]
+    assert cell["tokens"] == 2048 and "Scored per length: 16: 2,048 tokens in" in report
+    assert "na" in table["learned"][64] and "ppl" in table["learned"][32]
+    assert "rope + yarn vs rope" in report and "learned vs rope" in report  # paired comparisons
+    assert "clean tree" in report or "Runs were trained from" in report
+    assert "| yarn | 1 → 1 | 1 → 1 | 2 → 2 |" in report  # what the scaling did at each length
     # At the training length a scaling is plain RoPE; beyond it, it changes the result.
     rows = {(r["name"], r["scaling"], r["length"], r["protocol"]): r for r in saved["results"]}
     for scaling in ("yarn", "llama3"):
         assert rows[("rope-a", scaling, 32, "nonoverlap")]["nll"] == rows[("rope-a", "none", 32, "nonoverlap")]["nll"]
         assert rows[("rope-a", scaling, 64, "nonoverlap")]["nll"] != rows[("rope-a", "none", 64, "nonoverlap")]["nll"]
     assert all(r["status"] == "n/a" for r in saved["results"] if r["encoding"] == "learned" and r["length"] == 64)
-    assert set(saved["per_position"][str(tiny_runs / "learned")]) == {"none"}
-    assert len(saved["per_position"][str(tiny_runs / "learned")]["none"]) == 32
+    learned_curves = saved["per_position"][str(tiny_runs / "learned")][corpus]
+    assert set(learned_curves) == {"none"} and learned_curves["none"]["edges"][-1] == 33  # at its table's 32
+    rope_curves = saved["per_position"][str(tiny_runs / "rope-a")][corpus]
+    assert set(rope_curves) == {"none", "yarn", "llama3"} and rope_curves["yarn"]["edges"][-1] == 65
+    assert rope_curves["yarn"]["mean"] != rope_curves["none"]["mean"]
 
 
 def test_cli_reports_missing_runs_and_errors(tiny_runs, tmp_path, capsys):

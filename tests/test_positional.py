@@ -62,6 +62,18 @@ def test_sinusoidal_scales_tokens_by_sqrt_d():
     x = torch.randn(1, 3, 32)
     out = model.pos.embed(x, torch.arange(3))
     assert torch.allclose(out, x * math.sqrt(32) + sinusoid_table(torch.arange(3), 32))
+    cfg = tiny_config("sinusoidal")
+    cfg.pos.token_scale = 1.0  # the ablation: no factor at all
+    assert torch.allclose(Transformer(cfg).pos.embed(x, torch.arange(3)), x + sinusoid_table(torch.arange(3), 32))
+
+
+def test_token_scale_only_for_additive_encodings():
+    from model.config import PosConfig
+    from model.errors import ConfigError
+    with pytest.raises(ConfigError, match="pos.kind=rope adds none"):
+        PosConfig(kind="rope", token_scale=2.0)
+    with pytest.raises(ConfigError, match="positive"):
+        PosConfig(kind="sinusoidal", token_scale=0.0)
 
 
 def test_learned_beyond_table_raises_clear_error():

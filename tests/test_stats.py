@@ -4,9 +4,10 @@ from __future__ import annotations
 
 import math
 
+import numpy as np
 import pytest
 
-from eval.stats import wilson_interval
+from eval.stats import cell_interval, paired_ratio, pooled_curve, significance, wilson_interval
 
 
 def test_wilson_interval_by_hand():
@@ -20,3 +21,58 @@ def test_wilson_interval_by_hand():
     assert high - low == pytest.approx(2 * 1.95996 * math.sqrt(0.25 / 1000), rel=5e-3)  # ≈ Wald at large n
     with pytest.raises(ValueError):
         wilson_interval(3, 2)
+
+
+def _cell(nll, tokens, runs=("a",)):
+    from eval.stats import Cell
+    return Cell(nll=np.atleast_2d(np.asarray(nll, dtype=np.float64)), tokens=np.asarray(tokens, dtype=np.float64),
+                runs=runs)
+
+
+def test_bootstrap_interval_matches_the_ratio_estimators_standard_error():
+    """One seed: the percentile interval of the mean NLL ≈ ±1.96 of the delta-method SE of a
+    ratio estimator Σx/Σn over resampled units (Cochran 1977, §6.4), computed by hand."""
+    rng = np.random.default_rng(1)
+    tokens = rng.integers(50, 150, size=400).astype(np.float64)
+    nll = tokens * rng.normal(4.0, 0.3, size=400)
+    mean = nll.sum() / tokens.sum()
+    resid = nll - mean * tokens
+    se = np.sqrt(400 / 399 * (resid ** 2).sum()) / tokens.sum()
+    point, low, high = cell_interval(_cell(nll, tokens))
+    assert point == pytest.approx(math.exp(mean), rel=1e-12)
+    assert math.log(high) - math.log(low) == pytest.approx(2 * 1.96 * se, rel=0.1)
+    assert low < point < high
+
+
+def test_seed_spread_widens_the_interval():
+    tokens = np.full(100, 100.0)
+    base = np.random.default_rng(2).normal(400, 5, size=100)
+    one = cell_interval(_cell(base, tokens))
+    spread = cell_interval(_cell([base - 30, base, base + 30], tokens, runs=("a", "b", "c")))
+    assert spread[0] == pytest.approx(one[0], rel=1e-12)  # the same mean NLL
+    assert spread[2] - spread[1] > 3 * (one[2] - one[1])
+
+
+def test_paired_comparison_sees_a_constant_shift_exactly():
+    """b is a plus 0.01 nats on every token: the pairing cancels all document noise."""
+    rng = np.random.default_rng(3)
+    tokens = rng.integers(50, 150, size=60).astype(np.float64)
+    a_nll = tokens * rng.normal(4.0, 0.5, size=60)
+    a, b = _cell(a_nll, tokens, ("x",)), _cell(a_nll + 0.01 * tokens, tokens, ("y",))
+    ratio, low, high = paired_ratio(b, a)
+    assert ratio == pytest.approx(math.exp(0.01)) and low == pytest.approx(ratio) and high == pytest.approx(ratio)
+    assert significance(low, high) == "▲" and significance(1 / high, 1 / low) == "▼"
+    # Unpaired, the same two cells' intervals overlap: only pairing detects the difference.
+    assert cell_interval(b)[1] < cell_interval(a)[2]
+    assert significance(0.98, 1.01) == "~"
+    with pytest.raises(ValueError, match="same tokens"):
+        paired_ratio(a, _cell(a_nll[:-1], tokens[:-1]))
+
+
+def test_pooled_curve_band_by_hand():
+    curves = [{"n": 4, "mean": [1.0, 2.0], "sd": [0.0, 1.0]}, {"n": 4, "mean": [3.0, 2.0], "sd": [0.0, 1.0]}]
+    mean, low, high = pooled_curve(curves)
+    assert mean.tolist() == [2.0, 2.0]
+    # Bin 0: eight values, four 1s and four 3s: sd = sqrt(8 / 7); bin 1: sd = sqrt(6 / 7).
+    assert (high - mean).tolist() == pytest.approx([1.959964 * math.sqrt(8 / 7) / math.sqrt(8),
+                                                    1.959964 * math.sqrt(6 / 7) / math.sqrt(8)], rel=1e-5)

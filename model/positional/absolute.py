@@ -6,6 +6,7 @@ Treatment (so the comparison with RoPE/ALiBi is fair):
   sinusoids have RMS 1/√2, so without the factor the input is mostly position.
 - learned: the table is initialised like the token embedding (std ``init_std``) and both
   are trained, as in GPT-2; they start on the same scale, so no factor is applied.
+``pos.token_scale`` overrides either factor, for the ablation in the extrapolation study.
 """
 
 from __future__ import annotations
@@ -33,7 +34,7 @@ class Sinusoidal(PositionalEncoding):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dim = cfg.d_model
-        self.scale = math.sqrt(cfg.d_model)
+        self.scale = cfg.pos.token_scale if cfg.pos.token_scale is not None else math.sqrt(cfg.d_model)
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return x * self.scale + sinusoid_table(positions, self.dim).to(x.dtype)
@@ -46,7 +47,8 @@ class Learned(PositionalEncoding):
         super().__init__()
         self.max_len = cfg.pos.max_len
         self.table = nn.Embedding(cfg.pos.max_len, cfg.d_model)
+        self.scale = cfg.pos.token_scale if cfg.pos.token_scale is not None else 1.0
 
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # Transformer.forward has already called check_length for these positions.
-        return x + self.table(positions)
+        return (x if self.scale == 1.0 else x * self.scale) + self.table(positions)

@@ -1,0 +1,155 @@
+"""Report tables: result rows → cells with 95% intervals, paired comparisons, markdown.
+
+A cell is one row label (encoding, or run-name stem, plus RoPE scaling) at one corpus,
+protocol and length; it pools that label's seeds. Intervals and comparisons come from
+eval/stats.py. A cell a learned table cannot serve reads "n/a (trained table: N …)".
+"""
+
+from __future__ import annotations
+
+import math
+from collections import defaultdict
+from typing import Optional
+
+import numpy as np
+
+from eval.labels import row_label
+from eval.stats import Cell, cell_interval, paired_ratio, significance
+
+
+def _cells_rows(results: dict, corpus: str, protocol: str) -> dict[str, dict[int, list[dict]]]:
+    """label -> length -> rows (one per seed), for one corpus and protocol."""
+    table: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    for row in results["results"]:
+        if row.get("corpus") == corpus and row["protocol"] == protocol:
+            table[row_label(row)][row["length"]].append(row)
+    return table
+
+
+def make_cell(rows: list[dict], window_sets: dict) -> Optional[Cell]:
+    """The pooled cell of some seeds' rows, or None where any is n/a or they differ in tokens."""
+    rows = sorted(rows, key=lambda r: r["run"])
+    if any(r["status"] != "ok" for r in rows) or len({r["window_set"] for r in rows}) != 1:
+        return None
+    shared = window_sets[rows[0]["window_set"]]
+    return Cell(nll=np.array([r["unit_nll"] for r in rows], dtype=np.float64),
+                tokens=np.asarray(shared["unit_tokens"], dtype=np.float64),
+                bytes=np.asarray(shared["unit_bytes"], dtype=np.float64) if any(shared["unit_bytes"]) else None,
+                runs=tuple(r["run"] for r in rows))
+
+
+def summarize(results: dict, corpus: str, protocol: str) -> dict[str, dict[int, dict]]:
+    """label -> length -> {ppl, low, high, bpb, seeds, tokens, documents, unit_kind} or {na}."""
+    out: dict[str, dict[int, dict]] = {}
+    for label, by_length in _cells_rows(results, corpus, protocol).items():
+        cells = {}
+        for length, rows in by_length.items():
+            cell = make_cell(rows, results["window_sets"])
+            if cell is None:
+                cells[length] = {"na": rows[0].get("note", "n/a")}
+                continue
+            ppl, low, high = cell_interval(cell)
+            bpb = cell_interval(cell, per_byte=True) if cell.bytes is not None else None
+            shared = results["window_sets"][rows[0]["window_set"]]
+            cells[length] = {"ppl": ppl, "low": low, "high": high, "bpb": bpb, "seeds": len(rows),
+                             "tokens": rows[0]["tokens"], "documents": rows[0]["documents"],
+                             "skipped_documents": rows[0].get("skipped_documents", 0), "unit_kind": shared["unit_kind"],
+                             "train_len": rows[0]["train_len"],
+                             "effective_scale": rows[0].get("effective_scale", 1.0)}
+        out[label] = cells
+    return out
+
+
+def compare(results: dict, corpus: str, protocol: str, pairs: list[tuple[str, str]]) -> dict[str, dict[int, tuple]]:
+    """"a vs b" -> length -> (ratio, low, high, mark) of perplexity a / b on the same tokens."""
+    rows = _cells_rows(results, corpus, protocol)
+    out: dict[str, dict[int, tuple]] = {}
+    for a, b in pairs:
+        cells = {}
+        for length in sorted(set(rows.get(a, {})) & set(rows.get(b, {}))):
+            ca, cb = make_cell(rows[a][length], results["window_sets"]), make_cell(rows[b][length], results["window_sets"])
+            if ca is None or cb is None or not np.array_equal(ca.tokens, cb.tokens):
+                continue
+            ratio, low, high = paired_ratio(ca, cb)
+            cells[length] = (ratio, low, high, significance(low, high))
+        out[f"{a} vs {b}"] = cells
+    return out
+
+
+# --- markdown -------------------------------------------------------------------------------
+
+def fmt(value: float) -> str:
+    if not math.isfinite(value):
+        return "inf"
+    return f"{value:.1f}" if value >= 100 else f"{value:.2f}" if value >= 10 else f"{value:.3f}"
+
+
+def _head(first: str, lengths: list[int], train_len: int) -> list[str]:
+    head = f"| {first} | " + " | ".join(f"{n}{' (L)' if n == train_len else ''}" for n in lengths) + " |"
+    return [head, "|---|" + "---:|" * len(lengths)]
+
+
+def interval_table(summary: dict[str, dict[int, dict]], lengths: list[int], train_len: int,
+                   key: str = "ppl") -> str:
+    """Cells 'point (low–high)'; bits per byte with ``key="bpb"``."""
+    lines = _head("row", lengths, train_len)
+    for label in sorted(summary):
+        cells = []
+        for n in lengths:
+            cell = summary[label].get(n)
+            if cell is None:
+                cells.append("–")
+            elif "na" in cell:
+                cells.append(f"n/a ({cell['na']})")
+            elif key == "bpb":
+                cells.append("–" if cell["bpb"] is None else "{:.3f} ({:.3f}–{:.3f})".format(*cell["bpb"]))
+            else:
+                cells.append(f"{fmt(cell['ppl'])} ({fmt(cell['low'])}–{fmt(cell['high'])})")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def ratio_to_train_len(summary: dict[str, dict[int, dict]], lengths: list[int], train_len: int) -> str:
+    """Each row's perplexity over its own at L (point estimates: different tokens, not paired)."""
+    lines = _head("row", lengths, train_len)
+    for label in sorted(summary):
+        base = summary[label].get(train_len, {}).get("ppl")
+        cells = [f"×{summary[label][n]['ppl'] / base:.2f}" if base and "ppl" in summary[label].get(n, {}) else "–"
+                 for n in lengths]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def percent(ratio: float) -> str:
+    """A ratio as a signed percent difference, with enough digits to tell it from zero."""
+    pct = (ratio - 1) * 100
+    return f"{pct:+.3f}" if abs(pct) < 0.1 else f"{pct:+.2f}" if abs(pct) < 10 else f"{pct:+.1f}"
+
+
+def comparison_table(comparisons: dict[str, dict[int, tuple]], lengths: list[int], train_len: int) -> str:
+    """Cells: perplexity difference in percent (a vs b), its 95% interval and the mark."""
+    lines = _head("comparison", lengths, train_len)
+    for name, cells in comparisons.items():
+        if not cells:
+            continue
+        row = [f"{percent(cells[n][0])}% ({percent(cells[n][1])} to {percent(cells[n][2])}) {cells[n][3]}"
+               if n in cells else "–" for n in lengths]
+        lines.append(f"| {name} | " + " | ".join(row) + " |")
+    return "\n".join(lines)
+
+
+def scored_line(summary: dict[str, dict[int, dict]], lengths: list[int]) -> str:
+    """Tokens and documents scored per length (the same for every row on one corpus)."""
+    seen = {}
+    for cells in summary.values():
+        for n, cell in cells.items():
+            if "tokens" in cell:
+                seen.setdefault(n, cell)
+    parts = []
+    for n in lengths:
+        if n in seen:
+            c = seen[n]
+            skipped = f", {c['skipped_documents']} shorter documents skipped" if c["skipped_documents"] else ""
+            parts.append(f"{n}: {c['tokens']:,} tokens in {c['documents']:,} documents{skipped}")
+    units = {c["unit_kind"] for c in seen.values()}
+    return ("Scored per length: " + "; ".join(parts) + f". Bootstrap units: {', '.join(sorted(units))}.")
