@@ -82,14 +82,14 @@ class Attention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         outputs = []
         for start in range(0, q.shape[2], self.query_chunk):
-            qp = ctx.positions[start:start + self.query_chunk]
+            qp = ctx.positions[..., start:start + self.query_chunk]  # (tq,), or (B, tq) per sequence
             qc = q[:, :, start:start + self.query_chunk]
             kc, vc, kp = k, v, k_positions
             if same_tokens:
                 end = start + qc.shape[2]
-                kc, vc, kp = k[:, :, :end], v[:, :, :end], k_positions[:end]
-            mask = kp[None, :] <= qp[:, None]  # (tq, Tk), True = may attend
-            bias = ctx.bias(qp, kp)  # (H, tq, Tk) or None
+                kc, vc, kp = k[:, :, :end], v[:, :, :end], k_positions[..., :end]
+            mask = (kp[..., None, :] <= qp[..., :, None]).unsqueeze(-3)  # (…, 1, tq, Tk), True = may attend
+            bias = ctx.bias(qp, kp)  # (…, H, tq, Tk) or None
             if bias is not None:
                 mask = bias.to(q.dtype).masked_fill(~mask, float("-inf"))
             # A 4-D mask: with a 2-D or 3-D one the CPU kernel silently falls back to the

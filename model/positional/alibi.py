@@ -42,5 +42,5 @@ class ALiBi(PositionalEncoding):
         self.register_buffer("slopes", alibi_slopes(cfg.n_heads), persistent=False)
 
     def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        distance = (q_positions[:, None] - k_positions[None, :]).to(torch.float32)  # (Tq, Tk)
-        return -self.slopes[:, None, None] * distance  # (H, Tq, Tk)
+        distance = (q_positions[..., :, None] - k_positions[..., None, :]).to(torch.float32)  # (…, Tq, Tk)
+        return -self.slopes[:, None, None] * distance.unsqueeze(-3)  # (…, H, Tq, Tk)
