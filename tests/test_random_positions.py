@@ -47,6 +47,20 @@ def test_per_sequence_positions_equal_one_forward_per_sequence(kind):
         assert torch.allclose(model(x, shared), model(x, positions[0]), atol=1e-5)
 
 
+@pytest.mark.parametrize("kind", ["rope", "alibi", "t5", "fire", "xpos"])
+def test_per_sequence_positions_stay_causal(kind):
+    model = Transformer(tiny_config(kind)).eval()
+    for block in model.blocks:
+        block.attn.query_chunk = 6  # the explicit (B, 1, tq, Tk) masks of the chunked path
+    x = torch.randint(0, 97, (2, 16))
+    positions = torch.stack([torch.randperm(100)[:16].sort().values for _ in range(2)])
+    changed = x.clone()
+    changed[:, 9] = (changed[:, 9] + 1) % 97
+    with torch.no_grad():
+        a, b = model(x, positions), model(changed, positions)
+    assert torch.equal(a[:, :9], b[:, :9]) and not torch.allclose(a[:, 9:], b[:, 9:])
+
+
 def test_per_sequence_positions_are_refused_with_a_cache():
     model = Transformer(tiny_config()).eval()
     model.setup_cache(2, 16)

@@ -196,6 +196,16 @@ def test_p_rope_keeps_floor_of_the_fraction(fraction, head_dim, kept):
     assert int((p_rope(head_dim, fraction).inv_freq > 0).sum()) == kept
 
 
+def test_p_rope_model_is_causal():
+    model = Transformer(tiny_config(frequency_fraction=0.5)).eval()
+    x = torch.randint(0, 97, (2, 20))
+    changed = x.clone()
+    changed[:, 11] = (changed[:, 11] + 1) % 97
+    with torch.no_grad():
+        a, b = model(x), model(changed)
+    assert torch.equal(a[:, :11], b[:, :11]) and not torch.allclose(a[:, 11:], b[:, 11:])
+
+
 def test_p_rope_bad_fractions_are_config_errors():
     from model.errors import ConfigError
     for bad in (0.0, -0.5, 1.5):
