@@ -28,7 +28,7 @@ from configs.experiment import experiment_differences
 from configs.schema import RunConfig
 from data.atomic import write_text_atomic
 from data.prepare import prepare_data
-from data.samplers import TrainSampler
+from data.samplers import RandomPositions, TrainSampler
 from eval.perplexity import validation_loss
 from model.errors import CheckpointError, UserError
 from model.transformer import Transformer
@@ -72,6 +72,9 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2), rt.device.type)
         self.sampler = TrainSampler(self.train_tokens, t.seq_len, t.batch_size, seed=t.seed,
                                     rank=rt.rank, world_size=rt.world_size)
+        self.positions = None if t.random_positions is None else RandomPositions(
+            t.random_positions.max_len, t.seq_len, t.batch_size, seed=t.seed, rank=rt.rank,
+            world_size=rt.world_size)
         self.scaler = torch.amp.GradScaler(rt.device.type) if rt.dtype == torch.float16 else None
         self.step, self.tokens_seen, self.best_val, self.wandb_id = 0, 0, math.inf, None
         if resume_from is not None:
@@ -136,11 +139,12 @@ class Trainer:
             group["lr"] = lr
         loss_sum = torch.zeros((), device=rt.device)
         for micro in range(t.grad_accum):
+            positions = self._positions(self.sampler.batches_drawn)
             x, y = (b.to(rt.device, non_blocking=True) for b in self.sampler.next_batch())
             last = micro == t.grad_accum - 1
             sync = contextlib.nullcontext() if last or rt.world_size == 1 else self.forward_model.no_sync()
             with sync, rt.autocast():
-                loss = self.forward_model(x, targets=y) / t.grad_accum
+                loss = self.forward_model(x, positions, targets=y) / t.grad_accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
         loss_value = rt.mean_across_ranks(loss_sum)
@@ -162,6 +166,12 @@ class Trainer:
         self.step += 1
         self.tokens_seen += t.tokens_per_step(rt.world_size)
         return loss_value, grad_norm
+
+    def _positions(self, batch_index: int) -> Optional[torch.Tensor]:
+        """Batch ``batch_index``'s randomized positions (B, T), or None for 0 … T−1."""
+        if self.positions is None:
+            return None
+        return self.positions.batch(batch_index).to(self.rt.device, non_blocking=True)
 
     # --- evaluation and checkpoints -------------------------------------------------
     def evaluate(self) -> float:

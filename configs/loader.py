@@ -20,7 +20,7 @@ from typing import Any, Iterable, Literal, Sequence, Union
 
 import yaml
 
-from configs.schema import RunConfig
+from configs.schema import RandomPositionsConfig, RunConfig
 from model.errors import ConfigError
 
 # PyYAML follows YAML 1.1, where `3e-4` and `1e6` (no dot) are strings, not numbers.
@@ -255,13 +255,19 @@ def _build(cls: type, data: dict, prefix: str, origins: Origins) -> Any:
 
 
 def _fill_learned_max_len(tree: dict) -> None:
-    """A learned table of null size defaults to the training length (pe/learned.yaml)."""
+    """A learned table of null size defaults to the positions training uses (pe/learned.yaml):
+    train.seq_len, or the range of train.random_positions when that is set."""
     model = tree.get("model")
     pos = model.get("pos") if isinstance(model, dict) else None
     if isinstance(pos, dict) and pos.get("kind") == "learned" and pos.get("max_len") is None:
         train = tree.get("train", {})
-        seq_len = train.get("seq_len") if isinstance(train, dict) else None
+        train = train if isinstance(train, dict) else {}
+        seq_len = train.get("seq_len")
         pos["max_len"] = seq_len if seq_len is not None else RunConfig().train.seq_len
+        randomized = train.get("random_positions")
+        if isinstance(randomized, dict):
+            drawn = randomized.get("max_len", RandomPositionsConfig().max_len)
+            pos["max_len"] = drawn if isinstance(drawn, int) else pos["max_len"]  # else its own error
 
 
 def config_from_dict(tree: dict, origins: Origins | None = None) -> RunConfig:

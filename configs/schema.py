@@ -164,6 +164,20 @@ class DataConfig:
 
 
 @dataclass
+class RandomPositionsConfig:
+    """Randomized positions (Ruoss et al. 2023, ACL): each training sequence of seq_len
+    tokens gets a sorted random subset of [0, max_len) as its positions instead of
+    0 … seq_len−1, so the positions of longer evaluation windows were all seen in
+    training. Evaluation and generation use 0 … T−1. Draws are a pure function of
+    (train.seed, batch index), like the training windows (data/samplers.py)."""
+
+    max_len: int = 1024
+
+    def __post_init__(self) -> None:
+        _positive("train.random_positions", self, "max_len")
+
+
+@dataclass
 class TrainConfig:
     """The optimisation run. Exactly one of max_steps / max_tokens sets its length."""
 
@@ -190,6 +204,8 @@ class TrainConfig:
     keep_last: int = 2
     resume: Literal["never", "auto"] = "never"
     log_interval: int = 10
+    # null: positions 0 … seq_len−1; {max_len: N}: randomized positions from [0, N)
+    random_positions: Optional[RandomPositionsConfig] = None
 
     def __post_init__(self) -> None:
         _positive("train", self, "seq_len", "batch_size", "grad_accum", "eval_interval",
@@ -354,6 +370,26 @@ class RunConfig:
             raise ConfigError(f"model.pos.max_len={pos.max_len} is shorter than train.seq_len="
                               f"{self.train.seq_len}: a learned table needs a row per trained "
                               "position; raise model.pos.max_len or set it to null (= seq_len)")
+        if self.train.random_positions is not None:
+            self._check_random_positions(self.train.random_positions.max_len)
+
+    def _check_random_positions(self, max_len: int) -> None:
+        pos, seq_len = self.model.pos, self.train.seq_len
+        if max_len < seq_len:
+            raise ConfigError(f"train.random_positions.max_len={max_len} is smaller than train.seq_len="
+                              f"{seq_len}: each sequence needs {seq_len} distinct positions from "
+                              f"[0, max_len); use a max_len of at least {seq_len} (typically the longest "
+                              "evaluation length)")
+        if pos.kind == "none":
+            raise ConfigError("train.random_positions has no effect with model.pos.kind=none (NoPE takes "
+                              "no positions); remove it or choose an encoding")
+        if pos.kind == "learned" and pos.max_len < max_len:
+            raise ConfigError(f"model.pos.max_len={pos.max_len} is smaller than train.random_positions."
+                              f"max_len={max_len}: the learned table needs a row for every position "
+                              "drawn; raise model.pos.max_len or set it to null (= the random range)")
+        if pos.kind == "xpos" and pos.xpos.max_len < max_len:
+            raise ConfigError(f"train.random_positions.max_len={max_len} exceeds the {pos.xpos.max_len} "
+                              "positions pos.kind=xpos serves (see model/positional/xpos.py)")
 
     def with_vocab_size(self, vocab_size: int) -> RunConfig:
         """This config with model.vocab_size set from the tokenizer (see module docstring)."""

@@ -7,6 +7,11 @@ one. Batch ``k`` is a pure function of ``(seed, k)``: one RNG draws the *global*
 batch ``b`` sees exactly the batches of a 1-rank run with batch ``2b``, and the sampler's
 state is just the counter ``k``.
 
+Randomized positions (optional, ``train.random_positions``): ``RandomPositions.batch(k)``
+gives each sequence of batch ``k`` a sorted random subset of [0, max_len) as positions,
+again a pure function of ``(seed, k)`` with the same global-batch/rank split, so a resumed
+run draws exactly the positions of an uninterrupted one.
+
 Evaluation: contiguous windows over a split, either non-overlapping or sliding; each
 window says which of its targets to score so no target is scored twice. Windows run over
 the whole split as one stream (as in the ALiBi paper's evaluation), or inside each
@@ -61,6 +66,29 @@ class TrainSampler:
     def load_state_dict(self, state: dict) -> None:
         self.seed = int(state["seed"])
         self.batches_drawn = int(state["batches_drawn"])
+
+
+class RandomPositions:
+    """Sorted random subsets of [0, max_len) of size seq_len, one per training sequence
+    (Ruoss et al. 2023). Stateless: batch ``k``'s positions depend on ``(seed, k)`` only,
+    drawn from an RNG stream separate from the window offsets'."""
+
+    STREAM = 1  # appended to (seed, k) so these draws never repeat the offsets' stream
+
+    def __init__(self, max_len: int, seq_len: int, batch_size: int, seed: int,
+                 rank: int = 0, world_size: int = 1):
+        if max_len < seq_len:
+            raise ValueError(f"cannot draw {seq_len} distinct positions from [0, {max_len})")
+        self.max_len, self.seq_len, self.batch_size = max_len, seq_len, batch_size
+        self.seed, self.rank, self.world_size = seed, rank, world_size
+
+    def batch(self, k: int) -> torch.Tensor:
+        """This rank's positions for global batch ``k``: int64 (B, T), ascending per row."""
+        rng = np.random.default_rng([self.seed, k, self.STREAM])
+        first = self.rank * self.batch_size
+        rows = [np.sort(rng.choice(self.max_len, size=self.seq_len, replace=False))
+                for _ in range(first + self.batch_size)][first:]  # every rank draws the same global batch
+        return torch.from_numpy(np.stack(rows).astype(np.int64))
 
 
 @dataclass(frozen=True)

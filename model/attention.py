@@ -82,14 +82,14 @@ class Attention(nn.Module):
         dropout = self.dropout if self.training else 0.0
         outputs = []
         for start in range(0, q.shape[2], self.query_chunk):
-            qp = ctx.positions[start:start + self.query_chunk]
+            qp = ctx.positions[..., start:start + self.query_chunk]  # (tq,), or (B, tq) per sequence
             qc = q[:, :, start:start + self.query_chunk]
             kc, vc, kp = k, v, k_positions
             if same_tokens:
                 end = start + qc.shape[2]
-                kc, vc, kp = k[:, :, :end], v[:, :, :end], k_positions[:end]
-            mask = kp[None, :] <= qp[:, None]  # (tq, Tk), True = may attend
-            bias = ctx.bias(qp, kp)  # (H, tq, Tk) float32, or None
+                kc, vc, kp = k[:, :, :end], v[:, :, :end], k_positions[..., :end]
+            mask = (kp[..., None, :] <= qp[..., :, None]).unsqueeze(-3)  # (…, 1, tq, Tk), True = may attend
+            bias = ctx.bias(qp, kp)  # (…, H, tq, Tk) float32, or None
             if bias is not None:
                 mask = bias.masked_fill(~mask, float("-inf"))
                 # The bias stays float32 up to the scores: in bf16 a slope·distance of ~2

@@ -10,8 +10,9 @@ Lengths, one word each (the whole project uses these names):
 - ``original_max_len`` (``pos.rope.scaling``): the length L0 a RoPE scaling extends from;
   normally the training length (transformers calls it original_max_position_embeddings).
 - ``max_len``: a capacity in positions: the rows of a learned table (``pos.max_len``, and
-  ``PositionalEncoding.max_len``, None where unbounded), the slots of a KV cache, the cap
-  on prompt + new tokens in generation.
+  ``PositionalEncoding.max_len``, None where unbounded; xPos's is fixed by float range),
+  the slots of a KV cache, the cap on prompt + new tokens in generation, the range
+  [0, max_len) randomized training positions are drawn from (``train.random_positions``).
 - ``fit_len``: the length of the whole sequence a forward belongs to, which dynamic NTK
   fits its frequencies to: the forward's own length, or with a KV cache the cache's
   ``max_len`` (generation sizes it to prompt + max_new_tokens).
@@ -27,14 +28,19 @@ from typing import Literal, Optional
 
 from model.errors import ConfigError
 
-PosKind = Literal["rope", "sinusoidal", "learned", "alibi", "none"]
+PosKind = Literal["rope", "sinusoidal", "learned", "alibi", "none", "t5", "kerple", "fire", "xpos"]
 ScalingType = Literal["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
 # The one list of each, for every CLI, the benchmark and the tests.
 POS_KINDS: tuple[str, ...] = typing.get_args(PosKind)
 SCALING_TYPES: tuple[str, ...] = typing.get_args(ScalingType)
 # Encodings that add a bias to the attention scores, so attention must form them (the
 # encoding's ``has_bias``; tests/test_positional.py keeps the two in agreement).
-SCORE_BIAS_KINDS: frozenset[str] = frozenset({"alibi"})
+SCORE_BIAS_KINDS: frozenset[str] = frozenset({"alibi", "t5", "kerple", "fire"})
+# Encodings that rotate q and k and read ``pos.rope`` (theta, pairing, fractions, scaling).
+ROTARY_KINDS: frozenset[str] = frozenset({"rope", "xpos"})
+# xPos scales never exceed 2**XPOS_MAX_LOG2 (nor fall below its inverse): float32 and bf16
+# then keep ~2**64 of headroom for q·k, so the served length is fixed (XposConfig.max_len).
+XPOS_MAX_LOG2 = 64
 
 
 @dataclass
@@ -82,6 +88,10 @@ class RopeConfig:
     # dim 2i pairs with 2i+1.
     pairing: Literal["half", "interleaved"] = "half"
     rotary_fraction: float = 1.0  # rotate only the first fraction of each head's dims
+    # p-RoPE (Barbero et al. 2024): rotate only the highest fraction of the frequencies,
+    # leave the lowest unrotated (frequency 0); 1 is plain RoPE. Unlike rotary_fraction,
+    # the kept frequencies are unchanged (θ^(-2i/r) for the i kept).
+    frequency_fraction: float = 1.0
     scaling: RopeScalingConfig = field(default_factory=RopeScalingConfig)
 
     def __post_init__(self) -> None:
@@ -89,6 +99,66 @@ class RopeConfig:
             raise ConfigError(f"pos.rope.theta must be > 1 (got {self.theta})")
         if not 0.0 < self.rotary_fraction <= 1.0:
             raise ConfigError(f"pos.rope.rotary_fraction must be in (0, 1] (got {self.rotary_fraction})")
+        if not 0.0 < self.frequency_fraction <= 1.0:
+            raise ConfigError(f"pos.rope.frequency_fraction must be in (0, 1] (got {self.frequency_fraction}); "
+                              "1 rotates every frequency (plain RoPE), 0.75 drops the lowest quarter")
+
+
+@dataclass
+class T5BiasConfig:
+    """T5's relative attention bias (Raffel et al. 2020, §2.1): one learned scalar per head
+    and bucket; half the buckets are exact distances, the rest log-spaced up to
+    ``max_distance``, beyond which every distance shares the last bucket."""
+
+    num_buckets: int = 32
+    max_distance: int = 128
+
+    def __post_init__(self) -> None:
+        if self.num_buckets < 2:
+            raise ConfigError(f"pos.t5.num_buckets must be at least 2 (got {self.num_buckets}): "
+                              "half are exact distances, the rest log-spaced; T5 uses 32")
+        if self.max_distance < self.num_buckets:
+            raise ConfigError(f"pos.t5.max_distance={self.max_distance} is smaller than pos.t5.num_buckets="
+                              f"{self.num_buckets}: the log-spaced buckets need distances beyond the exact "
+                              "ones; T5 uses 32 buckets up to 128")
+
+
+@dataclass
+class FireConfig:
+    """FIRE (Li et al. 2023): bias f(ψ(i−j) / ψ(max(L, i))), ψ(x) = log(c·x + 1), f an MLP
+    to one value per head; c and the threshold L are learned from these initial values."""
+
+    mlp_width: int = 32
+    init_c: float = 0.1
+    threshold: float = 512.0  # the initial L
+
+    def __post_init__(self) -> None:
+        if self.mlp_width < 1:
+            raise ConfigError(f"pos.fire.mlp_width must be a positive integer (got {self.mlp_width})")
+        if not self.init_c > 0 or not self.threshold > 0:
+            raise ConfigError(f"pos.fire.init_c and pos.fire.threshold must be positive "
+                              f"(got {self.init_c}, {self.threshold})")
+
+
+@dataclass
+class XposConfig:
+    """xPos (Sun et al. 2022): RoPE whose pair i is scaled by ζ_i^(n/scale_base) on the
+    query at n and ζ_i^(−m/scale_base) on the key at m, ζ_i = (2i/r + γ)/(1 + γ)."""
+
+    scale_base: float = 512.0
+    gamma: float = 0.4
+
+    def __post_init__(self) -> None:
+        if not self.scale_base > 0 or not self.gamma > 0:
+            raise ConfigError(f"pos.xpos.scale_base and pos.xpos.gamma must be positive "
+                              f"(got {self.scale_base}, {self.gamma})")
+
+    @property
+    def max_len(self) -> int:
+        """Longest sequence served: positions are centred on the sequence (|n − c| ≤ len/2)
+        and the largest scale, ζ_0^(−len/2 / scale_base), stays within 2**XPOS_MAX_LOG2."""
+        half = math.floor(self.scale_base * XPOS_MAX_LOG2 * math.log(2) / math.log((1 + self.gamma) / self.gamma))
+        return 2 * half + 1
 
 
 @dataclass
@@ -97,7 +167,10 @@ class PosConfig:
 
     kind: PosKind = "rope"
     max_len: Optional[int] = None  # learned: size of the position table (required)
-    rope: RopeConfig = field(default_factory=RopeConfig)
+    rope: RopeConfig = field(default_factory=RopeConfig)  # rope and xpos
+    t5: T5BiasConfig = field(default_factory=T5BiasConfig)
+    fire: FireConfig = field(default_factory=FireConfig)
+    xpos: XposConfig = field(default_factory=XposConfig)
     # Additive absolute encodings: the factor on the token embeddings before the encoding
     # is added. null: the encoding's own (√d_model for sinusoidal, Vaswani et al. §3.4;
     # 1 for learned). An ablation knob: token and position parts start at RMS 0.02·scale
@@ -149,15 +222,23 @@ class ModelConfig:
             raise ConfigError(f"model.dropout must be in [0, 1) (got {self.dropout})")
         if self.init_std <= 0:
             raise ConfigError("model.init_std must be positive")
-        if self.pos.kind == "rope":
-            rot = self.head_dim * self.pos.rope.rotary_fraction
-            if rot != int(rot) or int(rot) % 2 or rot < 2:
-                raise ConfigError(
-                    f"RoPE rotates head_dim * rotary_fraction = {self.head_dim} * "
-                    f"{self.pos.rope.rotary_fraction} = {rot:g} dims per head; that must be an "
-                    "even whole number >= 2 (dims rotate in pairs). Change rotary_fraction.")
+        if self.pos.kind in ROTARY_KINDS:
+            self._check_rotary()
         if self.pos.kind == "sinusoidal" and self.d_model % 2:
             raise ConfigError("pos.kind=sinusoidal needs an even d_model (sin/cos pairs)")
+
+    def _check_rotary(self) -> None:
+        rot = self.head_dim * self.pos.rope.rotary_fraction
+        if rot != int(rot) or int(rot) % 2 or rot < 2:
+            raise ConfigError(
+                f"RoPE rotates head_dim * rotary_fraction = {self.head_dim} * "
+                f"{self.pos.rope.rotary_fraction} = {rot:g} dims per head; that must be an "
+                "even whole number >= 2 (dims rotate in pairs). Change rotary_fraction.")
+        if self.kept_frequencies < 1:
+            raise ConfigError(
+                f"pos.rope.frequency_fraction={self.pos.rope.frequency_fraction} keeps none of the "
+                f"{self.rotary_dim // 2} RoPE frequencies (it keeps floor(fraction * {self.rotary_dim // 2})); "
+                f"use at least {2 / self.rotary_dim:.3g}, or pos.kind=none for no rotation at all")
 
     @property
     def head_dim(self) -> int:
@@ -170,6 +251,12 @@ class ModelConfig:
     @property
     def rotary_dim(self) -> int:
         return int(self.head_dim * self.pos.rope.rotary_fraction)
+
+    @property
+    def kept_frequencies(self) -> int:
+        """RoPE frequencies that rotate: floor(frequency_fraction · rotary_dim/2), the highest
+        ones (Barbero et al. 2024's rule; rounded first so 0.29 · 100 counts as 29)."""
+        return math.floor(round(self.pos.rope.frequency_fraction * (self.rotary_dim // 2), 9))
 
     @property
     def hidden_dim(self) -> int:

@@ -15,8 +15,9 @@ the conversion is a renaming of weights plus three things that need care:
   generation does not: transformers refits the frequencies to the current length at every
   step (keys already cached keep the old ones), ours fits them once to prompt +
   max_new_tokens (see model/positional/rope.py), so greedy outputs part early.
-- What Llama cannot express is refused: sinusoidal, learned, ALiBi and NoPE encodings, and
-  partial rotary (Llama rotates every dim of a head).
+- What Llama cannot express is refused: sinusoidal, learned, ALiBi, T5, KERPLE, FIRE,
+  xPos and NoPE encodings, partial rotary (Llama rotates every dim of a head) and p-RoPE
+  (Llama rotates every frequency).
 
 Pure functions on configs and tensors: no file I/O. Reading and writing transformers
 directories is in training/hf_directory.py. Neither needs ``transformers``; only the
@@ -41,6 +42,10 @@ NOT_LLAMA = {
     "learned": "a learned position table is added to the token embeddings",
     "alibi": "ALiBi adds a per-head linear distance bias to the attention scores",
     "none": "NoPE has no positional encoding, while Llama always rotates q and k",
+    "t5": "T5's bias adds a learned per-head, per-distance-bucket bias to the attention scores",
+    "kerple": "KERPLE adds a learned per-head logarithmic distance bias to the attention scores",
+    "fire": "FIRE adds a bias computed by a learned MLP of the distance to the attention scores",
+    "xpos": "xPos scales queries and keys by a position-dependent decay on top of the rotation",
 }
 
 
@@ -62,6 +67,11 @@ def check_exportable(cfg: ModelConfig) -> None:
             f"partial rotary (pos.rope.rotary_fraction={cfg.pos.rope.rotary_fraction}: {cfg.rotary_dim} of "
             f"{cfg.head_dim} dims per head) cannot be exported: transformers' Llama rotates every dim "
             "of a head. Only runs with rotary_fraction 1 can be exported.")
+    if cfg.kept_frequencies != cfg.rotary_dim // 2:
+        raise HFConversionError(
+            f"p-RoPE (pos.rope.frequency_fraction={cfg.pos.rope.frequency_fraction}: {cfg.kept_frequencies} of "
+            f"{cfg.rotary_dim // 2} frequencies rotate) cannot be exported: transformers' Llama rotates every "
+            "frequency. Only runs with frequency_fraction 1 can be exported.")
     s = cfg.pos.rope.scaling
     if s.type == "yarn" and s.factor != 1.0 and 0.0 in (s.beta_fast, s.beta_slow):
         raise HFConversionError("YaRN with beta_fast or beta_slow = 0 cannot be exported: transformers "

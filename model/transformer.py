@@ -10,6 +10,7 @@ from torch import nn
 
 from model.attention import Attention
 from model.config import ModelConfig
+from model.errors import ArgumentError
 from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
 from model.loss import linear_cross_entropy
@@ -49,7 +50,10 @@ class Transformer(nn.Module):
     def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
                 fit_len: Optional[int] = None, targets: Optional[torch.Tensor] = None,
                 reduction: str = "mean") -> torch.Tensor:
-        """Logits (B, T, vocab) for tokens ``idx`` (B, T) at ``positions`` (T,), default 0 … T-1.
+        """Logits (B, T, vocab) for tokens ``idx`` (B, T) at ``positions``, default 0 … T-1.
+
+        ``positions`` is (T,), shared by the batch, or (B, T), ascending per sequence (the
+        training path's randomized positions; not with a KV cache).
 
         ``fit_len`` is the length of the whole sequence (dynamic NTK fits its frequencies
         to it): by default the attached KV cache's size, else this forward's last position
@@ -62,6 +66,9 @@ class Transformer(nn.Module):
             end = idx.shape[1]
             positions = torch.arange(end, device=idx.device)
         else:
+            if positions.dim() == 2 and self.cache_max_len() is not None:
+                raise ArgumentError("per-sequence positions (B, T) are for the training path; a KV "
+                                    "cache takes one position vector (T,) for the whole batch")
             end = int(positions.max()) + 1
         self.pos.check_length(end)  # learned: a clear LengthError, never an index error
         ctx = self.pos.context(positions, fit_len or self.cache_max_len() or end)
@@ -89,6 +96,7 @@ class Transformer(nn.Module):
         for block in self.blocks:
             for proj in (block.attn.wo, block.mlp.w2):
                 nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.cfg.n_layers))
+        self.pos.reset_parameters()  # an encoding's own parameters keep their paper's init
 
     # --- KV cache -------------------------------------------------------------------
     def setup_cache(self, batch_size: int, max_len: int, dtype: Optional[torch.dtype] = None,

@@ -13,8 +13,9 @@ ALL_KINDS = list(POS_KINDS)
 
 
 def tiny_config(kind: str = "rope", *, pairing: str = "half", rotary_fraction: float = 1.0,
-                scaling: RopeScalingConfig | None = None, max_len: int = 64, **overrides) -> ModelConfig:
-    rope = RopeConfig(pairing=pairing, rotary_fraction=rotary_fraction,
+                frequency_fraction: float = 1.0, scaling: RopeScalingConfig | None = None,
+                max_len: int = 64, **overrides) -> ModelConfig:
+    rope = RopeConfig(pairing=pairing, rotary_fraction=rotary_fraction, frequency_fraction=frequency_fraction,
                       scaling=scaling or RopeScalingConfig())
     fields = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
     fields.update(overrides)

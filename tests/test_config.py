@@ -171,6 +171,19 @@ def test_whole_floats_accepted_for_ints():
     (["model.pos.rope.rotary_fraction=0.3"], "even whole number"),
     (["model.pos.kind=learned", "model.pos.max_len=64", "train.seq_len=128"], "max_len=64 is shorter"),
     (["model.pos.kind=sinusoidal", "model.d_model=129", "model.n_heads=3"], "even d_model"),
+    (["model.pos.kind=t5", "model.pos.t5.num_buckets=1"], "num_buckets must be at least 2"),
+    (["model.pos.kind=t5", "model.pos.t5.max_distance=16"], "max_distance=16 is smaller than"),
+    (["model.pos.rope.frequency_fraction=0"], r"frequency_fraction must be in \(0, 1\]"),
+    (["model.pos.rope.frequency_fraction=1.01"], r"frequency_fraction must be in \(0, 1\]"),
+    (["model.pos.kind=xpos", "model.pos.rope.frequency_fraction=0.05"], "keeps none"),
+    (["model.pos.kind=fire", "model.pos.fire.threshold=0"], "must be positive"),
+    (["model.pos.kind=xpos", "model.pos.xpos.gamma=-1"], "must be positive"),
+    (["train.random_positions.max_len=64"], "random_positions.max_len=64 is smaller than train.seq_len=128"),
+    (["train.random_positions.max_len=0"], "random_positions.max_len must be a positive"),
+    (["model.pos.kind=learned", "model.pos.max_len=256", "train.random_positions.max_len=512"],
+     "max_len=256 is smaller than train.random_positions.max_len=512"),
+    (["model.pos.kind=none", "train.random_positions.max_len=512"], "no effect with model.pos.kind=none"),
+    (["model.pos.kind=xpos", "train.random_positions.max_len=40000"], "exceeds the 36261 positions"),
     (["train.max_tokens=1000"], "exactly one of train.max_steps"),
     (["train.max_steps=null"], "exactly one of train.max_steps"),
     (["train.seq_len=0"], "train.seq_len must be a positive"),
@@ -227,7 +240,8 @@ def test_there_are_presets_of_each_kind():
     names = {p.relative_to(CONFIG_DIR).as_posix() for p in PRESETS}
     assert {"base.yaml", "quickstart.yaml", "wikitext2-cpu.yaml", "wikitext2-cpu-local.yaml",
             "gpu/wikitext103-alibi-paper.yaml"} <= names
-    assert {f"pe/{k}.yaml" for k in ("rope", "sinusoidal", "learned", "alibi", "nope")} <= names
+    assert {f"pe/{k}.yaml" for k in ("rope", "sinusoidal", "learned", "alibi", "nope", "t5", "kerple",
+                                     "fire", "xpos", "p-rope")} <= names
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.relative_to(CONFIG_DIR).as_posix())

@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from conftest import ALL_KINDS, tiny_config
-from model.config import RopeScalingConfig
+from model.config import RopeScalingConfig, XposConfig
 from model.errors import LengthError
 from model.generate import generate, sample_next
 from model.transformer import Transformer
@@ -19,7 +19,12 @@ VARIANTS.update({
     "alibi-6-heads": tiny_config("alibi", d_model=48, n_heads=6, n_kv_heads=3),
     "rope-dynamic": tiny_config(scaling=RopeScalingConfig(type="dynamic", factor=4, original_max_len=8)),
     "rope-yarn": tiny_config(scaling=RopeScalingConfig(type="yarn", factor=4, original_max_len=8)),
+    "p-rope-dynamic": tiny_config(frequency_fraction=0.5,
+                                  scaling=RopeScalingConfig(type="dynamic", factor=4, original_max_len=8)),
+    "xpos-interleaved-strong-decay": tiny_config("xpos", pairing="interleaved"),
+    "t5-6-heads": tiny_config("t5", d_model=48, n_heads=6, n_kv_heads=3),
 })
+VARIANTS["xpos-interleaved-strong-decay"].pos.xpos = XposConfig(scale_base=8.0)
 
 
 def sharp_model(cfg) -> Transformer:

@@ -250,6 +250,13 @@ def test_refuses_partial_rotary(tmp_path, capsys):
     assert "partial rotary" in err and "rotates every dim" in err and not (tmp_path / "hf").exists()
 
 
+def test_refuses_p_rope(tmp_path, capsys):
+    make_run(tmp_path / "run", model_config(frequency_fraction=0.75))
+    assert cli([str(tmp_path / "run"), str(tmp_path / "hf")]) == 2
+    err = capsys.readouterr().err
+    assert "p-RoPE" in err and "rotates every frequency" in err and not (tmp_path / "hf").exists()
+
+
 def test_bad_inputs_are_refused_without_traceback(exported, tmp_path, capsys):
     run_dir, out, _ = exported["half-gqa"]
     cases = [

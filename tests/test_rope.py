@@ -1,11 +1,14 @@
-"""RoPE: the worked example, relative-position invariance, norms, and the two pairings."""
+"""RoPE: the worked example, relative-position invariance, norms, the two pairings, p-RoPE."""
 
 from __future__ import annotations
+
+import math
 
 import pytest
 import torch
 
 from conftest import tiny_config
+from model.config import RopeScalingConfig
 from model.positional.rope import PAIRINGS, HalfPairing, InterleavedPairing, RoPE
 from model.transformer import Transformer
 
@@ -160,3 +163,66 @@ def test_a_bf16_model_keeps_float32_frequencies():
     assert cos.dtype == torch.float32
     assert (cos.double() - angles.cos()).abs().max() < 1e-4
     assert (sin.double() - angles.sin()).abs().max() < 1e-4
+
+
+# ------------------------------------------------------------------ p-RoPE (Barbero et al. 2024)
+
+def p_rope(head_dim: int, fraction: float, scaling=None) -> RoPE:
+    return RoPE(tiny_config(frequency_fraction=fraction, scaling=scaling, d_model=head_dim * 4))
+
+
+def test_p_rope_rotates_only_the_highest_frequencies_by_hand():
+    # head_dim 8: θ_i = 10000^(-2i/8) = 1, 0.1, 0.01, 0.001; fraction 0.5 keeps 1 and 0.1.
+    # Half pairing: dim i pairs with i + 4; pairs 0, 1 turn by 5·1 and 5·0.1, pairs 2, 3 not at all.
+    x = torch.arange(1.0, 9.0)
+    out = rotate_one(p_rope(8, 0.5), x, 5)
+    expected = x.clone()
+    for i, angle in ((0, 5.0), (1, 0.5)):
+        expected[i] = x[i] * math.cos(angle) - x[i + 4] * math.sin(angle)
+        expected[i + 4] = x[i + 4] * math.cos(angle) + x[i] * math.sin(angle)
+    assert torch.allclose(out, expected, atol=1e-5)
+    assert torch.equal(out[[2, 3, 6, 7]], x[[2, 3, 6, 7]])  # frequency 0: exactly the identity
+
+
+def test_p_rope_differs_from_partial_rotary():
+    # rotary_fraction 0.5 rotates dims 0-3 with the frequencies of a 4-dim head, 1 and 0.01;
+    # frequency_fraction 0.5 keeps the 8-dim head's 1 and 0.1.
+    assert p_rope(8, 0.5).inv_freq.tolist() == pytest.approx([1.0, 0.1, 0.0, 0.0])
+    assert rope(8, "half", rotary_fraction=0.5).inv_freq.tolist() == pytest.approx([1.0, 0.01])
+
+
+def test_p_rope_composes_with_scalings():
+    linear = RopeScalingConfig(type="linear", factor=4.0)
+    assert p_rope(8, 0.5, linear).inv_freq.tolist() == pytest.approx([0.25, 0.025, 0.0, 0.0])
+    yarn = RopeScalingConfig(type="yarn", factor=4.0, original_max_len=16)
+    full, kept = p_rope(16, 1.0, yarn), p_rope(16, 0.75, yarn)
+    assert torch.equal(kept.inv_freq[:6], full.inv_freq[:6]) and kept.inv_freq[6:].abs().sum() == 0
+    assert kept.attention_factor == full.attention_factor
+    dynamic = RopeScalingConfig(type="dynamic", factor=4.0, original_max_len=8)
+    cos, _ = p_rope(8, 0.5, dynamic).cos_sin(torch.arange(64), fit_len=64)  # refitted frequencies
+    assert torch.equal(cos[:, [2, 3, 6, 7]], torch.ones(64, 4))
+
+
+@pytest.mark.parametrize("fraction, head_dim, kept", [(0.75, 64, 24), (0.3, 16, 2), (0.29, 200, 29), (1.0, 8, 4)])
+def test_p_rope_keeps_floor_of_the_fraction(fraction, head_dim, kept):
+    assert tiny_config(frequency_fraction=fraction, d_model=head_dim * 4).kept_frequencies == kept
+    assert int((p_rope(head_dim, fraction).inv_freq > 0).sum()) == kept
+
+
+def test_p_rope_model_is_causal():
+    model = Transformer(tiny_config(frequency_fraction=0.5)).eval()
+    x = torch.randint(0, 97, (2, 20))
+    changed = x.clone()
+    changed[:, 11] = (changed[:, 11] + 1) % 97
+    with torch.no_grad():
+        a, b = model(x), model(changed)
+    assert torch.equal(a[:, :11], b[:, :11]) and not torch.allclose(a[:, 11:], b[:, 11:])
+
+
+def test_p_rope_bad_fractions_are_config_errors():
+    from model.errors import ConfigError
+    for bad in (0.0, -0.5, 1.5):
+        with pytest.raises(ConfigError, match=r"frequency_fraction must be in \(0, 1\]"):
+            tiny_config(frequency_fraction=bad)
+    with pytest.raises(ConfigError, match="keeps none"):
+        tiny_config(frequency_fraction=0.2)  # head_dim 8: floor(0.2 · 4) = 0

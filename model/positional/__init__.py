@@ -3,8 +3,10 @@
 - base.py: the interface (embed / rotation / bias), the per-forward context, NoPE
 - absolute.py: sinusoidal and learned absolute positions
 - alibi.py: ALiBi biases
+- distance.py: biases that depend on the distance only, one table per forward
+- t5.py, kerple.py, fire.py: T5's bucketed bias, KERPLE (logarithmic), FIRE
 - rope.py: rotary embeddings and their two pairings; rope_scaling.py: PI, NTK, dynamic
-  NTK, YaRN and Llama 3 frequencies
+  NTK, YaRN and Llama 3 frequencies, and p-RoPE's truncation; xpos.py: xPos
 
 The registry's keys are exactly ``model.config.POS_KINDS`` (tests/test_positional.py).
 """
@@ -13,10 +15,15 @@ from model.config import ModelConfig
 from model.positional.absolute import Learned, Sinusoidal
 from model.positional.alibi import ALiBi
 from model.positional.base import NoPE, PositionalEncoding, PositionContext
+from model.positional.fire import Fire
+from model.positional.kerple import Kerple
 from model.positional.rope import RoPE
+from model.positional.t5 import T5Bias
+from model.positional.xpos import XPos
 
 ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "rope": RoPE, "sinusoidal": Sinusoidal, "learned": Learned, "alibi": ALiBi, "none": NoPE,
+    "t5": T5Bias, "kerple": Kerple, "fire": Fire, "xpos": XPos,
 }
 
 

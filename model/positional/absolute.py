@@ -21,10 +21,10 @@ from model.positional.base import PositionalEncoding
 
 
 def sinusoid_table(positions: torch.Tensor, dim: int) -> torch.Tensor:
-    """PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(…), float32, (T, dim)."""
+    """PE[p, 2i] = sin(p / 10000^(2i/dim)), PE[p, 2i+1] = cos(…), float32, (…, T, dim)."""
     inv_freq = 1.0 / (10000.0 ** (torch.arange(0, dim, 2, dtype=torch.float64) / dim))
-    angles = positions.to(torch.float64)[:, None] * inv_freq.to(positions.device)[None, :]
-    table = torch.stack((angles.sin(), angles.cos()), dim=-1)  # (T, dim/2, 2)
+    angles = positions.to(torch.float64)[..., None] * inv_freq.to(positions.device)  # (…, T, dim/2)
+    table = torch.stack((angles.sin(), angles.cos()), dim=-1)  # (…, T, dim/2, 2)
     return table.flatten(-2).to(torch.float32)
 
 

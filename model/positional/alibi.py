@@ -44,5 +44,5 @@ class ALiBi(PositionalEncoding):
         self.slopes = alibi_slopes(cfg.n_heads)
 
     def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        distance = (q_positions[:, None] - k_positions[None, :]).to(torch.float32)  # (Tq, Tk)
-        return -self.slopes.to(distance.device)[:, None, None] * distance  # (H, Tq, Tk), float32
+        distance = (q_positions[..., :, None] - k_positions[..., None, :]).to(torch.float32)  # (…, Tq, Tk)
+        return -self.slopes.to(distance.device)[:, None, None] * distance.unsqueeze(-3)  # (…, H, Tq, Tk), float32

@@ -4,13 +4,17 @@ An encoding may act in three places and overrides only what it needs:
 
 - ``embed(x, positions)``: additive absolute encodings at the input;
 - ``rotation(positions, fit_len)``: RoPE and its relatives, a prepared rotation of q and k;
-- ``bias(q_positions, k_positions)``: a per-head additive bias on attention scores (ALiBi).
+- ``bias(q_positions, k_positions)``: a per-head additive bias on attention scores (ALiBi,
+  T5, Kerple, FIRE).
 
 ``Transformer.forward`` asks the encoding once per forward for a ``PositionContext``
 (the rotation with its cos/sin already gathered for this forward's positions, and the
-bias function) and hands that one object to every block; attention uses it without ever
-asking which encoding it has. Positions are an explicit 1-D integer tensor; tables,
-angles and biases are float32 whatever the model dtype.
+bias function, with whatever it learns precomputed by ``prepare_bias``) and hands that
+one object to every block; attention uses it without ever asking which encoding it has.
+Positions are an explicit integer tensor: (T,), shared by the batch, or (B, T) on the
+training path when each sequence has its own (randomized positions, Ruoss et al. 2023);
+a bias is then (H, Tq, Tk) or (B, H, Tq, Tk). Tables, angles and biases are float32
+whatever the model dtype.
 """
 
 from __future__ import annotations
@@ -25,7 +29,7 @@ from model.errors import LengthError
 
 Tensor = torch.Tensor
 Rotate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (q, k) -> rotated (q, k)
-Bias = Callable[[Tensor, Tensor], Tensor]  # (q_positions, k_positions) -> (H, Tq, Tk) float32
+Bias = Callable[[Tensor, Tensor], Tensor]  # (…, Tq), (…, Tk) positions -> (…, H, Tq, Tk) float32
 
 
 @dataclass(frozen=True)
@@ -37,7 +41,7 @@ class PositionContext:
     between any query and key positions (query chunks, cached keys).
     """
 
-    positions: Tensor  # (T,)
+    positions: Tensor  # (T,) or (B, T)
     rotate_qk: Optional[Rotate] = None
     bias_fn: Optional[Bias] = None
 
@@ -71,10 +75,20 @@ class PositionalEncoding(nn.Module):
     def bias(self, q_positions: Tensor, k_positions: Tensor) -> Optional[Tensor]:
         return None
 
+    def prepare_bias(self, fit_len: int) -> Optional[Bias]:
+        """The bias function of one forward whose positions are all below ``fit_len``.
+
+        Encodings with learned biases compute what they can once here (a per-distance
+        table), so every layer and query chunk only gathers from it.
+        """
+        return self.bias if self.has_bias else None
+
     def context(self, positions: Tensor, fit_len: int) -> PositionContext:
         """Everything attention needs for one forward over ``positions`` (see module doc)."""
-        return PositionContext(positions, self.rotation(positions, fit_len),
-                               self.bias if self.has_bias else None)
+        return PositionContext(positions, self.rotation(positions, fit_len), self.prepare_bias(fit_len))
+
+    def reset_parameters(self) -> None:
+        """Initialise this encoding's own parameters (called after the model's generic init)."""
 
     def check_length(self, n_positions: int) -> None:
         """Raise LengthError if positions 0 … n_positions-1 cannot all be served."""

@@ -10,8 +10,11 @@ Each pairing is one object that owns both its cos/sin layout and its turn, so a
 mismatched combination cannot be built.
 
 Only the first ``rotary_dim`` dims of each head rotate (partial rotary); the rest pass
-through. Angles, cos and sin and the rotation itself are float32 whatever the model dtype
-(bf16 cannot even represent consecutive integer positions above 256).
+through. p-RoPE (``frequency_fraction``, Barbero et al. 2024) is another cut: every dim
+stays in a pair, but only the highest frequencies turn and the lowest get frequency 0
+(cos 1, sin 0: exactly the identity), after any scaling (rope_scaling.py). Angles, cos
+and sin and the rotation itself are float32 whatever the model dtype (bf16 cannot even
+represent consecutive integer positions above 256).
 
 Dynamic NTK and the KV cache: with ``dynamic`` scaling the frequencies depend on the
 sequence length. Keys are rotated once, when they enter the cache, so every key and every
@@ -23,7 +26,8 @@ uncached forward over the full planned length exactly, instead of mixing keys ro
 under different bases as a per-step recomputation would.
 
 Per forward, ``RoPE.rotation`` gathers cos/sin for the forward's positions once; every
-layer then rotates with the same ``Rotation``.
+layer then rotates with the same ``Rotation``. Per-sequence positions (B, T) gather
+(B, 1, T, r) tables that broadcast over the heads.
 """
 
 from __future__ import annotations
@@ -35,7 +39,7 @@ import torch
 
 from model.config import ModelConfig
 from model.positional.base import PositionalEncoding
-from model.positional.rope_scaling import inverse_frequencies
+from model.positional.rope_scaling import inverse_frequencies, keep_highest_frequencies
 
 
 class HalfPairing:
@@ -80,7 +84,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing, rotar
 class Rotation:
     """cos/sin gathered for one forward's positions; rotates q and k of every layer."""
 
-    cos: torch.Tensor  # (T, rotary_dim), laid out for the pairing, float32
+    cos: torch.Tensor  # (T, rotary_dim) or (B, 1, T, rotary_dim), laid out for the pairing, float32
     sin: torch.Tensor
     pairing: type
     rotary_dim: int
@@ -100,28 +104,38 @@ class RoPE(PositionalEncoding):
         self.theta = rope.theta
         self.scaling = rope.scaling
         self.pairing = PAIRINGS[rope.pairing]
+        self.kept_frequencies = cfg.kept_frequencies
         self.dynamic = rope.scaling.type == "dynamic"
         # A plain float32 attribute, not a buffer: ``model.to(torch.bfloat16)`` casts
         # buffers, and bf16 frequencies put cos off by up to 0.86 below position 2048.
         # Frequencies are config, so scaling can change at eval time without touching
         # checkpoints; tables are built on the positions' device.
-        self.inv_freq, self.attention_factor = inverse_frequencies(self.rotary_dim, self.theta, self.scaling)
+        self.inv_freq, self.attention_factor = self.frequencies()
         # (key, cos, sin): tables for positions 0 … n-1, reused by every forward.
         self._tables: Optional[tuple] = None
+
+    def frequencies(self, fit_len: Optional[int] = None) -> tuple[torch.Tensor, float]:
+        """Inverse frequencies (scaled, then p-RoPE's lowest set to 0) and the attention factor."""
+        inv_freq, attention = inverse_frequencies(self.rotary_dim, self.theta, self.scaling, fit_len)
+        return keep_highest_frequencies(inv_freq, self.kept_frequencies), attention
 
     def rotation(self, positions: torch.Tensor, fit_len: Optional[int] = None) -> Rotation:
         cos, sin = self.cos_sin(positions, fit_len)
         return Rotation(cos, sin, self.pairing, self.rotary_dim)
 
     def cos_sin(self, positions: torch.Tensor, fit_len: Optional[int] = None) -> tuple[torch.Tensor, torch.Tensor]:
-        """Laid-out cos and sin for ``positions``, float32, (T, rotary_dim), any length.
+        """Laid-out cos and sin for ``positions``, float32, any length: (T, rotary_dim) for
+        positions (T,), (B, 1, T, rotary_dim) for per-sequence positions (B, T).
 
         ``fit_len`` bounds the positions (last position < fit_len); without it the positions
         are read (a device sync on GPUs, which Transformer.forward avoids by passing it).
         """
         length = fit_len if fit_len is not None else int(positions.max()) + 1
         cos, sin = self._cos_sin_tables(length, positions.device)
-        return cos[positions], sin[positions]
+        cos, sin = cos[positions], sin[positions]
+        if positions.dim() == 2:
+            cos, sin = cos[:, None], sin[:, None]  # (B, 1, T, r): the same angles for every head
+        return cos, sin
 
     def _cos_sin_tables(self, length: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor]:
         """Tables covering positions 0 … length-1, built once and reused.
@@ -138,7 +152,7 @@ class RoPE(PositionalEncoding):
         rows = length if self.dynamic else max(256, 1 << (length - 1).bit_length())
         inv_freq, attention = self.inv_freq, self.attention_factor
         if self.dynamic:
-            inv_freq, attention = inverse_frequencies(self.rotary_dim, self.theta, self.scaling, length)
+            inv_freq, attention = self.frequencies(length)
         # Built outside inference mode so a table first made during evaluation can still be
         # saved for backward by a later training step.
         with torch.inference_mode(False), torch.no_grad():

@@ -18,6 +18,10 @@ cos and sin. The formulas follow the papers and agree with Hugging Face transfor
 - llama3  — Llama 3.1 (Meta 2024): wavelengths longer than L0/low_freq_factor are
             interpolated by s, shorter than L0/high_freq_factor kept, smooth in between.
 
+p-RoPE (Barbero et al. 2024, "Round and Round We Go! What makes Rotary Positional
+Encodings useful?", ICLR 2025) composes with all of them: ``keep_highest_frequencies``
+sets the lowest frequencies of the scaled ones to 0, so those pairs never rotate.
+
 Computed in float64 and returned as float32, so results do not depend on the model dtype.
 """
 
@@ -93,6 +97,17 @@ def effective_scale(scaling: RopeScalingConfig, fit_len: Optional[int] = None) -
         length = max(fit_len or 0, scaling.original_max_len)
         return scaling.factor * length / scaling.original_max_len - (scaling.factor - 1)
     return scaling.factor
+
+
+def keep_highest_frequencies(inv_freq: torch.Tensor, kept: int) -> torch.Tensor:
+    """p-RoPE: keep the ``kept`` highest inverse frequencies (the first; θ_i decreases with
+    i) and set the rest to 0. ``kept`` is ModelConfig.kept_frequencies:
+    floor(frequency_fraction · r/2), the paper's rule; all of them for plain RoPE."""
+    if kept >= inv_freq.shape[0]:
+        return inv_freq
+    out = inv_freq.clone()
+    out[kept:] = 0.0
+    return out
 
 
 def inverse_frequencies(dim: int, theta: float, scaling: RopeScalingConfig,
