@@ -59,7 +59,8 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
     cfg, meta = saved.cfg, saved.meta
     # Seeds of one experiment, trained for as many tokens, are pooled into one row.
     group = f"{seed_group(cfg)}-{meta.get('tokens')}"
-    return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind, "group": group,
+    return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind,
+            "attention": cfg.model.attention, "group": group,
             "stem": re.sub(r"[_-]?seed[-=]?\d+", "", cfg.name) or cfg.name,
             "pairing": cfg.model.pos.rope.pairing if cfg.model.pos.kind == "rope" else None,
             "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"),
@@ -162,14 +163,17 @@ def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log) -> tup
 
 
 def _label_groups(runs: list[dict], rows: list[dict]) -> None:
-    """Label rows by encoding; where one encoding has several configs, add the run-name stem."""
+    """Label rows by encoding and attention kind; where one such pair has several configs, add
+    the run-name stem."""
+    # Evaluations cached before attention kinds existed are softmax runs.
+    kinds = {run["run"]: encoding_label(run["encoding"], run.get("attention", "softmax")) for run in runs}
     groups_per_kind: dict[str, set] = {}
     for run in runs:
-        groups_per_kind.setdefault(run["encoding"], set()).add(run["group"])
+        groups_per_kind.setdefault(kinds[run["run"]], set()).add(run["group"])
     label = {}
     for run in runs:
-        kind = encoding_label(run["encoding"])
-        label[run["run"]] = kind if len(groups_per_kind[run["encoding"]]) == 1 else f"{kind} [{run['stem']}]"
+        kind = kinds[run["run"]]
+        label[run["run"]] = kind if len(groups_per_kind[kind]) == 1 else f"{kind} [{run['stem']}]"
         run["label"] = label[run["run"]]
     for row in rows:
         row["label"] = label[row["run"]]

@@ -59,7 +59,8 @@ def plot_per_position(results: dict, train_len: int, path: Path) -> None:
     for run, by_scaling in results["per_position"].items():
         for scaling, curve in by_scaling.items():
             if curve:
-                label = runs[run].get("label") or encoding_label(runs[run]["encoding"])
+                meta = runs[run]
+                label = meta.get("label") or encoding_label(meta["encoding"], meta.get("attention", "softmax"))
                 curves[with_scaling(label, scaling)].append(np.asarray(curve))
     fig, ax = plt.subplots(figsize=(7.5, 4.8))
     for label in sorted(curves):

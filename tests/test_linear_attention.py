@@ -12,6 +12,7 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import train
 from conftest import tiny_config, write_run_config
+from eval.extrapolation import _label_groups
 from model.config import (ATTENTION_KINDS, POS_KINDS, SCORE_BIAS_KINDS, LinearAttentionConfig, ModelConfig,
                           PosConfig, RopeScalingConfig)
 from model.errors import ConfigError, LengthError
@@ -336,3 +337,12 @@ def test_trains_and_samples(tmp_path, corpus):
     model = load_run(run_dir).model
     assert isinstance(model.blocks[0].attn, ATTENTIONS["linear"])
     assert generate(model, [1, 2, 3], 10, temperature=0).shape == (1, 13)
+
+
+def test_reports_name_the_attention_kind():
+    runs = [{"run": f"r{i}", "encoding": "rope", "attention": attention, "group": attention, "stem": "x"}
+            for i, attention in enumerate(("softmax", "linear"))]
+    runs.append({"run": "old", "encoding": "none", "group": "g", "stem": "y"})  # cached before attention kinds
+    rows = [{"run": run["run"]} for run in runs]
+    _label_groups(runs, rows)
+    assert [row["label"] for row in rows] == ["rope", "rope (linear attention)", "nope"]
