@@ -114,7 +114,7 @@ class LinearAttentionConfig:
 
     ``feature_map`` is the non-negative φ of sim(q, k) = φ(q)ᵀφ(k): ``elu`` is
     φ(x) = elu(x) + 1 (their eq. 7), ``relu`` is φ(x) = max(x, 0) (cosFormer, Qin et al.
-    2022, §3.2). Read only when ``model.attention`` is ``linear``.
+    2022). Read only when ``model.attention`` is ``linear``.
     """
 
     feature_map: FeatureMap = "elu"

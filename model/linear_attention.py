@@ -1,11 +1,11 @@
 """Causal linear attention (Katharopoulos et al. 2020) with RoPE in the numerator only.
 
-With a non-negative feature map φ, query i attends to keys j ≤ i as (their eqs. 2-7)
+With a non-negative feature map φ, query i attends to keys j ≤ i as (their §3.2-3.3)
 
     y_i = Σ_j φ(q_i)ᵀφ(k_j) v_j / Σ_j φ(q_i)ᵀφ(k_j),
 
 φ(x) = elu(x) + 1 by default; no 1/√d scale, as in the paper. Nothing of size T × T is
-needed: the sums over j are running sums (their eqs. 8-9, 16-20), which makes decoding a
+needed: the sums over j are running sums (their §3.3-3.4), which makes decoding a
 recurrence with a constant-size state (model/linear_state.py).
 
 **RoPE** (Su et al. 2021, RoFormer §3.3, eq. 19) rotates inside the numerator only:
@@ -24,7 +24,7 @@ input and NoPE not at all; score biases cannot work (there is no score matrix), 
 **Two forms, one result.** ``chunked_linear_attention`` (training, evaluation, prefill)
 splits the sequence into chunks of C positions: within a chunk a masked C × C product,
 across chunks the running state S = Σ R_j φ(k_j) v_jᵀ at each chunk's start (the
-chunkwise form of e.g. Hua et al. 2022 §3.2, Yang et al. 2023 §2.2). Memory is linear in
+chunkwise form of Hua et al. 2022, FLASH, and Yang et al. 2023, GLA). Memory is linear in
 T (C·T scores, T·D²/C state entries per head); C = 64 balances the two for head_dim 64.
 ``recurrent_linear_attention`` (decoding) adds one token at a time to S and z = Σ φ(k_j):
 keys are rotated once, at their own position, when they enter S, and each query is
@@ -62,7 +62,7 @@ State = tuple[Tensor, Tensor]  # (S (B, Hkv, D, Dv), z (B, Hkv, D)), float32
 
 FEATURE_MAPS: dict[str, Callable[[Tensor], Tensor]] = {
     "elu": lambda x: F.elu(x) + 1.0,  # Katharopoulos et al. 2020, eq. 7
-    "relu": F.relu,  # cosFormer (Qin et al. 2022, §3.2)
+    "relu": F.relu,  # cosFormer (Qin et al. 2022)
 }
 MIN_COSINE = 1e-3  # the denominator guard (module docstring)
 
