@@ -41,7 +41,8 @@ attention weight Σ_j |w_ij| by √D / 1e-3 (for non-negative φ, |z| ≥ Σ_j|�
 |y_i| ≤ √D · 1000 · max_j |v_j|. A zero φ(q_i) or z_i (a zero numerator) gives y_i = 0.
 
 **Precision.** Running sums (the chunk states, z, the decoding state) and the division are
-float32 whatever the model dtype; the products inside a chunk run in the model dtype.
+float32 whatever the model dtype; the matrix products of the chunked form run in the model
+dtype (under bf16 autocast: bf16 operands, including the state read by each chunk).
 """
 
 from __future__ import annotations
