@@ -57,8 +57,7 @@ def scaling_for(kind: str, length: int, train_len: int, factor: Optional[float])
 
 def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
     cfg, meta = saved.cfg, saved.meta
-    # Seeds of one experiment, trained for as many tokens, are pooled into one row.
-    group = f"{seed_group(cfg)}-{meta.get('tokens')}"
+    group = pooling_group(cfg, meta.get("tokens"))
     return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind,
             "attention": cfg.model.attention, "group": group,
             "stem": re.sub(r"[_-]?seed[-=]?\d+", "", cfg.name) or cfg.name,
@@ -67,6 +66,11 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
             "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
             "max_len": saved.model.pos.max_len, "git_commit": meta.get("git_commit"),
             "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev)}
+
+
+def pooling_group(cfg: RunConfig, tokens: Optional[int]) -> str:
+    """Seeds of one experiment, trained for as many tokens, are pooled into one row."""
+    return f"{seed_group(cfg)}-{tokens}"
 
 
 def split_tokens(saved: SavedRun, split: str) -> np.ndarray:
@@ -147,13 +151,17 @@ def _cache_key(ev: EvalConfig) -> str:
 def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log) -> tuple[dict, list[dict], dict]:
     """evaluate_run, reusing an earlier result for the same checkpoint and evaluation config."""
     run = RunDir(run_dir)
-    ev = eval_for(read_run_config(run))
+    cfg = read_run_config(run)
+    ev = eval_for(cfg)
     path = run.eval_cache("extrapolation", _cache_key(ev))
     ckpt = run.latest_checkpoint()
     if ckpt is not None and path.exists():
         cached = json.loads(path.read_text())
         if cached.get("checkpoint") == ckpt.name:
             log(f"  reusing {path}")
+            # The group hashes the whole config as the schema reads it today: a key added
+            # since (e.g. model.attention) must not split a cached seed from a fresh one.
+            cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"))
             return cached["meta"], cached["rows"], cached["curves"]
     meta, rows, curves = evaluate_run(run.path, ev, device, log)
     path.parent.mkdir(exist_ok=True)

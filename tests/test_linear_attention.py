@@ -12,7 +12,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 
 import train
 from conftest import tiny_config, write_run_config
-from eval.extrapolation import _label_groups
+from configs.schema import EvalConfig
+from eval.extrapolation import _label_groups, run_extrapolation
 from model.config import (ATTENTION_KINDS, POS_KINDS, SCORE_BIAS_KINDS, LinearAttentionConfig, ModelConfig,
                           PosConfig, RopeScalingConfig)
 from model.errors import ConfigError, LengthError
@@ -327,7 +328,7 @@ def test_hf_export_refuses_linear_attention():
         check_exportable(linear_config())
 
 
-def test_trains_and_samples(tmp_path, corpus):
+def test_trains_samples_and_evaluates(tmp_path, corpus):
     cfg = write_run_config(tmp_path, corpus)
     assert train.main([str(cfg), "model.attention=linear", "train.max_steps=20"]) == 0
     run_dir = tmp_path / "runs" / "tiny"
@@ -337,6 +338,17 @@ def test_trains_and_samples(tmp_path, corpus):
     model = load_run(run_dir).model
     assert isinstance(model.blocks[0].attn, ATTENTIONS["linear"])
     assert generate(model, [1, 2, 3], 10, temperature=0).shape == (1, 13)
+    ev = EvalConfig(lengths=[16, 64], scalings=["none", "yarn"], max_tokens=512)
+    evaluate = lambda: run_extrapolation([run_dir], tmp_path / "report", lambda cfg: ev, log=lambda *a: None)  # noqa: E731
+    first = evaluate()
+    assert all(r["status"] == "ok" and math.isfinite(r["ppl"]) for r in first["results"])
+    assert "rope (linear attention) + yarn" in (tmp_path / "report" / "report.md").read_text()
+    # A cached evaluation from before a config key existed carries a stale group; reuse refreshes it.
+    cache = next((run_dir / "eval").glob("extrapolation*.json"))
+    cached = json.loads(cache.read_text())
+    cached["meta"]["group"] = "stale"
+    cache.write_text(json.dumps(cached))
+    assert evaluate()["runs"][0]["group"] == first["runs"][0]["group"]
 
 
 def test_reports_name_the_attention_kind():
