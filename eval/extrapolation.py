@@ -72,10 +72,9 @@ def scale_note(kind: str, length: int, train_len: int, factor: Optional[float]) 
 
 def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
     cfg, meta = saved.cfg, saved.meta
-    # Seeds of one experiment, trained for as many tokens, are pooled into one row.
-    group = f"{seed_group(cfg)}-{meta.get('tokens')}"
+    group = pooling_group(cfg, meta.get("tokens"))
     return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind,
-            "attention": getattr(cfg.model, "attention", "softmax"), "group": group,
+            "attention": cfg.model.attention, "group": group,
             "stem": re.sub(r"[_-]?seed[-=]?\d+", "", cfg.name) or cfg.name,
             "pairing": cfg.model.pos.rope.pairing if cfg.model.pos.kind == "rope" else None,
             "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"),
@@ -90,6 +89,12 @@ def _check_finished(saved: SavedRun, allow_unfinished: bool) -> None:
     raise UserError(f"{saved.run_dir} is not finished (its latest checkpoint is step {saved.meta.get('step')} of "
                     f"{saved.meta.get('total_steps')}): it is still training or was interrupted. Finish it with "
                     "python train.py CONFIG --resume, or evaluate the checkpoint as it is with --allow-unfinished.")
+
+
+def pooling_group(cfg: RunConfig, tokens: Optional[int]) -> str:
+    """Seeds of one experiment, trained for as many tokens, are pooled into one row."""
+    return f"{seed_group(cfg)}-{tokens}"
+
 
 
 def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
@@ -160,13 +165,17 @@ def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log,
                       allow_unfinished: bool = False) -> tuple[dict, list[dict], dict]:
     """evaluate_run, reusing an earlier result for the same checkpoint and evaluation config."""
     run = RunDir(run_dir)
-    ev = eval_for(read_run_config(run))
+    cfg = read_run_config(run)
+    ev = eval_for(cfg)
     path = run.eval_cache("extrapolation", _cache_key(ev))
     ckpt = run.latest_checkpoint()
     if ckpt is not None and path.exists():
         cached = json.loads(path.read_text())
         if cached.get("checkpoint") == ckpt.name:
             log(f"  reusing {path}")
+            # The group hashes the whole config as the schema reads it today: a key added
+            # since (e.g. model.attention) must not split a cached seed from a fresh one.
+            cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"))
             return cached["meta"], cached["rows"], cached["curves"]
     meta, rows, curves = evaluate_run(run.path, ev, device, log, allow_unfinished)
     path.parent.mkdir(exist_ok=True)
@@ -191,15 +200,17 @@ def share_window_sets(rows: list[dict]) -> dict[str, dict]:
 
 
 def _label_groups(runs: list[dict], rows: list[dict]) -> None:
-    """Label rows by encoding; where one encoding has several configs, by the run-name stem."""
+    """Label rows by encoding and attention kind; where one such pair has several configs, by
+    the run-name stem."""
+    # Evaluations cached before attention kinds existed are softmax runs.
+    kinds = {run["run"]: encoding_label(run["encoding"], run.get("attention", "softmax")) for run in runs}
     groups_per_kind: dict[str, set] = {}
     for run in runs:
-        groups_per_kind.setdefault(run["encoding"], set()).add(run["group"])
+        groups_per_kind.setdefault(kinds[run["run"]], set()).add(run["group"])
     label = {}
     for run in runs:
-        kind = encoding_label(run["encoding"])
-        stem = run["stem"].removeprefix("kind-")
-        label[run["run"]] = kind if len(groups_per_kind[run["encoding"]]) == 1 else stem
+        kind = kinds[run["run"]]
+        label[run["run"]] = kind if len(groups_per_kind[kind]) == 1 else run["stem"].removeprefix("kind-")
         run["label"] = label[run["run"]]
     for row in rows:
         row["label"] = label[row["run"]]

@@ -3,8 +3,10 @@
 from __future__ import annotations
 
 
-def encoding_label(encoding: str) -> str:
-    return "nope" if encoding == "none" else encoding
+def encoding_label(encoding: str, attention: str = "softmax") -> str:
+    """``rope``, ``nope``…; a run with another attention kind than softmax says so."""
+    label = "nope" if encoding == "none" else encoding
+    return label if attention == "softmax" else f"{label} ({attention} attention)"
 
 
 def with_scaling(label: str, scaling: str) -> str:

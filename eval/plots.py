@@ -54,7 +54,7 @@ def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: P
 def plot_per_position(runs: list[dict], curves: dict[str, dict[str, dict]], train_len: int, path: Path,
                       corpus: str) -> None:
     """Mean loss by position bin, pooled over seeds, one line per row, with a 95% band."""
-    labels = {r["run"]: r.get("label") or encoding_label(r["encoding"]) for r in runs}
+    labels = {r["run"]: r.get("label") or encoding_label(r["encoding"], r.get("attention", "softmax")) for r in runs}
     pooled: dict[str, list[dict]] = defaultdict(list)
     for run, by_scaling in curves.items():
         for scaling, curve in by_scaling.items():

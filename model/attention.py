@@ -102,3 +102,11 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(qc, kc, vc, attn_mask=mask, enable_gqa=True, dropout_p=dropout)
             outputs.append(y.to(q.dtype))
         return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
+
+    def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device) -> KVCache:
+        return KVCache(batch_size, max_len, self.n_kv_heads, self.head_dim, dtype, device)
+
+    def flops_per_token(self, seq_len: int) -> float:
+        """Forward matmul FLOPs per token, projections excluded: QKᵀ and AV over ``seq_len`` keys
+        without the causal halving (PaLM, Chowdhery et al. 2022, App. B; nanoGPT's MFU)."""
+        return 4 * self.n_heads * self.head_dim * seq_len

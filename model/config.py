@@ -30,9 +30,13 @@ from model.errors import ConfigError
 
 PosKind = Literal["rope", "sinusoidal", "learned", "alibi", "none", "t5", "kerple", "fire", "xpos"]
 ScalingType = Literal["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
+AttentionKind = Literal["softmax", "linear"]
+FeatureMap = Literal["elu", "relu"]
 # The one list of each, for every CLI, the benchmark and the tests.
 POS_KINDS: tuple[str, ...] = typing.get_args(PosKind)
 SCALING_TYPES: tuple[str, ...] = typing.get_args(ScalingType)
+ATTENTION_KINDS: tuple[str, ...] = typing.get_args(AttentionKind)
+FEATURE_MAPS: tuple[str, ...] = typing.get_args(FeatureMap)
 # Encodings that add a bias to the attention scores, so attention must form them (the
 # encoding's ``has_bias``; tests/test_positional.py keeps the two in agreement).
 SCORE_BIAS_KINDS: frozenset[str] = frozenset({"alibi", "t5", "kerple", "fire"})
@@ -190,6 +194,24 @@ class PosConfig:
 
 
 @dataclass
+class LinearAttentionConfig:
+    """Causal linear attention (Katharopoulos et al. 2020); see model/linear_attention.py.
+
+    ``feature_map`` is the non-negative φ of sim(q, k) = φ(q)ᵀφ(k): ``elu`` is
+    φ(x) = elu(x) + 1 (their eq. 7), ``relu`` is φ(x) = max(x, 0) (cosFormer, Qin et al.
+    2022). Read only when ``model.attention`` is ``linear``.
+    """
+
+    feature_map: FeatureMap = "elu"
+
+    def __post_init__(self) -> None:
+        # The loader checks the Literal for YAML; this also covers configs built in Python.
+        if self.feature_map not in FEATURE_MAPS:
+            raise ConfigError(f"model.linear_attention.feature_map={self.feature_map!r} is not a "
+                              f"known feature map; choose one of {', '.join(FEATURE_MAPS)}")
+
+
+@dataclass
 class ModelConfig:
     """A LLaMA-style decoder: RMSNorm, SwiGLU, no biases, optional GQA and tied head."""
 
@@ -205,6 +227,10 @@ class ModelConfig:
     dropout: float = 0.0
     init_std: float = 0.02
     pos: PosConfig = field(default_factory=PosConfig)
+    # softmax: softmax(qkᵀ/√d) v. linear: causal linear attention, O(1) state per token when
+    # decoding; RoPE then rotates the numerator only (model/linear_attention.py).
+    attention: AttentionKind = "softmax"
+    linear_attention: LinearAttentionConfig = field(default_factory=LinearAttentionConfig)
 
     def __post_init__(self) -> None:
         for name in ("vocab_size", "d_model", "n_layers", "n_heads", "multiple_of"):
@@ -226,6 +252,26 @@ class ModelConfig:
             self._check_rotary()
         if self.pos.kind == "sinusoidal" and self.d_model % 2:
             raise ConfigError("pos.kind=sinusoidal needs an even d_model (sin/cos pairs)")
+        self._check_attention()
+
+    def _check_attention(self) -> None:
+        """Refuse an attention kind the encoding or the dropout setting cannot work with."""
+        if self.attention not in ATTENTION_KINDS:
+            raise ConfigError(f"model.attention={self.attention!r} is not an attention kind; "
+                              f"choose one of {', '.join(ATTENTION_KINDS)}")
+        if self.attention != "linear":
+            return
+        if self.pos.kind in SCORE_BIAS_KINDS:
+            usable = ", ".join(k for k in POS_KINDS if k not in SCORE_BIAS_KINDS)
+            raise ConfigError(
+                f"pos.kind={self.pos.kind} adds a bias to the attention scores, but linear attention "
+                "(model.attention=linear) never forms the score matrix: there is no attention matrix "
+                f"to bias. Use one of {usable} with linear attention, or model.attention=softmax.")
+        if self.dropout > 0:
+            raise ConfigError(
+                f"model.dropout={self.dropout} also drops attention weights, which linear attention "
+                "(model.attention=linear) never forms, so the setting cannot be honoured; set "
+                "model.dropout=0 with linear attention, or use model.attention=softmax.")
 
     def _check_rotary(self) -> None:
         rot = self.head_dim * self.pos.rope.rotary_fraction

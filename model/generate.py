@@ -1,5 +1,9 @@
 """Generation: chunked prefill into the KV cache, then token-by-token sampling.
 
+With linear attention the "cache" is the layer's constant-size recurrent state
+(model/linear_state.py): prefill runs the chunked form from it, decoding one recurrent step
+per token; this module does not tell the two apart.
+
 Sampling follows the usual order: temperature, then top-k, then top-p (nucleus,
 Holtzman et al. 2020) on the renormalised distribution; temperature 0 is greedy.
 The same function runs without a cache (a full forward per token) so the two paths can

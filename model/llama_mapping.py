@@ -15,9 +15,9 @@ the conversion is a renaming of weights plus three things that need care:
   generation does not: transformers refits the frequencies to the current length at every
   step (keys already cached keep the old ones), ours fits them once to prompt +
   max_new_tokens (see model/positional/rope.py), so greedy outputs part early.
-- What Llama cannot express is refused: sinusoidal, learned, ALiBi, T5, KERPLE, FIRE,
-  xPos and NoPE encodings, partial rotary (Llama rotates every dim of a head) and p-RoPE
-  (Llama rotates every frequency).
+- What Llama cannot express is refused: linear attention; sinusoidal, learned, ALiBi, T5,
+  KERPLE, FIRE, xPos and NoPE encodings; partial rotary (Llama rotates every dim of a
+  head) and p-RoPE (Llama rotates every frequency).
 
 Pure functions on configs and tensors: no file I/O. Reading and writing transformers
 directories is in training/hf_directory.py. Neither needs ``transformers``; only the
@@ -57,6 +57,12 @@ class HFConversionError(UserError):
 
 def check_exportable(cfg: ModelConfig) -> None:
     """Raise HFConversionError unless transformers' Llama computes exactly what ``cfg`` does."""
+    if cfg.attention != "softmax":
+        raise HFConversionError(
+            f"model.attention={cfg.attention} cannot be exported: transformers' Llama "
+            "(LlamaForCausalLM) computes softmax attention, and linear attention replaces the "
+            "softmax by a feature map φ(q)ᵀφ(k) with RoPE in the numerator only, which no Llama "
+            "config can express. Only softmax-attention runs can be exported.")
     kind = cfg.pos.kind
     if kind != "rope":
         raise HFConversionError(

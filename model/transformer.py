@@ -11,10 +11,13 @@ from torch import nn
 from model.attention import Attention
 from model.config import ModelConfig
 from model.errors import ArgumentError
-from model.kv_cache import KVCache
 from model.layers import RMSNorm, SwiGLU
+from model.linear_attention import LinearAttention
 from model.loss import linear_cross_entropy
 from model.positional import PositionContext, build_positional
+
+# ``model.attention`` -> the layer; keys are exactly model.config.ATTENTION_KINDS (tests/test_linear_attention.py).
+ATTENTIONS: dict[str, type[nn.Module]] = {"softmax": Attention, "linear": LinearAttention}
 
 
 class Block(nn.Module):
@@ -23,7 +26,7 @@ class Block(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = Attention(cfg)
+        self.attn = ATTENTIONS[cfg.attention](cfg)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
         self.drop = nn.Dropout(cfg.dropout)
@@ -101,13 +104,13 @@ class Transformer(nn.Module):
     # --- KV cache -------------------------------------------------------------------
     def setup_cache(self, batch_size: int, max_len: int, dtype: Optional[torch.dtype] = None,
                     device: Optional[torch.device] = None) -> None:
-        """Attach a preallocated cache of ``max_len`` positions to every attention layer."""
+        """Attach a cache for ``max_len`` positions to every attention layer: a preallocated
+        KV cache (softmax), or a constant-size recurrent state (linear; model/linear_state.py)."""
         self.pos.check_length(max_len)
         weight = self.tok_emb.weight
         for block in self.blocks:
-            attn = block.attn
-            attn.cache = KVCache(batch_size, max_len, attn.n_kv_heads, attn.head_dim,
-                                 dtype or weight.dtype, device or weight.device)
+            block.attn.cache = block.attn.new_cache(batch_size, max_len, dtype or weight.dtype,
+                                                    device or weight.device)
 
     def clear_cache(self) -> None:
         for block in self.blocks:
@@ -130,13 +133,15 @@ class Transformer(nn.Module):
         return sum(p.numel() for p in params.values())
 
     def flops_per_token(self, seq_len: int, training: bool = True) -> float:
-        """Matmul FLOPs per token: 2·N_matmul + 4·n_layers·d_attn·T forward (×3 for training).
+        """Matmul FLOPs per token: 2·N_matmul + each layer's attention, forward (×3 for training).
 
         N_matmul counts every Linear weight including the LM head (a tied head is still a
-        matmul); the second term is QKᵀ and AV over T keys without the causal halving, the
-        convention of PaLM (Chowdhery et al. 2022, App. B) and nanoGPT's MFU.
+        matmul). Each attention kind counts its own core: softmax 4·d_attn·T (QKᵀ and AV over
+        T keys without the causal halving, the convention of PaLM, Chowdhery et al. 2022,
+        App. B, and nanoGPT's MFU); linear attention its chunks and states, independent of T
+        beyond one chunk (model/linear_attention.py).
         """
         n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        attn = 4 * self.cfg.n_layers * self.cfg.n_heads * self.cfg.head_dim * seq_len
+        attn = sum(block.attn.flops_per_token(seq_len) for block in self.blocks)
         forward = 2 * n_matmul + attn
         return 3 * forward if training else forward

@@ -1,7 +1,10 @@
 """Speed and memory against the machine's own limit: ``python scripts/bench.py [--config C]``.
 
 For the benchmark model (configs/bench.yaml: d_model 256, 4 layers, 4 heads, vocab 8192,
-16 × 256 tokens per step) and every positional encoding, measures
+16 × 256 tokens per step) and every positional encoding (``--kinds``) under each attention
+kind asked for (``--attention softmax linear``; rows named ``rope``, ``linear+rope``, …;
+pairs the model refuses, such as linear attention with a score bias, are skipped with the
+reason), measures
 
 - training: steady-state tokens/s of ``train.Trainer.train_step`` (the training loop's own
   step: sampler, forward, loss, backward, clipping, AdamW) and model FLOPs utilisation,
@@ -49,7 +52,7 @@ import torch
 import configs
 from configs import load_config
 from eval.perplexity import perplexity
-from model.config import POS_KINDS
+from model.config import ATTENTION_KINDS, POS_KINDS
 from model.errors import ConfigError, UserError
 from model.generate import generate
 from model.transformer import Transformer
@@ -128,9 +131,16 @@ def machine() -> dict:
 
 
 # --- the model under test ----------------------------------------------------------------
-def bench_config(args: argparse.Namespace, kind: str, compile_: bool = False):
-    """The run config for one encoding; vocab from the tokenizer settings (no data needed)."""
-    cfg = load_config(args.config, args.set)
+def variant_name(attention: str, kind: str) -> str:
+    """The row of one (attention kind, encoding) pair: ``rope`` (softmax), ``linear+rope``."""
+    return kind if attention == "softmax" else f"{attention}+{kind}"
+
+
+def bench_config(args: argparse.Namespace, variant: str, compile_: bool = False):
+    """The run config for one row (``variant_name``); vocab from the tokenizer settings (no data
+    needed). Without an attention prefix the config's own ``model.attention`` is kept."""
+    attention, _, kind = variant.rpartition("+")
+    cfg = load_config(args.config, args.set + ([f"model.attention={attention}"] if attention else []))
     tok = cfg.data.tokenizer
     if tok.kind == "char":
         raise ConfigError("the benchmark needs a known vocabulary size: use a bpe or byte tokenizer "
@@ -270,25 +280,26 @@ def print_report(results: dict) -> None:
     m = results["machine"]
     print(f"\n{m['cpu']} · {m['torch_threads']} threads · torch {m['torch']} · commit {m['git_commit']}")
     kinds = results["kinds"]
+    width = name_width(kinds)
     train, comp = results.get("train", {}), results.get("compile", {})
     if train or comp:
         any_ok = next((r for r in [*train.values(), *comp.values()] if "error" not in r), None)
         if any_ok:
             print(f"\ntraining, {any_ok['tokens_per_step']} tokens/step, {any_ok['dtype']}, "
                   f"{any_ok['params'] / 1e6:.2f}M params; MFU against the measured matmul peak")
-        print(f"{'encoding':<11} {'tok/s':>8} {'peak GF/s':>9} {'MFU':>6} {'vs rope':>7} {'RSS MB':>7} │ "
+        print(f"{'encoding':<{width}} {'tok/s':>8} {'peak GF/s':>9} {'MFU':>6} {'vs rope':>7} {'RSS MB':>7} │ "
               f"{'compiled':>8} {'MFU':>6} {'speed-up':>8} {'RSS MB':>7}")
         base = train.get("rope", {}).get("tok_s")
         for kind in kinds:
             r, c = train.get(kind, {}), comp.get(kind, {})
             if "error" in r:
-                print(f"{kind:<11} error: {r['error']}")
+                print(f"{kind:<{width}} error: {r['error']}")
                 continue
             rel = r.get("tok_s") / base if base and r.get("tok_s") else None
             speed = c.get("tok_s") / r["tok_s"] if c.get("tok_s") and r.get("tok_s") else None
             c_err = f"  compile error: {c['error']}" if "error" in c else ""
             peak = r.get("peak", {}).get("flops")
-            print(f"{kind:<11} {fmt(r.get('tok_s')):>8} {fmt(peak and peak / 1e9):>9} "
+            print(f"{kind:<{width}} {fmt(r.get('tok_s')):>8} {fmt(peak and peak / 1e9):>9} "
                   f"{fmt(r.get('mfu') and 100 * r['mfu'], '.1f'):>5}% {fmt(rel, '.2f'):>7} "
                   f"{fmt(r.get('peak_rss_mb')):>7} │ {fmt(c.get('tok_s')):>8} "
                   f"{fmt(c.get('mfu') and 100 * c['mfu'], '.1f'):>5}% {fmt(speed, '.2f'):>7}× "
@@ -313,6 +324,12 @@ def print_report(results: dict) -> None:
              results.get("eval"), kinds,
              lambda e: "  ".join(f"{r['multiplier']:>2}× L={r['length']:<5} {r['tok_s']:7.0f} tok/s "
                                  f"{r['peak_rss_mb']:6.0f} MB" for r in e["rows"]))
+    for name, reason in results.get("skipped", {}).items():
+        print(f"\nskipped {name}: {reason}")
+
+
+def name_width(kinds: list[str]) -> int:
+    return max(11, *(len(k) for k in kinds))
 
 
 def per_kind(title: str, section: Optional[dict], kinds: list[str], line: Callable[[dict], str]) -> None:
@@ -322,7 +339,7 @@ def per_kind(title: str, section: Optional[dict], kinds: list[str], line: Callab
     print(title)
     for kind in kinds:
         r = section.get(kind, {})
-        print(f"{kind:<11} " + (f"error: {r['error']}" if "error" in r else line(r)))
+        print(f"{kind:<{name_width(kinds)}} " + (f"error: {r['error']}" if "error" in r else line(r)))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -333,6 +350,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="config overrides, e.g. --set model.n_kv_heads=2 train.batch_size=8")
     p.add_argument("--kinds", nargs="+", default=list(POS_KINDS), choices=POS_KINDS)
+    p.add_argument("--attention", nargs="+", choices=ATTENTION_KINDS, default=None,
+                   help="attention kinds to measure, each with every encoding it can serve "
+                        "(default: the config's model.attention)")
     p.add_argument("--sections", nargs="+", default=SECTIONS, choices=SECTIONS)
     p.add_argument("--repeats", type=int, default=10, help="timed training steps")
     p.add_argument("--warmup", type=int, default=3, help="untimed training steps after the first")
@@ -360,20 +380,42 @@ def parse_args(argv=None) -> argparse.Namespace:
     return args
 
 
+def plan_variants(args: argparse.Namespace) -> tuple[list[str], dict[str, str]]:
+    """The rows to measure, and the pairs the model refuses with its reason (skipped).
+
+    A bad config (unknown key, wrong type) fails here, before any measurement; a pair that
+    only this encoding and attention kind make impossible is skipped and reported.
+    """
+    load_config(args.config, args.set)
+    names = [variant_name(a, k) for a in args.attention for k in args.kinds] if args.attention else args.kinds
+    variants, skipped = [], {}
+    for name in names:
+        try:
+            bench_config(args, name)
+            variants.append(name)
+        except ConfigError as e:
+            skipped[name] = str(e)
+            print(f"skipping {name}: {e}", file=sys.stderr, flush=True)
+    if not variants:
+        raise ConfigError("no encoding and attention kind asked for can be measured (each was refused above)")
+    return variants, skipped
+
+
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.worker:
         print(json.dumps(run_section(args, *args.worker)))
         return 0
-    bench_config(args, args.kinds[0])  # a bad config fails here, before any measurement
+    variants, skipped = plan_variants(args)
     results = {"machine": machine(), "config": str(args.config), "overrides": args.set,
-               "kinds": args.kinds, "learned_table": "sized to the longest sequence measured"}
+               "kinds": variants, "skipped": skipped,
+               "learned_table": "sized to the longest sequence measured"}
     for section in args.sections:
         results[section] = {}
-        for kind in args.kinds:
-            print(f"{section:<8} {kind} …", file=sys.stderr, flush=True)
-            results[section][kind] = worker_result(args, section, kind)
+        for variant in variants:
+            print(f"{section:<8} {variant} …", file=sys.stderr, flush=True)
+            results[section][variant] = worker_result(args, section, variant)
     print_report(results)
     args.out.parent.mkdir(parents=True, exist_ok=True)
     args.out.write_text(json.dumps(results, indent=1))

@@ -55,3 +55,21 @@ def test_bench_refuses_a_bad_config_before_measuring(tmp_path, capsys):
     code, out = run_bench(tmp_path, "--sections", "train", "--set", "model.pos.kind=rotary")
     assert code == 2 and not out.exists()
     assert "model.pos.kind" in capsys.readouterr().err
+
+
+def test_bench_measures_linear_attention_beside_softmax(tmp_path, capsys, monkeypatch):
+    # The matmul peak is measured (and tested) above; a fixed one keeps this test fast.
+    monkeypatch.setattr(bench, "measure_matmul_peak", lambda *a, **k: {"flops": 1e10, "dtype": "float32"})
+    code, out = run_bench(tmp_path, "--sections", "train", "decode", "--attention", "softmax", "linear",
+                          "--kinds", "rope", "alibi")
+    assert code == 0
+    results = json.loads(out.read_text())
+    assert results["kinds"] == ["rope", "alibi", "linear+rope"]
+    assert "no attention matrix to bias" in results["skipped"]["linear+alibi"]
+    train, decode = results["train"]["linear+rope"], results["decode"]["linear+rope"]
+    assert "error" not in train and "error" not in decode, (train, decode)
+    assert train["tok_s"] > 0 and decode["latency"]["end_ms"] > 0
+    # MFU counts linear attention's own FLOPs, not softmax's.
+    assert train["achieved_flops"] / train["tok_s"] != results["train"]["rope"]["achieved_flops"] / results["train"]["rope"]["tok_s"]
+    printed = capsys.readouterr().out
+    assert "linear+rope" in printed and "skipped linear+alibi" in printed
