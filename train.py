@@ -35,7 +35,7 @@ from model.transformer import Transformer
 from training.checkpoint import load_state, load_weights, read_meta, save_best, save_checkpoint, unwrap
 from training.cli import entry_point
 from training.metrics import MetricsLog
-from training.optim import build_optimizer, lr_at
+from training.optim import build_optimizer, lr_at, upgrade_optimizer_state
 from training.provenance import git_commit
 from training.run_dir import RunDir
 from training.runtime import Runtime, setup_runtime
@@ -108,7 +108,7 @@ class Trainer:
         load_weights(self.model, ckpt)
         state = load_state(ckpt)
         try:
-            self.optimizer.load_state_dict(state["optimizer"])
+            self.optimizer.load_state_dict(upgrade_optimizer_state(state["optimizer"], self.model))
             self.sampler.load_state_dict(state["sampler"])
             torch.set_rng_state(state["rng_cpu"])
             if torch.cuda.is_available() and state.get("rng_cuda") is not None:

@@ -19,6 +19,7 @@ from torch import nn
 
 from model.config import ModelConfig
 from model.kv_cache import KVCache
+from model.layers import QKVProjection
 from model.positional import PositionContext
 
 
@@ -26,9 +27,7 @@ class Attention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wqkv = QKVProjection(cfg)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
         self.cache: Optional[KVCache] = None  # attached by Transformer.setup_cache
@@ -36,9 +35,7 @@ class Attention(nn.Module):
 
     def forward(self, x: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
         B, T, _ = x.shape
-        q = self.wq(x).view(B, T, self.n_heads, self.head_dim).transpose(1, 2)  # (B, H, T, D)
-        k = self.wk(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)  # (B, Hkv, T, D)
-        v = self.wv(x).view(B, T, self.n_kv_heads, self.head_dim).transpose(1, 2)
+        q, k, v = self.wqkv(x)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
         q, k = ctx.rotate(q, k)
         k_positions = ctx.positions
         if self.cache is not None:

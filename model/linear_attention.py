@@ -55,6 +55,7 @@ from torch import nn
 
 from model.config import ModelConfig
 from model.errors import ConfigError
+from model.layers import QKVProjection
 from model.linear_state import LinearState
 from model.positional import PositionContext
 
@@ -138,9 +139,7 @@ class LinearAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
-        self.wq = nn.Linear(cfg.d_model, cfg.n_heads * cfg.head_dim, bias=False)
-        self.wk = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
-        self.wv = nn.Linear(cfg.d_model, cfg.kv_heads * cfg.head_dim, bias=False)
+        self.wqkv = QKVProjection(cfg)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         self.feature_map = FEATURE_MAPS[cfg.linear_attention.feature_map]
         self.cache: Optional[LinearState] = None  # attached by Transformer.setup_cache
@@ -152,9 +151,7 @@ class LinearAttention(nn.Module):
                               "use an encoding without a score bias, or model.attention=softmax")
         B, T, _ = x.shape
         G, D = self.n_heads // self.n_kv_heads, self.head_dim
-        q = self.wq(x).view(B, T, self.n_heads, D).transpose(1, 2)  # (B, H, T, D)
-        k = self.wk(x).view(B, T, self.n_kv_heads, D).transpose(1, 2)  # (B, Hkv, T, D)
-        v = self.wv(x).view(B, T, self.n_kv_heads, D).transpose(1, 2)
+        q, k, v = self.wqkv(x)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
         fq, fk = self.feature_map(q), self.feature_map(k)
         rq, rk = ctx.rotate(fq, fk)  # the numerator's features; the denominator keeps fq, fk
         fq, rq = fq.view(B, self.n_kv_heads, G, T, D), rq.view(B, self.n_kv_heads, G, T, D)  # (B, Hkv, G, T, D)

@@ -32,6 +32,7 @@ import torch
 
 from model.config import ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
 from model.errors import UserError
+from model.layers import fuse_projections, split_projections
 from model.positional.rope_scaling import ntk_base
 
 # config.json keys that fix the network's shape and numerics (compared on import).
@@ -199,7 +200,7 @@ def _yarn_or_llama3_fields(rope: dict) -> dict:
 # --------------------------------------------------------------------------- weights
 
 def _names(cfg: ModelConfig) -> list[tuple[str, str]]:
-    """(our state_dict key, transformers key) for every tensor of the model."""
+    """(our key with separate projections (split_projections), transformers key) per tensor."""
     pairs = [("tok_emb.weight", "model.embed_tokens.weight"), ("norm.weight", "model.norm.weight")]
     ours_to_hf = {"attn_norm": "input_layernorm", "mlp_norm": "post_attention_layernorm",
                   "attn.wq": "self_attn.q_proj", "attn.wk": "self_attn.k_proj", "attn.wv": "self_attn.v_proj",
@@ -233,8 +234,9 @@ def _reordered_heads(cfg: ModelConfig, our_key: str) -> int:
 
 
 def to_hf_state(model) -> dict[str, torch.Tensor]:
-    """The model's weights under transformers' names, q/k rows in half pairing."""
-    cfg, ours = model.cfg, model.state_dict()
+    """The model's weights under transformers' names, q/k rows in half pairing (our fused
+    q/k/v and gate/up weights split into Llama's separate projections)."""
+    cfg, ours = model.cfg, split_projections(model.state_dict(), model.cfg)
     out = {}
     for our_key, hf_key in _names(cfg):
         w = ours[our_key].detach()
@@ -262,4 +264,4 @@ def from_hf_state(tensors: dict[str, torch.Tensor], cfg: ModelConfig, where: str
         out[our_key] = w
     if cfg.tie_embeddings:
         out["head.weight"] = out["tok_emb.weight"]
-    return out
+    return fuse_projections(out)

@@ -36,9 +36,10 @@ def reference_forward(model, idx: torch.Tensor) -> torch.Tensor:
     for block in model.blocks:
         attn = block.attn
         h = block.attn_norm(x)
-        q = attn.wq(h).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
-        k = attn.wk(h).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
-        v = attn.wv(h).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+        wq, wk, wv = attn.wqkv.parts()
+        q = (h @ wq.T).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
+        k = (h @ wk.T).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+        v = (h @ wv.T).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
         q, k = ctx.rotate(q, k)
         groups = attn.n_heads // attn.n_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)

@@ -31,8 +31,9 @@ def sharp_model(cfg) -> Transformer:
     model = Transformer(cfg).eval()
     with torch.no_grad():  # sharper attention so a wrong position or mask shows up
         for block in model.blocks:
-            block.attn.wq.weight.mul_(10)
-            block.attn.wk.weight.mul_(10)
+            wq, wk, _ = block.attn.wqkv.parts()
+            wq.mul_(10)
+            wk.mul_(10)
     return model
 
 

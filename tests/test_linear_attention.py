@@ -75,9 +75,10 @@ def reference_forward(model: Transformer, idx: torch.Tensor, positions=None) -> 
     for block in model.blocks:
         attn = block.attn
         h = block.attn_norm(x)
-        q = attn.wq(h).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
-        k = attn.wk(h).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
-        v = attn.wv(h).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+        wq, wk, wv = attn.wqkv.parts()
+        q = (h @ wq.T).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
+        k = (h @ wk.T).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+        v = (h @ wv.T).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
         groups = attn.n_heads // attn.n_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         fq, fk = phi(q, feature_map), phi(k, feature_map)
@@ -235,7 +236,7 @@ def test_gradients_match_the_formula():
     for forward in (model, lambda idx: reference_forward(model, idx)):
         model.zero_grad()
         forward(x).logsumexp(-1).mean().backward()
-        grads.append(model.blocks[0].attn.wq.weight.grad.clone())
+        grads.append(model.blocks[0].attn.wqkv.weight.grad.clone())
     assert torch.allclose(grads[0], grads[1], atol=1e-6)
 
 
@@ -287,7 +288,7 @@ def test_bf16_autocast_forward_and_backward_are_finite():
     with torch.autocast("cpu", dtype=torch.bfloat16):
         logits = model(x)
     logits.float().logsumexp(-1).mean().backward()
-    assert torch.isfinite(logits).all() and torch.isfinite(model.blocks[0].attn.wq.weight.grad).all()
+    assert torch.isfinite(logits).all() and torch.isfinite(model.blocks[0].attn.wqkv.weight.grad).all()
     with torch.no_grad():
         assert (logits.float() - model(x)).abs().max() < 0.1
 

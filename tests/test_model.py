@@ -42,7 +42,8 @@ def test_attention_by_hand(kind):
     model = Transformer(tiny_config(kind, n_heads=1, n_kv_heads=1, n_layers=1)).eval()
     attn = model.blocks[0].attn
     x = torch.randn(1, 6, 32)
-    q, k, v = attn.wq(x)[0], attn.wk(x)[0], attn.wv(x)[0]
+    wq, wk, wv = attn.wqkv.parts()
+    q, k, v = x[0] @ wq.T, x[0] @ wk.T, x[0] @ wv.T
     distance = torch.arange(6)[:, None] - torch.arange(6)[None, :]
     bias = -(2.0 ** -8) * distance if kind == "alibi" else torch.zeros(6, 6)  # one head: slope 2^-8
     scores = q @ k.T / math.sqrt(32) + bias + torch.full((6, 6), float("-inf")).triu(1)
@@ -55,7 +56,7 @@ def test_attention_by_hand(kind):
 def test_gqa_shapes_and_params():
     mha = Transformer(tiny_config(n_kv_heads=4))
     gqa = Transformer(tiny_config(n_kv_heads=1))
-    assert gqa.blocks[0].attn.wk.weight.shape == (8, 32)
+    assert gqa.blocks[0].attn.wqkv.parts()[1].shape == (8, 32) and gqa.blocks[0].attn.wqkv.weight.shape == (48, 32)
     assert mha.num_params() - gqa.num_params() == 2 * 2 * (32 * 32 - 32 * 8)
 
 
@@ -72,7 +73,7 @@ def test_no_biases_and_swiglu_width():
     model = Transformer(tiny_config())
     assert all(m.bias is None for m in model.modules() if isinstance(m, torch.nn.Linear))
     # LLaMA: 2/3 · 4 · 32 = 85.3 → rounded up to a multiple of 32 = 96.
-    assert model.blocks[0].mlp.w1.weight.shape == (96, 32)
+    assert model.blocks[0].mlp.w13.weight.shape == (2 * 96, 32)  # gate and up, fused
 
 
 def test_residual_projections_scaled_by_depth():
@@ -80,7 +81,7 @@ def test_residual_projections_scaled_by_depth():
     std = 0.02 / math.sqrt(16)
     assert model.blocks[3].attn.wo.weight.std().item() == pytest.approx(std, rel=0.05)
     assert model.blocks[3].mlp.w2.weight.std().item() == pytest.approx(std, rel=0.05)
-    assert model.blocks[3].attn.wq.weight.std().item() == pytest.approx(0.02, rel=0.05)
+    assert model.blocks[3].attn.wqkv.weight.std().item() == pytest.approx(0.02, rel=0.05)
 
 
 def test_param_count_and_flops_by_hand():

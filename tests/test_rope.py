@@ -83,10 +83,9 @@ def half_from_interleaved(d: int, rot: int) -> torch.Tensor:
 
 def attention_logits(model: Transformer, idx: torch.Tensor) -> torch.Tensor:
     """Pre-softmax scores q·kᵀ of the first layer, (B, H, T, T), as attention computes them."""
-    attn, B, T = model.blocks[0].attn, *idx.shape
+    attn, T = model.blocks[0].attn, idx.shape[1]
     x = model.blocks[0].attn_norm(model.pos.embed(model.tok_emb(idx), torch.arange(T)))
-    q = attn.wq(x).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
-    k = attn.wk(x).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+    q, k, _ = attn.wqkv(x)
     q, k = model.pos.context(torch.arange(T), T).rotate(q, k)
     k = k.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1)
     return q @ k.transpose(-2, -1)
@@ -96,8 +95,9 @@ def sharpen(model: Transformer) -> Transformer:
     """Larger q/k weights so attention is far from uniform and logits depend on positions."""
     with torch.no_grad():
         for block in model.blocks:
-            block.attn.wq.weight.mul_(20)
-            block.attn.wk.weight.mul_(20)
+            wq, wk, _ = block.attn.wqkv.parts()
+            wq.mul_(20)
+            wk.mul_(20)
     return model
 
 
@@ -114,10 +114,9 @@ def test_pairings_agree_after_permuting_projection_rows(fraction):
     assert not torch.allclose(half(x), inter(x), atol=1e-3)
     with torch.no_grad():
         for b_half, b_inter in zip(half.blocks, inter.blocks):
-            for name in ("wq", "wk"):
-                w = getattr(b_inter.attn, name).weight  # (heads * D, d)
-                heads = w.shape[0] // D
-                getattr(b_half.attn, name).weight.copy_(w.view(heads, D, -1)[:, perm].reshape(w.shape))
+            for dst, w in zip(b_half.attn.wqkv.parts()[:2], b_inter.attn.wqkv.parts()[:2]):  # q and k rows
+                heads = w.shape[0] // D  # w: (heads * D, d)
+                dst.copy_(w.view(heads, D, -1)[:, perm].reshape(w.shape))
     # ... and after permuting the q/k projection rows they agree.
     assert torch.allclose(attention_logits(half, x), attention_logits(inter, x), atol=1e-4)
     assert torch.allclose(half(x), inter(x), atol=1e-5)

@@ -3,7 +3,8 @@
 Where they live is training/run_dir.py's business. A checkpoint directory is written
 whole and renamed into place (data/atomic.py); ``latest`` is replaced atomically
 afterwards, so a crash at any moment leaves the previous checkpoint and pointer intact.
-Weights are safetensors (no code runs on load); training state is loaded with
+Weights are safetensors (no code runs on load; older layouts are converted, see
+``load_weights``); training state is loaded with
 ``torch.load(weights_only=True)``. Models are always unwrapped from DDP and torch.compile
 first, so keys never carry ``module.`` or ``_orig_mod.`` and a compiled run resumes
 uncompiled and vice versa.
@@ -18,11 +19,12 @@ from typing import Any, Optional
 
 import torch
 from safetensors import SafetensorError
-from safetensors.torch import load_model, save_model
+from safetensors.torch import load_file, save_model
 from torch import nn
 
 from data.atomic import atomic_directory, write_text_atomic
 from model.errors import CheckpointError
+from model.layers import fuse_projections
 from training.run_dir import META, STATE, WEIGHTS, RunDir
 
 FORMAT = "ropelab-checkpoint/1"
@@ -76,21 +78,38 @@ def read_meta(ckpt: Path) -> dict:
 
 
 def load_weights(model: nn.Module, ckpt: Path) -> None:
-    """Load ``ckpt``'s weights into ``model`` strictly, with clear errors."""
+    """Load ``ckpt``'s weights into ``model`` strictly, with clear errors.
+
+    Checkpoints written before q/k/v and gate/up were fused are converted on load
+    (model/layers.py). Tied weights are stored once: a group of names sharing one tensor
+    is complete when any of its names was loaded.
+    """
     path = ckpt / WEIGHTS
     if not path.exists():
         raise CheckpointError(f"no weights at {path}")
     try:
-        missing, unexpected = load_model(unwrap(model), str(path), strict=False)
+        tensors = fuse_projections(load_file(str(path)))
     except (SafetensorError, OSError, ValueError) as e:
         raise CheckpointError(f"cannot read {path}: the file is truncated or corrupt ({e}). "
                               "Delete this checkpoint to fall back to an earlier one.") from None
+    target = unwrap(model)
+    try:
+        missing, unexpected = target.load_state_dict(tensors, strict=False)
     except RuntimeError as e:
-        raise CheckpointError(f"{path} does not fit this model (shapes differ: {str(e).splitlines()[0]}); "
+        raise CheckpointError(f"{path} does not fit this model (shapes differ: {str(e).splitlines()[-1].strip()}); "
                               "it was saved from a model with another config") from None
+    missing = _not_loaded_through_a_tied_name(target, set(missing))
     if missing or unexpected:
         raise CheckpointError(f"{path} does not fit this model: missing {sorted(missing)[:5]}, "
                               f"unexpected {sorted(unexpected)[:5]}; it was saved from another config")
+
+
+def _not_loaded_through_a_tied_name(model: nn.Module, missing: set[str]) -> set[str]:
+    names_of: dict[int, set[str]] = {}
+    for name, param in model.named_parameters(remove_duplicate=False):
+        names_of.setdefault(id(param), set()).add(name)
+    return {name for name in missing
+            if not any(names - missing for names in names_of.values() if name in names)}
 
 
 def load_state(ckpt: Path) -> dict[str, Any]:

@@ -1,4 +1,9 @@
-"""AdamW with decay on matrices only, and the warmup + cosine learning-rate schedule."""
+"""AdamW with decay on matrices only, and the warmup + cosine learning-rate schedule.
+
+``upgrade_optimizer_state`` converts the AdamW state of a checkpoint written before the
+q/k/v and gate/up projections were fused (model/layers.py), so such a run still resumes:
+a fused weight's moments are its parts' moments stacked the same way as the weights.
+"""
 
 from __future__ import annotations
 
@@ -6,6 +11,14 @@ import math
 
 import torch
 from torch import nn
+
+from model.layers import fused_parts
+
+
+def parameter_groups(model: nn.Module) -> list[list[tuple[str, nn.Parameter]]]:
+    """(name, parameter) per AdamW group: ≥2-D weights (decayed), then the rest, in model order."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    return [[(n, p) for n, p in named if p.dim() >= 2], [(n, p) for n, p in named if p.dim() < 2]]
 
 
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
@@ -15,10 +28,10 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tup
     The fused kernel is used where torch has one for the device (CUDA; CPU in recent
     releases), otherwise the multi-tensor ``foreach`` path.
     """
-    params = [p for p in model.parameters() if p.requires_grad]
+    decay, rest = parameter_groups(model)
     groups = [
-        {"params": [p for p in params if p.dim() >= 2], "weight_decay": weight_decay},
-        {"params": [p for p in params if p.dim() < 2], "weight_decay": 0.0},
+        {"params": [p for _, p in decay], "weight_decay": weight_decay},
+        {"params": [p for _, p in rest], "weight_decay": 0.0},
     ]
     fused = device_type in ("cuda", "cpu")
     try:
@@ -38,3 +51,30 @@ def lr_at(step: int, lr: float, warmup_steps: int, total_steps: int, min_lr_rati
     decay_steps = max(1, total_steps - warmup_steps)
     progress = min(1.0, (step - warmup_steps) / decay_steps)
     return floor + 0.5 * (lr - floor) * (1.0 + math.cos(math.pi * progress))
+
+
+def upgrade_optimizer_state(state: dict, model: nn.Module) -> dict:
+    """An AdamW state dict saved with separate q/k/v and gate/up weights, for the fused model.
+
+    Returned unchanged when its groups already have the model's sizes.
+    """
+    groups = parameter_groups(model)
+    if [len(g["params"]) for g in state["param_groups"]] == [len(g) for g in groups]:
+        return state
+    old_names = [[part for name, _ in group for part in fused_parts(name)] for group in groups]
+    if [len(g["params"]) for g in state["param_groups"]] != [len(g) for g in old_names]:
+        return state  # not the older layout either: loading reports the mismatch
+    by_name = {name: state["state"].get(index) for group, names in zip(state["param_groups"], old_names)
+               for index, name in zip(group["params"], names)}
+    new_state, new_groups, index = {}, [], 0
+    for group, saved in zip(groups, state["param_groups"]):
+        params = []
+        for name, _ in group:
+            parts = [by_name[part] for part in fused_parts(name)]
+            if all(p is not None for p in parts):
+                new_state[index] = {k: (torch.cat([p[k] for p in parts]) if parts[0][k].dim() else parts[0][k])
+                                    for k in parts[0]}
+            params.append(index)
+            index += 1
+        new_groups.append({**saved, "params": params})
+    return {"state": new_state, "param_groups": new_groups}
