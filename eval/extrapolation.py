@@ -155,9 +155,15 @@ def _model_for(base: SavedRun, scaling: str, length: int, ev: EvalConfig):
     return base.model if rope_scaling is None else rescaled(base, rope_scaling)
 
 
+# Bumped whenever the evaluation code changes a number for the same run and settings, so
+# results cached in run directories by an older version are computed again.
+EVAL_FORMAT = 2
+
+
 def _cache_key(ev: EvalConfig) -> str:
-    """What changes the numbers: every eval key but batch_size."""
+    """What changes the numbers: every eval key but batch_size, and the evaluation format."""
     key = {k: v for k, v in dataclasses.asdict(ev).items() if k != "batch_size"}
+    key["format"] = EVAL_FORMAT
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 

@@ -3,7 +3,7 @@
 Attention receives the forward's ``PositionContext`` and uses it the same way whatever
 the encoding: ``ctx.rotate`` on q and k, ``ctx.bias`` on the scores. Without a bias and
 without a cache it is ``F.scaled_dot_product_attention`` with the fused ``is_causal``
-path. With a bias or a cache, queries are processed in chunks with an explicit mask, so
+path; a distance-only bias on CUDA goes to FlexAttention (model/flex_attention.py). With a bias or a cache, queries are processed in chunks with an explicit mask, so
 a long sequence never materialises a full (H, T, T) bias; memory grows with chunk × T
 instead of T². One new query against the cache (decoding) takes two small matmuls.
 """
@@ -18,6 +18,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import ModelConfig
+from model.flex_attention import flex_causal_attention, usable_for_flex
 from model.kv_cache import KVCache
 from model.layers import QKVProjection
 from model.positional import PositionContext
@@ -41,9 +42,12 @@ class Attention(nn.Module):
         if self.cache is not None:
             k, v = self.cache.update(ctx.positions, k, v)  # (B, Hkv, Tk, D), Tk = last position + 1
             k_positions = torch.arange(k.shape[2], device=k.device)
+        dropout = self.dropout if self.training else 0.0
+        table = ctx.distance_table
         if self.cache is None and not ctx.has_bias:
-            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True,
-                                               dropout_p=self.dropout if self.training else 0.0)
+            y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, dropout_p=dropout)
+        elif self.cache is None and table is not None and usable_for_flex(q, table, dropout):
+            y = flex_causal_attention(q, k, v, ctx.positions, table)
         elif T == 1 and self.cache is not None:
             y = self._decode_step(q, k, v, ctx.bias(ctx.positions, k_positions))
         else:

@@ -74,7 +74,7 @@ class Transformer(nn.Module):
                                     "cache takes one position vector (T,) for the whole batch")
             end = int(positions.max()) + 1
         self.pos.check_length(end)  # learned: a clear LengthError, never an index error
-        ctx = self.pos.context(positions, fit_len or self.cache_max_len() or end)
+        ctx = self.pos.context(positions, max(fit_len or self.cache_max_len() or end, end))
         x = self.drop(self.pos.embed(self.tok_emb(idx), positions))  # (B, T, d)
         for block in self.blocks:
             x = block(x, ctx)

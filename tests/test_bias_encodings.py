@@ -108,7 +108,7 @@ def test_fire_bias_by_hand_on_both_sides_of_the_threshold():
     assert torch.allclose(beyond[:, 0, 0], 0.6780719 * heads, atol=1e-5)
     # Queries at or below L = 4 share ψ(4): ψ(1)/ψ(4) = 0.2832631, ψ(2)/ψ(4) = 0.5418621,
     # ψ(3)/ψ(4) = 0.7797501.
-    within = fire.prepare_bias(4)(torch.tensor([2, 3]), torch.tensor([0, 1]))  # the per-distance table
+    within = fire.prepare_bias(4, torch.device("cpu"))(torch.tensor([2, 3]), torch.tensor([0, 1]))  # per-distance table
     assert torch.allclose(within[:, 0, 1], 0.2832631 * heads, atol=1e-5)
     assert torch.allclose(within[:, 1, 1], 0.5418621 * heads, atol=1e-5)
     assert torch.allclose(within[:, 1, 0], 0.7797501 * heads, atol=1e-5)
@@ -117,7 +117,7 @@ def test_fire_bias_by_hand_on_both_sides_of_the_threshold():
 def test_fire_table_and_pairwise_paths_agree_below_the_threshold():
     fire = Transformer(tiny_config("fire")).pos  # default L = 512, random MLP
     positions = torch.arange(64)
-    table = fire.prepare_bias(64)(positions, positions)
+    table = fire.prepare_bias(64, positions.device)(positions, positions)
     pairwise = fire.pairwise_bias(positions, positions)
     assert torch.allclose(table, pairwise, atol=1e-6)
 
@@ -147,7 +147,7 @@ def test_biases_stay_float32_under_bf16_autocast(kind):
     model = Transformer(tiny_config(kind))
     q, k = torch.arange(600, 700), torch.arange(700)
     with torch.no_grad():
-        plain = model.pos.prepare_bias(700)(q, k)
+        plain = model.pos.prepare_bias(700, q.device)(q, k)
         with torch.autocast("cpu", dtype=torch.bfloat16):
-            autocast = model.pos.prepare_bias(700)(q, k)
+            autocast = model.pos.prepare_bias(700, q.device)(q, k)
     assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)

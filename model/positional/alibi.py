@@ -10,7 +10,7 @@ import math
 import torch
 
 from model.config import ModelConfig
-from model.positional.base import PositionalEncoding
+from model.positional.distance import TableBias
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:
@@ -32,10 +32,12 @@ def alibi_slopes(n_heads: int) -> torch.Tensor:
     return torch.tensor(slopes, dtype=torch.float32)
 
 
-class ALiBi(PositionalEncoding):
-    """Linear attention biases: head h adds -slope_h · (i - j) to the score of query i, key j."""
+class ALiBi(TableBias):
+    """Linear attention biases: head h adds -slope_h · (i - j) to the score of query i, key j.
 
-    has_bias = True
+    A distance-only bias, served like the learned ones from one (H, fit_len) table per
+    forward (model/positional/distance.py): the same float32 products, computed once.
+    """
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
@@ -43,6 +45,6 @@ class ALiBi(PositionalEncoding):
         # slopes exact; moved to the positions' device when used.
         self.slopes = alibi_slopes(cfg.n_heads)
 
-    def bias(self, q_positions: torch.Tensor, k_positions: torch.Tensor) -> torch.Tensor:
-        distance = (q_positions[..., :, None] - k_positions[..., None, :]).to(torch.float32)  # (…, Tq, Tk)
-        return -self.slopes.to(distance.device)[:, None, None] * distance.unsqueeze(-3)  # (…, H, Tq, Tk), float32
+    def distance_table(self, n: int, device: torch.device) -> torch.Tensor:
+        distance = torch.arange(n, device=device, dtype=torch.float32)
+        return -self.slopes.to(device)[:, None] * distance[None, :]  # (H, n), float32

@@ -32,6 +32,29 @@ Rotate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (q, k) -> rotated 
 Bias = Callable[[Tensor, Tensor], Tensor]  # (…, Tq), (…, Tk) positions -> (…, H, Tq, Tk) float32
 
 
+def causal_distance(q_positions: Tensor, k_positions: Tensor) -> Tensor:
+    """i − j for every query i and key j, clamped at 0: (Tq, Tk), or (B, Tq, Tk) per sequence.
+
+    Keys after the query (negative distances) are masked by attention anyway; clamping
+    keeps them valid table indices.
+    """
+    return (q_positions[..., :, None] - k_positions[..., None, :]).clamp(min=0)
+
+
+@dataclass(frozen=True)
+class DistanceBias:
+    """A per-forward bias that depends on the causal distance only: ``table[h, i − j]``."""
+
+    table: Tensor  # (H, fit_len) float32: the bias at causal distance 0 … fit_len−1
+
+    def __call__(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
+        distance = causal_distance(q_positions, k_positions)
+        if distance.dim() == 2:
+            return self.table[:, distance]  # (H, Tq, Tk); one index tensor: the fastest gather
+        heads = torch.arange(self.table.shape[0], device=distance.device).view(-1, 1, 1)
+        return self.table[heads, distance.unsqueeze(-3)]  # (B, H, Tq, Tk)
+
+
 @dataclass(frozen=True)
 class PositionContext:
     """What the layers need from the encoding for one forward, prepared once.
@@ -56,6 +79,12 @@ class PositionContext:
     def bias(self, q_positions: Tensor, k_positions: Tensor) -> Optional[Tensor]:
         return None if self.bias_fn is None else self.bias_fn(q_positions, k_positions)
 
+    @property
+    def distance_table(self) -> Optional[Tensor]:
+        """(H, fit_len) when the bias depends on the distance only (a kernel can add it in
+        place: model/flex_attention.py), else None."""
+        return self.bias_fn.table if isinstance(self.bias_fn, DistanceBias) else None
+
 
 class PositionalEncoding(nn.Module):
     """The no-op base: NoPE (``kind: none``) is exactly this."""
@@ -75,7 +104,7 @@ class PositionalEncoding(nn.Module):
     def bias(self, q_positions: Tensor, k_positions: Tensor) -> Optional[Tensor]:
         return None
 
-    def prepare_bias(self, fit_len: int) -> Optional[Bias]:
+    def prepare_bias(self, fit_len: int, device: torch.device) -> Optional[Bias]:
         """The bias function of one forward whose positions are all below ``fit_len``.
 
         Encodings with learned biases compute what they can once here (a per-distance
@@ -85,7 +114,8 @@ class PositionalEncoding(nn.Module):
 
     def context(self, positions: Tensor, fit_len: int) -> PositionContext:
         """Everything attention needs for one forward over ``positions`` (see module doc)."""
-        return PositionContext(positions, self.rotation(positions, fit_len), self.prepare_bias(fit_len))
+        return PositionContext(positions, self.rotation(positions, fit_len),
+                               self.prepare_bias(fit_len, positions.device))
 
     def reset_parameters(self) -> None:
         """Initialise this encoding's own parameters (called after the model's generic init)."""

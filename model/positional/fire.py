@@ -30,8 +30,8 @@ import torch
 from torch import nn
 
 from model.config import ModelConfig
-from model.positional.base import Bias
-from model.positional.distance import DistanceBias, TableBias, causal_distance
+from model.positional.base import Bias, DistanceBias, causal_distance
+from model.positional.distance import TableBias
 
 EPS = 1e-6  # added to the normaliser, as in the paper's implementation
 BLOCK_PAIRS = 1 << 16  # (query, key) pairs per MLP call on the pairwise path
@@ -70,10 +70,10 @@ class Fire(TableBias):
         with torch.autocast(x.device.type, enabled=False):
             return self.mlp(x.float()[..., None])
 
-    def prepare_bias(self, fit_len: int) -> Optional[Bias]:
+    def prepare_bias(self, fit_len: int, device: torch.device) -> Optional[Bias]:
         if fit_len - 1 > float(self.threshold().detach()):
             return self.pairwise_bias  # some query may lie beyond L: the input depends on (i, j)
-        return DistanceBias(self.distance_table(fit_len, self.device))
+        return DistanceBias(self.distance_table(fit_len, device))
 
     def distance_table(self, n: int, device: torch.device) -> torch.Tensor:
         """The bias at distances 0 … n−1 for queries at or below L (normaliser ψ(L))."""

@@ -1,0 +1,55 @@
+"""FlexAttention for distance-only score biases on CUDA (PyTorch's ``flex_attention``).
+
+The fused SDPA kernel takes no bias, so biased encodings otherwise run query chunks with
+an explicit (H, tq, Tk) mask, which forgoes the causal block skipping and writes the
+bias into memory. FlexAttention instead adds the bias inside the kernel: ``score_mod``
+looks up the per-forward table ``table[h, pos_q − pos_k]`` (ALiBi, T5, KERPLE, and FIRE
+below its threshold; model/positional/base.py's DistanceBias) in float32, and a causal
+block mask skips the blocks above the diagonal.
+
+Used for tables that need no gradient (ALiBi always; learned tables in evaluation):
+gradients into a tensor captured by ``score_mod`` are a newer FlexAttention feature, so
+training learned tables stays on the SDPA path. On a CPU ``flex_attention`` runs eagerly,
+as a slow reference (no backward): the tests compare it with the SDPA path there.
+"""
+
+from __future__ import annotations
+
+from functools import lru_cache
+
+import torch
+from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+Tensor = torch.Tensor
+
+
+@lru_cache(maxsize=1)
+def _compiled():
+    return torch.compile(flex_attention, dynamic=False)
+
+
+@lru_cache(maxsize=32)
+def _causal_block_mask(length: int, device: str):
+    return create_block_mask(lambda b, h, q, k: q >= k, None, None, length, length, device=device)
+
+
+def flex_causal_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, table: Tensor) -> Tensor:
+    """Causal attention with ``table[h, pos_q − pos_k]`` added to the scores.
+
+    q (B, H, T, D), k/v (B, Hkv, T, D) (GQA), positions (T,) or (B, T) ascending,
+    table (H, n) float32 with n above every distance. Returns (B, H, T, D).
+    """
+    if positions.dim() == 1:
+        def score_mod(score, b, h, q_idx, k_idx):
+            return score + table[h, torch.clamp(positions[q_idx] - positions[k_idx], min=0)]
+    else:
+        def score_mod(score, b, h, q_idx, k_idx):
+            return score + table[h, torch.clamp(positions[b, q_idx] - positions[b, k_idx], min=0)]
+    kernel = _compiled() if q.is_cuda else flex_attention
+    mask = _causal_block_mask(q.shape[2], str(q.device))
+    return kernel(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=True)
+
+
+def usable_for_flex(q: Tensor, table: Tensor, training_dropout: float) -> bool:
+    """Whether the FlexAttention path serves this call (see the module docstring)."""
+    return q.is_cuda and not table.requires_grad and training_dropout == 0.0

@@ -1,0 +1,45 @@
+"""The CUDA FlexAttention path for distance-only biases equals the SDPA path (run eagerly on CPU)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+
+from conftest import tiny_config
+from model.flex_attention import flex_causal_attention, usable_for_flex
+from model.transformer import Transformer
+
+
+@pytest.mark.parametrize("kind", ["alibi", "t5", "kerple", "fire"])
+@pytest.mark.parametrize("per_sequence", [False, True])
+def test_flex_equals_the_chunked_sdpa_path(kind, per_sequence):
+    model = Transformer(tiny_config(kind, n_kv_heads=2)).eval()
+    attn, T = model.blocks[0].attn, 40
+    if per_sequence:  # randomized training positions: ascending, one row per sequence
+        positions = torch.stack([torch.randperm(200)[:T].sort().values for _ in range(2)])
+    else:
+        positions = torch.arange(T)
+    x = torch.randn(2, T, 32)
+    with torch.no_grad():  # as in evaluation: learned tables need no gradient there
+        ctx = model.pos.context(positions, int(positions.max()) + 1)
+        q, k, v = attn.wqkv(x)
+        q, k = ctx.rotate(q, k)
+        expected = attn._chunked(q, k, v, ctx, positions, same_tokens=True)
+        table = ctx.distance_table
+        assert table is not None and not table.requires_grad
+        with warnings.catch_warnings():
+            warnings.simplefilter("ignore")  # eager FlexAttention warns that it is a debug path
+            got = flex_causal_attention(q, k, v, positions, table)
+    assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+
+
+def test_flex_serves_cuda_tables_without_gradient_only():
+    q = torch.zeros(1, 1, 2, 2)
+    table = torch.zeros(1, 2)
+    assert not usable_for_flex(q, table, 0.0)  # a CPU tensor: the SDPA path
+    if torch.cuda.is_available():
+        assert usable_for_flex(q.cuda(), table.cuda(), 0.0)
+        assert not usable_for_flex(q.cuda(), table.cuda().requires_grad_(), 0.0)
+        assert not usable_for_flex(q.cuda(), table.cuda(), 0.1)
