@@ -77,6 +77,9 @@ class Trainer:
             world_size=rt.world_size)
         self.scaler = torch.amp.GradScaler(rt.device.type) if rt.dtype == torch.float16 else None
         self.step, self.tokens_seen, self.best_val, self.wandb_id = 0, 0, math.inf, None
+        # Wall seconds of the training loop over every session of this run (steps, validation,
+        # checkpoints), for the ablation runner's accounting.
+        self.train_seconds, self._session_start = 0.0, time.perf_counter()
         if resume_from is not None:
             self._restore(resume_from)
         self.forward_model = self._wrap(self.model)
@@ -117,6 +120,7 @@ class Trainer:
                 self.scaler.load_state_dict(state["scaler"])
             self.step, self.tokens_seen = int(state["step"]), int(state["tokens"])
             self.best_val, self.wandb_id = float(state["best_val"]), state.get("wandb_id")
+            self.train_seconds = float(state.get("train_seconds", 0.0))  # absent before it was recorded
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
             raise CheckpointError(f"{ckpt}/state.pt does not match this run ({type(e).__name__}: {e}); "
                                   "it may come from another version or config") from None
@@ -183,16 +187,20 @@ class Trainer:
                                    max_windows=windows)
 
     def save(self, val_loss: Optional[float] = None) -> None:
+        now = time.perf_counter()
+        self.train_seconds += now - self._session_start
+        self._session_start = now
         if self.rt.is_main:
             state = {"optimizer": self.optimizer.state_dict(), "sampler": self.sampler.state_dict(),
                      "rng_cpu": torch.get_rng_state(),
                      "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
                      "scaler": self.scaler.state_dict() if self.scaler else None,
                      "step": self.step, "tokens": self.tokens_seen, "best_val": self.best_val,
-                     "wandb_id": self.wandb_id}
+                     "wandb_id": self.wandb_id, "train_seconds": self.train_seconds}
             meta = {"tokens": self.tokens_seen, "val_loss": val_loss,
                     "finished": self.step >= self.total_steps, "total_steps": self.total_steps,
-                    "params": self.model.num_params(), "git_commit": self.git_commit}
+                    "params": self.model.num_params(), "git_commit": self.git_commit,
+                    "train_seconds": round(self.train_seconds, 1)}
             save_checkpoint(self.run_dir, self.step, self.model, state, meta, self.cfg.train.keep_last)
         self.rt.barrier()
 
@@ -217,6 +225,7 @@ class Trainer:
                  f"{t.tokens_per_step(rt.world_size):,} tokens/step, {rt.device.type} {str(rt.dtype)[6:]} "
                  f"× {rt.world_size}; MFU against {peak} ({rt.peak_source})")
         old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._session_start = time.perf_counter()  # data preparation and setup are not training
         try:
             return self._loop(log, flops_per_token)
         finally:

@@ -80,6 +80,7 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
             "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"),
             "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
             "max_len": saved.model.pos.max_len, "git_commit": meta.get("git_commit"),
+            "train_seconds": meta.get("train_seconds"),
             "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev)}
 
 
@@ -100,6 +101,7 @@ def pooling_group(cfg: RunConfig, tokens: Optional[int]) -> str:
 def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
                  allow_unfinished: bool = False) -> tuple[dict, list[dict], dict]:
     """(metadata, result rows, per-position curves by corpus and scaling) for one run."""
+    started = time.perf_counter()
     base = load_run(run_dir, device=device)
     _check_finished(base, allow_unfinished)
     meta = run_metadata(base, ev)
@@ -108,6 +110,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
         data = load_corpus(base, corpus, ev)
         corpus_rows, curves[data.name] = _evaluate_corpus(base, ev, corpus, data, meta, log)
         rows += corpus_rows
+    meta["eval_seconds"] = round(time.perf_counter() - started, 1)
     return meta, rows, curves
 
 

@@ -40,13 +40,23 @@ def provenance(runs: list[dict]) -> list[str]:
     return lines
 
 
+def _minutes(seconds) -> str:
+    return "–" if seconds is None else f"{seconds / 60:.1f}"
+
+
 def _runs_table(runs: list[dict]) -> list[str]:
-    lines = ["| run | row | encoding | attention | seed | params | tokens trained | train length | commit |",
-             "|---|---|---|---|---:|---:|---:|---:|---|"]
+    lines = ["| run | row | encoding | attention | seed | params | tokens trained | train length | commit "
+             "| train min | eval min |",
+             "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
     for run in runs:
         lines.append(f"| {run['name']} | {run.get('label', '')} | {run['encoding']} | {run.get('attention', 'softmax')} "
                      f"| {run['seed']} | {run['params']:,} | {(run['tokens_trained'] or 0):,} | {run['train_len']} "
-                     f"| {(run['git_commit'] or '')[:10]} |")
+                     f"| {(run['git_commit'] or '')[:10]} | {_minutes(run.get('train_seconds'))} "
+                     f"| {_minutes(run.get('eval_seconds'))} |")
+    train = sum(r.get("train_seconds") or 0 for r in runs)
+    evaluation = sum(r.get("eval_seconds") or 0 for r in runs)
+    lines += ["", f"Wall time (this machine): training {train / 3600:.2f} h, evaluation {evaluation / 3600:.2f} h, "
+                  f"together {(train + evaluation) / 3600:.2f} h."]
     return lines
 
 

@@ -117,6 +117,19 @@ def planned_eval(runs: list[PlannedRun]):
     return eval_for
 
 
+def print_wall_times(runs: list[dict]) -> None:
+    """Each run's training and evaluation wall time, and the grid's total (seconds are the
+    runs' own records: training over all sessions, the evaluation that produced the report)."""
+    print(f"\n{'run':<40} {'train min':>9} {'eval min':>9}")
+    for run in runs:
+        train, evaluation = run.get("train_seconds"), run.get("eval_seconds")
+        print(f"{run['name']:<40} {train / 60 if train else float('nan'):9.1f} "
+              f"{evaluation / 60 if evaluation else float('nan'):9.1f}")
+    train = sum(r.get("train_seconds") or 0 for r in runs) / 3600
+    evaluation = sum(r.get("eval_seconds") or 0 for r in runs) / 3600
+    print(f"{'grid total':<40} {train:8.2f}h {evaluation:8.2f}h   together {train + evaluation:.2f} h")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("grid", type=Path, help="a grid file, e.g. configs/ablations/pe-extrapolation-cpu.yaml")
@@ -155,6 +168,7 @@ def run_grid(args: argparse.Namespace) -> int:
                                     device=device, missing=[{"run": str(r.run_dir), "error": failures[r.name]}
                                                             for r in runs if r.name in failures])
         print(f"report: {grid.report_dir / 'report.md'} ({len(results['runs'])} runs)")
+        print_wall_times(results["runs"])
     print(f"\n{len(finished)}/{len(runs)} runs finished.")
     for name, reason in failures.items():
         print(f"  failed: {name}: {reason}")

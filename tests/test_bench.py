@@ -5,7 +5,7 @@ from pathlib import Path
 
 import pytest
 
-from scripts import bench
+from scripts import bench, bench_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "data.tokenizer.vocab_size=300",
@@ -27,9 +27,10 @@ def test_bench_writes_every_section_for_every_encoding(tmp_path, capsys):
     assert code == 0
     results = json.loads(out.read_text())
     machine = results["machine"]
+    shape = results["shapes"]["config"]
     assert machine["torch"] and machine["git_commit"] and machine["logical_cpus"] >= 1
     for kind in ("rope", "alibi", "learned"):
-        train = results["train"][kind]
+        train = shape["train"][kind]
         assert "error" not in train, train
         assert train["tokens_per_step"] == 2 * 16 and len(train["step_ms_all"]) == 2
         assert train["tok_s"] == pytest.approx(train["tokens_per_step"] / (train["step_ms"] / 1e3))
@@ -38,13 +39,13 @@ def test_bench_writes_every_section_for_every_encoding(tmp_path, capsys):
         ops = train["profile"]
         assert len(ops) == 5 and any("mm" in op["op"] for op in ops)
         assert 0 < sum(op["share"] for op in ops) <= 1 + 1e-9
-        decode = results["decode"][kind]
+        decode = shape["decode"][kind]
         assert [r["new_tokens"] for r in decode["rows"]] == [4, 9]
         assert all(r["cached_tok_s"] > 0 and r["uncached_tok_s"] > 0 and r["speedup"] > 0 for r in decode["rows"])
         lat = decode["latency"]
         # 9 tokens: 8 gaps between forward calls, split into a start and an end window of 4.
         assert lat["new_tokens"] == 9 and lat["window"] == 4 and lat["start_ms"] > 0 and lat["end_ms"] > 0
-        evals = results["eval"][kind]["rows"]
+        evals = shape["eval"][kind]["rows"]
         assert [(r["multiplier"], r["length"]) for r in evals] == [(1, 16), (2, 32)]
         assert all(r["tokens"] > 0 and r["tok_s"] > 0 and r["peak_rss_mb"] > 0 for r in evals)
     printed = capsys.readouterr().out
@@ -59,11 +60,11 @@ def test_bench_refuses_a_bad_config_before_measuring(tmp_path, capsys):
 
 def test_bench_measures_linear_attention_beside_softmax(tmp_path, capsys, monkeypatch):
     # The matmul peak is measured (and tested) above; a fixed one keeps this test fast.
-    monkeypatch.setattr(bench, "measure_matmul_peak", lambda *a, **k: {"flops": 1e10, "dtype": "float32"})
+    monkeypatch.setattr(bench_worker, "measure_matmul_peak", lambda *a, **k: {"flops": 1e10, "dtype": "float32"})
     code, out = run_bench(tmp_path, "--sections", "train", "decode", "--attention", "softmax", "linear",
                           "--kinds", "rope", "alibi")
     assert code == 0
-    results = json.loads(out.read_text())
+    results = json.loads(out.read_text())["shapes"]["config"]
     assert results["kinds"] == ["rope", "alibi", "linear+rope"]
     assert "no attention matrix to bias" in results["skipped"]["linear+alibi"]
     train, decode = results["train"]["linear+rope"], results["decode"]["linear+rope"]
@@ -73,3 +74,27 @@ def test_bench_measures_linear_attention_beside_softmax(tmp_path, capsys, monkey
     assert train["achieved_flops"] / train["tok_s"] != results["train"]["rope"]["achieved_flops"] / results["train"]["rope"]["tok_s"]
     printed = capsys.readouterr().out
     assert "linear+rope" in printed and "skipped linear+alibi" in printed
+
+
+def test_the_small_shape_is_nanogpts_cpu_recipe():
+    from types import SimpleNamespace
+    spec = SimpleNamespace(config=str(ROOT / "configs" / "bench-small.yaml"), set=[], eval_multipliers=[1],
+                           decode_lengths=[4])
+    cfg = bench_worker.bench_config(spec, "rope")
+    assert (cfg.model.d_model, cfg.model.n_layers, cfg.model.n_heads) == (128, 4, 4)
+    assert (cfg.train.seq_len, cfg.train.batch_size, cfg.model.vocab_size) == (64, 12, 65)
+
+
+def test_an_ab_comparison_measures_both_trees_in_one_run(tmp_path, capsys):
+    """Against HEAD itself: both sides measured in fresh processes, the ratio printed."""
+    out = tmp_path / "ab.json"
+    code = bench.main(["--config", str(ROOT / "configs" / "bench.yaml"), "--set", *TINY, "--compare", "HEAD",
+                       "--sections", "train", "--kinds", "rope", "--repeats", "1", "--warmup", "0",
+                       "--out", str(out)])
+    assert code == 0
+    results = json.loads(out.read_text())
+    pair = results["shapes"]["config"]["train"]["rope"]
+    assert pair["base"]["tok_s"] > 0 and pair["this"]["tok_s"] > 0
+    assert len(results["compare"]["base"]) == 40
+    assert "A/B in one run" in capsys.readouterr().out
+    assert bench.main(["--compare", "no-such-rev", "--out", str(tmp_path / "x.json")]) == 2

@@ -81,7 +81,9 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, corpus, monkeypa
     run_dir = tmp_path / "runs" / "broken"
     assert read_meta(latest_checkpoint(run_dir))["step"] == 13
     assert max(records(run_dir)) == 13
+    interrupted_seconds = read_meta(latest_checkpoint(run_dir))["train_seconds"]
     assert train.main([str(cfg), "name=broken", "--resume"]) == 0
+    assert read_meta(latest_checkpoint(run_dir))["train_seconds"] > interrupted_seconds > 0  # summed over sessions
     straight, resumed = records(tmp_path / "runs" / "straight"), records(run_dir)
     assert sorted(resumed) == list(range(1, 31))
     assert resumed == straight  # bitwise: every logged loss identical
