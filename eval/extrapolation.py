@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Callable, Optional, Sequence
 
 import torch
+import yaml
 
 from configs import override_section
 from configs.experiment import seed_group
@@ -277,6 +278,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--within-document", action="store_true",
                    help="windows never cross a document boundary (shorter documents are skipped and counted)")
     p.add_argument("--allow-unfinished", action="store_true", help="evaluate runs whose training has not finished")
+    p.add_argument("--eval-file", type=Path, help="a YAML mapping of eval keys applied before the flags "
+                                                 "(the grid runner passes each run's planned evaluation)")
+    p.add_argument("--cache-only", action="store_true",
+                   help="evaluate and cache the results in each run directory, without writing a report")
     p.add_argument("--device", default="cpu", help="torch device for evaluation")
     p.add_argument("--out", type=Path, default=Path("reports/extrapolation"), help="report directory")
     return p.parse_args(argv)
@@ -308,7 +313,8 @@ def corpus_from_flags(args: argparse.Namespace) -> Optional[dict]:
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
-    tree = {key: getattr(args, key) for key in EVAL_FLAGS if getattr(args, key) is not None}
+    tree = read_eval_file(args.eval_file) if args.eval_file else {}
+    tree.update({key: getattr(args, key) for key in EVAL_FLAGS if getattr(args, key) is not None})
     if args.all_tokens:
         if args.max_tokens is not None:
             raise UserError("--all-tokens and --max-tokens contradict each other; give one")
@@ -322,9 +328,23 @@ def main(argv=None) -> int:
         return override_section(cfg.eval, tree, "command line", "eval.")
 
     with torch.inference_mode():
+        if args.cache_only:
+            for run in args.runs:
+                cached_evaluation(run, eval_for, args.device, print, args.allow_unfinished)
+            return 0
         run_extrapolation(args.runs, args.out, eval_for, device=args.device, allow_unfinished=args.allow_unfinished)
     print(f"wrote {args.out}/report.md, results.json and plots")
     return 0
+
+
+def read_eval_file(path: Path) -> dict:
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise UserError(f"--eval-file {path}: cannot read it ({e})") from None
+    if not isinstance(tree, dict):
+        raise UserError(f"--eval-file {path}: expected a mapping of eval keys")
+    return tree
 
 
 if __name__ == "__main__":

@@ -13,6 +13,7 @@ run one after another. A run on disk counts as the grid's when it is the same ex
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import os
 import queue
 import signal
@@ -20,8 +21,10 @@ import subprocess
 import sys
 import threading
 from pathlib import Path
+from dataclasses import dataclass
 from typing import Optional
 
+import yaml
 from tqdm import tqdm
 
 from configs import load_config
@@ -54,58 +57,96 @@ def status(run: PlannedRun) -> tuple[str, str]:
     return "partial", f"step {step}/{total}"
 
 
-def train_one(grid: Grid, run: PlannedRun, device: Optional[str]) -> tuple[bool, str]:
-    """Train (or resume) one run in a subprocess, its output in the run's log; (ok, reason)."""
-    log_path = RunDir(run.run_dir).log
+@dataclass(frozen=True)
+class Slot:
+    """Where one job runs: a CUDA device, or CPU threads (None: torch's default)."""
+
+    device: Optional[str] = None
+    threads: Optional[int] = None
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.device and self.device.startswith("cuda:"):
+            env["CUDA_VISIBLE_DEVICES"] = self.device.split(":", 1)[1]
+        if self.threads:  # single-threaded jobs share cores without OpenMP threads waiting on each other
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
+        return env
+
+
+def _call(cmd: list[str], log_path: Path, slot: Slot) -> tuple[bool, str]:
+    """Run ``cmd`` with its output appended to ``log_path``; (ok, reason)."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
-    cmd = [sys.executable, "-m", "train", str(grid.base), *run.overrides,
-           "train.resume=auto", "log.progress=false"]
-    env = dict(os.environ)
-    if device and device.startswith("cuda:"):
-        env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
     with open(log_path, "a") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
-        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=env, cwd=os.getcwd())
+        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=slot.env(), cwd=os.getcwd())
     if code == 0:
         return True, ""
-    lines = [l for l in log_path.read_text().splitlines() if l.strip()]
-    errors = [l for l in lines if l.startswith("error:")]
+    lines = [line for line in log_path.read_text().splitlines() if line.strip()]
+    errors = [line for line in lines if line.startswith("error:")]
     reason = (errors[-1] if errors else (lines[-1] if lines else "no output"))[:300]
     return False, f"exit {code}: {reason} (log: {log_path})"
 
 
-def train_all(grid: Grid, todo: list[PlannedRun], devices: list[Optional[str]]) -> dict[str, str]:
-    """Train runs, one per device at a time; returns {run name: failure reason}."""
+def train_one(grid: Grid, run: PlannedRun, slot: Slot) -> tuple[bool, str]:
+    """Train (or resume) one run in a subprocess, its output in the run's log; (ok, reason)."""
+    cmd = [sys.executable, "-m", "train", str(grid.base), *run.overrides, "train.resume=auto", "log.progress=false"]
+    return _call(cmd, RunDir(run.run_dir).log, slot)
+
+
+def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
+    """Evaluate one finished run in a subprocess with its planned eval config, filling the
+    run's evaluation cache (the grid's report then reads it)."""
+    eval_file = RunDir(run.run_dir).path / "eval" / "planned.yaml"
+    eval_file.parent.mkdir(parents=True, exist_ok=True)
+    eval_file.write_text(yaml.safe_dump(dataclasses.asdict(run.cfg.eval), sort_keys=False))
+    cmd = [sys.executable, "-m", "eval.extrapolation", str(run.run_dir), "--eval-file", str(eval_file),
+           "--cache-only", "--device", slot.device or "cpu"]
+    return _call(cmd, RunDir(run.run_dir).log, slot)
+
+
+def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: bool) -> dict[str, str]:
+    """Train the runs that need it and evaluate each, one job per slot at a time;
+    returns {run name: failure reason}."""
     jobs: queue.Queue = queue.Queue()
     for run in todo:
         jobs.put(run)
     failures: dict[str, str] = {}
-    bar = tqdm(total=len(todo), desc=f"{grid.name}: training", unit="run")
+    bar = tqdm(total=len(todo), desc=f"{grid.name}: runs", unit="run")
     lock = threading.Lock()
 
-    def worker(device: Optional[str]) -> None:
+    def worker(slot: Slot) -> None:
         while True:
             try:
                 run = jobs.get_nowait()
             except queue.Empty:
                 return
             with lock:
-                bar.write(f"→ {run.name}" + (f" on {device}" if device else ""))
-            ok, reason = train_one(grid, run, device)
+                bar.write(f"→ {run.name}" + (f" on {slot.device}" if slot.device else ""))
+            ok, reason = (True, "") if status(run)[0] == "done" else train_one(grid, run, slot)
+            if ok and evaluate:
+                ok, reason = evaluate_one(run, slot)
+                reason = reason and f"evaluation: {reason}"
             with lock:
                 if not ok:
                     failures[run.name] = reason
                     bar.write(f"✗ {run.name}: {reason}")
                 bar.update(1)
 
-    threads = [threading.Thread(target=worker, args=(d,), daemon=True) for d in devices]
+    threads = [threading.Thread(target=worker, args=(slot,), daemon=True) for slot in slots]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
     bar.close()
     return failures
+
+
+def slots_for(args: argparse.Namespace) -> list[Slot]:
+    if args.devices:
+        return [Slot(device=d) for d in args.devices]
+    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None)
+    return [Slot(threads=threads) for _ in range(args.jobs)]
 
 
 def planned_eval(runs: list[PlannedRun]):
@@ -136,6 +177,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state, do nothing")
     p.add_argument("--devices", nargs="+", default=None,
                    help="train runs in parallel, one per device (e.g. cuda:0 cuda:1); default: one at a time")
+    p.add_argument("--jobs", type=int, default=1,
+                   help="runs trained and evaluated at once on the CPU, each with cpu_count/jobs threads")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per job (default: cpu_count / jobs)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="overrides for every run (part of the runs' identity)")
     p.add_argument("--skip-eval", action="store_true", help="train only")
@@ -155,9 +199,9 @@ def run_grid(args: argparse.Namespace) -> int:
         print("train one by hand with: python train.py", base, " ".join(runs[0].overrides))
         return 0
     failures = {name: detail for name, (state, detail) in states.items() if state == "conflict"}
-    todo = [run for run in runs if states[run.name][0] in ("new", "partial")]
+    todo = [run for run in runs if states[run.name][0] in ("new", "partial", "done")]
     if todo:
-        failures.update(train_all(grid, todo, args.devices or [None]))
+        failures.update(run_all(grid, todo, slots_for(args), evaluate=not args.skip_eval))
     finished = [run for run in runs if run.name not in failures and status(run)[0] == "done"]
     for run in runs:
         if run.name not in failures and run not in finished:
@@ -178,6 +222,8 @@ def run_grid(args: argparse.Namespace) -> int:
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.jobs < 1 or (args.threads is not None and args.threads < 1):
+        raise UserError("--jobs and --threads must be at least 1")
     try:
         return run_grid(args)
     except KeyboardInterrupt:

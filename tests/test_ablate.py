@@ -112,7 +112,8 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
     grid_path.write_text(grid_path.read_text().replace("lengths: [16, 32, 64]", "lengths: [16, 48]"))
     assert ablate.main([str(grid_path)]) == 0
     out = capsys.readouterr().out
-    assert out.count(" done ") == 4 and "reusing" not in out and "| 48 |" in (tmp_path / "report" / "report.md").read_text()
+    assert out.count(" done ") == 4 and "| 48 |" in (tmp_path / "report" / "report.md").read_text()
+    assert all("L=48" in RunDir(r.run_dir).log.read_text() for r in runs if "rope" in r.name)  # each run's job
     assert mtimes == {r.name: (r.run_dir / "checkpoints" / "latest").stat().st_mtime_ns for r in runs}
 
     # A grid where one run cannot work: the others still finish, the summary says why.
@@ -136,3 +137,16 @@ def test_variants_are_named_rows_crossed_with_the_axes(tmp_path, corpus):
     grid.write_text(f"name: v\nbase: {base.name}\nvariants: {{bad name: []}}\n")
     with pytest.raises(ConfigError, match="'variants' must map names"):
         load_grid(grid)
+
+
+def test_cpu_jobs_are_single_threaded_slots(monkeypatch):
+    monkeypatch.setattr(ablate.os, "cpu_count", lambda: 2)
+    args = ablate.parse_args(["grid.yaml", "--jobs", "2"])
+    slots = ablate.slots_for(args)
+    assert len(slots) == 2 and all(s.threads == 1 for s in slots)
+    env = slots[0].env()
+    assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
+    assert ablate.slots_for(ablate.parse_args(["grid.yaml"])) == [ablate.Slot()]  # one job: torch's default
+    gpu = ablate.slots_for(ablate.parse_args(["grid.yaml", "--devices", "cuda:0", "cuda:3"]))
+    assert [s.env()["CUDA_VISIBLE_DEVICES"] for s in gpu] == ["0", "3"]
+    assert ablate.main(["grid.yaml", "--jobs", "0"]) == 2
