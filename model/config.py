@@ -250,6 +250,9 @@ class ModelConfig:
             raise ConfigError("model.init_std must be positive")
         if self.pos.kind in ROTARY_KINDS:
             self._check_rotary()
+        elif self.pos.rope.scaling.type != "none":
+            raise ConfigError(f"pos.rope.scaling.type={self.pos.rope.scaling.type} scales RoPE's frequencies, but "
+                              f"pos.kind={self.pos.kind} has none; use pos.kind=rope (or xpos), or scaling type none")
         if self.pos.kind == "sinusoidal" and self.d_model % 2:
             raise ConfigError("pos.kind=sinusoidal needs an even d_model (sin/cos pairs)")
         self._check_attention()
