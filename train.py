@@ -36,6 +36,7 @@ from training.checkpoint import load_state, load_weights, read_meta, save_best, 
 from training.cli import entry_point
 from training.metrics import MetricsLog
 from training.optim import build_optimizer, lr_at, upgrade_optimizer_state
+from training.parent import load_parent, parent_record
 from training.provenance import git_commit
 from training.run_dir import RunDir
 from training.runtime import Runtime, setup_runtime
@@ -77,6 +78,11 @@ class Trainer:
             world_size=rt.world_size)
         self.scaler = torch.amp.GradScaler(rt.device.type) if rt.dtype == torch.float16 else None
         self.step, self.tokens_seen, self.best_val, self.wandb_id = 0, 0, math.inf, None
+        self.parent: Optional[dict] = None  # where the starting weights came from (init.run)
+        if resume_from is None and self.cfg.init.run:
+            parent = load_parent(self.cfg, self.tokenizer)
+            self.model.load_state_dict(parent.model.state_dict())
+            self.parent = parent_record(parent)
         # Wall seconds of the training loop over every session of this run (steps, validation,
         # checkpoints), for the ablation runner's accounting.
         self.train_seconds, self._session_start = 0.0, time.perf_counter()
@@ -108,6 +114,7 @@ class Trainer:
         saved = load_config(self.run_dir.config)
         check_resumable(saved, self.cfg, self.run_dir)
         meta = read_meta(ckpt)
+        self.parent = meta.get("parent")
         load_weights(self.model, ckpt)
         state = load_state(ckpt)
         try:
@@ -200,9 +207,17 @@ class Trainer:
             meta = {"tokens": self.tokens_seen, "val_loss": val_loss,
                     "finished": self.step >= self.total_steps, "total_steps": self.total_steps,
                     "params": self.model.num_params(), "git_commit": self.git_commit,
-                    "train_seconds": round(self.train_seconds, 1)}
+                    "train_seconds": round(self.train_seconds, 1), "parent": self.parent}
             save_checkpoint(self.run_dir, self.step, self.model, state, meta, self.cfg.train.keep_last)
         self.rt.barrier()
+
+    def _validate_and_save(self, log: MetricsLog) -> None:
+        """Step 0 of a run started from a parent: its validation loss and a checkpoint."""
+        val_loss = self.evaluate() if self.rt.is_main else None
+        self.model.train()
+        if self.rt.is_main:
+            log.validation(self.step, self.tokens_seen, val_loss)
+        self.save(val_loss)
 
     def _handle_signal(self, signum, frame) -> None:
         self.stop_signal = signum
@@ -227,6 +242,8 @@ class Trainer:
         old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         self._session_start = time.perf_counter()  # data preparation and setup are not training
         try:
+            if self.parent is not None and self.step == 0:  # the starting point is step 0 of the budget
+                self._validate_and_save(log)
             return self._loop(log, flops_per_token)
         finally:
             for s, h in old_handlers.items():

@@ -304,6 +304,9 @@ class EvalConfig:
     per_position: bool = True  # the mean loss by position at the longest length (from its windows)
     corpora: list[EvalCorpus] = field(default_factory=lambda: [EvalCorpus()])
     reference: str = "rope"  # the row the report compares every other row with (paired)
+    # Training steps whose checkpoints to evaluate (a fine-tuning budget curve; they must
+    # be kept: train.keep_last); empty: the latest checkpoint only.
+    steps: list[int] = field(default_factory=list)
 
     def __post_init__(self) -> None:
         _positive("eval", self, "batch_size")
@@ -322,6 +325,8 @@ class EvalConfig:
             raise ConfigError(f"eval.factor must be >= 1 (got {self.factor}); null means length / train.seq_len")
         if not self.corpora:
             raise ConfigError("eval.corpora must name at least one corpus ({source: run} is the run's own)")
+        if any(step < 0 for step in self.steps):
+            raise ConfigError(f"eval.steps are training steps, 0 or more (got {self.steps})")
 
     def resolved_lengths(self, train_len: int) -> list[int]:
         """The evaluated lengths, ascending and distinct."""
@@ -337,6 +342,20 @@ class EvalConfig:
 
     def sliding_stride(self, length: int) -> int:
         return self.stride if self.stride is not None else max(1, length // 2)
+
+
+@dataclass
+class InitConfig:
+    """Start from a trained run (fine-tuning, context extension).
+
+    Weights only: the new run has its own optimizer, schedule, ``train.seq_len`` and RoPE
+    scaling (``model.pos.rope.scaling``, active in training and then part of the new
+    run's model). The architecture must be the parent's, apart from the scaling. The new
+    run records its parent in its checkpoints and saves the starting weights as step 0.
+    """
+
+    run: Optional[str] = None  # the parent run directory
+    which: Literal["latest", "best"] = "latest"
 
 
 @dataclass
@@ -361,6 +380,7 @@ class RunConfig:
     train: TrainConfig = field(default_factory=TrainConfig)
     eval: EvalConfig = field(default_factory=EvalConfig)
     log: LogConfig = field(default_factory=LogConfig)
+    init: InitConfig = field(default_factory=InitConfig)
 
     def __post_init__(self) -> None:
         if not self.name or "/" in self.name or "\\" in self.name:

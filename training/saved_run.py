@@ -61,11 +61,18 @@ def read_run_config(run: RunDir) -> RunConfig:
 
 
 def load_run(run_dir: str | Path, which: str = "latest", device: str | torch.device = "cpu",
-             scaling: Optional[RopeScalingConfig] = None) -> SavedRun:
-    """The run's model in eval mode with ``which`` weights ("latest" or "best")."""
+             scaling: Optional[RopeScalingConfig] = None, step: Optional[int] = None) -> SavedRun:
+    """The run's model in eval mode with ``which`` weights ("latest" or "best"), or the
+    checkpoint of training step ``step``."""
     run = RunDir(run_dir)
     cfg = with_scaling(read_run_config(run), scaling)
-    if which == "best":
+    if step is not None:
+        ckpt = run.step_dir(step)
+        if not ckpt.is_dir():
+            kept = ", ".join(str(int(p.name.split("_")[1])) for p in run.complete_checkpoints()) or "none"
+            raise CheckpointError(f"{run} has no checkpoint of step {step} (it keeps steps: {kept}); raise "
+                                  "train.keep_last before training to keep more")
+    elif which == "best":
         ckpt = run.best
         if not ckpt.is_dir():
             raise CheckpointError(f"{run} has no best/ checkpoint yet (no validation has run)")

@@ -1,0 +1,61 @@
+"""Starting a run from a trained one (``init.run``): the checks, and the weights to load.
+
+A fine-tuned run keeps its parent's architecture (every model key but the RoPE scaling,
+which is what context extension changes) and its tokenizer, starts from the parent's
+weights with a fresh optimizer and schedule, and records where it came from.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from configs import config_to_dict
+from configs.schema import RunConfig
+from data.tokenizers import Tokenizer
+from model.errors import CheckpointError, ConfigError
+from training.run_dir import RunDir
+from training.saved_run import SavedRun, load_run
+
+# Model keys a child may change: the scaling is the point of context extension.
+MAY_CHANGE = ("pos.rope.scaling.",)
+
+
+def _flat(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict):
+            out.update(_flat(value, f"{prefix}{key}."))
+        else:
+            out[prefix + key] = value
+    return out
+
+
+def load_parent(cfg: RunConfig, tokenizer: Tokenizer) -> SavedRun:
+    """The parent run of ``cfg.init``, checked against the new run before anything is written."""
+    parent_dir = Path(cfg.init.run)
+    if not RunDir(parent_dir).is_run():
+        siblings = sorted(p.name for p in parent_dir.parent.glob("*") if RunDir(p).is_run())[:10]
+        hint = f" Runs in {parent_dir.parent}: {', '.join(siblings)}." if siblings else ""
+        raise ConfigError(f"init.run={cfg.init.run} is not a run directory (no config.yaml).{hint}")
+    parent = load_run(parent_dir, which=cfg.init.which)
+    if not parent.meta.get("finished", True):
+        raise CheckpointError(f"init.run={cfg.init.run} is still training (step {parent.meta.get('step')} of "
+                              f"{parent.meta.get('total_steps')}); finish it first, or start from it once it is done")
+    if parent.tokenizer != tokenizer:
+        raise ConfigError(f"init.run={cfg.init.run} was trained with another tokenizer than this run's data "
+                          "gives; use the parent's data settings (data.*) so the token ids mean the same")
+    ours, theirs = _flat(config_to_dict(cfg)["model"]), _flat(config_to_dict(parent.cfg)["model"])
+    differ = sorted(k for k in set(ours) | set(theirs)
+                    if ours.get(k) != theirs.get(k) and not k.startswith(MAY_CHANGE))
+    if differ:
+        details = ", ".join(f"model.{k}: {theirs.get(k)!r} in the parent, {ours.get(k)!r} here" for k in differ[:5])
+        raise ConfigError(f"init.run={cfg.init.run} has another architecture ({details}); a run can only start "
+                          "from a parent of the same architecture (only model.pos.rope.scaling may change)")
+    return parent
+
+
+def parent_record(parent: SavedRun) -> dict:
+    """What a child's checkpoints say about where its starting weights came from."""
+    return {"run": str(parent.run_dir), "checkpoint": parent.checkpoint.name, "step": parent.meta.get("step"),
+            "tokens": parent.meta.get("tokens"), "git_commit": parent.meta.get("git_commit"),
+            "train_len": parent.cfg.train.seq_len}
