@@ -81,7 +81,7 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
             "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"),
             "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
             "max_len": saved.model.pos.max_len, "git_commit": meta.get("git_commit"),
-            "train_seconds": meta.get("train_seconds"),
+            "train_seconds": meta.get("train_seconds"), "parent": meta.get("parent"),
             "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev)}
 
 
@@ -103,14 +103,22 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
                  allow_unfinished: bool = False) -> tuple[dict, list[dict], dict]:
     """(metadata, result rows, per-position curves by corpus and scaling) for one run."""
     started = time.perf_counter()
-    base = load_run(run_dir, device=device)
-    _check_finished(base, allow_unfinished)
-    meta = run_metadata(base, ev)
+    latest = load_run(run_dir, device=device)
+    _check_finished(latest, allow_unfinished)
+    meta = run_metadata(latest, ev)
     rows, curves = [], {}
-    for corpus in ev.corpora:
-        data = load_corpus(base, corpus, ev)
-        corpus_rows, curves[data.name] = _evaluate_corpus(base, ev, corpus, data, meta, log)
-        rows += corpus_rows
+    for step in ev.steps or [None]:  # every asked-for checkpoint (eval.steps), else the latest
+        base = latest if step is None else load_run(run_dir, device=device, step=step)
+        last = step is None or step == max(ev.steps)  # curves at the last step only
+        step_ev = ev if last else dataclasses.replace(ev, per_position=False)
+        for corpus in ev.corpora:
+            data = load_corpus(base, corpus, ev)
+            corpus_rows, corpus_curves = _evaluate_corpus(base, step_ev, corpus, data, meta, log)
+            for row in corpus_rows if step is not None else ():
+                row.update(eval_step=step, step_tokens=base.meta.get("tokens"))
+            rows += corpus_rows
+            if last:
+                curves[data.name] = corpus_curves
     meta["eval_seconds"] = round(time.perf_counter() - started, 1)
     return meta, rows, curves
 
@@ -181,7 +189,7 @@ def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log,
     ckpt = run.latest_checkpoint()
     if ckpt is not None and path.exists():
         cached = json.loads(path.read_text())
-        if cached.get("checkpoint") == ckpt.name:
+        if cached.get("checkpoint") == ckpt.name or ev.steps:  # given steps do not change as a run grows
             log(f"  reusing {path}")
             # The group hashes the whole config as the schema reads it today: a key added
             # since (e.g. model.attention) must not split a cached seed from a fresh one.
@@ -222,8 +230,8 @@ def _label_groups(runs: list[dict], rows: list[dict]) -> None:
         kind = kinds[run["run"]]
         label[run["run"]] = kind if len(groups_per_kind[kind]) == 1 else run["stem"].removeprefix("kind-")
         run["label"] = label[run["run"]]
-    for row in rows:
-        row["label"] = label[row["run"]]
+    for row in rows:  # a checkpoint of a budget curve (eval.steps) is a row of its own
+        row["label"] = label[row["run"]] + (f" @ {row['eval_step']}" if "eval_step" in row else "")
 
 
 def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = own_eval, device: str = "cpu",

@@ -79,3 +79,29 @@ def plot_per_position(runs: list[dict], curves: dict[str, dict[str, dict]], trai
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int], path: Path, corpus: str) -> None:
+    """Perplexity against fine-tuning steps, one panel per length, one line per row (95% intervals)."""
+    fig, axes = plt.subplots(1, len(lengths), figsize=(5.5 * len(lengths), 4.5), squeeze=False)
+    for ax, length in zip(axes[0], lengths):
+        for row in sorted(cells):
+            points = sorted((s, c[length]) for s, c in cells[row].items() if "ppl" in c.get(length, {}))
+            if not points:
+                continue
+            xs = [s for s, _ in points]
+            ys = np.array([c["ppl"] for _, c in points])
+            err = np.array([[c["ppl"] - c["low"] for _, c in points], [c["high"] - c["ppl"] for _, c in points]])
+            ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3.5, capsize=2, linewidth=1.2, label=row)
+        ax.set_xscale("symlog", linthresh=50)
+        ax.set_yscale("log")
+        _plain_ticks(ax, "x")
+        _plain_ticks(ax, "y")
+        ax.set_xlabel("fine-tuning steps")
+        ax.set_ylabel("perplexity (95% interval)")
+        ax.set_title(f"{corpus}: at {length} tokens", fontsize=10)
+        ax.grid(True, which="both", alpha=0.3)
+        ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

@@ -16,6 +16,7 @@ import re
 from itertools import combinations
 from pathlib import Path
 
+from eval.budget import budget_section
 from eval.plots import plot_per_position, plot_perplexity
 from eval.tables import (comparison_table, compare, interval_table, ratio_to_train_len, scored_line,
                          summarize)
@@ -132,6 +133,7 @@ def write_report(results: dict, out: Path) -> None:
         md += ["", f"## {corpus}", "", "Windows stay inside documents." if within else
                "Windows run over the split as one stream."]
         for protocol in [p for p in PROTOCOL_TITLES if any(r["corpus"] == corpus and r["protocol"] == p for r in rows)]:
+            md += budget_section(results, corpus, protocol, out, index)
             md += _protocol_section(results, corpus, protocol, reference, out, index)
         curves = {run: by_corpus.get(corpus, {}) for run, by_corpus in results["per_position"].items()}
         if any(curves.values()):

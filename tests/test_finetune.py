@@ -1,0 +1,139 @@
+"""Context extension by fine-tuning: start from a trained run, record it, resume, report a budget."""
+
+from __future__ import annotations
+
+import json
+import signal
+
+import pytest
+import torch
+
+import train
+from configs.schema import EvalConfig
+from conftest import write_run_config
+from eval.extrapolation import evaluate_run, run_extrapolation
+from training.checkpoint import read_meta
+from training.run_dir import RunDir
+from training.saved_run import load_run
+
+YARN = ["model.pos.rope.scaling.type=yarn", "model.pos.rope.scaling.factor=4",
+        "model.pos.rope.scaling.original_max_len=16"]
+
+
+@pytest.fixture(scope="module")
+def parent(tmp_path_factory, corpus):
+    tmp = tmp_path_factory.mktemp("ft")
+    cfg = str(write_run_config(tmp, corpus))
+    assert train.main([cfg, "name=parent", "train.seq_len=16", "train.max_steps=12"]) == 0
+    return tmp, cfg, tmp / "runs" / "parent"
+
+
+def child_args(cfg, parent_dir, name="child", *extra):
+    return [cfg, f"name={name}", f"init.run={parent_dir}", "train.seq_len=64", "train.batch_size=2",
+            "train.max_steps=6", "train.ckpt_interval=2", "train.keep_last=10", "train.eval_interval=2",
+            "train.warmup_steps=2", "train.min_lr_ratio=1.0", *YARN, *extra]
+
+
+def test_a_child_starts_from_its_parent_and_says_so(parent):
+    tmp, cfg, parent_dir = parent
+    assert train.main(child_args(cfg, parent_dir)) == 0
+    child = RunDir(tmp / "runs" / "child")
+    assert [p.name for p in child.complete_checkpoints()] == [f"step_{s:06d}" for s in (0, 2, 4, 6)]
+    start, dad = load_run(child.path, step=0), load_run(parent_dir)
+    assert all(torch.equal(a, b) for a, b in zip(start.model.state_dict().values(), dad.model.state_dict().values()))
+    meta = read_meta(child.step_dir(6))
+    assert meta["parent"]["run"] == str(parent_dir) and meta["parent"]["train_len"] == 16
+    assert meta["tokens"] == 6 * 2 * 64  # the child's own tokens; its schedule is its own
+    assert start.cfg.model.pos.rope.scaling.type == "yarn" and start.cfg.train.seq_len == 64
+    records = [json.loads(line) for line in child.metrics.read_text().splitlines()]
+    assert records[0]["step"] == 0 and "val_loss" in records[0]  # the budget's starting point
+    # Step 0 is the parent's weights under the child's scaling: the same numbers as the
+    # parent evaluated with that scaling at evaluation time.
+    ev = EvalConfig(lengths=[64], protocols=["nonoverlap"], max_tokens=512, per_position=False)
+    child_rows = evaluate_run(child.path, EvalConfig(**{**vars(ev), "steps": [0]}), log=lambda *a: None)[1]
+    parent_rows = evaluate_run(parent_dir, EvalConfig(**{**vars(ev), "scalings": ["yarn"], "factor": 4.0}),
+                               log=lambda *a: None)[1]
+    yarn_row = next(r for r in parent_rows if r["scaling"] == "yarn")
+    assert child_rows[0]["nll"] == yarn_row["nll"] and child_rows[0]["eval_step"] == 0
+
+
+def test_an_interrupted_child_resumes_like_any_run(parent, monkeypatch):
+    tmp, cfg, parent_dir = parent
+    assert train.main(child_args(cfg, parent_dir, "straight")) == 0
+    original = train.Trainer.train_step
+
+    def stop_at_3(self):
+        out = original(self)
+        if self.step == 3:
+            self.stop_signal = signal.SIGTERM
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(train.Trainer, "train_step", stop_at_3)
+        assert train.main(child_args(cfg, parent_dir, "broken")) == 128 + signal.SIGTERM
+    assert train.main(child_args(cfg, parent_dir, "broken", "--resume")) == 0
+    losses = {name: [json.loads(line).get("loss") for line in RunDir(tmp / "runs" / name).metrics.read_text().splitlines()]
+              for name in ("straight", "broken")}
+    assert losses["straight"] == losses["broken"]
+    assert read_meta(RunDir(tmp / "runs" / "broken").step_dir(6))["parent"]["run"] == str(parent_dir)
+
+
+def test_the_budget_report(parent, tmp_path):
+    tmp, cfg, parent_dir = parent
+    if not (tmp / "runs" / "child").exists():
+        assert train.main(child_args(cfg, parent_dir)) == 0
+    ev = EvalConfig(lengths=[16, 64], protocols=["nonoverlap"], max_tokens=512, steps=[0, 2, 6])
+    results = run_extrapolation([tmp / "runs" / "child"], tmp_path / "r", lambda c: ev, log=lambda *a: None)
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "### Fine-tuning budget" in report and "At 64 tokens:" in report  # 4L of the parent's L = 16
+    assert "| rope | " in report and "step 0 | step 2 | step 6" in report
+    assert (tmp_path / "r" / "budget_0_nonoverlap.png").read_bytes()[:4] == b"\x89PNG"
+    assert {r["eval_step"] for r in results["results"]} == {0, 2, 6}
+
+
+@pytest.mark.parametrize("extra,message", [
+    (["init.run={tmp}/runs/nowhere"], "is not a run directory"),
+    (["model.d_model=64"], "another architecture (model.d_model: 32 in the parent, 64 here"),
+    (["model.pos.kind=alibi"], "scales RoPE's frequencies"),
+    (["data.tokenizer.kind=char"], "another tokenizer"),
+])
+def test_bad_parents_are_refused_before_anything_is_written(parent, capsys, extra, message):
+    tmp, cfg, parent_dir = parent
+    args = child_args(cfg, parent_dir, "bad") + [e.format(tmp=tmp) for e in extra]
+    assert train.main(args) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err, err
+    assert not (tmp / "runs" / "bad").exists()
+
+
+def test_a_parent_still_training_is_refused(parent, capsys, monkeypatch):
+    tmp, cfg, _ = parent
+    original = train.Trainer.train_step
+
+    def stop_at_2(self):
+        out = original(self)
+        if self.step == 2:
+            self.stop_signal = signal.SIGTERM
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(train.Trainer, "train_step", stop_at_2)
+        assert train.main([cfg, "name=unfinished", "train.seq_len=16", "train.max_steps=12"]) == 128 + signal.SIGTERM
+    assert train.main(child_args(cfg, tmp / "runs" / "unfinished", "orphan")) == 2
+    assert "is still training (step 2 of 12)" in capsys.readouterr().err
+    assert not (tmp / "runs" / "orphan").exists()
+
+
+def test_a_fine_tuned_run_exports_with_its_scaling(parent, tmp_path, capsys):
+    pytest.importorskip("transformers")
+    from scripts.export_hf import main as export
+
+    tmp, cfg, parent_dir = parent
+    if not (tmp / "runs" / "child").exists():
+        assert train.main(child_args(cfg, parent_dir)) == 0
+    assert export([str(tmp / "runs" / "child"), str(tmp_path / "hf"), "--check", "--check-length", "256"]) == 0
+    diff = float(capsys.readouterr().out.split("random tokens:")[1].split()[0])
+    assert diff < 1e-4
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    assert config["rope_parameters"]["rope_type"] == "yarn" and config["rope_parameters"]["factor"] == 4.0
+    assert config["rope_parameters"]["original_max_position_embeddings"] == 16
