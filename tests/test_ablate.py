@@ -57,9 +57,12 @@ def test_plan_names_and_validation(tmp_path, corpus):
 @pytest.mark.parametrize("path", sorted((ROOT / "configs" / "ablations").glob("*.yaml")), ids=lambda p: p.stem)
 def test_shipped_grids_plan(path):
     runs = load_grid(path).plan()
-    assert {r.cfg.model.pos.kind for r in runs} == set(POS_KINDS)  # every encoding has a row
     seeds = [r.cfg.train.seed for r in runs]
-    assert len(set(seeds)) >= 3 and len({seeds.count(s) for s in seeds}) == 1  # each row has every seed
+    assert len({seeds.count(s) for s in seeds}) == 1  # each row has every seed
+    if path.stem.startswith("pe-extrapolation"):  # the encoding studies: every encoding, three seeds
+        assert {r.cfg.model.pos.kind for r in runs} == set(POS_KINDS) and len(set(seeds)) >= 3
+    else:
+        assert len(set(seeds)) >= 2
 
 
 def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
