@@ -44,8 +44,7 @@ def plot_heatmaps(grids: dict[str, tuple[list[float], list[int], np.ndarray]], p
     cols = min(3, len(labels))
     rows = (len(labels) + cols - 1) // cols
     fig, axes = plt.subplots(rows, cols, figsize=(max(5.0, 4.2 * cols), 3.0 * rows), squeeze=False)
-    cmap = matplotlib.colormaps["viridis"].copy()
-    cmap.set_bad("lightgrey")
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")  # n/a cells
     for ax, label in zip(axes.flat, labels):
         depths, lengths, acc = grids[label]
         ax.imshow(np.ma.masked_invalid(acc), cmap=cmap, vmin=0, vmax=1, aspect="auto", origin="upper")

@@ -34,7 +34,7 @@ from configs import override_section
 from configs.schema import EvalConfig, RunConfig
 from configs.tasks import TASK_NAMES
 from data.atomic import write_text_atomic
-from data.tasks import Task, TaskError, build_task, check_task_name, eval_instance
+from data.tasks import Task, TaskError, build_task, check_readable, check_task_name, eval_instance, task_tokenizer
 from data.tokenizers import load_tokenizer
 from eval.exact_match import exact_match
 from eval.extrapolation import run_metadata, scaling_for
@@ -77,6 +77,24 @@ def run_tasks(cfg: RunConfig, tokenizer, ev: EvalConfig) -> list[Task]:
         for length in ev.resolved_lengths(cfg.train.seq_len):
             task.check_length(length, "the evaluated length")
     return tasks
+
+
+def check_planned(cfg: RunConfig, ev: EvalConfig, where: str) -> None:
+    """Before a run trains: raise TaskError if its task cannot fill train.seq_len or an
+    evaluated length, or a text run would be asked for a task it cannot read."""
+    if not wants_tasks(cfg, ev):
+        return
+    try:
+        if is_synthetic(cfg):
+            tokenizer = task_tokenizer()
+            build_task(cfg.data.synthetic.task, cfg.data.synthetic, tokenizer).check_length(
+                cfg.train.seq_len, "train.seq_len")
+            run_tasks(cfg, tokenizer, ev)
+        else:  # lengths of the passkey prompt depend on the tokenizer, known after training
+            for name in resolved_tasks(cfg, ev):
+                check_readable(name, text=True)
+    except TaskError as e:
+        raise TaskError(f"{where}: {e}") from None
 
 
 def check_run(run_dir: Path, eval_for: EvalFor) -> None:

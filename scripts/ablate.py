@@ -8,6 +8,12 @@ states which runs are missing. Each run's output goes to ``train.log`` in its ru
 directory. With ``--devices cuda:0 cuda:1 …`` runs are spread one per device; on CPU they
 run one after another. A run on disk counts as the grid's when it is the same experiment
 (configs/experiment.py), so raising the grid's ``train.max_steps`` continues finished runs.
+
+What is evaluated follows what the runs were trained on: runs trained on text get the
+perplexity sweep (eval/extrapolation.py, report in the grid's report directory); runs
+trained on synthetic tasks, and text runs whose ``eval.tasks.tasks`` names tasks (passkey),
+get task accuracy (eval/tasks.py, report in its ``tasks/`` subdirectory). Task settings
+that cannot work (a task longer than a length) stop the grid before anything trains.
 """
 
 from __future__ import annotations
@@ -29,6 +35,7 @@ from configs.experiment import experiment_differences
 from configs.grid import Grid, PlannedRun, load_grid
 from configs.schema import EvalConfig, RunConfig
 from eval.extrapolation import run_extrapolation
+from eval.tasks import check_planned, run_task_evaluation, wants_tasks
 from model.errors import UserError
 from training.checkpoint import read_meta
 from training.cli import entry_point
@@ -117,6 +124,21 @@ def planned_eval(runs: list[PlannedRun]):
     return eval_for
 
 
+def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], failures: dict[str, str],
+             device: str) -> None:
+    """Perplexity for runs trained on text, task accuracy for those that want it (see module doc)."""
+    eval_for = planned_eval(runs)
+    for kind, wanted, evaluate_runs, out in (
+            ("perplexity", lambda r: r.cfg.data.source != "synthetic", run_extrapolation, grid.report_dir),
+            ("tasks", lambda r: wants_tasks(r.cfg, r.cfg.eval), run_task_evaluation, grid.report_dir / "tasks")):
+        chosen = [r for r in finished if wanted(r)]
+        if not chosen:
+            continue
+        missing = [{"run": str(r.run_dir), "error": failures[r.name]} for r in runs if r.name in failures and wanted(r)]
+        results = evaluate_runs([r.run_dir for r in chosen], out, eval_for, device=device, missing=missing)
+        print(f"{kind} report: {out / 'report.md'} ({len(results['runs'])} runs)")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("grid", type=Path, help="a grid file, e.g. configs/ablations/pe-extrapolation-cpu.yaml")
@@ -132,6 +154,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run_grid(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid)
     runs = grid.plan(args.set)
+    for run in runs:
+        check_planned(run.cfg, run.cfg.eval, f"{grid.source}: run {run.name}")
     states = {run.name: status(run) for run in runs}
     base = os.path.relpath(grid.base.resolve())
     print(f"grid {grid.name}: {len(runs)} runs from {base} → {Path(grid.out_dir) / grid.name}")
@@ -150,11 +174,7 @@ def run_grid(args: argparse.Namespace) -> int:
         if run.name not in failures and run not in finished:
             failures[run.name] = "not finished"
     if not args.skip_eval and finished:
-        device = args.devices[0] if args.devices else "cpu"
-        results = run_extrapolation([r.run_dir for r in finished], grid.report_dir, planned_eval(runs),
-                                    device=device, missing=[{"run": str(r.run_dir), "error": failures[r.name]}
-                                                            for r in runs if r.name in failures])
-        print(f"report: {grid.report_dir / 'report.md'} ({len(results['runs'])} runs)")
+        evaluate(grid, runs, finished, failures, args.devices[0] if args.devices else "cpu")
     print(f"\n{len(finished)}/{len(runs)} runs finished.")
     for name, reason in failures.items():
         print(f"  failed: {name}: {reason}")

@@ -21,6 +21,9 @@ the next. The table goes to stdout and everything, with the machine, torch versi
 git commit, to ``--out`` (JSON). Timings on a shared machine are noisy: compare ratios
 from one run, and see that nothing else is running.
 
+Training steps run on random tokens, except for a synthetic-task config
+(``data.source: synthetic``), whose step draws its task's instances as training does.
+
 ``learned`` needs a table as long as the longest sequence measured; the benchmark gives
 it one (its speed, not its quality, is measured here) and says so in the JSON.
 """
@@ -48,6 +51,7 @@ import torch
 
 import configs
 from configs import load_config
+from data.tasks import TaskData, task_tokenizer
 from eval.perplexity import perplexity
 from model.config import POS_KINDS
 from model.errors import ConfigError, UserError
@@ -132,10 +136,13 @@ def bench_config(args: argparse.Namespace, kind: str, compile_: bool = False):
     """The run config for one encoding; vocab from the tokenizer settings (no data needed)."""
     cfg = load_config(args.config, args.set)
     tok = cfg.data.tokenizer
-    if tok.kind == "char":
+    if cfg.data.source == "synthetic":  # the task alphabet, fixed
+        vocab = task_tokenizer().vocab_size
+    elif tok.kind == "char":
         raise ConfigError("the benchmark needs a known vocabulary size: use a bpe or byte tokenizer "
                           "in data.tokenizer (char vocabularies depend on the corpus)")
-    vocab = tok.vocab_size if tok.kind == "bpe" else 257
+    else:
+        vocab = tok.vocab_size if tok.kind == "bpe" else 257
     longest = max(cfg.train.seq_len * max(args.eval_multipliers), PROMPT + max(args.decode_lengths))
     pos = dataclasses.replace(cfg.model.pos, kind=kind, max_len=longest if kind == "learned" else None)
     train = dataclasses.replace(cfg.train, compile=compile_, max_steps=10**6, max_tokens=None,
@@ -159,6 +166,8 @@ def section_train(args, kind: str, compile_: bool) -> dict:
     tokens = rng.integers(0, cfg.model.vocab_size, size=1_000_000, dtype=np.int64)
     data = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=cfg.model.vocab_size),
                            split=lambda name: tokens)
+    if cfg.data.source == "synthetic":  # the real step: instances are made as training makes them
+        data = TaskData(cfg.data.synthetic)
     trainer = Trainer(cfg, rt, data=data)
     memory = PeakMemory(rt.device)
     memory.reset()

@@ -59,7 +59,9 @@ def test_shipped_grids_plan(path):
     runs = load_grid(path).plan()
     kinds = {r.cfg.model.pos.kind for r in runs}
     assert kinds == set(POS_KINDS)
-    assert len({r.cfg.train.seed for r in runs}) >= 2 and len(runs) == 5 * len({r.cfg.train.seed for r in runs})
+    seeds = len({r.cfg.train.seed for r in runs})
+    tasks = len({r.cfg.data.synthetic.task for r in runs if r.cfg.data.source == "synthetic"}) or 1
+    assert seeds >= 2 and len(runs) == len(POS_KINDS) * seeds * tasks
 
 
 def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
@@ -117,3 +119,44 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
     failed = [line for line in out.splitlines() if line.strip().startswith("failed:")]
     assert len(failed) == 4 and all("valid" in line for line in failed)
     assert "Missing runs" in (tmp_path / "report" / "report.md").read_text()
+
+
+def write_synthetic_grid(tmp: Path, overrides: str = "") -> Path:
+    (tmp / "syn.yaml").write_text("""
+name: syn
+model: {d_model: 32, n_layers: 2, n_heads: 4}
+data: {source: synthetic, tokenizer: {kind: char}, synthetic: {task: copy}}
+train: {seq_len: 16, batch_size: 8, max_steps: 6, warmup_steps: 1, eval_interval: 6, eval_batches: 1,
+        ckpt_interval: 6}
+log: {progress: false}
+""")
+    grid = tmp / "syn-grid.yaml"
+    grid.write_text(f"""
+name: syn-grid
+base: syn.yaml
+out_dir: {tmp / 'runs'}
+overrides: [{overrides}]
+axes:
+  model.pos.kind: [rope, learned]
+eval: {{length_multipliers: [1, 2], tasks: {{samples: 4}}}}
+report: {tmp / 'report'}
+""")
+    return grid
+
+
+def test_synthetic_grid_gets_task_accuracy_not_perplexity(tmp_path, capsys):
+    grid = write_synthetic_grid(tmp_path)
+    assert ablate.main([str(grid)]) == 0
+    out = capsys.readouterr().out
+    assert "2/2 runs finished" in out and "tasks report" in out and "perplexity report" not in out
+    report = (tmp_path / "report" / "tasks" / "report.md").read_text()
+    assert "## copy" in report and "n/a (trained table: 16 positions)" in report
+    assert not (tmp_path / "report" / "report.md").exists()
+
+
+def test_impossible_task_settings_stop_a_grid_before_training(tmp_path, capsys):
+    grid = write_synthetic_grid(tmp_path, "data.synthetic.task=recall")  # 8 pairs, 8 queries: 31 positions
+    assert ablate.main([str(grid)]) == 2
+    err = capsys.readouterr().err
+    assert "run kind-rope: recall with 8 pairs and 8 queries needs at least 31 positions" in err
+    assert "train.seq_len is 16" in err and not (tmp_path / "runs").exists()

@@ -44,13 +44,18 @@ def check_task_name(name: str) -> None:
         raise TaskError(f"unknown task {name!r}; {hint}tasks: {', '.join(TASK_NAMES)}")
 
 
-def build_task(name: str, cfg: SyntheticConfig, tokenizer: Tokenizer, text: bool = False) -> Task:
-    """Task ``name`` with the parameters of ``cfg``; ``text`` for runs trained on text."""
+def check_readable(name: str, text: bool) -> None:
+    """Raise TaskError unless ``name`` is a task a run (``text``: trained on text) can be scored on."""
     check_task_name(name)
     if text and name != "passkey":
         raise TaskError(f"task {name} is written in the synthetic task alphabet, which a run trained on "
                         "text never saw; text runs can be scored on passkey only (train on "
                         f"data.source=synthetic data.synthetic.task={name} to study {name})")
+
+
+def build_task(name: str, cfg: SyntheticConfig, tokenizer: Tokenizer, text: bool = False) -> Task:
+    """Task ``name`` with the parameters of ``cfg``; ``text`` for runs trained on text."""
+    check_readable(name, text)
     if name == "passkey":
         return Passkey(tokenizer, cfg.key_digits, style="text" if text else "symbolic")
     if name == "recall":
@@ -78,4 +83,4 @@ class TaskData:
 
 
 __all__ = ["ALPHABET", "Instance", "TASKS", "Task", "TaskData", "TaskError", "TaskSampler", "build_task",
-           "check_task_name", "collate", "eval_instance", "task_tokenizer"]
+           "check_readable", "check_task_name", "collate", "eval_instance", "task_tokenizer"]
