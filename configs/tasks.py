@@ -1,7 +1,7 @@
 """Config sections for synthetic tasks: what a synthetic run trains on, and how tasks are scored.
 
-``data.synthetic`` (SyntheticConfig) picks the task a ``data.source: synthetic`` run trains
-on and its parameters; ``eval.tasks`` (TaskEvalConfig, nested in the one EvalConfig)
+``data.synthetic`` (SyntheticConfig) picks the tasks a ``data.source: synthetic`` run trains
+on and their parameters; ``eval.tasks`` (TaskEvalConfig, nested in the one EvalConfig)
 says which tasks ``python -m eval.tasks`` scores, on how many instances, at which passkey
 depths, and what counts as retrieval succeeding for k_max. The generators themselves
 live in ``data/tasks/``; ``TASK_NAMES`` is the one list of them (tests/test_tasks.py
@@ -22,19 +22,26 @@ TASK_NAMES: tuple[str, ...] = typing.get_args(TaskName)
 
 @dataclass
 class SyntheticConfig:
-    """A task made on the fly (data/tasks/): instances are drawn, never stored or downloaded.
+    """Tasks made on the fly (data/tasks/): instances are drawn, never stored or downloaded.
 
-    Training instances have a length drawn uniformly between the task's shortest
-    instance and ``train.seq_len``; each is padded to ``train.seq_len`` and only its answer
-    tokens count in the loss.
+    Each training instance comes from one of ``tasks``, drawn uniformly (one task: a
+    single-task run; several: one model learns them all), with a length drawn uniformly
+    between that task's shortest instance and ``train.seq_len``; it is padded to
+    ``train.seq_len`` and only its answer tokens count in the loss.
     """
 
-    task: TaskName = "passkey"
+    tasks: list[TaskName] = field(default_factory=lambda: ["passkey"])
     key_digits: int = 5  # passkey: digits of the key (Chen et al. 2023 use 5 random digits)
     pairs: int = 8  # recall: key-value pairs stated before the queries (at most 26 keys)
     queries: Optional[int] = None  # recall: keys queried per instance (None: every pair once)
+    # addition: each sum digit right after its operand digits, or the whole sum after both
+    # operands (see data/tasks/addition.py)
+    addition_layout: Literal["aligned", "sequential"] = "aligned"
 
     def __post_init__(self) -> None:
+        if not self.tasks or len(set(self.tasks)) != len(self.tasks):
+            raise ConfigError(f"data.synthetic.tasks must name one or more distinct tasks of "
+                              f"{', '.join(TASK_NAMES)} (got {self.tasks})")
         if not 1 <= self.key_digits <= 18:
             raise ConfigError(f"data.synthetic.key_digits must be in [1, 18] (got {self.key_digits})")
         if not 1 <= self.pairs <= 26:
@@ -60,7 +67,7 @@ class TaskEvalConfig:
     length, the depth and the instance index, so every run is scored on the same ones.
     """
 
-    # Empty: the run's own task (synthetic runs) or passkey (runs trained on text).
+    # Empty: the run's own tasks (synthetic runs) or passkey (runs trained on text).
     tasks: list[TaskName] = field(default_factory=list)
     samples: int = 100
     # Passkey: where the key sits, as the fraction of the filler before it (0: first, 1: last).

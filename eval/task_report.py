@@ -16,6 +16,7 @@ from pathlib import Path
 
 import numpy as np
 
+from configs.tasks import TASK_NAMES
 from eval.kmax import __doc__ as KMAX_DOC
 from eval.labels import encoding_label, with_scaling
 from eval.stats import wilson_interval
@@ -123,6 +124,16 @@ def kmax_table(runs: list[dict], rows: list[dict], kmax_rows: list[dict]) -> lis
     return ["| row | k_max per run |", "|---|---|"] + [f"| {label} | {', '.join(v)} |" for label, v in sorted(by_label.items())]
 
 
+def summary_table(tables: dict[str, dict[str, dict[int, dict]]], lengths: list[int], train_len: int) -> str:
+    """Every task's rows in one table (task, row, a cell per length)."""
+    head = _header(lengths, train_len).replace("| row |", "| task | row |", 1).replace("|---|", "|---|---|", 1)
+    lines = [head]
+    for task, table in tables.items():
+        body = accuracy_table(table, lengths, train_len).splitlines()[2:]
+        lines += [f"| {task} {line}" for line in body]
+    return "\n".join(lines)
+
+
 def _runs_table(results: dict) -> list[str]:
     out = ["| run | encoding | trained on | seed | params | tokens trained | train length | commit |",
            "|---|---|---|---:|---:|---:|---:|---|"]
@@ -146,8 +157,10 @@ def write_task_report(results: dict, out: Path) -> None:
           "with its 95% Wilson interval in brackets.", "", "## Runs", "", *_runs_table(results)]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""] + [f"- {m['run']}: {m['error']}" for m in results["missing"]]
-    for task in sorted({r["task"] for r in rows}):
-        table = summarize(runs, rows, task)
+    tasks = sorted({r["task"] for r in rows}, key=TASK_NAMES.index)
+    tables = {task: summarize(runs, rows, task) for task in tasks}
+    md += ["", "## Summary", "", summary_table(tables, lengths, train_len)]
+    for task, table in tables.items():
         per_cell = sorted({r["total"] for r in rows if r["task"] == task and r["status"] == "ok"})
         md += ["", f"## {task}", "", accuracy_table(table, lengths, train_len), "",
                f"Instances per run and cell: {', '.join(map(str, per_cell))}"

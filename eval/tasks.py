@@ -7,7 +7,7 @@ interval (eval/stats.py); for passkey per (length, depth) cell, plus k_max
 (eval/kmax.py). Writes ``results.json``, ``report.md`` and PNG plots into ``--out``
 (eval/task_report.py).
 
-Which tasks: ``eval.tasks.tasks``, else the run's own task (``data.source: synthetic``), else
+Which tasks: ``eval.tasks.tasks``, else the run's own tasks (``data.source: synthetic``), else
 passkey (runs trained on text, in the paper's wording tokenized with the run's own
 tokenizer.json). The settings are each run's own ``eval`` config (configs/schema.py:
 EvalConfig and its ``tasks`` section); the flags override its keys, as in
@@ -66,7 +66,7 @@ def wants_tasks(cfg: RunConfig, ev: EvalConfig) -> bool:
 def resolved_tasks(cfg: RunConfig, ev: EvalConfig) -> list[str]:
     if ev.tasks.tasks:
         return list(ev.tasks.tasks)
-    return [cfg.data.synthetic.task] if is_synthetic(cfg) else ["passkey"]
+    return list(cfg.data.synthetic.tasks) if is_synthetic(cfg) else ["passkey"]
 
 
 def run_tasks(cfg: RunConfig, tokenizer, ev: EvalConfig) -> list[Task]:
@@ -80,15 +80,15 @@ def run_tasks(cfg: RunConfig, tokenizer, ev: EvalConfig) -> list[Task]:
 
 
 def check_planned(cfg: RunConfig, ev: EvalConfig, where: str) -> None:
-    """Before a run trains: raise TaskError if its task cannot fill train.seq_len or an
-    evaluated length, or a text run would be asked for a task it cannot read."""
+    """Before a run trains: raise TaskError if one of its tasks cannot fill train.seq_len or
+    an evaluated length, or a text run would be asked for a task it cannot read."""
     if not wants_tasks(cfg, ev):
         return
     try:
         if is_synthetic(cfg):
             tokenizer = task_tokenizer()
-            build_task(cfg.data.synthetic.task, cfg.data.synthetic, tokenizer).check_length(
-                cfg.train.seq_len, "train.seq_len")
+            for name in cfg.data.synthetic.tasks:
+                build_task(name, cfg.data.synthetic, tokenizer).check_length(cfg.train.seq_len, "train.seq_len")
             run_tasks(cfg, tokenizer, ev)
         else:  # lengths of the passkey prompt depend on the tokenizer, known after training
             for name in resolved_tasks(cfg, ev):
@@ -130,7 +130,8 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
     base = load_run(run_dir, device=device)
     tasks = run_tasks(base.cfg, base.tokenizer, ev)
     meta = {**run_metadata(base, ev),
-            "trained_on": base.cfg.data.synthetic.task if is_synthetic(base.cfg) else f"text ({base.cfg.data.source})"}
+            "trained_on": ("+".join(base.cfg.data.synthetic.tasks) if is_synthetic(base.cfg)
+                           else f"text ({base.cfg.data.source})")}
     train_len, limit = base.cfg.train.seq_len, base.model.pos.max_len
     rows, kmax_rows = [], []
     for task in tasks:

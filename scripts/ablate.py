@@ -6,7 +6,9 @@ are cached per run and checkpoint too). Each run trains in its own process, so o
 failure does not stop the others; the summary lists what failed and why, and the report
 states which runs are missing. Each run's output goes to ``train.log`` in its run
 directory. With ``--devices cuda:0 cuda:1 …`` runs are spread one per device; on CPU they
-run one after another. A run on disk counts as the grid's when it is the same experiment
+run one after another, or with ``--devices cpu cpu`` two at a time, each with half the
+cores (tiny models use one core better than two: a step is too small to split well, and
+two processes' threads competing for the same cores slow both down many times over). A run on disk counts as the grid's when it is the same experiment
 (configs/experiment.py), so raising the grid's ``train.max_steps`` continues finished runs.
 
 What is evaluated follows what the runs were trained on: runs trained on text get the
@@ -61,8 +63,11 @@ def status(run: PlannedRun) -> tuple[str, str]:
     return "partial", f"step {step}/{total}"
 
 
-def train_one(grid: Grid, run: PlannedRun, device: Optional[str]) -> tuple[bool, str]:
-    """Train (or resume) one run in a subprocess, its output in the run's log; (ok, reason)."""
+def train_one(grid: Grid, run: PlannedRun, device: Optional[str], threads: Optional[int] = None) -> tuple[bool, str]:
+    """Train (or resume) one run in a subprocess, its output in the run's log; (ok, reason).
+
+    ``threads``: CPU threads for a run that shares the CPU with other workers.
+    """
     log_path = RunDir(run.run_dir).log
     log_path.parent.mkdir(parents=True, exist_ok=True)
     cmd = [sys.executable, "-m", "train", str(grid.base), *run.overrides,
@@ -70,6 +75,10 @@ def train_one(grid: Grid, run: PlannedRun, device: Optional[str]) -> tuple[bool,
     env = dict(os.environ)
     if device and device.startswith("cuda:"):
         env["CUDA_VISIBLE_DEVICES"] = device.split(":", 1)[1]
+    if device == "cpu":
+        cmd.append("train.device=cpu")
+    if threads is not None:
+        env["OMP_NUM_THREADS"] = str(threads)
     with open(log_path, "a") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
@@ -90,6 +99,8 @@ def train_all(grid: Grid, todo: list[PlannedRun], devices: list[Optional[str]]) 
     failures: dict[str, str] = {}
     bar = tqdm(total=len(todo), desc=f"{grid.name}: training", unit="run")
     lock = threading.Lock()
+    cpu_workers = sum(d == "cpu" for d in devices)
+    cpu_threads = max(1, (os.cpu_count() or 1) // cpu_workers) if cpu_workers > 1 else None
 
     def worker(device: Optional[str]) -> None:
         while True:
@@ -99,7 +110,7 @@ def train_all(grid: Grid, todo: list[PlannedRun], devices: list[Optional[str]]) 
                 return
             with lock:
                 bar.write(f"→ {run.name}" + (f" on {device}" if device else ""))
-            ok, reason = train_one(grid, run, device)
+            ok, reason = train_one(grid, run, device, cpu_threads if device == "cpu" else None)
             with lock:
                 if not ok:
                     failures[run.name] = reason
@@ -144,7 +155,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("grid", type=Path, help="a grid file, e.g. configs/ablations/pe-extrapolation-cpu.yaml")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state, do nothing")
     p.add_argument("--devices", nargs="+", default=None,
-                   help="train runs in parallel, one per device (e.g. cuda:0 cuda:1); default: one at a time")
+                   help="train runs in parallel, one per device (e.g. cuda:0 cuda:1, or cpu cpu: two at a "
+                        "time sharing the cores); default: one at a time")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="overrides for every run (part of the runs' identity)")
     p.add_argument("--skip-eval", action="store_true", help="train only")

@@ -60,7 +60,7 @@ def test_shipped_grids_plan(path):
     kinds = {r.cfg.model.pos.kind for r in runs}
     assert kinds == set(POS_KINDS)
     seeds = len({r.cfg.train.seed for r in runs})
-    tasks = len({r.cfg.data.synthetic.task for r in runs if r.cfg.data.source == "synthetic"}) or 1
+    tasks = len({tuple(r.cfg.data.synthetic.tasks) for r in runs if r.cfg.data.source == "synthetic"}) or 1
     assert seeds >= 2 and len(runs) == len(POS_KINDS) * seeds * tasks
 
 
@@ -125,7 +125,7 @@ def write_synthetic_grid(tmp: Path, overrides: str = "") -> Path:
     (tmp / "syn.yaml").write_text("""
 name: syn
 model: {d_model: 32, n_layers: 2, n_heads: 4}
-data: {source: synthetic, tokenizer: {kind: char}, synthetic: {task: copy}}
+data: {source: synthetic, tokenizer: {kind: char}, synthetic: {tasks: [copy]}}
 train: {seq_len: 16, batch_size: 8, max_steps: 6, warmup_steps: 1, eval_interval: 6, eval_batches: 1,
         ckpt_interval: 6}
 log: {progress: false}
@@ -155,8 +155,27 @@ def test_synthetic_grid_gets_task_accuracy_not_perplexity(tmp_path, capsys):
 
 
 def test_impossible_task_settings_stop_a_grid_before_training(tmp_path, capsys):
-    grid = write_synthetic_grid(tmp_path, "data.synthetic.task=recall")  # 8 pairs, 8 queries: 31 positions
+    grid = write_synthetic_grid(tmp_path, "'data.synthetic.tasks=[copy, recall]'")  # recall: 31 positions
     assert ablate.main([str(grid)]) == 2
     err = capsys.readouterr().err
     assert "run kind-rope: recall with 8 pairs and 8 queries needs at least 31 positions" in err
     assert "train.seq_len is 16" in err and not (tmp_path / "runs").exists()
+
+
+def test_cpu_workers_split_the_cores(tmp_path, monkeypatch):
+    """--devices cpu cpu: two runs at a time, each told to use half the cores and the CPU."""
+    runs = load_grid(write_synthetic_grid(tmp_path)).plan()
+    calls = []
+
+    def fake_call(cmd, env, **kwargs):
+        calls.append((cmd, env.get("OMP_NUM_THREADS")))
+        return 0
+    monkeypatch.setattr(ablate.subprocess, "call", fake_call)
+    monkeypatch.setattr(ablate.os, "cpu_count", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    grid = load_grid(write_synthetic_grid(tmp_path))
+    assert ablate.train_all(grid, runs, ["cpu", "cpu"]) == {}
+    assert len(calls) == 2 and all(threads == "2" and "train.device=cpu" in cmd for cmd, threads in calls)
+    calls.clear()
+    ablate.train_all(grid, runs[:1], [None])
+    assert calls[0][1] is None and "train.device=cpu" not in calls[0][0]

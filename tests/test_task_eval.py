@@ -106,7 +106,7 @@ def synthetic_config(tmp: Path) -> Path:
 name: syn
 out_dir: {tmp / 'runs'}
 model: {{d_model: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2}}
-data: {{source: synthetic, tokenizer: {{kind: char}}, synthetic: {{task: recall, pairs: 3}}}}
+data: {{source: synthetic, tokenizer: {{kind: char}}, synthetic: {{tasks: [recall], pairs: 3}}}}
 train: {{seq_len: 24, batch_size: 8, max_steps: 16, lr: 3.0e-3, warmup_steps: 2, eval_interval: 8,
         eval_batches: 2, ckpt_interval: 4, log_interval: 1, seed: 3}}
 eval: {{length_multipliers: [1, 2], tasks: {{samples: 6, depths: [0, 1]}}}}
@@ -148,7 +148,7 @@ def scored_runs(tmp_path_factory, corpus):
     cfg = str(synthetic_config(tmp))
     for name, extra in (("rope-a", ["train.seed=1"]), ("rope-b", ["train.seed=2"]),
                         ("learned", ["model.pos.kind=learned"]),
-                        ("passkey", ["data.synthetic.task=passkey", "model.pos.kind=alibi", "train.seq_len=32"])):
+                        ("passkey", ["data.synthetic.tasks=[passkey]", "model.pos.kind=alibi", "train.seq_len=32"])):
         assert train.main([cfg, f"name={name}", *extra]) == 0
     text_cfg = str(write_run_config(tmp, corpus))
     assert train.main([text_cfg, "name=text", "train.seq_len=64", "train.max_steps=4", "train.eval_interval=4",

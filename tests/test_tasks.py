@@ -47,8 +47,8 @@ def test_lengths_are_exact_where_the_format_allows_and_never_over(name):
     rng = np.random.default_rng(0)
     for length in range(t.min_length(), 90):
         inst = t.make(rng, length, 0.5)
-        exact = {"copy": length % 2 == 0, "addition": (length - 2) % 3 == 0}.get(name, True)
-        assert inst.length == length if exact else length - 2 <= inst.length < length
+        exact = {"copy": length % 2 == 0, "addition": (length + 1) % 4 == 0}.get(name, True)
+        assert inst.length == length if exact else length - 3 <= inst.length < length
         assert inst.answer.any() and not inst.answer[0]
         assert set(text_of(inst.tokens)) <= set(ALPHABET)
 
@@ -89,14 +89,23 @@ def test_recall_answers_are_the_values_of_the_queried_keys():
     assert set(np.delete(np.array(list(text[12:])), np.r_[where, where - 1] - 12)) == {"."}
 
 
-def test_addition_is_correct_arithmetic_least_significant_digit_first():
-    t = task("addition")
+@pytest.mark.parametrize("layout", ["aligned", "sequential"])
+def test_addition_is_correct_arithmetic_least_significant_digit_first(layout):
+    t = task("addition", addition_layout=layout)
     rng = np.random.default_rng(0)
-    for length in (5, 11, 44):
+    for length in (t.min_length(), 11, 44, 63):
         inst = t.make(rng, length)
-        a, rest = text_of(inst.tokens).split("+")
-        b, c = rest.split("=")
-        assert c == answer_of(inst) and len(a) == len(b) == len(c) - 1 == (length - 2) // 3
+        text = text_of(inst.tokens)
+        if layout == "sequential":
+            a, rest = text.split("+")
+            b, c = rest.split("=")
+            assert c == answer_of(inst) and len(a) == len(b) == len(c) - 1 == (length - 2) // 3
+        else:
+            groups = [text[i:i + 4] for i in range(0, len(text), 4)]
+            assert all(len(g) == 4 and g[2] == "=" for g in groups) and groups[-1][:2] == "00"
+            a, b, c = ("".join(g[k] for g in groups) for k in (0, 1, 3))
+            assert c == answer_of(inst) and len(groups) == (length + 1) // 4
+            assert inst.answer.tolist() == [i % 4 == 3 for i in range(len(text))]
         assert int(a[::-1]) + int(b[::-1]) == int(c[::-1])
 
 
@@ -112,7 +121,7 @@ def test_impossible_parameters_and_unknown_names_are_clear():
     with pytest.raises(TaskError, match="cannot write the passkey prompt"):
         build_task("passkey", SyntheticConfig(), CharTokenizer("abc .\n"), text=True)
     with pytest.raises(TaskError, match="train.seq_len is 16"):
-        TaskData(SyntheticConfig(task="recall")).train_sampler(16, 4, 0)
+        TaskData(SyntheticConfig(tasks=["recall"])).train_sampler(16, 4, 0)
 
 
 @pytest.mark.parametrize("tokenizer", ["byte", "bpe"])
@@ -151,7 +160,7 @@ def test_collate_scores_answers_only_and_pads_after():
 
 
 def test_batches_are_a_pure_function_of_seed_and_index_and_split_across_ranks():
-    data = TaskData(SyntheticConfig(task="recall", pairs=4))
+    data = TaskData(SyntheticConfig(tasks=["recall"], pairs=4))
     one = data.train_sampler(32, 8, seed=5)
     batches = [one.next_batch() for _ in range(3)]
     again = data.train_sampler(32, 8, seed=5)
@@ -164,25 +173,26 @@ def test_batches_are_a_pure_function_of_seed_and_index_and_split_across_ranks():
     other = data.train_sampler(32, 8, seed=6).next_batch()
     assert not torch.equal(other[0], batches[0][0])
     # Lengths cover the whole training range (uniform from the shortest up to seq_len).
-    lengths = {draw(data.task, (0, 5, 0, j), 32).length for j in range(400)}
-    assert min(lengths) == data.task.min_length() and max(lengths) == 32
+    lengths = {draw(data.tasks, (0, 5, 0, j), 32).length for j in range(400)}
+    assert min(lengths) == data.tasks[0].min_length() and max(lengths) == 32
 
 
 def test_validation_and_test_sets_do_not_depend_on_the_training_seed():
-    data = TaskData(SyntheticConfig(task="copy"))
+    data = TaskData(SyntheticConfig(tasks=["copy"]))
+    (task,) = data.tasks
     a, b = data.validation_batches(16, 4, 2), data.validation_batches(16, 4, 2)
     assert all(torch.equal(x1, x2) for (x1, _), (x2, _) in zip(a, b))
     train_x = data.train_sampler(16, 4, seed=0).next_batch()[0]
     assert not torch.equal(a[0][0], train_x)
-    i1, i2 = eval_instance(data.task, 0, 40, None, 3), eval_instance(data.task, 0, 40, None, 3)
+    i1, i2 = eval_instance(task, 0, 40, None, 3), eval_instance(task, 0, 40, None, 3)
     assert np.array_equal(i1.tokens, i2.tokens)
-    assert not np.array_equal(i1.tokens, eval_instance(data.task, 1, 40, None, 3).tokens)
+    assert not np.array_equal(i1.tokens, eval_instance(task, 1, 40, None, 3).tokens)
 
 
 def _digest_in_this_process() -> str:
-    data = TaskData(SyntheticConfig(task="passkey"))
+    data = TaskData(SyntheticConfig(tasks=["passkey", "copy", "recall", "addition"]))
     x, y = data.train_sampler(64, 16, seed=3).next_batch()
-    inst = eval_instance(data.task, 0, 200, 0.25, 7)
+    inst = eval_instance(data.tasks[0], 0, 200, 0.25, 7)
     return hashlib.sha256(x.numpy().tobytes() + y.numpy().tobytes() + inst.tokens.tobytes()).hexdigest()
 
 
@@ -196,4 +206,17 @@ def test_same_instances_in_another_process():
 
 def test_sampler_refuses_a_training_length_the_task_cannot_fill():
     with pytest.raises(TaskError, match="passkey"):
-        TaskSampler(task("passkey"), 10, 4, seed=0, pad_id=0)
+        TaskSampler([task("copy"), task("passkey")], 10, 4, seed=0, pad_id=0)
+
+
+def test_several_tasks_are_drawn_uniformly_per_instance():
+    data = TaskData(SyntheticConfig(tasks=["passkey", "copy", "recall", "addition"]))
+    kinds = []
+    for j in range(400):
+        text = text_of(draw(data.tasks, (0, 1, 0, j), 64).tokens)
+        kinds.append("passkey" if "key:" in text else "copy" if ">" in text else "addition" if "=" in text
+                     else "recall")
+    counts = {k: kinds.count(k) for k in ("passkey", "copy", "recall", "addition")}
+    assert all(70 <= c <= 130 for c in counts.values()), counts  # 100 expected each
+    with pytest.raises(Exception, match="distinct tasks"):
+        SyntheticConfig(tasks=["copy", "copy"])

@@ -1,5 +1,8 @@
 """Synthetic tasks made on the fly: passkey, copy, recall (MQAR), addition.
 
+A synthetic run trains on one or several of them (``data.synthetic.tasks``; each instance's
+task is drawn uniformly), on instances made as they are needed (``TaskData``).
+
 Every task writes its instances in one alphabet, ``ALPHABET``, one character per token: a
 synthetic run's tokenizer is ``task_tokenizer()``, a CharTokenizer over it (saved as the
 run's tokenizer.json like any run's, so sampling and evaluation read it). Each task's
@@ -50,7 +53,7 @@ def check_readable(name: str, text: bool) -> None:
     if text and name != "passkey":
         raise TaskError(f"task {name} is written in the synthetic task alphabet, which a run trained on "
                         "text never saw; text runs can be scored on passkey only (train on "
-                        f"data.source=synthetic data.synthetic.task={name} to study {name})")
+                        f"data.source=synthetic data.synthetic.tasks=[{name}] to study {name})")
 
 
 def build_task(name: str, cfg: SyntheticConfig, tokenizer: Tokenizer, text: bool = False) -> Task:
@@ -60,6 +63,8 @@ def build_task(name: str, cfg: SyntheticConfig, tokenizer: Tokenizer, text: bool
         return Passkey(tokenizer, cfg.key_digits, style="text" if text else "symbolic")
     if name == "recall":
         return Recall(tokenizer, cfg.pairs, cfg.n_queries)
+    if name == "addition":
+        return Addition(tokenizer, cfg.addition_layout)
     return TASKS[name](tokenizer)
 
 
@@ -72,14 +77,14 @@ class TaskData:
     def __init__(self, cfg: SyntheticConfig):
         self.cfg = cfg
         self.tokenizer = task_tokenizer()
-        self.task = build_task(cfg.task, cfg, self.tokenizer)
+        self.tasks = [build_task(name, cfg, self.tokenizer) for name in cfg.tasks]
 
     def train_sampler(self, seq_len: int, batch_size: int, seed: int, rank: int = 0,
                       world_size: int = 1) -> TaskSampler:
-        return TaskSampler(self.task, seq_len, batch_size, seed, self.tokenizer.eot_id, rank, world_size)
+        return TaskSampler(self.tasks, seq_len, batch_size, seed, self.tokenizer.eot_id, rank, world_size)
 
     def validation_batches(self, seq_len: int, batch_size: int, n_batches: int):
-        return validation_batches(self.task, seq_len, batch_size, n_batches, self.tokenizer.eot_id)
+        return validation_batches(self.tasks, seq_len, batch_size, n_batches, self.tokenizer.eot_id)
 
 
 __all__ = ["ALPHABET", "Instance", "TASKS", "Task", "TaskData", "TaskError", "TaskSampler", "build_task",

@@ -12,8 +12,9 @@ depends on the order or the process that draws it:
   validation losses of seeds compare.
 - evaluation (eval/tasks.py): instance ``i`` from ``(TEST, seed, task, length, depth, i)``.
 
-Training instances have a length drawn uniformly from the task's shortest up to
-``train.seq_len`` and (passkey) a depth uniform in [0, 1]. Each row of a batch holds one
+A training instance's task is drawn uniformly from the run's tasks, its length uniformly
+from that task's shortest up to ``train.seq_len``, and (passkey) its depth uniformly in
+[0, 1]. Each row of a batch holds one
 instance from position 0, as at evaluation, padded after its end; its targets are the
 next tokens where those are answers and ``IGNORE_INDEX`` everywhere else, so the loss
 counts answer tokens only. Padding never influences the instance (attention is causal).
@@ -44,11 +45,18 @@ def depth_id(depth: Optional[float]) -> int:
     return 0 if depth is None else 1 + round(depth * 1_000_000)
 
 
-def draw(task: Task, seed: Sequence[int], max_length: int) -> Instance:
-    """A training-distribution instance: length uniform in [shortest, max_length], random depth."""
+def draw(tasks: Sequence[Task], seed: Sequence[int], max_length: int) -> Instance:
+    """A training-distribution instance: a uniform task, length uniform in [its shortest,
+    max_length], a random depth."""
     rng = np.random.default_rng(list(seed))
+    task = tasks[int(rng.integers(len(tasks)))]
     length = int(rng.integers(task.min_length(), max_length + 1))
     return task.make(rng, length, float(rng.random()))
+
+
+def check_fits(tasks: Sequence[Task], seq_len: int) -> None:
+    for task in tasks:
+        task.check_length(seq_len, "train.seq_len")
 
 
 def eval_instance(task: Task, seed: int, length: int, depth: Optional[float], index: int) -> Instance:
@@ -71,19 +79,19 @@ def collate(instances: Sequence[Instance], seq_len: int, pad_id: int) -> tuple[t
 class TaskSampler:
     """Training batches of task instances; the same interface and state as TrainSampler."""
 
-    def __init__(self, task: Task, seq_len: int, batch_size: int, seed: int, pad_id: int,
+    def __init__(self, tasks: Sequence[Task], seq_len: int, batch_size: int, seed: int, pad_id: int,
                  rank: int = 0, world_size: int = 1):
         if not 0 <= rank < world_size:
             raise ValueError(f"rank {rank} is outside world_size {world_size}")
-        task.check_length(seq_len, "train.seq_len")
-        self.task, self.seq_len, self.batch_size, self.pad_id = task, seq_len, batch_size, pad_id
+        check_fits(tasks, seq_len)
+        self.tasks, self.seq_len, self.batch_size, self.pad_id = list(tasks), seq_len, batch_size, pad_id
         self.seed, self.rank, self.world_size = seed, rank, world_size
         self.batches_drawn = 0
 
     def instances(self, k: int) -> list[Instance]:
         """This rank's instances of global batch ``k``."""
         first = self.rank * self.batch_size
-        return [draw(self.task, (TRAIN, self.seed, k, j), self.seq_len)
+        return [draw(self.tasks, (TRAIN, self.seed, k, j), self.seq_len)
                 for j in range(first, first + self.batch_size)]
 
     def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
@@ -99,9 +107,9 @@ class TaskSampler:
         self.batches_drawn = int(state["batches_drawn"])
 
 
-def validation_batches(task: Task, seq_len: int, batch_size: int, n_batches: int,
+def validation_batches(tasks: Sequence[Task], seq_len: int, batch_size: int, n_batches: int,
                        pad_id: int) -> list[tuple[torch.Tensor, torch.Tensor]]:
     """A fixed validation set: ``n_batches`` batches of training-distribution instances."""
-    task.check_length(seq_len, "train.seq_len")
-    return [collate([draw(task, (VALID, b * batch_size + i), seq_len) for i in range(batch_size)],
+    check_fits(tasks, seq_len)
+    return [collate([draw(tasks, (VALID, b * batch_size + i), seq_len) for i in range(batch_size)],
                     seq_len, pad_id) for b in range(n_batches)]

@@ -146,4 +146,5 @@ class Passkey(Task):
         return f"passkey ({self.style} wording, {self.digits}-digit keys)"
 
     def too_short_hint(self) -> str:
-        return "the prompt's fixed part (key sentence, question, answer) alone is that long; use longer lengths"
+        parts = "description, key sentence, question, answer" if self.intro else "key sentence, question, answer"
+        return f"the prompt without any filler ({parts}) is that long; use longer lengths"
