@@ -12,7 +12,7 @@ in one of two layouts (``data.synthetic.addition_layout``):
   A sum digit depends only on its group and the one before (the carry into place i is 1
   exactly when c < a + b in place i - 1), so the rule is local: it tests whether a model
   applies a rule learned at the training positions at every later position. A 2-layer
-  model learns it in a few hundred CPU steps.
+  model with d_model 128 learned it to 94% exact match at L = 32 in 1,000 steps.
 - ``sequential``: ``a+b=c``, the whole sum after both operands, ``a`` and ``b`` with ``d``
   digits, ``c`` with ``d + 1`` (the last is the final carry, possibly 0). Example (length 11)::
 
@@ -20,8 +20,9 @@ in one of two layouts (``data.synthetic.addition_layout``):
               ^^^^ answer
 
   The digits of one place lie ``d + 1`` and ``2d + 2`` tokens back, a distance that grows
-  with the length; the tiny models of configs/synthetic-cpu.yaml do not learn it within
-  a CPU budget (loss at chance after 4,000 steps), larger ones are needed.
+  with the length. The tiny models of configs/synthetic-cpu.yaml stayed near chance on it
+  (about 2.0 nats per digit, against ln 10 = 2.3) after 2,000 steps at d_model 64 and
+  1,750 at d_model 128; it needs larger models or longer training than a CPU grid affords.
 
 Vocabulary: digits 0–9, ``=`` and (sequential) ``+``. Operand digits are uniformly
 random, so leading (most significant) zeros occur. An aligned instance has ``4(d + 1)``
