@@ -169,7 +169,9 @@ class DataConfig:
                               "use line or wikitext")
         if self.source == "synthetic" and self.tokenizer.kind != "char":
             raise ConfigError("data.source=synthetic writes every task in one alphabet, one character "
-                              f"per token: set data.tokenizer.kind=char (got {self.tokenizer.kind})")
+                              f"per token: set data.tokenizer.kind=char (got {self.tokenizer.kind}). A "
+                              "synthetic run has no corpus to score perplexity on: score it with "
+                              "python -m eval.tasks")
 
 
 @dataclass

@@ -18,6 +18,7 @@ import train
 from configs import override_section
 from conftest import tiny_config, write_run_config
 from data.tasks import Instance, task_tokenizer
+from eval import extrapolation
 from eval import tasks as eval_tasks
 from eval.exact_match import answer_loss, exact_match
 from eval.kmax import k_max
@@ -229,3 +230,8 @@ def test_cache_key_ignores_nothing_that_changes_numbers(scored_runs):
     base = eval_tasks._cache_key(cfg, cfg.eval)
     for tree in ({"tasks": {"samples": 7}}, {"tasks": {"seed": 1}}, {"lengths": [24]}, {"tasks": {"tasks": ["copy"]}}):
         assert eval_tasks._cache_key(cfg, eval_tasks_for(**tree)(cfg)) != base
+
+
+def test_perplexity_sweep_points_synthetic_runs_to_task_scoring(scored_runs, tmp_path, capsys):
+    assert extrapolation.main([str(scored_runs / "rope-a"), "--out", str(tmp_path / "ppl")]) == 2
+    assert "score it with python -m eval.tasks" in capsys.readouterr().err
