@@ -55,3 +55,21 @@ def test_bench_refuses_a_bad_config_before_measuring(tmp_path, capsys):
     code, out = run_bench(tmp_path, "--sections", "train", "--set", "model.pos.kind=rotary")
     assert code == 2 and not out.exists()
     assert "model.pos.kind" in capsys.readouterr().err
+
+
+def test_bench_trains_a_synthetic_config_on_its_task_instances(tmp_path, monkeypatch):
+    """A synthetic-task config is benchmarked on the real step: its sampler draws instances."""
+    drawn = []
+    original = bench.TaskData.train_sampler
+
+    def spy(self, *args, **kwargs):
+        drawn.append(self.cfg.tasks)
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(bench.TaskData, "train_sampler", spy)
+    out = tmp_path / "bench.json"
+    code = bench.main(["--config", str(ROOT / "configs" / "synthetic-cpu.yaml"), "--set", "model.d_model=32",
+                       "model.n_heads=2", "train.batch_size=2", "--in-process", "--sections", "train",
+                       "--kinds", "rope", "--repeats", "2", "--warmup", "0", "--out", str(out)])
+    assert code == 0 and drawn == [["passkey", "copy", "recall", "addition"]]
+    train = json.loads(out.read_text())["train"]["rope"]
+    assert "error" not in train and train["tokens_per_step"] == 2 * 32
