@@ -59,10 +59,11 @@ def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[i
         for length, cells in by_length.items():
             cell = pooled(cells)
             if "accuracy" in cell:
-                per_run = defaultdict(list)
+                per_run: dict[str, list[dict]] = defaultdict(list)
                 for c in cells:
                     per_run[c["run"]].append(c)
-                cell["per_seed"] = [pooled(cs)["accuracy"] for cs in per_run.values() if "accuracy" in pooled(cs)]
+                seeds = [pooled(cs) for cs in per_run.values()]
+                cell["per_seed"] = [p["accuracy"] for p in seeds if "accuracy" in p]
             out[label][length] = cell
     return out
 
