@@ -29,6 +29,8 @@ from configs.schema import RunConfig
 from data.atomic import write_text_atomic
 from data.prepare import prepare_data
 from data.samplers import RandomPositions, TrainSampler
+from data.tasks import TaskData
+from eval.exact_match import answer_loss
 from eval.perplexity import validation_loss
 from model.errors import CheckpointError, UserError
 from model.transformer import Transformer
@@ -58,21 +60,29 @@ def check_resumable(saved: RunConfig, current: RunConfig, run: RunDir) -> None:
 class Trainer:
     def __init__(self, cfg: RunConfig, rt: Runtime, data=None):
         """``data``: already prepared data (anything with ``tokenizer`` and ``split(name)``,
-        e.g. scripts/bench.py's synthetic tokens); by default ``cfg.data`` is prepared."""
+        e.g. scripts/bench.py's random tokens, or a ``TaskData``); by default ``cfg.data``
+        is prepared, or for ``data.source: synthetic`` its task is set up."""
         self.rt = rt
         self.run_dir = RunDir(Path(cfg.out_dir) / cfg.name)
         resume_from = self._find_resume_point(cfg)
         data = self._prepare(cfg) if data is None else data
         self.cfg = cfg.with_vocab_size(data.tokenizer.vocab_size)
         self.tokenizer = data.tokenizer
-        self.train_tokens, self.valid_tokens = data.split("train"), data.split("valid")
         t = self.cfg.train
         self.total_steps = t.total_steps(rt.world_size)
         torch.manual_seed(t.seed)
         self.model = Transformer(self.cfg.model).to(rt.device)
         self.optimizer = build_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2), rt.device.type)
-        self.sampler = TrainSampler(self.train_tokens, t.seq_len, t.batch_size, seed=t.seed,
-                                    rank=rt.rank, world_size=rt.world_size)
+        self.valid_batches = None  # synthetic tasks: a fixed validation set, scored on answers only
+        if isinstance(data, TaskData):
+            self.sampler = data.train_sampler(t.seq_len, t.batch_size, t.seed, rt.rank, rt.world_size)
+            # eval_batches global batches, like the text windows below: one set for any world size.
+            self.valid_batches = data.validation_batches(t.seq_len, t.batch_size * rt.world_size,
+                                                         t.eval_batches)
+        else:
+            self.train_tokens, self.valid_tokens = data.split("train"), data.split("valid")
+            self.sampler = TrainSampler(self.train_tokens, t.seq_len, t.batch_size, seed=t.seed,
+                                        rank=rt.rank, world_size=rt.world_size)
         self.positions = None if t.random_positions is None else RandomPositions(
             t.random_positions.max_len, t.seq_len, t.batch_size, seed=t.seed, rank=rt.rank,
             world_size=rt.world_size)
@@ -102,6 +112,8 @@ class Trainer:
         return ckpt
 
     def _prepare(self, cfg: RunConfig):
+        if cfg.data.source == "synthetic":  # made on the fly: nothing to tokenize or cache
+            return TaskData(cfg.data.synthetic)
         # Rank 0 tokenizes; the others wait and then read the cache it wrote.
         if not self.rt.is_main:
             self.rt.barrier()
@@ -187,6 +199,9 @@ class Trainer:
     # --- evaluation and checkpoints -------------------------------------------------
     def evaluate(self) -> float:
         t = self.cfg.train
+        if self.valid_batches is not None:
+            with self.rt.autocast():
+                return answer_loss(unwrap(self.model), self.valid_batches)
         # eval_batches global batches: the same windows whatever the number of ranks.
         windows = t.eval_batches * t.batch_size * self.rt.world_size
         with self.rt.autocast():

@@ -221,7 +221,17 @@ def _coerce(value: Any, tp: Any, key: str, origins: Origins) -> Any:
             return value
     else:
         raise TypeError(f"configs/loader.py cannot check fields of type {tp!r} ({key})")
-    raise _located(f"{_origin_of(key, origins)}: {key} must be {_type_name(tp)}, got {value!r}")
+    raise _located(f"{_origin_of(key, origins)}: {key} must be {_type_name(tp)}, got {value!r}"
+                   f"{_closest_choice(value, tp)}")
+
+
+def _closest_choice(value: Any, tp: Any) -> str:
+    """"; did you mean 'x'?" for a misspelt choice of a Literal (e.g. a task or encoding name)."""
+    if typing.get_origin(tp) is not Literal or not isinstance(value, str):
+        return ""
+    choices = [a for a in typing.get_args(tp) if isinstance(a, str)]
+    close = difflib.get_close_matches(value, choices, n=1, cutoff=0.5)
+    return f"; did you mean {close[0]!r}?" if close else ""
 
 
 def _located(message: str) -> ConfigError:

@@ -24,6 +24,7 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from configs.tasks import SyntheticConfig, TaskEvalConfig
 from model.config import SCALING_TYPES, ModelConfig, ScalingType
 from model.errors import ConfigError
 
@@ -136,11 +137,16 @@ class LocalConfig:
 
 @dataclass
 class DataConfig:
-    """Where the text comes from, how it splits into documents, and the tokenizer."""
+    """Where the text comes from, how it splits into documents, and the tokenizer.
 
-    source: Literal["builtin", "hub", "local"] = "builtin"
+    ``source: synthetic`` trains on a task made on the fly (``synthetic``, configs/tasks.py)
+    instead of text; its tokenizer is the tasks' alphabet, one character per token.
+    """
+
+    source: Literal["builtin", "hub", "local", "synthetic"] = "builtin"
     hub: HubConfig = field(default_factory=HubConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
     # What one document is (each ends with <|endoftext|>): line = each line / dataset row;
     # paragraph = blocks separated by blank lines (local only); file = a whole file (local
     # only); wikitext = lines grouped into articles, a new one at each ` = Title = ` line.
@@ -161,6 +167,11 @@ class DataConfig:
         if self.documents in ("paragraph", "file") and self.source != "local":
             raise ConfigError(f"data.documents={self.documents} only applies to data.source=local; "
                               "use line or wikitext")
+        if self.source == "synthetic" and self.tokenizer.kind != "char":
+            raise ConfigError("data.source=synthetic writes every task in one alphabet, one character "
+                              f"per token: set data.tokenizer.kind=char (got {self.tokenizer.kind}). A "
+                              "synthetic run has no corpus to score perplexity on: score it with "
+                              "python -m eval.tasks")
 
 
 @dataclass
@@ -307,6 +318,7 @@ class EvalConfig:
     # Training steps whose checkpoints to evaluate (a fine-tuning budget curve; they must
     # be kept: train.keep_last); empty: the latest checkpoint only.
     steps: list[int] = field(default_factory=list)
+    tasks: TaskEvalConfig = field(default_factory=TaskEvalConfig)  # python -m eval.tasks
 
     def __post_init__(self) -> None:
         _positive("eval", self, "batch_size")

@@ -237,4 +237,7 @@ class LocalCorpus(Corpus):
 
 
 def open_corpus(cfg: DataConfig) -> Corpus:
+    if cfg.source == "synthetic":
+        raise DataError("data.source=synthetic has no corpus: its task instances are made on the fly "
+                        "(data/tasks/). Score synthetic runs with python -m eval.tasks, not by perplexity.")
     return {"builtin": BuiltinCorpus, "hub": HubCorpus, "local": LocalCorpus}[cfg.source](cfg)

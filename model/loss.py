@@ -16,6 +16,11 @@ peak memory drops from O(N·V) to O(chunk·V).
 
 Softmax statistics are float32 whatever the compute dtype; under autocast the matmuls run
 in the autocast dtype and the head-weight gradient is accumulated in float32.
+
+Targets equal to ``IGNORE_INDEX`` are not scored, as with ``F.cross_entropy``'s
+``ignore_index``: the mean is over the other targets, and their rows get no gradient.
+Synthetic tasks use it so that only answer tokens count (data/tasks/). The mask is applied
+arithmetically, never by selecting rows, so no step waits on the device to count them.
 """
 
 from __future__ import annotations
@@ -26,6 +31,7 @@ import torch
 
 # Rows per chunk are chosen so one chunk of float32 logits is about this many bytes.
 CHUNK_BYTES = 16 * 2**20  # fastest of 2-32 MB on a 2-core CPU (scripts/bench.py era)
+IGNORE_INDEX = -100  # a target that is not scored (PyTorch's default ignore_index)
 
 
 def chunk_rows(n_rows: int, vocab: int) -> int:
@@ -51,19 +57,23 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device)
         grad_w = torch.zeros(weight.shape, dtype=stat, device=h.device)
         total = torch.zeros((), dtype=stat, device=h.device)
+        scored, targets = _scored(targets)
+        count = scored.sum()  # a tensor: dividing by it never waits for the device
         step = chunk_rows(n, vocab)
         for start in range(0, n, step):
             hc, yc = h[start:start + step].to(dtype), targets[start:start + step]
+            keep = scored[start:start + step, None].to(stat)  # (n_c, 1): 0 for ignored rows
             logp = torch.log_softmax((hc @ w.t()).to(stat), dim=-1)  # (n_c, V)
-            total -= logp.gather(1, yc[:, None]).sum()
-            # d(mean NLL)/d logits = (softmax - onehot) / n, built in place in logp's buffer.
+            total -= (logp.gather(1, yc[:, None]) * keep).sum()
+            # d(mean NLL)/d logits = (softmax - onehot) / count on scored rows, 0 elsewhere,
+            # built in place in logp's buffer.
             grad = logp.exp_()
             grad.scatter_add_(1, yc[:, None], grad.new_full((yc.shape[0], 1), -1.0))
-            grad = grad.div_(n).to(dtype)
+            grad = grad.mul_(keep).div_(count).to(dtype)
             grad_h[start:start + step] = grad @ w  # (n_c, d)
             grad_w += (grad.t() @ hc).to(stat)  # (V, d)
         ctx.save_for_backward(grad_h, grad_w.to(weight.dtype))
-        return total / n
+        return total / count
 
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
@@ -71,16 +81,24 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
         return grad_h * grad_out.to(grad_h.dtype), grad_w * grad_out.to(grad_w.dtype), None
 
 
+def _scored(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """(bool mask of scored targets, targets with ignored ones replaced by a valid id 0)."""
+    scored = targets != IGNORE_INDEX
+    return scored, torch.where(scored, targets, torch.zeros_like(targets))
+
+
 def _chunked_nll(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """Per-row NLL ((N,), float32 or wider) without gradients, one chunk of logits at a time."""
+    """Per-row NLL ((N,), float32 or wider; 0 for ignored targets) without gradients, one
+    chunk of logits at a time."""
     dtype, stat = _dtypes(h)
     w = weight.to(dtype)
+    scored, targets = _scored(targets)
     out = torch.empty(h.shape[0], dtype=stat, device=h.device)
     step = chunk_rows(h.shape[0], weight.shape[0])
     for start in range(0, h.shape[0], step):
         logp = torch.log_softmax((h[start:start + step].to(dtype) @ w.t()).to(stat), dim=-1)
         out[start:start + step] = -logp.gather(1, targets[start:start + step, None]).squeeze(1)
-    return out
+    return out * scored
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
@@ -90,6 +108,8 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     ``h`` is (..., d), ``targets`` the matching (...) integer ids, ``weight`` (V, d).
     ``reduction``: ``"mean"`` (a scalar, differentiable) or ``"none"`` (per-target NLL
     shaped like ``targets``, no gradient). Results are float32 (float64 for float64 inputs).
+    Targets equal to ``IGNORE_INDEX`` are left out of the mean and read 0 with ``"none"``;
+    a mean over no scored target is NaN, as with ``F.cross_entropy``.
     """
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction must be 'mean' or 'none', not {reduction!r}")
@@ -100,7 +120,7 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     needs_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     if not needs_grad:
         with torch.no_grad():
-            return _chunked_nll(flat_h, weight, flat_y).mean()
+            return _chunked_nll(flat_h, weight, flat_y).sum() / (flat_y != IGNORE_INDEX).sum()
     return _FusedLinearCrossEntropy.apply(flat_h, weight, flat_y)
 
 

@@ -8,6 +8,12 @@ states which runs are missing. Each run's output goes to ``train.log`` in its ru
 directory. With ``--devices cuda:0 cuda:1 …`` runs are spread one per device; on CPU they
 run one after another. A run on disk counts as the grid's when it is the same experiment
 (configs/experiment.py), so raising the grid's ``train.max_steps`` continues finished runs.
+
+What is evaluated follows what the runs were trained on: runs trained on text get the
+perplexity sweep (eval/extrapolation.py, report in the grid's report directory); runs
+trained on synthetic tasks, and text runs whose ``eval.tasks.tasks`` names tasks (passkey),
+get task accuracy (eval/tasks.py, report in its ``tasks/`` subdirectory). Task settings
+that cannot work (a task longer than a length) stop the grid before anything trains.
 """
 
 from __future__ import annotations
@@ -32,6 +38,7 @@ from configs.experiment import experiment_differences
 from configs.grid import Grid, PlannedRun, load_grid
 from configs.schema import EvalConfig, RunConfig
 from eval.extrapolation import run_extrapolation
+from eval.tasks import check_planned, run_task_evaluation, wants_tasks
 from model.errors import UserError
 from training.checkpoint import read_meta
 from training.cli import entry_point
@@ -91,18 +98,31 @@ def _call(cmd: list[str], log_path: Path, slot: Slot) -> tuple[bool, str]:
 def train_one(grid: Grid, run: PlannedRun, slot: Slot) -> tuple[bool, str]:
     """Train (or resume) one run in a subprocess, its output in the run's log; (ok, reason)."""
     cmd = [sys.executable, "-m", "train", str(grid.base), *run.overrides, "train.resume=auto", "log.progress=false"]
+    if slot.device == "cpu":
+        cmd.append("train.device=cpu")
     return _call(cmd, RunDir(run.run_dir).log, slot)
 
 
 def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
     """Evaluate one finished run in a subprocess with its planned eval config, filling the
-    run's evaluation cache (the grid's report then reads it)."""
+    run's evaluation caches (the grid's reports then read them): perplexity for a run
+    trained on text, task accuracy for a synthetic run or one whose eval asks for tasks."""
     eval_file = RunDir(run.run_dir).path / "eval" / "planned.yaml"
     eval_file.parent.mkdir(parents=True, exist_ok=True)
     eval_file.write_text(yaml.safe_dump(dataclasses.asdict(run.cfg.eval), sort_keys=False))
-    cmd = [sys.executable, "-m", "eval.extrapolation", str(run.run_dir), "--eval-file", str(eval_file),
-           "--cache-only", "--device", slot.device or "cpu"]
-    return _call(cmd, RunDir(run.run_dir).log, slot)
+    modules = ([] if is_synthetic(run) else ["eval.extrapolation"]) + (
+        ["eval.tasks"] if wants_tasks(run.cfg, run.cfg.eval) else [])
+    for module in modules:
+        cmd = [sys.executable, "-m", module, str(run.run_dir), "--eval-file", str(eval_file),
+               "--cache-only", "--device", slot.device or "cpu"]
+        ok, reason = _call(cmd, RunDir(run.run_dir).log, slot)
+        if not ok:
+            return ok, reason
+    return True, ""
+
+
+def is_synthetic(run: PlannedRun) -> bool:
+    return run.cfg.data.source == "synthetic"
 
 
 def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: bool) -> dict[str, str]:
@@ -143,8 +163,10 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
 
 
 def slots_for(args: argparse.Namespace) -> list[Slot]:
-    if args.devices:
-        return [Slot(device=d) for d in args.devices]
+    if args.devices:  # "cpu" may be named more than once: those jobs share the cores
+        cpu_jobs = args.devices.count("cpu")
+        cpu_threads = args.threads or (max(1, (os.cpu_count() or 1) // cpu_jobs) if cpu_jobs > 1 else None)
+        return [Slot(device=d, threads=cpu_threads if d == "cpu" else None) for d in args.devices]
     threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None)
     return [Slot(threads=threads) for _ in range(args.jobs)]
 
@@ -171,12 +193,31 @@ def print_wall_times(runs: list[dict]) -> None:
     print(f"{'grid total':<40} {train:8.2f}h {evaluation:8.2f}h   together {train + evaluation:.2f} h")
 
 
+def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], failures: dict[str, str],
+             device: str) -> None:
+    """The grid's reports from the runs' cached evaluations: perplexity for runs trained on
+    text, task accuracy for those that want it (see the module doc)."""
+    eval_for = planned_eval(runs)
+    for kind, wanted, evaluate_runs, out in (
+            ("perplexity", lambda r: not is_synthetic(r), run_extrapolation, grid.report_dir),
+            ("tasks", lambda r: wants_tasks(r.cfg, r.cfg.eval), run_task_evaluation, grid.report_dir / "tasks")):
+        chosen = [r for r in finished if wanted(r)]
+        if not chosen:
+            continue
+        missing = [{"run": str(r.run_dir), "error": failures[r.name]} for r in runs if r.name in failures and wanted(r)]
+        results = evaluate_runs([r.run_dir for r in chosen], out, eval_for, device=device, missing=missing)
+        print(f"{kind} report: {out / 'report.md'} ({len(results['runs'])} runs)")
+        if kind == "perplexity":
+            print_wall_times(results["runs"])
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("grid", type=Path, help="a grid file, e.g. configs/ablations/pe-extrapolation-cpu.yaml")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state, do nothing")
     p.add_argument("--devices", nargs="+", default=None,
-                   help="train runs in parallel, one per device (e.g. cuda:0 cuda:1); default: one at a time")
+                   help="train runs in parallel, one per device (e.g. cuda:0 cuda:1; cpu cpu is --jobs 2); "
+                        "default: --jobs")
     p.add_argument("--jobs", type=int, default=1,
                    help="runs trained and evaluated at once on the CPU, each with cpu_count/jobs threads")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per job (default: cpu_count / jobs)")
@@ -189,6 +230,8 @@ def parse_args(argv=None) -> argparse.Namespace:
 def run_grid(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid)
     runs = grid.plan(args.set)
+    for run in runs:
+        check_planned(run.cfg, run.cfg.eval, f"{grid.source}: run {run.name}")
     states = {run.name: status(run) for run in runs}
     base = os.path.relpath(grid.base.resolve())
     print(f"grid {grid.name}: {len(runs)} runs from {base} → {Path(grid.out_dir) / grid.name}")
@@ -207,12 +250,7 @@ def run_grid(args: argparse.Namespace) -> int:
         if run.name not in failures and run not in finished:
             failures[run.name] = "not finished"
     if not args.skip_eval and finished:
-        device = args.devices[0] if args.devices else "cpu"
-        results = run_extrapolation([r.run_dir for r in finished], grid.report_dir, planned_eval(runs),
-                                    device=device, missing=[{"run": str(r.run_dir), "error": failures[r.name]}
-                                                            for r in runs if r.name in failures])
-        print(f"report: {grid.report_dir / 'report.md'} ({len(results['runs'])} runs)")
-        print_wall_times(results["runs"])
+        evaluate(grid, runs, finished, failures, args.devices[0] if args.devices else "cpu")
     print(f"\n{len(finished)}/{len(runs)} runs finished.")
     for name, reason in failures.items():
         print(f"  failed: {name}: {reason}")

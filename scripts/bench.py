@@ -30,6 +30,9 @@ are noisy: compare ratios from one run, and see that nothing else is running.
 the same worker file against the code at REV (a temporary git worktree) and against this
 tree, and the table shows both and their ratio.
 
+Training steps run on random tokens, except for a synthetic-task config
+(``data.source: synthetic``), whose step draws its task's instances as training does.
+
 ``learned`` needs a table as long as the longest sequence measured; the benchmark gives
 it one (its speed, not its quality, is measured here) and says so in the JSON.
 """

@@ -32,6 +32,11 @@ from train import Trainer
 from training.cli import entry_point
 from training.runtime import measure_matmul_peak, setup_runtime, synchronize, time_calls
 
+try:  # synthetic tasks; --compare against a commit without them measures text configs only
+    from data.tasks import TaskData, task_tokenizer
+except ImportError:
+    TaskData = task_tokenizer = None
+
 PROMPT = 16  # prompt tokens before decoding
 LATENCY_WINDOW = 64  # decode steps averaged for the start/end latency
 # A char vocabulary depends on its corpus; the benchmark takes Tiny Shakespeare's 65
@@ -102,7 +107,10 @@ def bench_config(spec, variant: str, compile_: bool = False):
     if tok.kind == "file":
         raise ConfigError("the benchmark needs a vocabulary size without data: use a bpe, byte or "
                           "char tokenizer in data.tokenizer")
-    vocab = {"bpe": tok.vocab_size, "byte": 257, "char": CHAR_VOCAB}[tok.kind]
+    if cfg.data.source == "synthetic":  # the task alphabet, fixed
+        vocab = task_tokenizer().vocab_size
+    else:
+        vocab = {"bpe": tok.vocab_size, "byte": 257, "char": CHAR_VOCAB}[tok.kind]
     longest = max(cfg.train.seq_len * max(spec.eval_multipliers), PROMPT + max(spec.decode_lengths))
     pos = dataclasses.replace(cfg.model.pos, kind=kind, max_len=longest if kind == "learned" else None)
     train = dataclasses.replace(cfg.train, compile=compile_, max_steps=10**6, max_tokens=None,
@@ -126,6 +134,8 @@ def section_train(spec, kind: str, compile_: bool) -> dict:
     tokens = rng.integers(0, cfg.model.vocab_size, size=1_000_000, dtype=np.int64)
     data = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=cfg.model.vocab_size),
                            split=lambda name: tokens)
+    if cfg.data.source == "synthetic":  # the real step: instances are made as training makes them
+        data = TaskData(cfg.data.synthetic)
     trainer = Trainer(cfg, rt, data=data)
     memory = PeakMemory(rt.device)
     memory.reset()

@@ -59,10 +59,13 @@ def test_shipped_grids_plan(path):
     runs = load_grid(path).plan()
     seeds = [r.cfg.train.seed for r in runs]
     assert len({seeds.count(s) for s in seeds}) == 1  # each row has every seed
-    if path.stem.startswith("pe-extrapolation"):  # the encoding studies: every encoding, three seeds
+    if path.stem.startswith(("pe-extrapolation", "length-generalization")):  # encoding studies: all, 3 seeds
         assert {r.cfg.model.pos.kind for r in runs} == set(POS_KINDS) and len(set(seeds)) >= 3
     else:
         assert len(set(seeds)) >= 2
+    if path.stem.startswith("length-generalization"):  # one run per encoding, seed and task set
+        tasks = len({tuple(r.cfg.data.synthetic.tasks) for r in runs})
+        assert len(runs) == len(POS_KINDS) * len(set(seeds)) * tasks
 
 
 def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
@@ -153,3 +156,66 @@ def test_cpu_jobs_are_single_threaded_slots(monkeypatch):
     gpu = ablate.slots_for(ablate.parse_args(["grid.yaml", "--devices", "cuda:0", "cuda:3"]))
     assert [s.env()["CUDA_VISIBLE_DEVICES"] for s in gpu] == ["0", "3"]
     assert ablate.main(["grid.yaml", "--jobs", "0"]) == 2
+
+
+def write_synthetic_grid(tmp: Path, overrides: str = "") -> Path:
+    (tmp / "syn.yaml").write_text("""
+name: syn
+model: {d_model: 32, n_layers: 2, n_heads: 4}
+data: {source: synthetic, tokenizer: {kind: char}, synthetic: {tasks: [copy]}}
+train: {seq_len: 16, batch_size: 8, max_steps: 6, warmup_steps: 1, eval_interval: 6, eval_batches: 1,
+        ckpt_interval: 6}
+log: {progress: false}
+""")
+    grid = tmp / "syn-grid.yaml"
+    grid.write_text(f"""
+name: syn-grid
+base: syn.yaml
+out_dir: {tmp / 'runs'}
+overrides: [{overrides}]
+axes:
+  model.pos.kind: [rope, learned]
+eval: {{length_multipliers: [1, 2], tasks: {{samples: 4}}}}
+report: {tmp / 'report'}
+""")
+    return grid
+
+
+def test_synthetic_grid_gets_task_accuracy_not_perplexity(tmp_path, capsys):
+    grid = write_synthetic_grid(tmp_path)
+    assert ablate.main([str(grid)]) == 0
+    out = capsys.readouterr().out
+    assert "2/2 runs finished" in out and "tasks report" in out and "perplexity report" not in out
+    report = (tmp_path / "report" / "tasks" / "report.md").read_text()
+    assert "## copy" in report and "n/a (trained table: 16 positions)" in report
+    assert not (tmp_path / "report" / "report.md").exists()
+
+
+def test_impossible_task_settings_stop_a_grid_before_training(tmp_path, capsys):
+    grid = write_synthetic_grid(tmp_path, "'data.synthetic.tasks=[copy, recall]'")  # recall: 31 positions
+    assert ablate.main([str(grid)]) == 2
+    err = capsys.readouterr().err
+    assert "run kind-rope: recall with 8 pairs and 8 queries needs at least 31 positions" in err
+    assert "train.seq_len is 16" in err and not (tmp_path / "runs").exists()
+
+
+def test_cpu_workers_split_the_cores(tmp_path, monkeypatch):
+    """--devices cpu cpu: two runs at a time, each told to use half the cores and the CPU."""
+    runs = load_grid(write_synthetic_grid(tmp_path)).plan()
+    calls = []
+
+    def fake_call(cmd, env, **kwargs):
+        calls.append((cmd, env.get("OMP_NUM_THREADS")))
+        return 0
+    monkeypatch.setattr(ablate.subprocess, "call", fake_call)
+    monkeypatch.setattr(ablate.os, "cpu_count", lambda: 4)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    grid = load_grid(write_synthetic_grid(tmp_path))
+    slots = ablate.slots_for(ablate.parse_args(["grid.yaml", "--devices", "cpu", "cpu"]))
+    assert ablate.run_all(grid, runs, slots, evaluate=False) == {}
+    assert len(calls) == 2 and all(threads == "2" and "train.device=cpu" in cmd for cmd, threads in calls)
+    calls.clear()
+    ablate.run_all(grid, runs[:1], [ablate.Slot()], evaluate=True)
+    train, score = calls  # a synthetic run is scored on tasks only
+    assert train[1] is None and "train.device=cpu" not in train[0]
+    assert score[0][1:3] == ["-m", "eval.tasks"] and "--cache-only" in score[0]

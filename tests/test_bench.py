@@ -98,3 +98,21 @@ def test_an_ab_comparison_measures_both_trees_in_one_run(tmp_path, capsys):
     assert len(results["compare"]["base"]) == 40
     assert "A/B in one run" in capsys.readouterr().out
     assert bench.main(["--compare", "no-such-rev", "--out", str(tmp_path / "x.json")]) == 2
+
+
+def test_bench_trains_a_synthetic_config_on_its_task_instances(tmp_path, monkeypatch):
+    """A synthetic-task config is benchmarked on the real step: its sampler draws instances."""
+    drawn = []
+    original = bench_worker.TaskData.train_sampler
+
+    def spy(self, *args, **kwargs):
+        drawn.append(self.cfg.tasks)
+        return original(self, *args, **kwargs)
+    monkeypatch.setattr(bench_worker.TaskData, "train_sampler", spy)
+    out = tmp_path / "bench.json"
+    code = bench.main(["--config", str(ROOT / "configs" / "synthetic-cpu.yaml"), "--set", "model.d_model=32",
+                       "model.n_heads=2", "train.batch_size=2", "--in-process", "--sections", "train",
+                       "--kinds", "rope", "--repeats", "2", "--warmup", "0", "--out", str(out)])
+    assert code == 0 and drawn == [["passkey", "copy", "recall", "addition"]]
+    train = json.loads(out.read_text())["shapes"]["config"]["train"]["rope"]
+    assert "error" not in train and train["tokens_per_step"] == 2 * 32

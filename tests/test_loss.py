@@ -95,3 +95,57 @@ def test_autocast_matmuls_in_bf16_statistics_in_float32(small_chunks):
         torch.testing.assert_close(a, b, rtol=0, atol=1e-2 * float(b.abs().max()))
     # bf16 matmuls really happened: the float32 result differs.
     assert not torch.allclose(out, F.cross_entropy(h @ w.t(), y), rtol=1e-6, atol=1e-7)
+
+
+def _with_ignored(y: torch.Tensor, every: int = 3) -> torch.Tensor:
+    """``y`` with every ``every``-th target (and a whole ragged chunk's worth) ignored."""
+    y = y.clone()
+    y[::every] = loss_mod.IGNORE_INDEX
+    y[7:14] = loss_mod.IGNORE_INDEX  # one whole 7-row chunk under small_chunks
+    return y
+
+
+def test_ignored_targets_match_cross_entropy_ignore_index(small_chunks):
+    """Answer-only losses: values and gradients equal F.cross_entropy(ignore_index=-100),
+    and ignored rows get exactly zero gradient."""
+    h, w, y = _inputs()
+    y = _with_ignored(y)
+    ref = F.cross_entropy(h @ w.t(), y, ignore_index=-100)
+    ref_grads = torch.autograd.grad(ref * 3.0, (h, w))
+    out = linear_cross_entropy(h, w, y)
+    grads = torch.autograd.grad(out * 3.0, (h, w))
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(grads, ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    assert bool((grads[0][y == -100] == 0).all())
+    none = linear_cross_entropy(h.detach(), w.detach(), y, reduction="none")
+    ref_none = F.cross_entropy(h.detach() @ w.detach().t(), y, ignore_index=-100, reduction="none")
+    torch.testing.assert_close(none, ref_none, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(h, w, y), ref.detach(), rtol=1e-12, atol=1e-12)
+
+
+def test_all_targets_ignored_is_nan_like_cross_entropy():
+    h, w, y = _inputs(n=5)
+    y = torch.full_like(y, loss_mod.IGNORE_INDEX)
+    assert torch.isnan(F.cross_entropy(h @ w.t(), y)) and torch.isnan(linear_cross_entropy(h, w, y))
+
+
+def test_model_answer_only_loss_ignores_everything_else():
+    """Through the model: the loss equals F.cross_entropy(ignore_index) on the logits, and
+    padding after the last scored position changes neither it nor any gradient."""
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4))
+    x, y = torch.randint(0, 97, (2, 12)), torch.randint(0, 97, (2, 12))
+    y[:, :5] = loss_mod.IGNORE_INDEX
+    y[:, 8:] = loss_mod.IGNORE_INDEX  # scored: positions 5, 6, 7
+    ref = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), ignore_index=-100)
+    out = model(x, targets=y)
+    torch.testing.assert_close(out, ref, rtol=1e-6, atol=1e-6)
+    grads = torch.autograd.grad(out, list(model.parameters()))
+    x2 = x.clone()
+    x2[:, 8:] = (x2[:, 8:] + 1) % 97  # padding after the answer
+    out2 = model(x2, targets=y)
+    assert out2.item() == out.item()
+    for a, b in zip(grads, torch.autograd.grad(out2, list(model.parameters()))):
+        torch.testing.assert_close(a, b, rtol=0, atol=0)

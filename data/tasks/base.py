@@ -1,0 +1,70 @@
+"""What every synthetic task shares: an instance (tokens + answer mask) and the Task interface.
+
+An instance is one sequence of token ids and a mask of its *answer* tokens, the tokens the
+model must predict; training counts only those in the loss and evaluation scores an
+instance as correct only if every one of them is predicted exactly. Answers are mostly at
+the end (passkey, copy, addition) but may be spread out (recall answers each query where
+it is asked).
+
+Length: an instance of length ``n`` has ``n + 1`` tokens, so the model reads ``n``
+positions (every token but the last, which is only a target) — the same meaning as a
+perplexity window of length ``n``, and what a learned position table must cover.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Optional, Sequence
+
+import numpy as np
+
+from model.errors import UserError
+
+
+class TaskError(UserError):
+    """Task parameters that cannot make an instance (e.g. more pairs than fit in the length)."""
+
+
+@dataclass(frozen=True)
+class Instance:
+    tokens: np.ndarray  # int64 (n + 1,)
+    answer: np.ndarray  # bool (n + 1,): True where the token is an answer the model must predict
+
+    @property
+    def length(self) -> int:
+        """Positions the model reads: every token but the last."""
+        return len(self.tokens) - 1
+
+
+def assemble(segments: Sequence[tuple[Sequence[int], bool]]) -> Instance:
+    """An instance from (token ids, is answer) segments, in order."""
+    tokens = np.concatenate([np.asarray(ids, dtype=np.int64) for ids, _ in segments])
+    answer = np.concatenate([np.full(len(ids), flag, dtype=bool) for ids, flag in segments])
+    return Instance(tokens, answer)
+
+
+class Task:
+    """A generator of instances. Subclasses set ``name`` and implement ``make`` and
+    ``min_length``; their module docstring documents the format and vocabulary."""
+
+    name: str
+
+    def min_length(self) -> int:
+        """The shortest length (positions read) an instance can have."""
+        raise NotImplementedError
+
+    def make(self, rng: np.random.Generator, length: int, depth: Optional[float] = None) -> Instance:
+        """An instance of ``length`` positions (or the longest the format allows below it),
+        drawn from ``rng``. ``depth`` places a passkey; other tasks ignore it."""
+        raise NotImplementedError
+
+    def check_length(self, length: int, what: str = "the requested length") -> None:
+        if length < self.min_length():
+            raise TaskError(f"{self.describe()} needs at least {self.min_length()} positions, but "
+                            f"{what} is {length}: {self.too_short_hint()}")
+
+    def describe(self) -> str:
+        return f"task {self.name}"
+
+    def too_short_hint(self) -> str:
+        return "use longer lengths"

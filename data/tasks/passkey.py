@@ -1,0 +1,150 @@
+"""Passkey retrieval (Mohtashami & Jaggi 2023, "Landmark Attention", §4.2 and their test script).
+
+A random number (the key) is hidden in repeated filler text and asked for at the end. In
+their prompt a task description comes first, then filler, the key sentence "The pass key
+is K. Remember it. K is the pass key.", more filler and "What is the pass key? The pass
+key is"; the filler is "The grass is green. The sky is blue. The sun is yellow. Here we
+go. There and back again." repeated, and both filler parts are prefixes of that
+repetition, cut wherever the length requires (they cut characters; we cut tokens). The
+lines are joined by newlines. The key has ``digits`` digits, the first non-zero (Chen et
+al. 2023 use 5 random digits).
+
+Two wordings, one format:
+
+- ``text``, for runs trained on text: the paper's prompt, word for word, tokenized with
+  the run's own tokenizer (answer: " K" after "... The pass key is").
+- ``symbolic``, for synthetic runs (the task alphabet, one character per token; see
+  data/tasks/__init__.py): no description, lower-case filler "the grass is green. the
+  sky is blue. the sun is yellow. here we go. there and back again. ", key sentence
+  "key: K. ", question "key: ", answer "K". Example (length 40, depth 0.5)::
+
+      the grass ikey: 48213. the grass iskey: 48213
+                                              ^^^^^ answer
+
+The key's depth is the fraction of the filler placed before it: 0 puts it first, 1 right
+before the question. Every piece is tokenized on its own and the pieces are concatenated;
+each boundary (before a space, newline or the key's digits) is a boundary of byte-level
+BPE's pre-tokenizer, so this equals tokenizing the whole prompt. The filler absorbs the
+key's varying token count, so an instance is exactly the requested length.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Literal, Optional
+
+import numpy as np
+
+from data.tasks.base import Instance, Task, TaskError, assemble
+from data.tokenizers import Tokenizer
+from model.errors import DataError
+
+Style = Literal["text", "symbolic"]
+
+
+@dataclass(frozen=True)
+class Wording:
+    intro: str  # the task description ("" for none)
+    separator: str  # between intro, filler, key sentence, filler and question
+    filler: str  # one repetition of the filler; the next repetitions follow `joiner`
+    joiner: str
+    needle: tuple[str, ...]  # the key sentence's pieces; "{key}" is replaced by the key
+    question: str
+    answer: str  # "{key}" with what precedes it in the answer
+
+
+WORDINGS: dict[str, Wording] = {
+    "text": Wording(
+        intro=("There is an important info hidden inside a lot of irrelevant text. Find it and "
+               "memorize them. I will quiz you about the important information there."),
+        separator="\n",
+        filler="The grass is green. The sky is blue. The sun is yellow. Here we go. There and back again.",
+        joiner=" ",
+        needle=("The pass key is", " {key}", ". Remember it.", " {key}", " is the pass key."),
+        question="What is the pass key? The pass key is",
+        answer=" {key}"),
+    "symbolic": Wording(
+        intro="", separator="",
+        filler="the grass is green. the sky is blue. the sun is yellow. here we go. there and back again. ",
+        joiner="",
+        needle=("key: ", "{key}", ". "),
+        question="key: ",
+        answer="{key}"),
+}
+
+
+class Passkey(Task):
+    name = "passkey"
+
+    def __init__(self, tokenizer: Tokenizer, digits: int = 5, style: Style = "symbolic"):
+        self.tokenizer, self.digits, self.style = tokenizer, digits, style
+        self.wording = w = WORDINGS[style]
+        self._encode = self._checked_encoder()
+        self.intro = self._encode(w.intro) if w.intro else []
+        self.sep = self._encode(w.separator) if w.separator else []
+        self.question = self._encode(w.question)
+        self._filler = list(self._encode(w.filler))
+        self._filler_next = self._encode(w.joiner + w.filler)
+
+    def _checked_encoder(self):
+        def encode(text: str) -> list[int]:
+            try:
+                ids = self.tokenizer.encode(text)
+            except DataError as e:
+                raise TaskError(f"this run's tokenizer cannot write the passkey prompt ({e}); passkey "
+                                "retrieval needs a tokenizer that can encode plain English and digits "
+                                "(byte, bpe, or a char vocabulary that has every character)") from None
+            if not ids:
+                raise TaskError(f"this run's tokenizer encodes {text!r} as no tokens; it cannot "
+                                "write the passkey prompt")
+            return ids
+        return encode
+
+    def _key_pieces(self, key: str) -> tuple[list[list[int]], list[int]]:
+        """(the key sentence's encoded pieces, the encoded answer) for one key."""
+        needle = [self._encode(p.format(key=key)) for p in self.wording.needle]
+        return needle, self._encode(self.wording.answer.format(key=key))
+
+    def _fixed(self, needle: list[list[int]], answer: list[int]) -> int:
+        """Tokens that are not filler: intro, separators (after the intro, around the key
+        sentence, before the question), key sentence, question and answer."""
+        seps = (4 if self.intro else 3) * len(self.sep)
+        return len(self.intro) + seps + sum(map(len, needle)) + len(self.question) + len(answer)
+
+    def min_length(self) -> int:
+        # A piece holding the key is at most one token per UTF-8 byte (bytes, chars and
+        # byte-level BPE never do worse), whatever the key; the other pieces are fixed.
+        key = "9" * self.digits
+        needle, answer = self._key_pieces(key)
+        keyed = [*self.wording.needle, self.wording.answer]
+        worst = [len(p.format(key=key).encode("utf-8")) if "{key}" in p else len(ids)
+                 for p, ids in zip(keyed, [*needle, answer])]
+        return self._fixed(needle, answer) - sum(map(len, needle)) - len(answer) + sum(worst) - 1
+
+    def filler(self, n: int) -> list[int]:
+        """The first ``n`` tokens of the repeated filler."""
+        while len(self._filler) < n:
+            self._filler.extend(self._filler_next)
+        return self._filler[:n]
+
+    def make(self, rng: np.random.Generator, length: int, depth: Optional[float] = None) -> Instance:
+        self.check_length(length)
+        depth = rng.random() if depth is None else depth
+        if not 0.0 <= depth <= 1.0:
+            raise TaskError(f"a passkey depth must be in [0, 1] (got {depth})")
+        key = str(rng.integers(10 ** (self.digits - 1), 10 ** self.digits))
+        needle, answer = self._key_pieces(key)
+        room = length + 1 - self._fixed(needle, answer)
+        if room < 0:  # only a tokenizer that breaks the min_length bound gets here
+            raise TaskError(f"the passkey prompt with key {key} does not fit in {length} positions")
+        before = int(np.floor(depth * room + 0.5))
+        segments = [self.intro, *([self.sep] if self.intro else []), self.filler(before), self.sep,
+                    *needle, self.sep, self.filler(room - before), self.sep, self.question]
+        return assemble([(s, False) for s in segments] + [(answer, True)])
+
+    def describe(self) -> str:
+        return f"passkey ({self.style} wording, {self.digits}-digit keys)"
+
+    def too_short_hint(self) -> str:
+        parts = "description, key sentence, question, answer" if self.intro else "key sentence, question, answer"
+        return f"the prompt without any filler ({parts}) is that long; use longer lengths"

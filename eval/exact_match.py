@@ -1,0 +1,71 @@
+"""Scoring task instances: exact match of every answer token, and the answer-only loss.
+
+An instance is correct when, at every answer position, the model's most likely next token
+(the argmax of its logits given all earlier tokens of the instance) is the answer token:
+teacher forcing, one forward per batch. Where the answer ends the instance (passkey, copy,
+addition) this is exactly greedy decoding of the answer: if the first k greedy tokens are
+right, step k + 1 sees the teacher-forced prefix, so by induction greedy generation writes
+the answer if and only if every teacher-forced argmax is right (tests/test_task_eval.py
+checks this against model.generate). Where answers are spread through the sequence
+(recall) it is Zoology's protocol: each value is predicted given the true sequence before
+it. Ties go to the lowest id, as in greedy decoding.
+"""
+
+from __future__ import annotations
+
+from typing import Iterable, Sequence
+
+import numpy as np
+import torch
+
+from data.tasks import Instance
+from model.loss import IGNORE_INDEX
+
+LOGIT_BUDGET = 1 << 24  # logits held per forward (64 MB of float32): batches shrink with length × vocab
+
+
+def _batches(instances: Sequence[Instance], vocab: int, max_batch_tokens: int) -> Iterable[list[Instance]]:
+    longest = max(inst.length for inst in instances)
+    size = max(1, min(max_batch_tokens // longest, LOGIT_BUDGET // (longest * vocab)))
+    for i in range(0, len(instances), size):
+        yield list(instances[i:i + size])
+
+
+@torch.no_grad()
+def exact_match(model, instances: Sequence[Instance], max_batch_tokens: int = 16384) -> np.ndarray:
+    """Whether each instance's answer tokens are all predicted exactly: bool (N,)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    out = []
+    try:
+        for group in _batches(instances, model.cfg.vocab_size, max_batch_tokens):
+            longest = max(inst.length for inst in group)
+            x = np.zeros((len(group), longest), dtype=np.int64)  # right padding: causal, never scored
+            y = np.zeros((len(group), longest), dtype=np.int64)
+            scored = np.zeros((len(group), longest), dtype=bool)
+            for row, inst in enumerate(group):
+                x[row, :inst.length], y[row, :inst.length] = inst.tokens[:-1], inst.tokens[1:]
+                scored[row, :inst.length] = inst.answer[1:]
+            predicted = model(torch.from_numpy(x).to(device)).argmax(dim=-1).cpu().numpy()  # (B, T)
+            out.append(((predicted == y) | ~scored).all(axis=1))
+    finally:
+        model.train(was_training)
+    return np.concatenate(out)
+
+
+@torch.no_grad()
+def answer_loss(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> float:
+    """Mean NLL over the answer targets of (x, y) batches (other targets are IGNORE_INDEX)."""
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    total, count = 0.0, 0
+    try:
+        for x, y in batches:
+            nll = model(x.to(device), targets=y.to(device), reduction="none")  # 0 where ignored
+            total += float(nll.double().sum())
+            count += int((y != IGNORE_INDEX).sum())
+    finally:
+        model.train(was_training)
+    return total / count

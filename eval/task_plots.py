@@ -1,0 +1,64 @@
+"""Figures for task reports: accuracy vs length per task, passkey depth × length heatmaps."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt  # noqa: E402
+import numpy as np  # noqa: E402
+
+
+def plot_accuracy(table: dict[str, dict[int, dict]], train_len: int, path: Path, title: str) -> None:
+    """Accuracy vs length (log-x), one line per row, 95% Wilson intervals as error bars."""
+    fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    for label in sorted(table):
+        points = sorted((n, c) for n, c in table[label].items() if "accuracy" in c)
+        if not points:
+            continue
+        xs = [n for n, _ in points]
+        ys = np.array([c["accuracy"] for _, c in points])
+        err = np.array([[y - c["ci_low"] for y, (_, c) in zip(ys, points)],
+                        [c["ci_high"] - y for y, (_, c) in zip(ys, points)]]).clip(min=0)  # rounding at 0 and 1
+        ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3.5, capsize=2, label=label,
+                    linestyle="--" if "+" in label else "-")
+    ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
+    ax.text(train_len, 0.98, " L_train", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="grey")
+    ax.set_xscale("log", base=2)
+    ax.set_ylim(-0.03, 1.03)
+    ax.set_xlabel("evaluated length (positions)")
+    ax.set_ylabel("exact-match accuracy")
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def plot_heatmaps(grids: dict[str, tuple[list[float], list[int], np.ndarray]], path: Path) -> None:
+    """One depth × length panel per row label: accuracy in colour and digits, NaN (n/a) grey."""
+    labels = sorted(grids)
+    cols = min(3, len(labels))
+    rows = (len(labels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(max(5.0, 4.2 * cols), 3.0 * rows), squeeze=False)
+    cmap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")  # n/a cells
+    for ax, label in zip(axes.flat, labels):
+        depths, lengths, acc = grids[label]
+        ax.imshow(np.ma.masked_invalid(acc), cmap=cmap, vmin=0, vmax=1, aspect="auto", origin="upper")
+        for (i, j), value in np.ndenumerate(acc):
+            text, colour = ("n/a", "black") if np.isnan(value) else (f"{value:.2f}", "white" if value < 0.6 else "black")
+            ax.text(j, i, text, ha="center", va="center", fontsize=7, color=colour)
+        ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
+        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+        ax.set_xlabel("length", fontsize=8)
+        ax.set_ylabel("key depth", fontsize=8)
+        ax.set_title(label, fontsize=9)
+    for ax in list(axes.flat)[len(labels):]:
+        ax.axis("off")
+    fig.suptitle("Passkey: accuracy by key depth and length", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

@@ -1,0 +1,237 @@
+"""Task evaluation: exact match by hand and against greedy decoding, Wilson intervals, k_max,
+synthetic runs end to end (train, resume, score, report), passkey on text runs, bad input."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+import train
+from configs import override_section
+from conftest import tiny_config, write_run_config
+from data.tasks import Instance, task_tokenizer
+from eval import extrapolation
+from eval import tasks as eval_tasks
+from eval.exact_match import answer_loss, exact_match
+from eval.kmax import k_max
+from eval.stats import wilson_interval
+from model.generate import generate
+from model.transformer import Transformer
+from training.run_dir import RunDir
+
+ROOT = Path(__file__).resolve().parents[1]
+
+
+class FixedPredictions(torch.nn.Module):
+    """A stand-in model whose next-token prediction at position t is ``table[t]`` for every row."""
+
+    def __init__(self, table: list[int], vocab: int = 10):
+        super().__init__()
+        self.table, self.cfg = table, type("Cfg", (), {"vocab_size": vocab})()
+        self.weight = torch.nn.Parameter(torch.zeros(1))
+
+    def forward(self, x):
+        logits = torch.zeros(x.shape[0], x.shape[1], self.cfg.vocab_size)
+        logits[:, torch.arange(x.shape[1]), torch.tensor(self.table[:x.shape[1]])] = 1.0
+        return logits
+
+
+def inst(tokens, answer_positions) -> Instance:
+    answer = np.zeros(len(tokens), dtype=bool)
+    answer[list(answer_positions)] = True
+    return Instance(np.asarray(tokens, dtype=np.int64), answer)
+
+
+def test_exact_match_by_hand():
+    # The model predicts 5, 6, 7, 8, 9 at positions 0..4, i.e. as tokens 1..5.
+    model = FixedPredictions([5, 6, 7, 8, 9])
+    cases = [
+        (inst([0, 1, 2, 7, 8], [3, 4]), True),        # answers 7, 8 are the predictions for tokens 3, 4
+        (inst([0, 1, 2, 7, 0], [3, 4]), False),       # last answer token wrong
+        (inst([0, 5, 1, 1, 1, 9], [1, 5]), True),     # answers spread out (recall-like), both right
+        (inst([0, 5, 1, 1, 1, 3], [1, 5]), False),
+        (inst([0, 0, 6], [2]), True),                 # a shorter instance in the same batch
+        (inst([3, 3, 3, 3, 3, 9], [5]), True),        # wrong non-answer tokens do not matter
+        (inst([3, 4, 4, 4, 4, 4], [5]), False),
+    ]
+    got = exact_match(model, [c for c, _ in cases])
+    assert got.tolist() == [want for _, want in cases]
+
+
+def test_teacher_forced_exact_match_equals_greedy_decoding():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config("alibi")).eval()
+    rng = np.random.default_rng(0)
+    for _ in range(4):
+        prompt = rng.integers(0, 97, size=int(rng.integers(5, 20))).tolist()
+        greedy = generate(model, prompt, max_new_tokens=4, temperature=0)[0, len(prompt):].tolist()
+        right = inst(prompt + greedy, range(len(prompt), len(prompt) + 4))
+        wrong_last = inst(prompt + greedy[:3] + [(greedy[3] + 1) % 97], range(len(prompt), len(prompt) + 4))
+        assert exact_match(model, [right, wrong_last]).tolist() == [True, False]
+
+
+def test_answer_loss_is_the_mean_over_answer_targets():
+    torch.manual_seed(0)
+    model = Transformer(tiny_config("rope")).eval()
+    x = torch.randint(0, 97, (2, 8))
+    y = torch.full((2, 8), -100)
+    y[0, 3], y[1, 5], y[1, 6] = 4, 5, 6
+    with torch.no_grad():
+        logp = torch.log_softmax(model(x), dim=-1)
+    want = -(logp[0, 3, 4] + logp[1, 5, 5] + logp[1, 6, 6]) / 3
+    assert answer_loss(model, [(x[:1], y[:1]), (x[1:], y[1:])]) == pytest.approx(want.item(), rel=1e-5)
+
+
+def test_k_max_definition_by_hand():
+    def cells(table):  # {length: [correct per depth]} out of 10
+        return [{"length": n, "depth": d, "status": "ok", "correct": c, "total": 10}
+                for n, row in table.items() for d, c in enumerate(row)]
+    assert k_max(cells({64: [10, 10], 128: [2, 9], 256: [1, 10], 512: [10, 10]}), 0.2) == 128
+    assert k_max(cells({64: [10, 10], 128: [2, 9], 256: [1, 10]}), 0.3) == 64
+    assert k_max(cells({64: [1, 10]}), 0.2) is None
+    na = cells({64: [10, 10]}) + [{"length": 128, "depth": 0, "status": "n/a"}]
+    assert k_max(na, 0.2) == 64
+
+
+def synthetic_config(tmp: Path) -> Path:
+    path = tmp / "syn.yaml"
+    path.write_text(f"""
+name: syn
+out_dir: {tmp / 'runs'}
+model: {{d_model: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2}}
+data: {{source: synthetic, tokenizer: {{kind: char}}, synthetic: {{tasks: [recall], pairs: 3}}}}
+train: {{seq_len: 24, batch_size: 8, max_steps: 16, lr: 3.0e-3, warmup_steps: 2, eval_interval: 8,
+        eval_batches: 2, ckpt_interval: 4, log_interval: 1, seed: 3}}
+eval: {{length_multipliers: [1, 2], tasks: {{samples: 6, depths: [0, 1]}}}}
+log: {{progress: false}}
+""")
+    return path
+
+
+def losses(run_dir: Path) -> dict[int, float]:
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
+
+
+def test_synthetic_run_trains_resumes_exactly_and_saves_the_task_tokenizer(tmp_path, monkeypatch):
+    cfg = str(synthetic_config(tmp_path))
+    assert train.main([cfg, "name=straight"]) == 0
+    original = train.Trainer.train_step
+
+    def interrupted(self):
+        out = original(self)
+        if self.step == 6:
+            self.stop_signal = signal.SIGTERM
+        return out
+    with monkeypatch.context() as m:
+        m.setattr(train.Trainer, "train_step", interrupted)
+        assert train.main([cfg, "name=broken"]) == 128 + signal.SIGTERM
+    assert train.main([cfg, "name=broken", "--resume"]) == 0
+    straight, broken = losses(tmp_path / "runs" / "straight"), losses(tmp_path / "runs" / "broken")
+    assert straight == broken and len(straight) == 16  # bitwise: resume restores the task sampler
+    run = tmp_path / "runs" / "straight"
+    assert (run / "tokenizer.json").read_text() == task_tokenizer().to_json()
+    val = [json.loads(line)["val_loss"] for line in (run / "metrics.jsonl").read_text().splitlines() if "val_loss" in line]
+    assert len(val) == 2 and all(np.isfinite(val))
+
+
+@pytest.fixture(scope="module")
+def scored_runs(tmp_path_factory, corpus):
+    tmp = tmp_path_factory.mktemp("taskruns")
+    cfg = str(synthetic_config(tmp))
+    for name, extra in (("rope-a", ["train.seed=1"]), ("rope-b", ["train.seed=2"]),
+                        ("learned", ["model.pos.kind=learned"]),
+                        ("passkey", ["data.synthetic.tasks=[passkey]", "model.pos.kind=alibi", "train.seq_len=32"])):
+        assert train.main([cfg, f"name={name}", *extra]) == 0
+    text_cfg = str(write_run_config(tmp, corpus))
+    assert train.main([text_cfg, "name=text", "train.seq_len=64", "train.max_steps=4", "train.eval_interval=4",
+                       "train.ckpt_interval=4"]) == 0
+    return tmp / "runs"
+
+
+def test_report_pools_seeds_with_wilson_intervals_and_marks_learned_na(scored_runs, tmp_path):
+    runs = [scored_runs / n for n in ("rope-a", "rope-b", "learned", "passkey")]
+    results = eval_tasks.run_task_evaluation(runs, tmp_path / "rep", log=lambda *a: None)
+    rows = results["results"]
+    for r in rows:
+        if r["status"] == "ok":
+            assert (r["ci_low"], r["ci_high"]) == wilson_interval(r["correct"], r["total"]) and r["total"] == 6
+    learned = [r for r in rows if r["name"] == "learned"]
+    assert {(r["length"], r["status"]) for r in learned} == {(24, "ok"), (48, "n/a")}
+    passkey = [r for r in rows if r["task"] == "passkey"]
+    assert {(r["length"], r["depth"]) for r in passkey} == {(n, d) for n in (32, 64) for d in (0.0, 1.0)}
+    assert len(results["kmax"]) == 1 and results["kmax"][0]["threshold"] == 0.2
+    report = (tmp_path / "rep" / "report.md").read_text()
+    assert "n/a (trained table: 24 positions)" in report and "| rope |" in report
+    pooled = [r for r in rows if r["encoding"] == "rope" and r["length"] == 24]
+    c, n = sum(r["correct"] for r in pooled), sum(r["total"] for r in pooled)
+    low, high = wilson_interval(c, n)
+    assert f"{c / n:.2f} [{low:.2f}, {high:.2f}]" in report  # two seeds pooled into one row
+    for name in ("passkey_heatmap.png", "accuracy_recall.png", "accuracy_passkey.png", "results.json"):
+        assert (tmp_path / "rep" / name).is_file()
+    # Cached per checkpoint: a second report reads the cache and gives the same numbers.
+    again = eval_tasks.run_task_evaluation(runs, tmp_path / "rep2", log=lambda *a: None)
+    assert again["results"] == rows
+    assert len(list((scored_runs / "rope-a" / "eval").glob("tasks-*.json"))) == 1
+
+
+def test_passkey_on_a_text_run_in_its_own_tokenizer(scored_runs, tmp_path):
+    results = eval_tasks.run_task_evaluation([scored_runs / "text"], tmp_path / "rep", eval_tasks_for(
+        lengths=[300], tasks={"samples": 3, "depths": [0.5]}), log=lambda *a: None)
+    (row,) = results["results"]
+    assert (row["task"], row["length"], row["status"], row["total"]) == ("passkey", 300, "ok", 3)
+    assert results["runs"][0]["trained_on"] == "text (local)"
+
+
+def eval_tasks_for(**tree):
+    return lambda cfg: override_section(cfg.eval, tree, "test", "eval.")
+
+
+def cli(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    return subprocess.run([sys.executable, "-m", "eval.tasks", *args], capture_output=True, text=True, env=env,
+                          cwd=ROOT, timeout=300)
+
+
+@pytest.mark.parametrize("args, message", [
+    (["--tasks", "pasky"], "did you mean 'passkey'"),
+    (["--depths", "0", "1.5"], "eval.tasks.depths must be in [0, 1]"),
+    (["--lengths", "8"], "recall with 3 pairs and 3 queries needs at least 11 positions"),
+    (["--tasks", "copy", "--lengths", "16", "--samples", "0"], "eval.tasks.samples must be a positive integer"),
+])
+def test_bad_input_exits_2_with_one_line_and_writes_nothing(scored_runs, tmp_path, args, message):
+    out = tmp_path / "rep"
+    proc = cli(str(scored_runs / "rope-a"), "--out", str(out), *args)
+    assert proc.returncode == 2, proc.stderr
+    assert message in proc.stderr and "Traceback" not in proc.stderr
+    assert not out.exists()
+
+
+def test_text_run_asked_for_a_synthetic_task_and_learned_beyond_its_table(scored_runs, tmp_path, capsys):
+    out = tmp_path / "rep"
+    assert eval_tasks.main([str(scored_runs / "text"), "--tasks", "copy", "--out", str(out)]) == 2
+    assert "text runs can be scored on passkey only" in capsys.readouterr().err
+    assert eval_tasks.main([str(scored_runs / "learned"), "--lengths", "48", "96", "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "table of 24 positions" in err and "evaluate lengths up to 24" in err
+    assert not out.exists()
+
+
+def test_cache_key_ignores_nothing_that_changes_numbers(scored_runs):
+    cfg = eval_tasks.read_run_config(RunDir(scored_runs / "rope-a"))
+    base = eval_tasks._cache_key(cfg, cfg.eval)
+    for tree in ({"tasks": {"samples": 7}}, {"tasks": {"seed": 1}}, {"lengths": [24]}, {"tasks": {"tasks": ["copy"]}}):
+        assert eval_tasks._cache_key(cfg, eval_tasks_for(**tree)(cfg)) != base
+
+
+def test_perplexity_sweep_points_synthetic_runs_to_task_scoring(scored_runs, tmp_path, capsys):
+    assert extrapolation.main([str(scored_runs / "rope-a"), "--out", str(tmp_path / "ppl")]) == 2
+    assert "score it with python -m eval.tasks" in capsys.readouterr().err
