@@ -127,6 +127,7 @@ def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalC
 
 def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) -> tuple[dict, list[dict], list[dict]]:
     """(metadata, cell rows, k_max rows) for one run."""
+    started = time.perf_counter()
     base = load_run(run_dir, device=device)
     tasks = run_tasks(base.cfg, base.tokenizer, ev)
     meta = {**run_metadata(base, ev),
@@ -155,6 +156,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
             if task.name == "passkey":
                 kmax_rows.append({"run": meta["run"], "scaling": scaling, "threshold": ev.tasks.kmax_threshold,
                                   "samples": ev.tasks.samples, "kmax": k_max(cells, ev.tasks.kmax_threshold)})
+    meta["eval_seconds"] = round(time.perf_counter() - started, 1)
     return meta, rows, kmax_rows
 
 

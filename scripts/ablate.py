@@ -207,8 +207,7 @@ def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], fai
         missing = [{"run": str(r.run_dir), "error": failures[r.name]} for r in runs if r.name in failures and wanted(r)]
         results = evaluate_runs([r.run_dir for r in chosen], out, eval_for, device=device, missing=missing)
         print(f"{kind} report: {out / 'report.md'} ({len(results['runs'])} runs)")
-        if kind == "perplexity":
-            print_wall_times(results["runs"])
+        print_wall_times(results["runs"])
 
 
 def parse_args(argv=None) -> argparse.Namespace:
