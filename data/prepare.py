@@ -94,6 +94,8 @@ def token_config(cfg: DataConfig) -> dict:
         out["hub"] = {k: v for k, v in dataclasses.asdict(cfg.hub).items() if k != "streaming"}
     if cfg.source == "local":
         out["local"] = dataclasses.asdict(cfg.local)
+        if cfg.encoding != "utf-8":  # only then, so caches built before the key existed stay valid
+            out["encoding"] = cfg.encoding
     return out
 
 
