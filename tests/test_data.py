@@ -18,6 +18,7 @@ import data.prepare as prepare_mod
 from configs.schema import DataConfig, LocalConfig, TokenizerConfig
 from data import EOT, TrainSampler, eval_windows, prepare_data, window_batch
 from data.builtin import builtin_documents, split_of
+from data.prepare import PreparedData
 from data.sources import group_documents, open_corpus
 from model.errors import ConfigError, DataError
 
@@ -222,12 +223,18 @@ def test_incomplete_directories_are_never_used(tmp_path):
     assert not stale.exists()
 
 
-def test_truncated_token_file_is_reported(tmp_path):
+def test_damaged_cache_is_reported_and_prepared_again(tmp_path, capsys):
     cfg = local_cfg(tmp_path)
     prepared = prepare_data(cfg, progress=False)
-    (prepared.dir / "valid.bin").write_bytes(b"\x00\x00")
+    expected = prepared.split("valid").tolist()
     with pytest.raises(DataError, match="valid.bin is missing or truncated"):
-        prepare_data(cfg, progress=False)
+        (prepared.dir / "valid.bin").write_bytes(b"\x00\x00")
+        PreparedData.load(prepared.dir)
+    for name, damage in (("valid.bin", b"\x00\x00"), ("meta.json", b"{not json"), ("tokenizer.json", b"\xff")):
+        (prepared.dir / name).write_bytes(damage)
+        assert prepare_data(cfg, progress=False).split("valid").tolist() == expected
+        assert "preparing the data again" in capsys.readouterr().err
+    assert not list(prepared.dir.parent.glob("*.lock"))  # no lock files left behind
 
 
 def test_process_pool_gives_identical_tokens(tmp_path):
