@@ -24,9 +24,8 @@ from typing import Optional
 from model.errors import StorageError
 
 _ADVICE = {
-    errno.ENOSPC: "the disk is full: free some space (or point the path elsewhere) and run the same "
-                  "command again",
-    errno.EDQUOT: "the disk quota is used up: free some space and run the same command again",
+    errno.ENOSPC: "the disk is full: free some space (or point the path elsewhere)",
+    errno.EDQUOT: "the disk quota is used up: free some space",
     errno.EFBIG: "the file is larger than this file system (or a size limit) allows",
     errno.EROFS: "the file system is read-only: choose a writable location",
     errno.EACCES: "permission denied: choose a location you can write to, or change its permissions",
@@ -38,6 +37,10 @@ _ADVICE = {
                   "the file away",
     errno.ENAMETOOLONG: "the path is too long for this file system: choose a shorter one",
 }
+
+
+# What a trainer stopped by a full disk says to do next.
+CONTINUE_RUN = "the checkpoints saved before are intact: continue with --resume once there is space"
 
 
 def is_storage_error(error: BaseException) -> bool:
@@ -64,9 +67,10 @@ def describe(error: OSError, path: Optional[Path] = None) -> str:
     return f"{where if where is not None else 'a file'}: {error.strerror or error}{space}; {advice}"
 
 
-def storage_error(error: OSError, doing: str, path: Optional[Path] = None) -> StorageError:
-    """``StorageError('cannot <doing>: <path>: <reason>; <advice>')``."""
-    return StorageError(f"cannot {doing}: {describe(error, path)}")
+def storage_error(error: OSError, doing: str, path: Optional[Path] = None,
+                  then: str = "then run the same command again") -> StorageError:
+    """``StorageError('cannot <doing>: <path>: <reason>; <advice>, <then>')``."""
+    return StorageError(f"cannot {doing}: {describe(error, path)}, {then}")
 
 
 def os_error_in(error: BaseException) -> Optional[OSError]:

@@ -28,7 +28,7 @@ from safetensors.torch import load_file, save_model
 from torch import nn
 
 from data.atomic import atomic_directory, write_text_atomic
-from data.storage import RecordingWriter, os_error_in, storage_error
+from data.storage import CONTINUE_RUN, RecordingWriter, os_error_in, storage_error
 from model.errors import CheckpointError
 from model.layers import fuse_projections
 from training.run_dir import META, STATE, WEIGHTS, RunDir
@@ -67,7 +67,7 @@ def _write_dir(final: Path, model: nn.Module, state: Optional[dict], meta: dict)
         cause = (writer.error if writer is not None else None) or os_error_in(e)
         if cause is None:
             raise
-        raise storage_error(cause, f"write the checkpoint {final}", final.parent) from None
+        raise storage_error(cause, f"write the checkpoint {final}", final.parent, CONTINUE_RUN) from None
 
 
 def save_checkpoint(run: RunDir, step: int, model: nn.Module, state: Optional[dict], meta: dict,
