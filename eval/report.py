@@ -16,10 +16,14 @@ import re
 from itertools import combinations
 from pathlib import Path
 
+from data.atomic import write_text_atomic
+from data.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
 from eval.plots import plot_per_position, plot_perplexity
 from eval.tables import (comparison_table, compare, interval_table, ratio_to_train_len, scored_line,
                          summarize)
+from model.errors import ArgumentError
+from training.cli import check_output_dir
 
 PROTOCOL_TITLES = {
     "nonoverlap": "Non-overlapping windows (ALiBi paper protocol)",
@@ -113,9 +117,32 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
             *_scale_table(rows, lengths, train_len)]
 
 
+REPORT_FILES = ("report.md", "results.json")
+
+
+def check_report_dir(out: Path) -> None:
+    """Refuse ``out`` before any evaluation when a report cannot go there: a file, or a
+    directory holding other things than an earlier report (which would be mixed in)."""
+    out = Path(out)
+    check_output_dir(out, "--out")
+    if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in REPORT_FILES):
+        raise ArgumentError(f"--out {out} already holds files that are not a report; give a new directory "
+                            "(an earlier report's directory is replaced) — nothing was evaluated")
+
+
 def write_report(results: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    check_report_dir(out)
+    try:
+        make_dir(out, "the report directory")
+        write_text_atomic(out / "results.json", json.dumps(results, indent=1))
+        _write_markdown(results, out)
+    except OSError as e:
+        if not is_storage_error(e):
+            raise
+        raise storage_error(e, f"write the report in {out}") from None
+
+
+def _write_markdown(results: dict, out: Path) -> None:
     runs, rows = results["runs"], results["results"]
     reference = runs[0]["eval"].get("reference", "rope") if runs else "rope"
     train_lens = sorted({r["train_len"] for r in rows})
@@ -142,5 +169,5 @@ def write_report(results: dict, out: Path) -> None:
             md += ["", "### Loss by position", "",
                    "At each row's longest evaluated length (non-overlapping windows), log-spaced position bins; "
                    "the band is a 95% interval over windows and seeds.", "", f"![loss by position]({name})"]
-    (out / "report.md").write_text("\n".join(md) + "\n")
+    write_text_atomic(out / "report.md", "\n".join(md) + "\n")
 

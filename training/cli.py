@@ -16,11 +16,12 @@ import argparse
 import functools
 import math
 import sys
+from pathlib import Path
 from typing import Callable, Optional
 
 from configs.device import check_device_name
 from data.storage import is_storage_error, storage_error
-from model.errors import ConfigError, UserError
+from model.errors import ArgumentError, ConfigError, UserError
 
 USAGE_ERROR = 2  # the exit code of argparse's own usage errors, for the same kind of mistake
 
@@ -110,3 +111,26 @@ def device_name(text: str) -> str:
         return check_device_name(text, "--device")
     except ConfigError as e:
         raise argparse.ArgumentTypeError(str(e).removeprefix("--device: ")) from None
+
+
+# --------------------------------------------------------------- output paths, checked before any work
+
+def _file_in_the_way(path: Path) -> Optional[Path]:
+    return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """Refuse ``path`` as a directory to write into when it, or a parent, is a file."""
+    blocking = _file_in_the_way(Path(path))
+    if blocking is not None:
+        raise ArgumentError(f"{flag} {path}: {blocking} is a file, but a directory is needed there; "
+                            "choose another path or move the file away (nothing was done)")
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Refuse ``path`` as a file to write when it is a directory or a parent is a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise ArgumentError(f"{flag} {path} is a directory; give the path of a file to write, "
+                            f"e.g. {path / 'out.json'} (nothing was done)")
+    check_output_dir(path.parent, flag)

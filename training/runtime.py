@@ -189,10 +189,21 @@ def _peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[Optional[floa
     return None, "unknown"
 
 
+def _env_int(name: str, default: int) -> int:
+    """A torchrun variable (RANK, WORLD_SIZE, LOCAL_RANK): a non-negative integer."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    if not text.strip().isdigit():
+        raise ConfigError(f"the environment variable {name}={text!r} is not a non-negative integer; torchrun "
+                          f"sets it for each process: unset it to train in one process")
+    return int(text)
+
+
 def setup_runtime(train_cfg) -> Runtime:
     """Join the torchrun process group if there is one, and pick device and precision."""
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0)) if world > 1 else None
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0) if world > 1 else None
     device = resolve_device(train_cfg.device, "train.device", local_rank)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")

@@ -103,8 +103,8 @@ def run_tokenizer(run: RunDir, cfg: RunConfig) -> Tokenizer:
     try:
         tokenizer = load_tokenizer(path)
     except DataError as e:
-        raise CheckpointError(f"{path} is not a ropelab tokenizer ({e}); restore the run's own "
-                              "tokenizer.json (its prepared data directory under data.cache_dir holds a copy)") from None
+        raise CheckpointError(f"{e}; restore the run's own tokenizer.json (its prepared data directory "
+                              "under data.cache_dir holds a copy)") from None
     # An imported model may have more embedding rows than its tokenizer has tokens.
     fits = (tokenizer.vocab_size <= cfg.model.vocab_size if cfg.data.tokenizer.kind == "file"
             else tokenizer.vocab_size == cfg.model.vocab_size)
