@@ -30,7 +30,7 @@ from configs import override_section
 from configs.experiment import seed_group
 from configs.schema import EvalConfig, EvalCorpus, RunConfig
 from data.atomic import write_text_atomic
-from eval.corpus import CorpusTokens, load_corpus
+from eval.corpus import CorpusTokens, corpus_settings, load_corpus
 from eval.labels import encoding_label
 from eval.perplexity import perplexity
 from eval.report import check_report_dir, write_report
@@ -115,6 +115,9 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
         step_ev = ev if last else dataclasses.replace(ev, per_position=False)
         for corpus in ev.corpora:
             data = load_corpus(base, corpus, ev)
+            settings = corpus_settings(corpus, base, step_ev)
+            meta.setdefault("corpora", {})[data.name] = {**settings, "name": data.name,
+                                                         "split_tokens": int(len(data.tokens))}
             corpus_rows, corpus_curves = _evaluate_corpus(base, step_ev, corpus, data, meta, log)
             for row in corpus_rows if step is not None else ():
                 row.update(eval_step=step, step_tokens=base.meta.get("tokens"))
@@ -257,7 +260,11 @@ def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = o
     if not runs:
         raise UserError("no run could be evaluated:\n" + "\n".join(f"- {f['run']}: {f['error']}" for f in failures))
     _label_groups(runs, rows)
-    results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs, "results": rows,
+    corpora: dict[str, dict] = {}
+    for run in runs:  # how each corpus was scored (absent from evaluations cached before this was recorded)
+        for name, settings in run.get("corpora", {}).items():
+            corpora.setdefault(name, settings)
+    results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "corpora": corpora, "runs": runs, "results": rows,
                "window_sets": share_window_sets(rows), "per_position": curves, "missing": failures}
     write_report(results, out)
     return results

@@ -19,11 +19,12 @@ from pathlib import Path
 from data.atomic import write_text_atomic
 from data.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
-from eval.plots import plot_per_position, plot_perplexity
+from eval.plots import plot_per_position, plot_perplexity, plot_training
 from eval.tables import (comparison_table, compare, interval_table, ratio_to_train_len, scored_line,
                          summarize)
 from model.errors import ArgumentError
 from training.cli import check_output_dir
+from training.run_dir import RunDir
 
 PROTOCOL_TITLES = {
     "nonoverlap": "Non-overlapping windows (ALiBi paper protocol)",
@@ -82,6 +83,49 @@ def _scale_table(rows: list[dict], lengths: list[int], train_len: int) -> list[s
         text = [f"{cells[n][0]:g} → {cells[n][1]:g}" if n in cells else "–" for n in lengths]
         lines.append(f"| {scaling} | " + " | ".join(text) + " |")
     return lines
+
+
+def _corpus_line(settings: dict) -> str:
+    """What was scored: source, split, documents, protocols, lengths and the token budget."""
+    budget = ("the whole split" if settings.get("max_tokens") is None
+              else f"up to {settings['max_tokens']:,} tokens per length and protocol")
+    size = f" ({settings['split_tokens']:,} tokens)" if settings.get("split_tokens") else ""
+    return (f"Corpus: {settings['source']}; split: {settings['split']}{size}; documents: {settings['documents']}. "
+            f"Scored: {budget}, protocols {', '.join(settings['protocols'])}, lengths "
+            f"{', '.join(map(str, settings['lengths']))}.")
+
+
+def training_curves(runs: list[dict]) -> dict[str, dict[str, list]]:
+    """Each run's training and validation loss against tokens, from its metrics.jsonl."""
+    curves = {}
+    for run in runs:
+        path = RunDir(run["run"]).metrics
+        if not path.is_file():
+            continue
+        curve: dict[str, list] = {"tokens": [], "loss": [], "val_tokens": [], "val_loss": []}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:  # a record cut short
+                continue
+            if record.get("loss") is not None:
+                curve["tokens"].append(record["tokens"])
+                curve["loss"].append(record["loss"])
+            if record.get("val_loss") is not None:
+                curve["val_tokens"].append(record["tokens"])
+                curve["val_loss"].append(record["val_loss"])
+        if curve["tokens"]:
+            curves[run.get("label") or run["name"]] = curve
+    return curves
+
+
+def _training_section(runs: list[dict], out: Path) -> list[str]:
+    curves = training_curves(runs)
+    if not curves:
+        return []
+    plot_training(curves, out / "training_loss.png")
+    return ["", "## Training", "", "Training loss (lines) and validation loss (markers) against tokens trained, "
+            "from each run's metrics.jsonl:", "", "![training loss vs tokens](training_loss.png)"]
 
 
 def _header(lengths: list[int], train_len: int) -> list[str]:
@@ -154,11 +198,13 @@ def _write_markdown(results: dict, out: Path) -> None:
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""]
         md += [f"- {m['run']}: {m['error']}" for m in results["missing"]]
+    md += _training_section(runs, out)
     corpora = list(dict.fromkeys(r["corpus"] for r in rows))
     for index, corpus in enumerate(corpora):
         within = any(r.get("within_document") for r in rows if r["corpus"] == corpus)
-        md += ["", f"## {corpus}", "", "Windows stay inside documents." if within else
-               "Windows run over the split as one stream."]
+        settings = results.get("corpora", {}).get(corpus)
+        md += ["", f"## {corpus}", "", *([_corpus_line(settings), ""] if settings else []),
+               "Windows stay inside documents." if within else "Windows run over the split as one stream."]
         for protocol in [p for p in PROTOCOL_TITLES if any(r["corpus"] == corpus and r["protocol"] == p for r in rows)]:
             md += budget_section(results, corpus, protocol, out, index)
             md += _protocol_section(results, corpus, protocol, reference, out, index)

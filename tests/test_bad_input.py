@@ -7,6 +7,7 @@ class run in-process through the same ``main`` (the same code path, much faster)
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -187,3 +188,14 @@ def test_print_config_prints_the_resolved_config(trained, capsys):
     out = capsys.readouterr().out
     assert "lr: 0.0001" in out and "seq_len: 32" in out
     assert not (cfg.parent / "runs" / "tiny" / "x").exists()
+
+
+def test_a_report_names_its_corpus_and_shows_training(trained, tmp_path):
+    _, run = trained
+    out = tmp_path / "report"
+    assert extrapolation.main([str(run), "--lengths", "32", "--max-tokens", "500", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    (settings,) = results["corpora"].values()
+    assert settings["split"] == "valid" and settings["protocols"] == ["nonoverlap"] and settings["max_tokens"] == 500
+    report = (out / "report.md").read_text()
+    assert "split: valid" in report and "training_loss.png" in report and (out / "training_loss.png").is_file()

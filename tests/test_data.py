@@ -404,3 +404,23 @@ def test_window_batch_builds_shifted_inputs_and_masks():
     assert torch.equal(x + 1, y) and x.dtype == torch.int64
     assert mask.sum().item() == 49 - 4  # the first 4 targets have too little context
     assert not mask[0, :4].any() and mask[0, 4:].all() and not mask[1, :4].any() and mask[1, 4:].all()
+
+
+def test_a_single_text_splits_at_a_character_fraction(tmp_path):
+    """nanoGPT's Tiny Shakespeare split: the first int(0.9 n) characters train, the rest validate."""
+    text = "".join(f"line {i}: to be or not to be\n" for i in range(300))
+    path = tmp_path / "input.txt"
+    path.write_text(text)
+    cut = int(len(text) * 0.9)
+    for documents in ("file", "line"):
+        cfg = DataConfig(source="local", documents=documents, local=LocalConfig(
+            train=[str(path)], valid_fraction=0.1, split_mode="characters"))
+        corpus = open_corpus(cfg)
+        train_docs, valid_docs = list(corpus.documents("train")), list(corpus.documents("valid"))
+        joined = "" if documents == "file" else "\n"
+        assert joined.join(train_docs).strip() == text[:cut].strip()
+        assert joined.join(valid_docs).strip() == text[cut:].strip()
+    by_documents = DataConfig(source="local", documents="file", local=LocalConfig(train=[str(path)], valid_fraction=0.1))
+    with pytest.raises(DataError, match="split_mode=characters") as e:
+        list(open_corpus(by_documents).documents("valid"))
+    assert "{" not in str(e.value)  # no Python dict shown to the user
