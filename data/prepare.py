@@ -231,10 +231,15 @@ def _build(cfg: DataConfig, corpus: Corpus, wanted: tuple[str, ...], key: str, o
     num_proc = cfg.num_proc or min(2, os.cpu_count() or 1)
     with _encoder(tokenizer, num_proc) as encode:
         for split in wanted:
-            bar = tqdm(desc=f"tokenize {split}", unit="doc", disable=not progress)
+            terminal = progress and sys.stderr.isatty()  # a bar on a terminal, one line in a log file
+            bar = tqdm(desc=f"tokenize {split}", unit="doc", disable=not terminal)
             splits[split] = _write_split(encode(_chunks(corpus.documents(split)), dtype),
                                          out / f"{split}.bin", digest, bar)
             bar.close()
+            if progress and not terminal:
+                info = splits[split]
+                print(f"ropelab: tokenized {split}: {info['documents']:,} documents, {info['tokens']:,} tokens",
+                      file=sys.stderr)
             if splits[split]["documents"] == 0:
                 raise DataError(f"the {split} split of {corpus.describe()} has no documents "
                                 "(empty files, or only blank lines?)")

@@ -112,7 +112,7 @@ def test_paths_of_the_wrong_kind(trained, capsys):
     refused_in_process(train.main, [str(cfg), f"out_dir={a_file}/runs"], capsys, f"{a_file} is a file")
     refused_in_process(train.main, [str(cfg), f"data.cache_dir={a_file}", "name=other"], capsys, str(a_file))
     refused_in_process(export_hf.main, [str(run), str(a_file)], capsys, f"{a_file} is a file")
-    refused_in_process(sample.main, [str(run / "config.yaml")], capsys, "not a run directory")
+    refused_in_process(sample.main, [str(run / "config.yaml")], capsys, "is a file; give the run directory")
 
 
 def test_an_existing_out_is_refused_before_evaluation(trained, capsys):

@@ -55,6 +55,9 @@ def with_scaling(cfg: RunConfig, scaling: Optional[RopeScalingConfig]) -> RunCon
 
 
 def read_run_config(run: RunDir) -> RunConfig:
+    if run.path.is_file():
+        raise CheckpointError(f"{run.path} is a file; give the run directory that holds it "
+                              f"({run.path.parent} if it is that run's {run.path.name})")
     if not run.is_run():
         raise CheckpointError(f"{run} is not a run directory (no {run.config.name}); train one with "
                               "python train.py CONFIG name=...")
