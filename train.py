@@ -28,19 +28,22 @@ from configs.experiment import experiment_differences
 from configs.schema import RunConfig
 from data.atomic import write_text_atomic
 from data.prepare import prepare_data
+from data.storage import make_dir
 from data.samplers import RandomPositions, TrainSampler
 from data.tasks import TaskData
 from eval.exact_match import answer_loss
 from eval.perplexity import validation_loss
 from model.errors import CheckpointError, UserError
 from model.transformer import Transformer
-from training.checkpoint import load_state, load_weights, read_meta, save_best, save_checkpoint, unwrap
-from training.cli import entry_point
+from training.checkpoint import (load_newest, load_state, load_weights, read_meta, save_best, save_checkpoint,
+                                 set_aside, unwrap)
+from training.cli import entry_point, usage_when_empty
 from training.metrics import MetricsLog
 from training.optim import build_optimizer, lr_at, upgrade_optimizer_state
 from training.parent import load_parent, parent_record
 from training.provenance import git_commit
-from training.run_dir import RunDir
+from training.run_dir import RunDir, runs_in
+from training.run_lock import RunLock
 from training.runtime import Runtime, setup_runtime
 
 
@@ -97,12 +100,15 @@ class Trainer:
         # checkpoints), for the ablation runner's accounting.
         self.train_seconds, self._session_start = 0.0, time.perf_counter()
         if resume_from is not None:
-            self._restore(resume_from)
+            self._restore()
         self.forward_model = self._wrap(self.model)
         self.stop_signal: Optional[int] = None
         self.git_commit = git_commit()
 
     # --- setup ----------------------------------------------------------------------
+    def _warn(self, message: str) -> None:
+        self.rt.print(message, file=sys.stderr)
+
     def _find_resume_point(self, cfg: RunConfig) -> Optional[Path]:
         ckpt = self.run_dir.latest_checkpoint() if self.run_dir.path.exists() else None
         if ckpt is not None and cfg.train.resume == "never":
@@ -122,13 +128,29 @@ class Trainer:
             self.rt.barrier()
         return data
 
-    def _restore(self, ckpt: Path) -> None:
+    def _restore(self) -> None:
+        """Continue from the newest checkpoint that reads; damaged newer ones are set aside."""
         saved = load_config(self.run_dir.config)
         check_resumable(saved, self.cfg, self.run_dir)
+        found = load_newest(self.run_dir, self._restore_from, self._warn)
+        if found is None:  # the checkpoint seen at start-up has gone since
+            raise CheckpointError(f"{self.run_dir} has no checkpoint any more; nothing was changed")
+        ckpt, meta, skipped = found
+        if self.rt.is_main:
+            for bad in skipped:
+                set_aside(self.run_dir, bad, self._warn)
+            if skipped or self.run_dir.pointer_target() != ckpt.name:
+                write_text_atomic(self.run_dir.latest_pointer, ckpt.name)
+        self.rt.barrier()
+        self.rt.print(f"resuming {self.run_dir} from {ckpt.name} (step {meta['step']})")
+
+    def _restore_from(self, ckpt: Path) -> dict:
+        """Load ``ckpt`` into the model, optimizer and sampler; its meta. Every file is read
+        before anything is set, so an unreadable one leaves the state as it was."""
         meta = read_meta(ckpt)
-        self.parent = meta.get("parent")
-        load_weights(self.model, ckpt)
         state = load_state(ckpt)
+        load_weights(self.model, ckpt)
+        self.parent = meta.get("parent")
         try:
             self.optimizer.load_state_dict(upgrade_optimizer_state(state["optimizer"], self.model))
             self.sampler.load_state_dict(state["sampler"])
@@ -142,8 +164,9 @@ class Trainer:
             self.train_seconds = float(state.get("train_seconds", 0.0))  # absent before it was recorded
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
             raise CheckpointError(f"{ckpt}/state.pt does not match this run ({type(e).__name__}: {e}); "
-                                  "it may come from another version or config") from None
-        self.rt.print(f"resuming {self.run_dir} from {ckpt.name} (step {meta['step']})")
+                                  "it may come from another version or config. Nothing was changed; start a "
+                                  "new run with another name=... instead") from None
+        return meta
 
     def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
         if self.cfg.train.compile:
@@ -310,23 +333,66 @@ class Trainer:
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0],
-                                     epilog="example: python train.py configs/quickstart.yaml "
-                                            "model.pos.kind=alibi train.max_steps=200")
+                                     formatter_class=argparse.RawDescriptionHelpFormatter,
+                                     epilog="examples:\n"
+                                            "  python train.py configs/quickstart.yaml\n"
+                                            "  python train.py configs/quickstart.yaml model.pos.kind=alibi "
+                                            "train.max_steps=200 name=alibi\n"
+                                            "  python train.py configs/quickstart.yaml --resume   "
+                                            "# continue an interrupted run")
     parser.add_argument("config", help="a YAML file under configs/ (or your own)")
     parser.add_argument("overrides", nargs="*", help="dotted key=value overrides, e.g. train.lr=3e-4")
-    parser.add_argument("--resume", action="store_true", help="continue from the run's latest checkpoint")
-    return parser.parse_args(argv)
+    parser.add_argument("--resume", action="store_true",
+                        help="continue the run (out_dir/name) from its newest intact checkpoint; "
+                             "refused when there is no such run")
+    parser.add_argument("--print-config", action="store_true",
+                        help="print the resolved config (YAML, overrides applied) and exit without training")
+    usage_when_empty(parser, argv)
+    return parser.parse_intermixed_args(argv)  # overrides may follow --resume
+
+
+def check_resume_target(cfg: RunConfig) -> None:
+    """``--resume`` must name a run that has something to continue."""
+    run = RunDir(Path(cfg.out_dir) / cfg.name)
+    if run.latest_checkpoint() is not None:
+        return
+    runs = runs_in(cfg.out_dir)
+    there = (f"runs in {cfg.out_dir}: {', '.join(runs)}" if runs else f"{cfg.out_dir} holds no runs")
+    what = "has no checkpoint yet" if run.path.exists() else "does not exist"
+    raise UserError(f"--resume: {run} {what}, so there is nothing to continue ({there}). Give the name of "
+                    "one of them (name=...), or drop --resume to start this run from step 0.")
+
+
+def warn_about(cfg: RunConfig, rt: Runtime) -> None:
+    """Settings that are legal but almost certainly not what was meant."""
+    t = cfg.train
+    total = t.total_steps(rt.world_size)
+    if t.warmup_steps >= total:
+        rt.print(f"warning: train.warmup_steps={t.warmup_steps} is not below the run's {total} steps, so the "
+                 "learning rate never reaches train.lr; lower train.warmup_steps", file=sys.stderr)
 
 
 @entry_point
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     cfg = load_config(args.config, args.overrides)
+    if args.print_config:
+        print(config_to_yaml(cfg), end="")
+        return 0
     if args.resume:
+        check_resume_target(cfg)
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, resume="auto"))
     rt = setup_runtime(cfg.train)
     try:
-        return Trainer(cfg, rt).run()
+        warn_about(cfg, rt)
+        run = RunDir(Path(cfg.out_dir) / cfg.name)
+        if rt.is_main:
+            make_dir(cfg.out_dir, "out_dir")
+        # One process trains into a run directory at a time (ranks of one torchrun job share it).
+        with RunLock(run) if rt.is_main else contextlib.nullcontext():
+            if rt.is_main:
+                run.remove_leftovers()  # of writes that a crash interrupted
+            return Trainer(cfg, rt).run()
     finally:
         rt.close()
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import difflib
+import math
 import re
 import typing
 from pathlib import Path
@@ -43,10 +44,20 @@ def _as_paths(paths: PathOrPaths) -> list[Path]:
 # ---------------------------------------------------------------- YAML files and merging
 
 def _read_yaml(path: Path) -> dict:
+    if path.is_dir():
+        examples = sorted(p.name for p in path.glob("*.yaml"))[:4]
+        raise ConfigError(f"{path} is a directory; give a YAML config file" +
+                          (f", e.g. {path / examples[0]} (it holds {', '.join(examples)})" if examples else
+                           " such as configs/quickstart.yaml"))
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
         raise ConfigError(f"config file not found: {path}") from None
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"{path} is not a text (UTF-8) file (byte {e.start}: {e.reason}); give a YAML "
+                          "config file") from None
+    except OSError as e:
+        raise ConfigError(f"cannot read the config file {path}: {e.strerror}") from None
     try:
         data = yaml.safe_load(text)
     except yaml.YAMLError as e:
@@ -212,6 +223,8 @@ def _coerce(value: Any, tp: Any, key: str, origins: Origins) -> Any:
         if isinstance(value, str) and _EXPONENT.match(value):
             value = float(value)
         if isinstance(value, (int, float)) and not isinstance(value, bool):
+            if not math.isfinite(value):
+                raise _located(f"{_origin_of(key, origins)}: {key} must be a finite number, got {value!r}")
             if tp is float:
                 return float(value)
             if isinstance(value, int) or value.is_integer():

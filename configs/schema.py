@@ -19,11 +19,13 @@ repository root.
 
 from __future__ import annotations
 
+import codecs
 import dataclasses
 import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
+from configs.device import check_device_name
 from configs.tasks import SyntheticConfig, TaskEvalConfig
 from model.config import SCALING_TYPES, ModelConfig, ScalingType
 from model.errors import ConfigError
@@ -114,7 +116,11 @@ class LocalConfig:
 
     Without ``valid`` files, ``valid_fraction`` of the training documents become the
     validation split (likewise ``test``); ``split_mode`` random picks them with
-    ``split_seed``, tail takes the last documents.
+    ``split_seed``, tail takes the last documents. ``characters`` cuts the training text
+    itself instead, at character fractions (train | valid | test, in file order), so a
+    single file splits as nanoGPT splits Tiny Shakespeare: the first int(0.9·n) characters
+    train, the rest validate (``valid_fraction: 0.1``); each part is then cut into
+    documents as ``data.documents`` says.
     """
 
     train: list[str] = field(default_factory=list)
@@ -122,7 +128,7 @@ class LocalConfig:
     test: list[str] = field(default_factory=list)
     valid_fraction: float = 0.0
     test_fraction: float = 0.0
-    split_mode: Literal["random", "tail"] = "random"
+    split_mode: Literal["random", "tail", "characters"] = "random"
     split_seed: int = 0
 
     def __post_init__(self) -> None:
@@ -132,7 +138,7 @@ class LocalConfig:
         carved = (0.0 if self.valid else self.valid_fraction) + (0.0 if self.test else self.test_fraction)
         if carved >= 1.0:
             raise ConfigError("data.local.valid_fraction + test_fraction must leave some "
-                              "documents for training (sum < 1)")
+                              f"text for training (their sum is {carved:g}; it must be below 1)")
 
 
 @dataclass
@@ -154,9 +160,16 @@ class DataConfig:
     tokenizer: TokenizerConfig = field(default_factory=TokenizerConfig)
     cache_dir: Optional[str] = None  # None: $ROPELAB_CACHE or .cache/ropelab/data
     num_proc: Optional[int] = None  # tokenizer processes; None: min(2, cpu count)
+    # The text encoding of local files (any Python codec name, e.g. latin-1, cp1252, utf-16).
+    encoding: str = "utf-8"
 
     def __post_init__(self) -> None:
         _positive("data", self, "num_proc", allow_none=True)
+        try:
+            codecs.lookup(self.encoding)
+        except LookupError:
+            raise ConfigError(f"data.encoding={self.encoding!r} is not a text encoding Python knows; use "
+                              "e.g. utf-8, latin-1, cp1252 or utf-16") from None
         if self.source == "local":
             if not self.local.train:
                 raise ConfigError("data.source=local needs data.local.train (files, directories "
@@ -206,7 +219,7 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
     seed: int = 1337
-    device: Literal["auto", "cpu", "cuda", "mps"] = "auto"
+    device: str = "auto"  # auto, cpu, cuda, cuda:N or mps (configs/device.py)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     compile: bool = False
     eval_interval: int = 200
@@ -222,6 +235,7 @@ class TrainConfig:
         _positive("train", self, "seq_len", "batch_size", "grad_accum", "eval_interval",
                   "eval_batches", "ckpt_interval", "keep_last", "log_interval")
         _positive("train", self, "max_steps", "max_tokens", allow_none=True)
+        check_device_name(self.device, "train.device")
         if (self.max_steps is None) == (self.max_tokens is None):
             raise ConfigError("set exactly one of train.max_steps and train.max_tokens "
                               f"(got max_steps={self.max_steps}, max_tokens={self.max_tokens}); "
@@ -378,7 +392,9 @@ class LogConfig:
     wandb_project: str = "ropelab"
     wandb_entity: Optional[str] = None
     wandb_mode: Literal["online", "offline"] = "online"
-    progress: bool = True  # tqdm bars
+    # A tqdm bar on a terminal; with false, or when output goes to a file, one line per
+    # train.log_interval steps and per validation instead.
+    progress: bool = True
 
 
 @dataclass

@@ -36,12 +36,21 @@ from tqdm import tqdm
 
 from configs.schema import DataConfig
 from data.atomic import atomic_directory, remove_leftovers
+from data.storage import is_storage_error, make_dir, storage_error
 from data.sources import Corpus, open_corpus
 from data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json, train_tokenizer
 from model.errors import DataError
 
 FORMAT_VERSION = 1  # bump when the token files' content or layout changes
 CHUNK_CHARS = 1 << 20  # text per worker task: big enough to amortise pickling
+
+
+class DamagedData(DataError):
+    """A prepared data directory whose files are corrupt or truncated: prepare it again."""
+
+    def __init__(self, directory: Path, problem: str):
+        super().__init__(f"{problem}; delete {directory} to prepare the data again")
+        self.problem = problem
 
 
 @dataclasses.dataclass
@@ -58,14 +67,21 @@ class PreparedData:
         meta_path = directory / "meta.json"
         if not meta_path.is_file():
             raise DataError(f"{directory} is not a prepared data directory (no meta.json)")
-        meta = json.loads(meta_path.read_text(encoding="utf-8"))
-        itemsize = np.dtype(meta["dtype"]).itemsize
-        for split, info in meta["splits"].items():
-            path = directory / info["file"]
-            if not path.is_file() or path.stat().st_size != info["tokens"] * itemsize:
-                raise DataError(f"{path} is missing or truncated ({info['tokens']} tokens "
-                                f"expected); delete {directory} to rebuild it")
-        return cls(directory, meta, load_tokenizer(directory / meta["tokenizer"]["file"]))
+        try:
+            meta = json.loads(meta_path.read_text(encoding="utf-8"))
+            itemsize = np.dtype(meta["dtype"]).itemsize
+            files = {split: (directory / info["file"], int(info["tokens"])) for split, info in meta["splits"].items()}
+            tokenizer_file = directory / meta["tokenizer"]["file"]
+        except (ValueError, KeyError, TypeError, AttributeError) as e:
+            raise DamagedData(directory, f"{meta_path} is corrupt ({type(e).__name__}: {e})") from None
+        for path, tokens in files.values():
+            if not path.is_file() or path.stat().st_size != tokens * itemsize:
+                raise DamagedData(directory, f"{path} is missing or truncated ({tokens} tokens expected)")
+        try:
+            tokenizer = load_tokenizer(tokenizer_file)
+        except DataError as e:
+            raise DamagedData(directory, str(e)) from None
+        return cls(directory, meta, tokenizer)
 
     @property
     def splits(self) -> list[str]:
@@ -94,6 +110,8 @@ def token_config(cfg: DataConfig) -> dict:
         out["hub"] = {k: v for k, v in dataclasses.asdict(cfg.hub).items() if k != "streaming"}
     if cfg.source == "local":
         out["local"] = dataclasses.asdict(cfg.local)
+        if cfg.encoding != "utf-8":  # only then, so caches built before the key existed stay valid
+            out["encoding"] = cfg.encoding
     return out
 
 
@@ -127,23 +145,62 @@ def prepare_data(cfg: DataConfig, progress: bool = True,
     root = cache_root(cfg)
     tok = cfg.tokenizer
     final = root / f"{cfg.source}-{tok.kind}{tok.vocab_size if tok.kind == 'bpe' else ''}-{key[:16]}"
-    if (final / "meta.json").is_file():
-        return PreparedData.load(final)
-    root.mkdir(parents=True, exist_ok=True)
+    ready = _load_if_intact(final, say=True)
+    if ready is not None:
+        return ready
+    make_dir(root, "data.cache_dir" if cfg.cache_dir else "the data cache ($ROPELAB_CACHE or .cache/ropelab/data)")
     with _exclusive(root / f"{final.name}.lock"):
-        if (final / "meta.json").is_file():  # another process built it while we waited
-            return PreparedData.load(final)
+        ready = _load_if_intact(final)  # another process built it while we waited
+        if ready is not None:
+            return ready
         # We hold the lock, so no other build of this directory is in progress.
         remove_leftovers(final)
+        _remove_stale_locks(root)
         if final.is_dir():
             shutil.rmtree(final)
-        with atomic_directory(final) as tmp:
-            _build(cfg, corpus, wanted or corpus.splits, key, tmp, progress)
+        try:
+            with atomic_directory(final) as tmp:
+                _build(cfg, corpus, wanted or corpus.splits, key, tmp, progress)
+        except OSError as e:
+            if not is_storage_error(e):
+                raise
+            raise storage_error(e, f"write the prepared data {final}", root) from None
     return PreparedData.load(final)
+
+
+def _load_if_intact(directory: Path, say: bool = False) -> Optional[PreparedData]:
+    """The prepared data in ``directory``; None when it is absent, or damaged (it is then
+    prepared again, which ``say`` says)."""
+    if not (directory / "meta.json").is_file():
+        return None
+    try:
+        return PreparedData.load(directory)
+    except DamagedData as e:
+        if say:
+            print(f"note: {e.problem}; preparing the data again", file=sys.stderr)
+        return None
+
+
+def _remove_stale_locks(root: Path) -> None:
+    """Lock files that no process holds (left by one that was killed)."""
+    try:
+        import fcntl
+    except ImportError:
+        return
+    for path in root.glob("*.lock"):
+        try:
+            with open(path, "r") as f:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                path.unlink(missing_ok=True)
+                fcntl.flock(f, fcntl.LOCK_UN)
+        except OSError:  # held by a build in progress, or gone already
+            continue
 
 
 @contextlib.contextmanager
 def _exclusive(lock_path: Path) -> Iterator[None]:
+    """Hold an exclusive lock on ``lock_path``; the file is removed afterwards, so no stale
+    lock files pile up (one left by a killed process is removed by the next build)."""
     try:
         import fcntl
     except ImportError:  # Windows: unique temp names still keep builds apart
@@ -154,6 +211,7 @@ def _exclusive(lock_path: Path) -> Iterator[None]:
         try:
             yield
         finally:
+            lock_path.unlink(missing_ok=True)  # a process waiting on it rechecks meta.json
             fcntl.flock(f, fcntl.LOCK_UN)
 
 
@@ -173,10 +231,15 @@ def _build(cfg: DataConfig, corpus: Corpus, wanted: tuple[str, ...], key: str, o
     num_proc = cfg.num_proc or min(2, os.cpu_count() or 1)
     with _encoder(tokenizer, num_proc) as encode:
         for split in wanted:
-            bar = tqdm(desc=f"tokenize {split}", unit="doc", disable=not progress)
+            terminal = progress and sys.stderr.isatty()  # a bar on a terminal, one line in a log file
+            bar = tqdm(desc=f"tokenize {split}", unit="doc", disable=not terminal)
             splits[split] = _write_split(encode(_chunks(corpus.documents(split)), dtype),
                                          out / f"{split}.bin", digest, bar)
             bar.close()
+            if progress and not terminal:
+                info = splits[split]
+                print(f"ropelab: tokenized {split}: {info['documents']:,} documents, {info['tokens']:,} tokens",
+                      file=sys.stderr)
             if splits[split]["documents"] == 0:
                 raise DataError(f"the {split} split of {corpus.describe()} has no documents "
                                 "(empty files, or only blank lines?)")

@@ -8,6 +8,7 @@ Hub and local text both go through Hugging Face ``datasets`` (local files with i
 
 from __future__ import annotations
 
+import codecs
 import glob
 from pathlib import Path
 from typing import Iterable, Iterator, Optional
@@ -191,13 +192,19 @@ class LocalCorpus(Corpus):
         sample_by = {"paragraph": "paragraph", "file": "document"}.get(self.cfg.documents, "line")
         files = [str(f) for f in self.files[split]]
         ds = datasets.load_dataset("text", data_files=files, split="train", streaming=True,
-                                   sample_by=sample_by)
-        return (row["text"] for row in ds)
+                                   sample_by=sample_by, encoding=self.cfg.encoding)
+        try:
+            yield from (row["text"] for row in ds)
+        except UnicodeDecodeError as e:
+            raise undecodable(self.files[split], split, self.cfg.encoding, e) from None
 
     def documents(self, split: str) -> Iterator[str]:
         carved = split in self.fractions or (split == "train" and self.fractions)
         if not carved:
             return super().documents(split)
+        if self.cfg.local.split_mode == "characters":
+            return group_documents(_records_of(self._character_part(split), self.cfg.documents),
+                                   self.cfg.documents)
         # Fractions are of documents (after grouping), so an article never straddles splits.
         code = {"train": 0, "valid": 1, "test": 2}[split]
         assignment = self._split_assignment()
@@ -210,9 +217,12 @@ class LocalCorpus(Corpus):
         n = sum(1 for _ in super().documents("train"))
         counts = {s: round(f * n) for s, f in self.fractions.items()}
         if n - sum(counts.values()) < 1 or any(c < 1 for c in counts.values()):
-            raise DataError(f"data.local: {n} training documents cannot be split into "
-                            f"{self.fractions} fractions with at least one document each; "
-                            "add text, change the fractions or give valid/test files")
+            asked = " and ".join(f"{f:.0%} {s}" for s, f in self.fractions.items())
+            raise DataError(f"data.local: the training text holds {n} document{'s' if n != 1 else ''} "
+                            f"(data.documents={self.cfg.documents}), too few to set aside {asked} as whole "
+                            "documents with one at least in each split. To cut a single text at a "
+                            "character fraction (as nanoGPT splits Tiny Shakespeare 90/10), set "
+                            "data.local.split_mode=characters; or give valid/test files, or add text")
         # Taken from the front of `order`; tail mode reads from the end, so the file ends
         # up as train | valid | test.
         order = (np.random.default_rng(self.cfg.local.split_seed).permutation(n)
@@ -226,6 +236,19 @@ class LocalCorpus(Corpus):
         self._assignment = assignment
         return assignment
 
+    def _character_part(self, split: str) -> str:
+        """``split``'s part of the training text cut at character fractions: train | valid | test."""
+        text = "".join(_read_text(f, "train", self.cfg.encoding) for f in self.files["train"])
+        n = len(text)
+        valid, test = self.fractions.get("valid", 0.0), self.fractions.get("test", 0.0)
+        cuts = {"train": (0, int(n * (1 - valid - test))),
+                "valid": (int(n * (1 - valid - test)), int(n * (1 - test))), "test": (int(n * (1 - test)), n)}
+        start, end = cuts[split]
+        if end <= start:
+            raise DataError(f"data.local: the training text has {n} characters, too few to give the {split} "
+                            "split any; add text or change the fractions")
+        return text[start:end]
+
     def identity(self) -> dict:
         # Path + size + mtime stands in for the content: cheap even for large corpora.
         return {split: [[str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns] for f in files]
@@ -234,6 +257,58 @@ class LocalCorpus(Corpus):
     def describe(self) -> str:
         return "local files: " + "; ".join(f"{split}: {', '.join(map(str, files))}"
                                              for split, files in self.files.items())
+
+
+def _records_of(text: str, mode: str) -> Iterator[str]:
+    """A text's records as the ``text`` loader makes them: lines, paragraphs, or the whole."""
+    if mode == "file":
+        return iter([text])
+    if mode == "paragraph":
+        return iter(text.split("\n\n"))
+    return iter(text.splitlines())
+
+
+def _read_text(path: Path, split: str, encoding: str) -> str:
+    try:
+        return path.read_bytes().decode(encoding)
+    except UnicodeDecodeError as e:
+        raise undecodable([path], split, encoding, e) from None
+
+
+def _first_undecodable(files: list[Path], encoding: str) -> Optional[tuple[Path, int, str]]:
+    """(file, byte offset, reason) of the first bytes that ``encoding`` cannot decode."""
+    for path in files:
+        decoder = codecs.getincrementaldecoder(encoding)()
+        offset = 0
+        with open(path, "rb") as f:
+            while True:
+                chunk = f.read(1 << 20)
+                pending = len(decoder.getstate()[0])
+                try:
+                    decoder.decode(chunk, final=not chunk)
+                except UnicodeDecodeError as e:
+                    return path, offset - pending + e.start, e.reason
+                if not chunk:
+                    break
+                offset += len(chunk)
+    return None
+
+
+def undecodable(files: list[Path], split: str, encoding: str, error: UnicodeDecodeError) -> DataError:
+    """The DataError for text that is not in ``encoding``: which file, which byte, what to do."""
+    found = _first_undecodable(files, encoding)
+    if found is None:  # the loader's error without a byte we can find again: say what it said
+        where, detail = ", ".join(map(str, files)), error.reason
+    else:
+        path, offset, detail = found
+        with open(path, "rb") as f:
+            f.seek(offset)
+            byte = f.read(1)
+        where = f"{path} at byte {offset} (0x{byte.hex()}: {detail})"
+        detail = ""
+    return DataError(f"data.local.{split}: {where} is not valid {encoding} text{f' ({detail})' if detail else ''}. "
+                     "If the file is text in another encoding, name it with data.encoding (e.g. "
+                     "data.encoding=latin-1 or cp1252); a binary file does not belong in a text corpus")
 
 
 def open_corpus(cfg: DataConfig) -> Corpus:

@@ -283,6 +283,8 @@ def train_tokenizer(cfg: TokenizerConfig, texts: Iterable[str]) -> Tokenizer:
 
 def tokenizer_from_json(text: str) -> Tokenizer:
     obj = json.loads(text)
+    if not isinstance(obj, dict):
+        raise DataError(f"not a ropelab tokenizer (a JSON {type(obj).__name__}, not an object)")
     kind = obj.get("kind")
     if kind == "byte":
         return ByteTokenizer()
@@ -354,7 +356,14 @@ def load_tokenizer(path: str | Path) -> Tokenizer:
         text = Path(path).read_text(encoding="utf-8")
     except FileNotFoundError:
         raise DataError(f"tokenizer file not found: {path}") from None
+    except IsADirectoryError:
+        raise DataError(f"{path} is a directory; give the path of a tokenizer.json") from None
+    except UnicodeDecodeError as e:
+        raise DataError(f"{path} is not a tokenizer.json (not UTF-8 text: byte {e.start})") from None
     try:
         return tokenizer_from_json(text)
-    except (ValueError, KeyError) as e:  # json.JSONDecodeError is a ValueError
-        raise DataError(f"cannot read tokenizer {path}: {e}") from None
+    except DataError as e:
+        raise DataError(f"{path}: {e}") from None
+    except Exception as e:  # bad JSON, missing keys, or the tokenizers library's own error type
+        first = (str(e).splitlines() or [""])[0][:200]
+        raise DataError(f"{path} is not a tokenizer.json ropelab can read ({type(e).__name__}: {first})") from None

@@ -60,6 +60,26 @@ def corpus_name(corpus: EvalCorpus, saved: SavedRun, split: str) -> str:
     return f"{corpus.hub} ({corpus.split or 'validation'})" if corpus.source == "hub" else f"built-in ({split})"
 
 
+def corpus_settings(corpus: EvalCorpus, saved: SavedRun, ev: EvalConfig) -> dict:
+    """What was scored on ``corpus``, resolved (no nulls that mean "the default"): for
+    results.json and the report."""
+    data_cfg, split = corpus_data(corpus, saved, ev.split)
+    if data_cfg.source == "hub":
+        where, split = f"Hugging Face Hub: {data_cfg.hub.name}", data_cfg.hub.valid_split
+    elif data_cfg.source == "local":
+        files = getattr(data_cfg.local, split, None) or data_cfg.local.train
+        where = "local files: " + ", ".join(files)
+        if corpus.source == "local":
+            split = "whole files"
+    else:
+        where = "built-in: Python's documentation"
+    return {"source": ("the run's own data, " if corpus.source == "run" else "") + where, "split": split,
+            "documents": data_cfg.documents, "within_document": corpus.within_document,
+            "lengths": sorted(set(corpus.lengths)) or ev.resolved_lengths(saved.cfg.train.seq_len),
+            "protocols": list(corpus.protocols or ev.protocols), "max_tokens": ev.max_tokens,
+            "stride": ev.stride, "factor": ev.factor, "scalings": ev.resolved_scalings(saved.cfg.model.pos.kind)}
+
+
 def load_corpus(saved: SavedRun, corpus: EvalCorpus, ev: EvalConfig) -> CorpusTokens:
     data_cfg, split = corpus_data(corpus, saved, ev.split)
     data = prepare_data(data_cfg, progress=False, splits=[split])

@@ -30,15 +30,17 @@ from configs import override_section
 from configs.experiment import seed_group
 from configs.schema import EvalConfig, EvalCorpus, RunConfig
 from data.atomic import write_text_atomic
-from eval.corpus import CorpusTokens, load_corpus
+from eval.corpus import CorpusTokens, corpus_settings, load_corpus
 from eval.labels import encoding_label
 from eval.perplexity import perplexity
-from eval.report import write_report
+from eval.report import check_report_dir, write_report
 from model.config import SCALING_TYPES, RopeScalingConfig
 from model.errors import UserError
 from model.positional.rope_scaling import effective_scale
-from training.cli import entry_point
+from configs.device import DEVICE_NAMES
+from training.cli import device_name, entry_point, positive_int, scale_factor, usage_when_empty
 from training.run_dir import RunDir
+from training.runtime import resolve_device
 from training.saved_run import SavedRun, load_run, read_run_config, rescaled
 
 EvalFor = Callable[[RunConfig], EvalConfig]  # the evaluation config of a run, from its config
@@ -113,6 +115,9 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
         step_ev = ev if last else dataclasses.replace(ev, per_position=False)
         for corpus in ev.corpora:
             data = load_corpus(base, corpus, ev)
+            settings = corpus_settings(corpus, base, step_ev)
+            meta.setdefault("corpora", {})[data.name] = {**settings, "name": data.name,
+                                                         "split_tokens": int(len(data.tokens))}
             corpus_rows, corpus_curves = _evaluate_corpus(base, step_ev, corpus, data, meta, log)
             for row in corpus_rows if step is not None else ():
                 row.update(eval_step=step, step_tokens=base.meta.get("tokens"))
@@ -255,7 +260,11 @@ def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = o
     if not runs:
         raise UserError("no run could be evaluated:\n" + "\n".join(f"- {f['run']}: {f['error']}" for f in failures))
     _label_groups(runs, rows)
-    results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs, "results": rows,
+    corpora: dict[str, dict] = {}
+    for run in runs:  # how each corpus was scored (absent from evaluations cached before this was recorded)
+        for name, settings in run.get("corpora", {}).items():
+            corpora.setdefault(name, settings)
+    results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "corpora": corpora, "runs": runs, "results": rows,
                "window_sets": share_window_sets(rows), "per_position": curves, "missing": failures}
     write_report(results, out)
     return results
@@ -265,16 +274,17 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eval.extrapolation", description=__doc__.split("\n\n")[0],
                                 epilog="Flags override the keys of each run's own eval config (eval.*).")
     p.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
-    p.add_argument("--lengths", type=int, nargs="+", help="eval.lengths: evaluation lengths")
+    p.add_argument("--lengths", type=positive_int, nargs="+", help="eval.lengths: evaluation lengths")
     p.add_argument("--scaling", nargs="+", choices=SCALING_TYPES, dest="scalings",
                    help="eval.scalings: RoPE scalings to compare (RoPE runs only)")
     p.add_argument("--protocols", nargs="+", choices=["nonoverlap", "sliding"], help="eval.protocols")
-    p.add_argument("--stride", type=int, help="eval.stride: sliding-window stride (default: half the length)")
-    p.add_argument("--max-tokens", type=int, help="eval.max_tokens: tokens scored per length (spread over the split)")
+    p.add_argument("--stride", type=positive_int, help="eval.stride: sliding-window stride (default: half the length)")
+    p.add_argument("--max-tokens", type=positive_int, help="eval.max_tokens: tokens scored per length (spread over the split)")
     p.add_argument("--all-tokens", action="store_true", help="score the whole split (eval.max_tokens: null)")
     p.add_argument("--split", choices=["valid", "test"], help="eval.split: which split of the run's own data")
-    p.add_argument("--factor", type=float, help="eval.factor: fixed RoPE scaling factor (default: L_eval / L_train)")
-    p.add_argument("--batch-size", type=int, help="eval.batch_size: windows per forward")
+    p.add_argument("--factor", type=scale_factor,
+                   help="eval.factor: fixed RoPE scaling factor >= 1 (default: L_eval / L_train)")
+    p.add_argument("--batch-size", type=positive_int, help="eval.batch_size: windows per forward")
     p.add_argument("--no-per-position", dest="per_position", action="store_const", const=False,
                    help="skip the per-position loss curves")
     p.add_argument("--data", nargs="+", metavar="SOURCE",
@@ -290,8 +300,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                                                  "(the grid runner passes each run's planned evaluation)")
     p.add_argument("--cache-only", action="store_true",
                    help="evaluate and cache the results in each run directory, without writing a report")
-    p.add_argument("--device", default="cpu", help="torch device for evaluation")
-    p.add_argument("--out", type=Path, default=Path("reports/extrapolation"), help="report directory")
+    p.add_argument("--device", type=device_name, default="cpu", help=f"torch device for evaluation: {DEVICE_NAMES}")
+    p.add_argument("--out", type=Path, default=Path("reports/extrapolation"),
+                   help="report directory: a new one, or an earlier report's, which is replaced")
+    usage_when_empty(p, argv)
     return p.parse_args(argv)
 
 
@@ -331,6 +343,9 @@ def main(argv=None) -> int:
     if corpus is not None:
         tree["corpora"] = [corpus]
     override_section(EvalConfig(), tree, "command line", "eval.")  # a bad value fails before any work
+    device = str(resolve_device(args.device, "--device"))
+    if not args.cache_only:
+        check_report_dir(args.out)
 
     def eval_for(cfg: RunConfig) -> EvalConfig:
         return override_section(cfg.eval, tree, "command line", "eval.")
@@ -338,9 +353,9 @@ def main(argv=None) -> int:
     with torch.inference_mode():
         if args.cache_only:
             for run in args.runs:
-                cached_evaluation(run, eval_for, args.device, print, args.allow_unfinished)
+                cached_evaluation(run, eval_for, device, print, args.allow_unfinished)
             return 0
-        run_extrapolation(args.runs, args.out, eval_for, device=args.device, allow_unfinished=args.allow_unfinished)
+        run_extrapolation(args.runs, args.out, eval_for, device=device, allow_unfinished=args.allow_unfinished)
     print(f"wrote {args.out}/report.md, results.json and plots")
     return 0
 

@@ -1,4 +1,9 @@
-"""Matplotlib figures for extrapolation reports (headless: the Agg backend)."""
+"""Matplotlib figures for extrapolation reports (headless: the Agg backend).
+
+Lines that coincide (e.g. a RoPE scaling that is plain RoPE up to L_train) stay visible:
+each row gets its own marker and dash pattern, drawn slightly transparent. Log axes are
+labelled in plain numbers (128, 1k, 2M), never powers.
+"""
 
 from __future__ import annotations
 
@@ -10,16 +15,35 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
 
 from eval.labels import encoding_label, with_scaling  # noqa: E402
 from eval.stats import pooled_curve  # noqa: E402
 
 
+MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
+DASHES = ("-", "--", "-.", ":")
+
+
+def style(i: int, label: str = "") -> dict:
+    """Row ``i``'s marker, dash pattern and transparency, so coinciding lines stay visible."""
+    dashes = DASHES[(i // len(MARKERS) + ("+" in label)) % len(DASHES)]
+    return {"marker": MARKERS[i % len(MARKERS)], "linestyle": dashes, "alpha": 0.85}
+
+
+def plain_number(value: float, _=None) -> str:
+    """128, 1k, 2.5k, 1M: a tick label a person reads at a glance."""
+    for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if abs(value) >= scale:
+            return f"{value / scale:g}{suffix}"
+    return f"{value:g}"
+
+
 def _plain_ticks(ax, axis: str) -> None:
-    """Log axes labelled 128, 256, … rather than 2^7, 2^8, …"""
+    """Log axes labelled 128, 1k, … rather than 2^7, 10^3, …; minor ticks unlabelled."""
     target = ax.xaxis if axis == "x" else ax.yaxis
-    target.set_major_formatter(FuncFormatter(lambda v, _: f"{v:g}"))
+    target.set_major_formatter(FuncFormatter(plain_number))
+    target.set_minor_formatter(NullFormatter())
 
 
 def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: Path, title: str) -> None:
@@ -32,8 +56,7 @@ def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: P
         xs = np.array([n for n, _ in points], dtype=float) * (1 + 0.012 * (i % 5 - 2))  # nudge overlapping bars
         ys = np.array([c["ppl"] for _, c in points])
         err = np.array([[c["ppl"] - c["low"] for _, c in points], [c["high"] - c["ppl"] for _, c in points]])
-        ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3, capsize=2, linewidth=1.1, label=label,
-                    linestyle="--" if "+" in label else "-")
+        ax.errorbar(xs, ys, yerr=err, markersize=4, capsize=2, linewidth=1.1, label=label, **style(i, label))
     ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
     ax.text(train_len, 0.98, " L_train", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="grey")
     ax.set_xscale("log", base=2)
@@ -61,12 +84,12 @@ def plot_per_position(runs: list[dict], curves: dict[str, dict[str, dict]], trai
             if curve:
                 pooled[with_scaling(labels[run], scaling)].append(curve)
     fig, ax = plt.subplots(figsize=(8, 5))
-    for label in sorted(pooled):
+    for i, label in enumerate(sorted(pooled)):
         same = [c for c in pooled[label] if c["edges"] == pooled[label][0]["edges"]]
         edges = np.asarray(same[0]["edges"], dtype=float)
         centres = np.sqrt(edges[:-1] * (edges[1:] - 1).clip(min=1))
         mean, low, high = pooled_curve(same)
-        line, = ax.plot(centres, mean, label=label, linewidth=1.1, linestyle="--" if "+" in label else "-")
+        line, = ax.plot(centres, mean, label=label, linewidth=1.1, markersize=3.5, **style(i, label))
         ax.fill_between(centres, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
     ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
     ax.set_xscale("log", base=2)
@@ -85,14 +108,14 @@ def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int]
     """Perplexity against fine-tuning steps, one panel per length, one line per row (95% intervals)."""
     fig, axes = plt.subplots(1, len(lengths), figsize=(5.5 * len(lengths), 4.5), squeeze=False)
     for ax, length in zip(axes[0], lengths):
-        for row in sorted(cells):
+        for i, row in enumerate(sorted(cells)):
             points = sorted((s, c[length]) for s, c in cells[row].items() if "ppl" in c.get(length, {}))
             if not points:
                 continue
             xs = [s for s, _ in points]
             ys = np.array([c["ppl"] for _, c in points])
             err = np.array([[c["ppl"] - c["low"] for _, c in points], [c["high"] - c["ppl"] for _, c in points]])
-            ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3.5, capsize=2, linewidth=1.2, label=row)
+            ax.errorbar(xs, ys, yerr=err, markersize=3.5, capsize=2, linewidth=1.2, label=row, **style(i, row))
         ax.set_xscale("symlog", linthresh=50)
         ax.set_yscale("log")
         _plain_ticks(ax, "x")
@@ -102,6 +125,32 @@ def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int]
         ax.set_title(f"{corpus}: at {length} tokens", fontsize=10)
         ax.grid(True, which="both", alpha=0.3)
         ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def plot_training(curves: dict[str, dict[str, list]], path: Path) -> None:
+    """Training loss (thin line) and validation loss (markers) against tokens trained, one
+    colour per run: an ablation's runs side by side, from their metrics.jsonl."""
+    fig, ax = plt.subplots(figsize=(8, 5))
+    for i, label in enumerate(sorted(curves)):
+        curve = curves[label]
+        st = style(i)
+        line, = ax.plot(curve["tokens"], curve["loss"], linewidth=0.9, alpha=0.8, linestyle=st["linestyle"],
+                        label=f"{label} (train)")
+        if curve["val_tokens"]:
+            ax.plot(curve["val_tokens"], curve["val_loss"], linestyle="none", marker=st["marker"], markersize=4,
+                    color=line.get_color(), alpha=0.9, label=f"{label} (validation)")
+    ax.set_yscale("log")
+    ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
+    _plain_ticks(ax, "y")
+    ax.xaxis.set_major_formatter(FuncFormatter(plain_number))
+    ax.set_xlabel("tokens trained")
+    ax.set_ylabel("loss (nats per token)")
+    ax.set_title("Training and validation loss", fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)

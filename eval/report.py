@@ -16,10 +16,15 @@ import re
 from itertools import combinations
 from pathlib import Path
 
+from data.atomic import write_text_atomic
+from data.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
-from eval.plots import plot_per_position, plot_perplexity
+from eval.plots import plot_per_position, plot_perplexity, plot_training
 from eval.tables import (comparison_table, compare, interval_table, ratio_to_train_len, scored_line,
                          summarize)
+from model.errors import ArgumentError
+from training.cli import check_output_dir
+from training.run_dir import RunDir
 
 PROTOCOL_TITLES = {
     "nonoverlap": "Non-overlapping windows (ALiBi paper protocol)",
@@ -80,6 +85,49 @@ def _scale_table(rows: list[dict], lengths: list[int], train_len: int) -> list[s
     return lines
 
 
+def _corpus_line(settings: dict) -> str:
+    """What was scored: source, split, documents, protocols, lengths and the token budget."""
+    budget = ("the whole split" if settings.get("max_tokens") is None
+              else f"up to {settings['max_tokens']:,} tokens per length and protocol")
+    size = f" ({settings['split_tokens']:,} tokens)" if settings.get("split_tokens") else ""
+    return (f"Corpus: {settings['source']}; split: {settings['split']}{size}; documents: {settings['documents']}. "
+            f"Scored: {budget}, protocols {', '.join(settings['protocols'])}, lengths "
+            f"{', '.join(map(str, settings['lengths']))}.")
+
+
+def training_curves(runs: list[dict]) -> dict[str, dict[str, list]]:
+    """Each run's training and validation loss against tokens, from its metrics.jsonl."""
+    curves = {}
+    for run in runs:
+        path = RunDir(run["run"]).metrics
+        if not path.is_file():
+            continue
+        curve: dict[str, list] = {"tokens": [], "loss": [], "val_tokens": [], "val_loss": []}
+        for line in path.read_text(encoding="utf-8").splitlines():
+            try:
+                record = json.loads(line)
+            except ValueError:  # a record cut short
+                continue
+            if record.get("loss") is not None:
+                curve["tokens"].append(record["tokens"])
+                curve["loss"].append(record["loss"])
+            if record.get("val_loss") is not None:
+                curve["val_tokens"].append(record["tokens"])
+                curve["val_loss"].append(record["val_loss"])
+        if curve["tokens"]:
+            curves[run.get("label") or run["name"]] = curve
+    return curves
+
+
+def _training_section(runs: list[dict], out: Path) -> list[str]:
+    curves = training_curves(runs)
+    if not curves:
+        return []
+    plot_training(curves, out / "training_loss.png")
+    return ["", "## Training", "", "Training loss (lines) and validation loss (markers) against tokens trained, "
+            "from each run's metrics.jsonl:", "", "![training loss vs tokens](training_loss.png)"]
+
+
 def _header(lengths: list[int], train_len: int) -> list[str]:
     return ["| row | " + " | ".join(f"{n}{' (L)' if n == train_len else ''}" for n in lengths) + " |",
             "|---|" + "---:|" * len(lengths)]
@@ -113,9 +161,32 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
             *_scale_table(rows, lengths, train_len)]
 
 
+REPORT_FILES = ("report.md", "results.json")
+
+
+def check_report_dir(out: Path) -> None:
+    """Refuse ``out`` before any evaluation when a report cannot go there: a file, or a
+    directory holding other things than an earlier report (which would be mixed in)."""
+    out = Path(out)
+    check_output_dir(out, "--out")
+    if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in REPORT_FILES):
+        raise ArgumentError(f"--out {out} already holds files that are not a report; give a new directory "
+                            "(an earlier report's directory is replaced) — nothing was evaluated")
+
+
 def write_report(results: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    check_report_dir(out)
+    try:
+        make_dir(out, "the report directory")
+        write_text_atomic(out / "results.json", json.dumps(results, indent=1))
+        _write_markdown(results, out)
+    except OSError as e:
+        if not is_storage_error(e):
+            raise
+        raise storage_error(e, f"write the report in {out}") from None
+
+
+def _write_markdown(results: dict, out: Path) -> None:
     runs, rows = results["runs"], results["results"]
     reference = runs[0]["eval"].get("reference", "rope") if runs else "rope"
     train_lens = sorted({r["train_len"] for r in rows})
@@ -127,11 +198,13 @@ def write_report(results: dict, out: Path) -> None:
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""]
         md += [f"- {m['run']}: {m['error']}" for m in results["missing"]]
+    md += _training_section(runs, out)
     corpora = list(dict.fromkeys(r["corpus"] for r in rows))
     for index, corpus in enumerate(corpora):
         within = any(r.get("within_document") for r in rows if r["corpus"] == corpus)
-        md += ["", f"## {corpus}", "", "Windows stay inside documents." if within else
-               "Windows run over the split as one stream."]
+        settings = results.get("corpora", {}).get(corpus)
+        md += ["", f"## {corpus}", "", *([_corpus_line(settings), ""] if settings else []),
+               "Windows stay inside documents." if within else "Windows run over the split as one stream."]
         for protocol in [p for p in PROTOCOL_TITLES if any(r["corpus"] == corpus and r["protocol"] == p for r in rows)]:
             md += budget_section(results, corpus, protocol, out, index)
             md += _protocol_section(results, corpus, protocol, reference, out, index)
@@ -142,5 +215,5 @@ def write_report(results: dict, out: Path) -> None:
             md += ["", "### Loss by position", "",
                    "At each row's longest evaluated length (non-overlapping windows), log-spaced position bins; "
                    "the band is a 95% interval over windows and seeds.", "", f"![loss by position]({name})"]
-    (out / "report.md").write_text("\n".join(md) + "\n")
+    write_text_atomic(out / "report.md", "\n".join(md) + "\n")
 

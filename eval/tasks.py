@@ -39,11 +39,14 @@ from data.tokenizers import load_tokenizer
 from eval.exact_match import exact_match
 from eval.extrapolation import read_eval_file, run_metadata, scaling_for
 from eval.kmax import k_max
+from eval.report import check_report_dir
 from eval.stats import wilson_interval
 from eval.task_report import write_task_report
 from model.config import SCALING_TYPES
 from model.errors import LengthError, UserError
-from training.cli import entry_point
+from training.cli import (device_name, entry_point, non_negative_float, non_negative_int, positive_int, probability,
+                          scale_factor)
+from training.runtime import resolve_device
 from training.run_dir import RunDir
 from training.saved_run import SavedRun, load_run, read_run_config, rescaled
 
@@ -225,19 +228,19 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
     p.add_argument("--tasks", nargs="+", metavar="TASK",
                    help=f"eval.tasks.tasks: {', '.join(TASK_NAMES)} (default: the run's own task, or passkey)")
-    p.add_argument("--lengths", type=int, nargs="+", help="eval.lengths: evaluated lengths (positions read)")
+    p.add_argument("--lengths", type=positive_int, nargs="+", help="eval.lengths: evaluated lengths (positions read)")
     p.add_argument("--scaling", nargs="+", choices=SCALING_TYPES, dest="scalings",
                    help="eval.scalings: RoPE scalings to compare (RoPE runs only)")
-    p.add_argument("--factor", type=float, help="eval.factor: fixed RoPE scaling factor (default: L_eval / L_train)")
-    p.add_argument("--samples", type=int, help="eval.tasks.samples: instances per length (per depth for passkey)")
-    p.add_argument("--depths", type=float, nargs="+", help="eval.tasks.depths: passkey depths in [0, 1]")
-    p.add_argument("--kmax-threshold", type=float, help="eval.tasks.kmax_threshold: accuracy that counts as success")
-    p.add_argument("--seed", type=int, help="eval.tasks.seed: which test instances")
+    p.add_argument("--factor", type=scale_factor, help="eval.factor: fixed RoPE scaling factor (default: L_eval / L_train)")
+    p.add_argument("--samples", type=positive_int, help="eval.tasks.samples: instances per length (per depth for passkey)")
+    p.add_argument("--depths", type=non_negative_float, nargs="+", help="eval.tasks.depths: passkey depths in [0, 1]")
+    p.add_argument("--kmax-threshold", type=probability, help="eval.tasks.kmax_threshold: accuracy that counts as success")
+    p.add_argument("--seed", type=non_negative_int, help="eval.tasks.seed: which test instances")
     p.add_argument("--eval-file", type=Path, help="a YAML mapping of eval keys applied before the flags "
                    "(what scripts/ablate.py plans for a run)")
     p.add_argument("--cache-only", action="store_true",
                    help="score and fill each run's cache, write no report (scripts/ablate.py's jobs)")
-    p.add_argument("--device", default="cpu", help="torch device for scoring")
+    p.add_argument("--device", type=device_name, default="cpu", help="torch device for scoring (auto, cpu, cuda, cuda:N, mps)")
     p.add_argument("--out", type=Path, default=Path("reports/tasks"), help="report directory")
     return p.parse_args(argv)
 
@@ -267,12 +270,15 @@ def main(argv=None) -> int:
     def eval_for(cfg: RunConfig) -> EvalConfig:
         return override_section(cfg.eval, tree, "command line", "eval.")
 
+    device = str(resolve_device(args.device, "--device"))
+    if not args.cache_only:
+        check_report_dir(args.out)  # before anything is scored
     with torch.inference_mode():
         if args.cache_only:
             for run in args.runs:
-                cached_evaluation(run, eval_for, args.device, print)
+                cached_evaluation(run, eval_for, device, print)
             return 0
-        run_task_evaluation(args.runs, args.out, eval_for, device=args.device)
+        run_task_evaluation(args.runs, args.out, eval_for, device=device)
     print(f"wrote {args.out}/report.md, results.json and plots")
     return 0
 

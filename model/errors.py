@@ -27,3 +27,11 @@ class DataError(UserError):
 
 class CheckpointError(UserError):
     """A checkpoint is missing, truncated, foreign or incompatible."""
+
+
+class StorageError(UserError):
+    """The file system refused: a path of the wrong kind, a full disk, no permission."""
+
+
+class RunInUseError(UserError):
+    """Another process is training into the same run directory."""

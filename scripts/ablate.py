@@ -39,9 +39,11 @@ from configs.grid import Grid, PlannedRun, load_grid
 from configs.schema import EvalConfig, RunConfig
 from eval.extrapolation import run_extrapolation
 from eval.tasks import check_planned, run_task_evaluation, wants_tasks
+from eval.report import check_report_dir
 from model.errors import UserError
 from training.checkpoint import read_meta
-from training.cli import entry_point
+from training.cli import device_name, entry_point, positive_int, usage_when_empty
+from training.runtime import resolve_device
 from training.run_dir import RunDir
 
 
@@ -214,15 +216,16 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("grid", type=Path, help="a grid file, e.g. configs/ablations/pe-extrapolation-cpu.yaml")
     p.add_argument("--dry-run", action="store_true", help="list the runs and their state, do nothing")
-    p.add_argument("--devices", nargs="+", default=None,
+    p.add_argument("--devices", nargs="+", type=device_name, default=None,
                    help="train runs in parallel, one per device (e.g. cuda:0 cuda:1; cpu cpu is --jobs 2); "
                         "default: --jobs")
-    p.add_argument("--jobs", type=int, default=1,
+    p.add_argument("--jobs", type=positive_int, default=1,
                    help="runs trained and evaluated at once on the CPU, each with cpu_count/jobs threads")
-    p.add_argument("--threads", type=int, default=None, help="CPU threads per job (default: cpu_count / jobs)")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads per job (default: cpu_count / jobs)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="overrides for every run (part of the runs' identity)")
     p.add_argument("--skip-eval", action="store_true", help="train only")
+    usage_when_empty(p, argv)
     return p.parse_args(argv)
 
 
@@ -231,6 +234,11 @@ def run_grid(args: argparse.Namespace) -> int:
     runs = grid.plan(args.set)
     for run in runs:
         check_planned(run.cfg, run.cfg.eval, f"{grid.source}: run {run.name}")
+    if not args.skip_eval:  # before hours of training, not after
+        if any(not is_synthetic(run) for run in runs):
+            check_report_dir(grid.report_dir)
+        if any(wants_tasks(run.cfg, run.cfg.eval) for run in runs):
+            check_report_dir(grid.report_dir / "tasks")
     states = {run.name: status(run) for run in runs}
     base = os.path.relpath(grid.base.resolve())
     print(f"grid {grid.name}: {len(runs)} runs from {base} → {Path(grid.out_dir) / grid.name}")
@@ -259,8 +267,8 @@ def run_grid(args: argparse.Namespace) -> int:
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
-    if args.jobs < 1 or (args.threads is not None and args.threads < 1):
-        raise UserError("--jobs and --threads must be at least 1")
+    for device in args.devices or ():  # before any run starts, not in each run's log
+        resolve_device(device, "--devices")
     try:
         return run_grid(args)
     except KeyboardInterrupt:

@@ -60,7 +60,7 @@ from model.config import ATTENTION_KINDS, POS_KINDS
 from model.errors import ConfigError, UserError
 from scripts.bench_report import print_comparison, print_shape
 from scripts.bench_worker import bench_config, run_section, variant_name
-from training.cli import entry_point
+from training.cli import check_output_file, entry_point
 from training.provenance import git_commit
 
 SECTIONS = ["train", "compile", "decode", "eval"]
@@ -205,6 +205,7 @@ def parse_args(argv=None) -> argparse.Namespace:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if min(args.decode_lengths) < 1 or min(args.eval_multipliers) < 1 or args.warmup < 0 or args.profile < 0:
         p.error("decode lengths and eval multipliers must be positive, --warmup and --profile >= 0")
+    check_output_file(args.out, "--out")
     if args.compare and args.in_process:
         p.error("--compare runs every measurement in a fresh process; drop --in-process")
     return args

@@ -19,7 +19,7 @@ import torch
 
 from model.config import SCALING_TYPES, RopeScalingConfig
 from model.errors import ArgumentError
-from training.cli import entry_point
+from training.cli import check_output_dir, entry_point, positive_int, scale_factor, usage_when_empty
 from training.hf_directory import check_parity, export_run, import_hf
 from training.run_dir import RunDir
 from training.saved_run import read_run_config
@@ -35,12 +35,14 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--which", choices=["latest", "best"], default="latest", help="which weights to export")
     p.add_argument("--scaling", choices=SCALING_TYPES, default=None,
                    help="RoPE context extension written into the exported config")
-    p.add_argument("--factor", type=float, default=None, help="scaling factor s (with --scaling)")
-    p.add_argument("--original-max-len", type=int, default=None,
+    p.add_argument("--factor", type=scale_factor, default=None, help="scaling factor s >= 1 (with --scaling)")
+    p.add_argument("--original-max-len", type=positive_int, default=None,
                    help="training length the scaling extends (default: the run's train.seq_len)")
     p.add_argument("--check", action="store_true",
                    help="load the export in transformers and report the max |logit difference| (needs .[hf])")
-    p.add_argument("--check-length", type=int, default=None, help="tokens for --check (default: 2 x train length)")
+    p.add_argument("--check-length", type=positive_int, default=None,
+                   help="tokens for --check (default: 2 x train length)")
+    usage_when_empty(p, argv)
     return p.parse_args(argv)
 
 
@@ -61,6 +63,7 @@ def _scaling(args: argparse.Namespace) -> RopeScalingConfig | None:
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
+    check_output_dir(args.dest, "OUT_DIR")
     if args.do_import:
         notes = import_hf(args.source, args.dest)
     else:

@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from model.config import ModelConfig, PosConfig, RopeConfig  # noqa: E402
 from model.positional.rope import RoPE  # noqa: E402
 from model.positional.rope_scaling import base_inv_freq  # noqa: E402
-from training.cli import entry_point  # noqa: E402
+from training.cli import check_output_dir, entry_point  # noqa: E402
 
 
 def rope_for(head_dim: int, theta: float = 10000.0) -> RoPE:
@@ -98,8 +98,9 @@ def plot_attention(path: Path, head_dim: int = 64, positions: int = 64, seed: in
 @entry_point
 def main(argv=None) -> int:
     p = argparse.ArgumentParser(description="Plot RoPE explanations.")
-    p.add_argument("--out", type=Path, default=Path("docs/rope"))
+    p.add_argument("--out", type=Path, default=Path("docs/rope"), help="directory the PNG files are written to")
     args = p.parse_args(argv)
+    check_output_dir(args.out, "--out")
     args.out.mkdir(parents=True, exist_ok=True)
     plot_cos_sin(args.out / "rope_cos_sin.png")
     plot_decay(args.out / "rope_decay.png")

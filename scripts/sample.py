@@ -15,7 +15,11 @@ import torch
 
 from model.config import SCALING_TYPES, RopeScalingConfig
 from model.generate import generate
-from training.cli import entry_point
+from configs.device import DEVICE_NAMES
+from model.errors import ArgumentError
+from training.cli import (device_name, entry_point, non_negative_float, positive_int, probability, scale_factor,
+                          usage_when_empty)
+from training.runtime import resolve_device
 from training.saved_run import load_run, rescaled
 
 
@@ -23,24 +27,30 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(description="Sample from a trained ropelab run.")
     p.add_argument("run_dir", type=Path, help="a run directory, e.g. runs/quickstart")
     p.add_argument("--prompt", default="", help="text to continue (empty: start of a document)")
-    p.add_argument("--max-new-tokens", type=int, default=200)
-    p.add_argument("--temperature", type=float, default=0.8, help="0 = greedy")
-    p.add_argument("--top-k", type=int, default=None)
-    p.add_argument("--top-p", type=float, default=0.95)
-    p.add_argument("--seed", type=int, default=None)
-    p.add_argument("--num-samples", type=int, default=1)
+    p.add_argument("--max-new-tokens", type=positive_int, default=200, help="tokens to generate per sample")
+    p.add_argument("--temperature", type=non_negative_float, default=0.8,
+                   help="softmax temperature; 0 = greedy (always the most likely token)")
+    p.add_argument("--top-k", type=positive_int, default=None, help="sample among the k most likely tokens only")
+    p.add_argument("--top-p", type=probability, default=0.95,
+                   help="nucleus sampling: the smallest set of tokens with this total probability, in (0, 1]")
+    p.add_argument("--seed", type=int, default=None, help="random seed (sample i uses seed + i); default: random")
+    p.add_argument("--num-samples", type=positive_int, default=1, help="how many samples to print")
     p.add_argument("--which", choices=["latest", "best"], default="latest", help="which weights to load")
     p.add_argument("--scaling", choices=SCALING_TYPES, default=None,
                    help="RoPE context extension for long generations (RoPE runs only)")
-    p.add_argument("--factor", type=float, default=None, help="scaling factor (default: needed length / train length)")
-    p.add_argument("--device", default="cpu")
+    p.add_argument("--factor", type=scale_factor, default=None,
+                   help="scaling factor >= 1 (default: needed length / train length)")
+    p.add_argument("--device", type=device_name, default="cpu", help=f"torch device: {DEVICE_NAMES}")
+    usage_when_empty(p, argv)
     return p.parse_args(argv)
 
 
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
-    run = load_run(args.run_dir, which=args.which, device=args.device)
+    if args.factor is not None and not args.scaling:
+        raise ArgumentError("--factor needs --scaling (e.g. --scaling yarn --factor 4)")
+    run = load_run(args.run_dir, which=args.which, device=resolve_device(args.device, "--device"))
     tok = run.tokenizer
     # Documents follow an end-of-text token in training, so a prompt starts with one.
     prompt = [tok.eot_id] + (tok.encode(args.prompt) if args.prompt else [])

@@ -155,7 +155,9 @@ def test_cpu_jobs_are_single_threaded_slots(monkeypatch):
     assert ablate.slots_for(ablate.parse_args(["grid.yaml"])) == [ablate.Slot()]  # one job: torch's default
     gpu = ablate.slots_for(ablate.parse_args(["grid.yaml", "--devices", "cuda:0", "cuda:3"]))
     assert [s.env()["CUDA_VISIBLE_DEVICES"] for s in gpu] == ["0", "3"]
-    assert ablate.main(["grid.yaml", "--jobs", "0"]) == 2
+    with pytest.raises(SystemExit) as e:  # argparse's usage error
+        ablate.main(["grid.yaml", "--jobs", "0"])
+    assert e.value.code == 2
 
 
 def write_synthetic_grid(tmp: Path, overrides: str = "") -> Path:

@@ -191,7 +191,7 @@ def test_whole_floats_accepted_for_ints():
     (["data.tokenizer.vocab_size=100"], "too small"),
     (["data.source=local"], "data.local.train"),
     (["data.source=local", "data.local.train=[x.txt]"], "validation split"),
-    (["data.local.valid_fraction=0.6", "data.local.test_fraction=0.5"], "sum < 1"),
+    (["data.local.valid_fraction=0.6", "data.local.test_fraction=0.5"], "must be below 1"),
     (["eval.protocols=[]"], "eval.protocols"),
     (["name=a/b"], "name"),
 ])

@@ -18,6 +18,7 @@ import data.prepare as prepare_mod
 from configs.schema import DataConfig, LocalConfig, TokenizerConfig
 from data import EOT, TrainSampler, eval_windows, prepare_data, window_batch
 from data.builtin import builtin_documents, split_of
+from data.prepare import PreparedData
 from data.sources import group_documents, open_corpus
 from model.errors import ConfigError, DataError
 
@@ -222,12 +223,18 @@ def test_incomplete_directories_are_never_used(tmp_path):
     assert not stale.exists()
 
 
-def test_truncated_token_file_is_reported(tmp_path):
+def test_damaged_cache_is_reported_and_prepared_again(tmp_path, capsys):
     cfg = local_cfg(tmp_path)
     prepared = prepare_data(cfg, progress=False)
-    (prepared.dir / "valid.bin").write_bytes(b"\x00\x00")
+    expected = prepared.split("valid").tolist()
     with pytest.raises(DataError, match="valid.bin is missing or truncated"):
-        prepare_data(cfg, progress=False)
+        (prepared.dir / "valid.bin").write_bytes(b"\x00\x00")
+        PreparedData.load(prepared.dir)
+    for name, damage in (("valid.bin", b"\x00\x00"), ("meta.json", b"{not json"), ("tokenizer.json", b"\xff")):
+        (prepared.dir / name).write_bytes(damage)
+        assert prepare_data(cfg, progress=False).split("valid").tolist() == expected
+        assert "preparing the data again" in capsys.readouterr().err
+    assert not list(prepared.dir.parent.glob("*.lock"))  # no lock files left behind
 
 
 def test_process_pool_gives_identical_tokens(tmp_path):
@@ -397,3 +404,23 @@ def test_window_batch_builds_shifted_inputs_and_masks():
     assert torch.equal(x + 1, y) and x.dtype == torch.int64
     assert mask.sum().item() == 49 - 4  # the first 4 targets have too little context
     assert not mask[0, :4].any() and mask[0, 4:].all() and not mask[1, :4].any() and mask[1, 4:].all()
+
+
+def test_a_single_text_splits_at_a_character_fraction(tmp_path):
+    """nanoGPT's Tiny Shakespeare split: the first int(0.9 n) characters train, the rest validate."""
+    text = "".join(f"line {i}: to be or not to be\n" for i in range(300))
+    path = tmp_path / "input.txt"
+    path.write_text(text)
+    cut = int(len(text) * 0.9)
+    for documents in ("file", "line"):
+        cfg = DataConfig(source="local", documents=documents, local=LocalConfig(
+            train=[str(path)], valid_fraction=0.1, split_mode="characters"))
+        corpus = open_corpus(cfg)
+        train_docs, valid_docs = list(corpus.documents("train")), list(corpus.documents("valid"))
+        joined = "" if documents == "file" else "\n"
+        assert joined.join(train_docs).strip() == text[:cut].strip()
+        assert joined.join(valid_docs).strip() == text[cut:].strip()
+    by_documents = DataConfig(source="local", documents="file", local=LocalConfig(train=[str(path)], valid_fraction=0.1))
+    with pytest.raises(DataError, match="split_mode=characters") as e:
+        list(open_corpus(by_documents).documents("valid"))
+    assert "{" not in str(e.value)  # no Python dict shown to the user

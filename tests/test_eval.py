@@ -233,7 +233,8 @@ def test_evaluation_uses_the_runs_tokenizer_and_never_retrains_one(tmp_path, cor
 
 def test_cli_flags_are_checked_before_any_work(tiny_runs, tmp_path, capsys):
     from eval.extrapolation import main
-    assert main([str(tiny_runs / "rope-a"), "--stride", "0", "--out", str(tmp_path / "r")]) == 2
+    with pytest.raises(SystemExit) as e:  # argparse's usage error, before any work
+        main([str(tiny_runs / "rope-a"), "--stride", "0", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
-    assert "eval.stride must be a positive integer" in err and "Traceback" not in err
+    assert e.value.code == 2 and "--stride: must be a positive integer" in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()

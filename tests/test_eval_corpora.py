@@ -56,14 +56,17 @@ def test_local_files_within_documents(run_dir, tmp_path):
     ("empty", ["--data", "{tmp}/empty.txt"], "has no documents"),
     ("short", ["--data", "{tmp}/short.txt", "--within-document", "--lengths", "64"], "no document holds a window"),
     ("none", ["--within-document"], "describe a --data corpus"),
-    ("none", ["--max-tokens", "0"], "eval.max_tokens must be a positive integer"),
-    ("none", ["--lengths", "0"], "eval.lengths must be positive"),
+    ("none", ["--max-tokens", "0"], "--max-tokens: must be a positive integer"),
+    ("none", ["--lengths", "0"], "--lengths: must be a positive integer"),
 ])
 def test_bad_corpora_are_refused_without_traceback(run_dir, tmp_path, capsys, setup, args, message):
     (tmp_path / "empty.txt").write_text("\n\n")
     (tmp_path / "short.txt").write_text("Only a few words.\n")
     out = tmp_path / "r"
-    code = extrapolation([str(run_dir), *[a.format(tmp=tmp_path) for a in args], "--out", str(out)])
+    try:
+        code = extrapolation([str(run_dir), *[a.format(tmp=tmp_path) for a in args], "--out", str(out)])
+    except SystemExit as e:  # argparse's usage error for a number out of range
+        code = e.code
     err = capsys.readouterr().err
     assert code == 2 and message in err and "Traceback" not in err, err
     assert not (out / "results.json").exists()

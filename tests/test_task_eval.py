@@ -205,7 +205,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     (["--tasks", "pasky"], "did you mean 'passkey'"),
     (["--depths", "0", "1.5"], "eval.tasks.depths must be in [0, 1]"),
     (["--lengths", "8"], "recall with 3 pairs and 3 queries needs at least 11 positions"),
-    (["--tasks", "copy", "--lengths", "16", "--samples", "0"], "eval.tasks.samples must be a positive integer"),
+    (["--tasks", "copy", "--lengths", "16", "--samples", "0"], "argument --samples: must be a positive integer"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(scored_runs, tmp_path, args, message):
     out = tmp_path / "rep"

@@ -8,6 +8,11 @@ Weights are safetensors (no code runs on load; older layouts are converted, see
 ``torch.load(weights_only=True)``. Models are always unwrapped from DDP and torch.compile
 first, so keys never carry ``module.`` or ``_orig_mod.`` and a compiled run resumes
 uncompiled and vice versa.
+
+Loading never needs a person to delete anything: ``load_newest`` tries the newest
+checkpoint and, when its files are truncated or corrupt (``UnreadableCheckpoint``), the
+next older one, saying which it skipped. A full disk while saving leaves no partial
+checkpoint and the previous one in place, and is reported as a ``StorageError``.
 """
 
 from __future__ import annotations
@@ -15,7 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Callable, Optional, TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -23,11 +28,17 @@ from safetensors.torch import load_file, save_model
 from torch import nn
 
 from data.atomic import atomic_directory, write_text_atomic
+from data.storage import CONTINUE_RUN, RecordingWriter, os_error_in, storage_error
 from model.errors import CheckpointError
 from model.layers import fuse_projections
 from training.run_dir import META, STATE, WEIGHTS, RunDir
 
 FORMAT = "ropelab-checkpoint/1"
+T = TypeVar("T")
+
+
+class UnreadableCheckpoint(CheckpointError):
+    """A checkpoint's files are missing, truncated or corrupt: an older one can stand in."""
 
 
 def unwrap(model: nn.Module) -> nn.Module:
@@ -42,21 +53,35 @@ def unwrap(model: nn.Module) -> nn.Module:
 
 
 def _write_dir(final: Path, model: nn.Module, state: Optional[dict], meta: dict) -> None:
-    with atomic_directory(final, replace=True) as tmp:
-        save_model(unwrap(model), str(tmp / WEIGHTS))
-        if state is not None:
-            with open(tmp / STATE, "wb") as f:
-                torch.save(state, f)
-        (tmp / META).write_text(json.dumps({"format": FORMAT, **meta}, indent=2))
+    writer = None
+    try:
+        with atomic_directory(final, replace=True) as tmp:
+            save_model(unwrap(model), str(tmp / WEIGHTS))
+            if state is not None:
+                with open(tmp / STATE, "wb") as f:
+                    writer = RecordingWriter(f)
+                    torch.save(state, writer)
+            (tmp / META).write_text(json.dumps({"format": FORMAT, **meta}, indent=2))
+    except (OSError, RuntimeError, SafetensorError) as e:
+        # torch.save and safetensors report a full disk as errors of their own.
+        cause = (writer.error if writer is not None else None) or os_error_in(e)
+        if cause is None:
+            raise
+        raise storage_error(cause, f"write the checkpoint {final}", final.parent, CONTINUE_RUN) from None
 
 
 def save_checkpoint(run: RunDir, step: int, model: nn.Module, state: Optional[dict], meta: dict,
                     keep_last: int) -> Path:
-    """Write the step's checkpoint atomically, point ``latest`` at it, prune to ``keep_last``."""
+    """Write the step's checkpoint atomically, point ``latest`` at it, prune to ``keep_last``.
+
+    Only checkpoints up to this step count for pruning: one from beyond it can only be
+    left from a session that was rolled back, and must not push out an earlier good one.
+    """
     final = run.step_dir(step)
     _write_dir(final, model, state, {"step": step, **meta})
     write_text_atomic(run.latest_pointer, final.name)
-    for old in run.complete_checkpoints()[:-keep_last]:
+    kept = [p for p in run.complete_checkpoints() if p.name <= final.name]
+    for old in kept[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final
 
@@ -69,11 +94,10 @@ def read_meta(ckpt: Path) -> dict:
     try:
         meta = json.loads((ckpt / META).read_text())
     except (OSError, ValueError) as e:
-        raise CheckpointError(f"{ckpt} is not a readable ropelab checkpoint ({META}: {e}); "
-                              "delete it to fall back to an earlier one") from None
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{ckpt} is not a ropelab checkpoint (format {meta.get('format')!r}, "
-                              f"expected {FORMAT!r})")
+        raise UnreadableCheckpoint(f"{ckpt} is not a readable ropelab checkpoint ({META}: {e})") from None
+    if not isinstance(meta, dict) or meta.get("format") != FORMAT:
+        found = meta.get("format") if isinstance(meta, dict) else type(meta).__name__
+        raise UnreadableCheckpoint(f"{ckpt} is not a ropelab checkpoint (format {found!r}, expected {FORMAT!r})")
     return meta
 
 
@@ -86,12 +110,11 @@ def load_weights(model: nn.Module, ckpt: Path) -> None:
     """
     path = ckpt / WEIGHTS
     if not path.exists():
-        raise CheckpointError(f"no weights at {path}")
+        raise UnreadableCheckpoint(f"no weights at {path}")
     try:
         tensors = fuse_projections(load_file(str(path)))
     except (SafetensorError, OSError, ValueError) as e:
-        raise CheckpointError(f"cannot read {path}: the file is truncated or corrupt ({e}). "
-                              "Delete this checkpoint to fall back to an earlier one.") from None
+        raise UnreadableCheckpoint(f"cannot read {path}: the file is truncated or corrupt ({e})") from None
     target = unwrap(model)
     try:
         missing, unexpected = target.load_state_dict(tensors, strict=False)
@@ -119,8 +142,52 @@ def load_state(ckpt: Path) -> dict[str, Any]:
         with open(path, "rb") as f:
             return torch.load(f, map_location="cpu", weights_only=True)
     except FileNotFoundError:
-        raise CheckpointError(f"{path} is missing; the checkpoint is incomplete — delete "
-                              f"{ckpt} to fall back to an earlier one") from None
+        raise UnreadableCheckpoint(f"{path} is missing; the checkpoint is incomplete") from None
     except Exception as e:  # truncated zip, foreign pickle with code, ...
-        raise CheckpointError(f"cannot load {path}: {type(e).__name__}: {str(e).splitlines()[0][:200]}. "
-                              f"Delete {ckpt} to fall back to an earlier checkpoint.") from None
+        raise UnreadableCheckpoint(f"cannot load {path}: {type(e).__name__}: "
+                                   f"{str(e).splitlines()[0][:200]}") from None
+
+
+def load_newest(run: RunDir, load: Callable[[Path], T],
+                log: Callable[[str], None]) -> Optional[tuple[Path, T, list[Path]]]:
+    """``(checkpoint, load(checkpoint), skipped)`` for the newest checkpoint whose files read.
+
+    When ``load`` finds a checkpoint unreadable, the next older one is tried, and ``log``
+    says so; ``skipped`` lists the unreadable ones. None when the run has no checkpoint;
+    a CheckpointError, with advice that works, when none of them reads.
+    """
+    candidates = run.checkpoint_candidates()
+    named = run.pointer_target()
+    if candidates and named is not None and candidates[0].name != named:
+        log(f"warning: {run.latest_pointer} names {named}, which is not a complete checkpoint; "
+            f"using the newest one there is, {candidates[0].name}")
+    elif candidates and named is None:
+        log(f"warning: {run.latest_pointer} is missing; using the newest checkpoint there is, {candidates[0].name}")
+    skipped: list[Path] = []
+    reasons: list[str] = []
+    for ckpt in candidates:
+        try:
+            result = load(ckpt)
+        except UnreadableCheckpoint as e:
+            skipped.append(ckpt)
+            reasons.append(str(e))
+            log(f"warning: {e}; falling back to an earlier checkpoint")
+            continue
+        if skipped:
+            log(f"note: using {ckpt.name}, the newest checkpoint of {run} that reads")
+        return ckpt, result, skipped
+    if not candidates:
+        return None
+    raise CheckpointError(f"no checkpoint of {run} can be read:\n  " + "\n  ".join(reasons) +
+                          f"\nNothing was changed. To train this run again from step 0, move the directory "
+                          f"aside (e.g. mv {run} {run}.damaged) and run the same command without --resume.")
+
+
+def set_aside(run: RunDir, ckpt: Path, log: Callable[[str], None]) -> None:
+    """Rename an unreadable checkpoint out of the way (kept for inspection, never loaded or
+    pruned), so that training can write that step again."""
+    target = run.unreadable(ckpt)
+    if target.exists():
+        shutil.rmtree(target)  # an older copy of the same damaged step
+    ckpt.rename(target)
+    log(f"note: moved the unreadable {ckpt.name} to {target}; delete it once you no longer need it")

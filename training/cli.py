@@ -1,17 +1,27 @@
 """How every entry point reports what a user did wrong: one ``error: …`` line, exit code 2.
 
 ``train.py``, ``python -m eval.extrapolation`` and every script wrap their ``main`` with
-``entry_point``; a ``UserError`` (bad config, data, lengths, checkpoints, arguments)
-becomes a message without a traceback, anything else stays a bug with its traceback.
+``entry_point``; a ``UserError`` (bad config, data, lengths, checkpoints, arguments) or a
+refusal of the file system (full disk, no permission, a file where a directory belongs:
+data/storage.py) becomes a message without a traceback; anything else stays a bug with
+its traceback.
+
+Command-line numbers are checked where argparse reads them (``positive_int``,
+``scale_factor``, …), so a bad value is a usage error naming the flag, before any work.
 """
 
 from __future__ import annotations
 
+import argparse
 import functools
+import math
 import sys
-from typing import Callable
+from pathlib import Path
+from typing import Callable, Optional
 
-from model.errors import UserError
+from configs.device import check_device_name
+from data.storage import is_storage_error, storage_error
+from model.errors import ArgumentError, ConfigError, UserError
 
 USAGE_ERROR = 2  # the exit code of argparse's own usage errors, for the same kind of mistake
 
@@ -29,4 +39,98 @@ def entry_point(main: Callable[..., int]) -> Callable[..., int]:
             return main(*args, **kwargs)
         except UserError as e:
             return report(e)
+        except OSError as e:
+            if not is_storage_error(e):
+                raise
+            return report(storage_error(e, "read or write a file"))
     return wrapped
+
+
+def usage_when_empty(parser: argparse.ArgumentParser, argv: Optional[list[str]]) -> None:
+    """Called with no arguments at all: the full help (usage, options, example), exit 2."""
+    if not (sys.argv[1:] if argv is None else argv):
+        parser.print_help(sys.stderr)
+        sys.exit(USAGE_ERROR)
+
+
+# --------------------------------------------------------------- argparse value types
+
+def _number(text: str, kind: type) -> float:
+    try:
+        value = kind(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected {'an integer' if kind is int else 'a number'}, "
+                                         f"got {text!r}") from None
+    if not math.isfinite(value):
+        raise argparse.ArgumentTypeError(f"must be a finite number, got {text!r}")
+    return value
+
+
+def positive_int(text: str) -> int:
+    """An integer ≥ 1 (lengths, counts, token budgets)."""
+    value = int(_number(text, int))
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be a positive integer, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    value = int(_number(text, int))
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value}")
+    return value
+
+
+def non_negative_float(text: str) -> float:
+    value = _number(text, float)
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"must be 0 or more, got {value:g}")
+    return value
+
+
+def probability(text: str) -> float:
+    """A number in (0, 1] (nucleus sampling's top-p)."""
+    value = _number(text, float)
+    if not 0 < value <= 1:
+        raise argparse.ArgumentTypeError(f"must be in (0, 1], got {value:g}")
+    return value
+
+
+def scale_factor(text: str) -> float:
+    """A RoPE context-extension factor: ≥ 1 (1 is plain RoPE; below 1 would shrink the context)."""
+    value = _number(text, float)
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"must be >= 1 (the context is extended s-fold; 1 = plain RoPE), "
+                                         f"got {value:g}")
+    return value
+
+
+def device_name(text: str) -> str:
+    """auto, cpu, cuda, cuda:N or mps (configs/device.py); availability is checked when used."""
+    try:
+        return check_device_name(text, "--device")
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(str(e).removeprefix("--device: ")) from None
+
+
+# --------------------------------------------------------------- output paths, checked before any work
+
+def _file_in_the_way(path: Path) -> Optional[Path]:
+    return next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+
+
+def check_output_dir(path: Path, flag: str) -> None:
+    """Refuse ``path`` as a directory to write into when it, or a parent, is a file."""
+    blocking = _file_in_the_way(Path(path))
+    if blocking is not None:
+        raise ArgumentError(f"{flag} {path}: {blocking} is a file, but a directory is needed there; "
+                            "choose another path or move the file away (nothing was done)")
+
+
+def check_output_file(path: Path, flag: str) -> None:
+    """Refuse ``path`` as a file to write when it is a directory or a parent is a file."""
+    path = Path(path)
+    if path.is_dir():
+        raise ArgumentError(f"{flag} {path} is a directory; give the path of a file to write, "
+                            f"e.g. {path / 'out.json'} (nothing was done)")
+    check_output_dir(path.parent, flag)

@@ -1,4 +1,9 @@
-"""A run's metrics: ``metrics.jsonl`` in the run directory, a tqdm bar, optional wandb.
+"""A run's metrics: ``metrics.jsonl`` in the run directory, progress for a person, optional wandb.
+
+Progress is a tqdm bar on a terminal. When the output goes to a file (or ``log.progress``
+is false) it is one line per logged step (every ``train.log_interval`` steps: step, loss,
+learning rate, tokens/s) and one per validation (loss and perplexity) instead, which a
+log file shows as it is.
 
 Only rank 0 logs. On resume, records from steps after the checkpoint (which will be
 trained again) are dropped from metrics.jsonl, so the file reads as one uninterrupted
@@ -10,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 import time
 import uuid
 from typing import Optional
@@ -18,6 +24,7 @@ from tqdm import tqdm
 
 from configs import config_to_dict
 from data.atomic import write_text_atomic
+from data.storage import CONTINUE_RUN, is_storage_error, storage_error
 from model.errors import UserError
 from model.loss import perplexity_of
 from training.run_dir import RunDir
@@ -29,20 +36,44 @@ class _NoBar:
     def close(self) -> None: ...
 
 
+def _records(text: str):
+    """(line, record) for each complete record; a line cut short (e.g. by a full disk) is dropped."""
+    for line in text.splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            yield line, record
+
+
+def _clock(seconds: float) -> str:
+    minutes, secs = divmod(int(seconds), 60)
+    return f"{minutes // 60}:{minutes % 60:02d}:{secs:02d}"
+
+
 class MetricsLog:
     def __init__(self, run: RunDir, cfg, is_main: bool, start_step: int = 0,
                  wandb_id: Optional[str] = None):
         self.run, self.cfg, self.is_main = run, cfg, is_main
         self.wandb, self.wandb_id, self.file = None, wandb_id, None
+        self.bar = is_main and cfg.log.progress and sys.stderr.isatty()  # tqdm draws on stderr
+        self.lines = is_main and not (cfg.log.progress and sys.stdout.isatty())
+        self.total_steps: Optional[int] = None
+        self.started = time.perf_counter()
         if not is_main:
             return
         run.path.mkdir(parents=True, exist_ok=True)
         path = run.metrics
-        if path.exists():
-            kept = [line for line in path.read_text().splitlines()
-                    if line.strip() and json.loads(line).get("step", 0) <= start_step]
-            write_text_atomic(path, "".join(line + "\n" for line in kept))
-        self.file = open(path, "a")
+        try:
+            if path.exists():
+                kept = [line for line, record in _records(path.read_text()) if record.get("step", 0) <= start_step]
+                write_text_atomic(path, "".join(line + "\n" for line in kept))
+            self.file = open(path, "a")
+        except OSError as e:
+            if not is_storage_error(e):
+                raise
+            raise storage_error(e, "write the metrics", path) from None
         if cfg.log.wandb:
             self._init_wandb()
 
@@ -66,8 +97,13 @@ class MetricsLog:
         if not self.is_main:
             return
         record = {k: (None if isinstance(v, float) and not math.isfinite(v) else v) for k, v in record.items()}
-        self.file.write(json.dumps(record) + "\n")
-        self.file.flush()
+        try:
+            self.file.write(json.dumps(record) + "\n")
+            self.file.flush()
+        except OSError as e:  # a full disk: checkpoints already saved stay intact
+            if not is_storage_error(e):
+                raise
+            raise storage_error(e, "write the metrics", self.run.metrics, CONTINUE_RUN) from None
         if self.wandb is not None:
             self.wandb.log({k: v for k, v in record.items() if v is not None and k != "step"},
                            step=record["step"])
@@ -76,13 +112,24 @@ class MetricsLog:
               tokens_per_sec: float, mfu: Optional[float]) -> None:
         self._write({"step": step, "tokens": tokens, "loss": loss, "lr": lr, "grad_norm": grad_norm,
                      "tokens_per_sec": round(tokens_per_sec, 1), "mfu": mfu, "time": time.time()})
+        if self.lines:
+            of = f"/{self.total_steps}" if self.total_steps else ""
+            width = len(str(self.total_steps or step))
+            efficiency = f" | MFU {mfu:.1%}" if mfu is not None else ""
+            print(f"step {step:>{width}}{of} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_sec:,.0f} tok/s"
+                  f"{efficiency} | {tokens:,} tokens | {_clock(time.perf_counter() - self.started)} elapsed", flush=True)
 
     def validation(self, step: int, tokens: int, val_loss: float) -> None:
         self._write({"step": step, "tokens": tokens, "val_loss": val_loss,
                      "val_ppl": perplexity_of(val_loss), "time": time.time()})
+        if self.lines:
+            print(f"validation at step {step}: val loss {val_loss:.4f} | ppl {perplexity_of(val_loss):.2f}", flush=True)
+        elif self.bar:  # a terminal: above the bar, which keeps the latest training loss
+            tqdm.write(f"validation at step {step}: val loss {val_loss:.4f} | ppl {perplexity_of(val_loss):.2f}")
 
     def progress(self, total: int, initial: int):
-        if not (self.is_main and self.cfg.log.progress):
+        self.total_steps = total
+        if not self.bar:
             return _NoBar()
         return tqdm(total=total, initial=initial, desc=self.cfg.name, unit="step", dynamic_ncols=True)
 

@@ -5,23 +5,27 @@
         tokenizer.json       the run's own tokenizer (evaluation and sampling read it)
         metrics.jsonl        one JSON record per logged step and per validation
         train.log            output of a run launched by scripts/ablate.py
+        run.lock             held (flock) by the process training into this directory
         wandb_id.txt, wandb/ the Weights & Biases run id (a resumed run continues it)
         checkpoints/step_000200/{model.safetensors, state.pt, meta.json}
         checkpoints/latest   the name of the newest complete checkpoint
+        checkpoints/unreadable-step_000300/   a damaged checkpoint set aside on resume
         best/{model.safetensors, meta.json}
         eval/                cached evaluation results, one file per evaluation config
 
 A checkpoint directory holds ``WEIGHTS`` (safetensors), ``STATE`` (optimizer, schedule,
 RNG and sampler state; absent from best/ and imports) and ``META`` (step, tokens,
 validation loss, commit). training/checkpoint.py reads and writes them.
+
+Interrupted atomic writes (data/atomic.py) leave hidden ``.NAME.tmp-*`` siblings;
+``leftovers`` lists them so a trainer holding the run's lock can remove them.
 """
 
 from __future__ import annotations
 
+import shutil
 from pathlib import Path
 from typing import Optional
-
-from model.errors import CheckpointError
 
 WEIGHTS, STATE, META = "model.safetensors", "state.pt", "meta.json"
 TOKENIZER = "tokenizer.json"
@@ -57,6 +61,10 @@ class RunDir:
         return self.path / "train.log"
 
     @property
+    def lock(self) -> Path:
+        return self.path / "run.lock"
+
+    @property
     def wandb_id(self) -> Path:
         return self.path / "wandb_id.txt"
 
@@ -85,16 +93,44 @@ class RunDir:
         """Step directories whose metadata was written (the last file of a checkpoint), oldest first."""
         return sorted(p for p in self.checkpoints.glob("step_*") if (p / META).exists())
 
-    def latest_checkpoint(self) -> Optional[Path]:
-        """The checkpoint ``latest`` names, or None when the run has none yet."""
-        pointer = self.latest_pointer
-        if not pointer.exists():
+    def unreadable(self, ckpt: Path) -> Path:
+        """Where a damaged checkpoint is set aside (kept for inspection, never loaded)."""
+        return self.checkpoints / f"unreadable-{ckpt.name}"
+
+    def pointer_target(self) -> Optional[str]:
+        """The checkpoint name ``latest`` holds, or None without a readable pointer."""
+        try:
+            return self.latest_pointer.read_text().strip() or None
+        except (OSError, UnicodeDecodeError):
             return None
-        path = self.checkpoints / pointer.read_text().strip()
-        if not path.is_dir():
-            raise CheckpointError(f"{pointer} names {path.name}, which does not exist; delete {pointer} "
-                                  "to start over or restore the checkpoint directory")
-        return path
+
+    def checkpoint_candidates(self) -> list[Path]:
+        """Checkpoints to resume from, best first: the one ``latest`` names, then every
+        other complete one, newest first (an earlier one stands in when a newer is damaged)."""
+        complete = self.complete_checkpoints()[::-1]
+        named = self.pointer_target()
+        first = [p for p in complete if p.name == named]
+        return first + [p for p in complete if p.name != named]
+
+    def latest_checkpoint(self) -> Optional[Path]:
+        """The newest checkpoint (the one ``latest`` names, else the newest complete one), or
+        None when the run has none yet. Whether its files read is checked on loading
+        (training/checkpoint.py: ``load_newest``)."""
+        candidates = self.checkpoint_candidates()
+        return candidates[0] if candidates else None
+
+    def leftovers(self) -> list[Path]:
+        """Temporary siblings of interrupted atomic writes in the run and its checkpoints."""
+        return [p for d in (self.path, self.checkpoints, self.path / "eval")
+                for pattern in (".*.tmp-*", ".*.old-*") for p in d.glob(pattern)]
+
+    def remove_leftovers(self) -> None:
+        """Remove ``leftovers`` (only while holding the run's lock: no write is in progress)."""
+        for path in self.leftovers():
+            if path.is_dir():
+                shutil.rmtree(path, ignore_errors=True)
+            else:
+                path.unlink(missing_ok=True)
 
     # --- evaluation -----------------------------------------------------------------
     def eval_cache(self, kind: str, key: str) -> Path:
@@ -103,3 +139,11 @@ class RunDir:
     # --- what it is -----------------------------------------------------------------
     def is_run(self) -> bool:
         return self.config.is_file()
+
+
+def runs_in(out_dir: str | Path) -> list[str]:
+    """Names of the run directories directly under ``out_dir`` (sorted)."""
+    out = Path(out_dir)
+    if not out.is_dir():
+        return []
+    return sorted(p.name for p in out.iterdir() if p.is_dir() and RunDir(p).is_run())

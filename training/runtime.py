@@ -10,6 +10,7 @@ gradient scaler).
 from __future__ import annotations
 
 import contextlib
+import math
 import os
 import statistics
 import time
@@ -19,6 +20,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
+from configs.device import check_device_name
 from model.errors import ConfigError
 
 # Dense bf16 peak FLOP/s of common accelerators, for MFU (vendor datasheets).
@@ -77,17 +79,37 @@ class Runtime:
             dist.destroy_process_group()
 
 
-def _device(choice: str, local_rank: int) -> torch.device:
+def resolve_device(choice: str, what: str = "train.device", local_rank: Optional[int] = None) -> torch.device:
+    """The torch device ``choice`` names (configs/device.py), or a ConfigError saying what
+    is visible. ``local_rank``: this process's rank on its node under torchrun, whose GPU
+    ``cuda`` and ``auto`` then mean."""
+    check_device_name(choice, what)
     if choice == "auto":
         choice = "cuda" if torch.cuda.is_available() else "cpu"
-    if choice == "cuda":
-        if not torch.cuda.is_available():
-            raise ConfigError("train.device=cuda but no CUDA device is visible; use train.device=auto or cpu")
-        torch.cuda.set_device(local_rank)
-        return torch.device("cuda", local_rank)
+    if choice.startswith("cuda"):
+        return _cuda_device(choice, what, local_rank)
     if choice == "mps" and not torch.backends.mps.is_available():
-        raise ConfigError("train.device=mps but MPS is not available; use train.device=auto or cpu")
+        raise ConfigError(f"{what}=mps but MPS is not available on this machine; use {what}=auto or cpu")
     return torch.device(choice)
+
+
+def _cuda_device(choice: str, what: str, local_rank: Optional[int]) -> torch.device:
+    if not torch.cuda.is_available():
+        build = "this torch build has no CUDA" if torch.version.cuda is None else "none is visible"
+        raise ConfigError(f"{what}={choice} needs a CUDA GPU, but {build}; use {what}=auto or cpu")
+    count = torch.cuda.device_count()
+    if choice == "cuda":
+        index = local_rank or 0
+    elif local_rank is not None:
+        raise ConfigError(f"{what}={choice} names one GPU, but torchrun gives each process its own "
+                          f"(cuda:LOCAL_RANK); use {what}=cuda, and CUDA_VISIBLE_DEVICES to choose the GPUs")
+    else:
+        index = int(choice.split(":")[1])
+    if index >= count:
+        raise ConfigError(f"{what}={choice}: only {count} CUDA device{'s' if count > 1 else ''} visible "
+                          f"(cuda:0{f' … cuda:{count - 1}' if count > 1 else ''}); choose one of them or {what}=auto")
+    torch.cuda.set_device(index)
+    return torch.device("cuda", index)
 
 
 def _dtype(choice: str, device: torch.device) -> torch.dtype:
@@ -139,10 +161,22 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[i
             "median_by_size": {str(n): r for n, r in median.items()}}
 
 
+def peak_flops_from_env(text: str) -> float:
+    """ROPELAB_PEAK_FLOPS: a device's peak FLOP/s for MFU, a positive finite number (e.g. 989e12)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and value > 0):
+        raise ConfigError(f"the environment variable ROPELAB_PEAK_FLOPS={text!r} is not a positive number of "
+                          "FLOP/s (e.g. 989e12 for an H100's bf16 peak); fix it or unset it to measure the peak")
+    return value
+
+
 def _peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[Optional[float], str]:
     """(peak FLOP/s per device for MFU, where it came from)."""
     if os.environ.get("ROPELAB_PEAK_FLOPS"):
-        return float(os.environ["ROPELAB_PEAK_FLOPS"]), "ROPELAB_PEAK_FLOPS"
+        return peak_flops_from_env(os.environ["ROPELAB_PEAK_FLOPS"]), "ROPELAB_PEAK_FLOPS"
     if device.type == "cuda":
         name = torch.cuda.get_device_name(device)
         known = next((flops for key, flops in PEAK_FLOPS.items() if key in name), None)
@@ -155,11 +189,22 @@ def _peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[Optional[floa
     return None, "unknown"
 
 
+def _env_int(name: str, default: int) -> int:
+    """A torchrun variable (RANK, WORLD_SIZE, LOCAL_RANK): a non-negative integer."""
+    text = os.environ.get(name)
+    if text is None:
+        return default
+    if not text.strip().isdigit():
+        raise ConfigError(f"the environment variable {name}={text!r} is not a non-negative integer; torchrun "
+                          f"sets it for each process: unset it to train in one process")
+    return int(text)
+
+
 def setup_runtime(train_cfg) -> Runtime:
     """Join the torchrun process group if there is one, and pick device and precision."""
-    rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
-    local_rank = int(os.environ.get("LOCAL_RANK", 0))
-    device = _device(train_cfg.device, local_rank)
+    rank, world = _env_int("RANK", 0), _env_int("WORLD_SIZE", 1)
+    local_rank = _env_int("LOCAL_RANK", 0) if world > 1 else None
+    device = resolve_device(train_cfg.device, "train.device", local_rank)
     if world > 1 and not dist.is_initialized():
         dist.init_process_group(backend="nccl" if device.type == "cuda" else "gloo")
     if device.type == "cuda":

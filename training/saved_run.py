@@ -8,6 +8,7 @@ weights, and use the run's own tokenizer.json.
 from __future__ import annotations
 
 import dataclasses
+import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -18,9 +19,9 @@ from configs import load_config
 from configs.schema import RunConfig
 from data.tokenizers import Tokenizer, load_tokenizer
 from model.config import RopeScalingConfig
-from model.errors import CheckpointError, ConfigError
+from model.errors import CheckpointError, ConfigError, DataError
 from model.transformer import Transformer
-from training.checkpoint import load_weights, read_meta
+from training.checkpoint import load_newest, load_weights, read_meta
 from training.run_dir import RunDir
 
 
@@ -54,6 +55,9 @@ def with_scaling(cfg: RunConfig, scaling: Optional[RopeScalingConfig]) -> RunCon
 
 
 def read_run_config(run: RunDir) -> RunConfig:
+    if run.path.is_file():
+        raise CheckpointError(f"{run.path} is a file; give the run directory that holds it "
+                              f"({run.path.parent} if it is that run's {run.path.name})")
     if not run.is_run():
         raise CheckpointError(f"{run} is not a run directory (no {run.config.name}); train one with "
                               "python train.py CONFIG name=...")
@@ -77,14 +81,41 @@ def load_run(run_dir: str | Path, which: str = "latest", device: str | torch.dev
         if not ckpt.is_dir():
             raise CheckpointError(f"{run} has no best/ checkpoint yet (no validation has run)")
     else:
-        ckpt = run.latest_checkpoint()
-        if ckpt is None:
+        model = Transformer(cfg.model)
+        found = load_newest(run, lambda c: (read_meta(c), load_weights(model, c))[0], _warn)
+        if found is None:
             raise CheckpointError(f"{run} has no checkpoint yet; train it first")
+        ckpt, meta, _ = found
+        return SavedRun(run, cfg, model.to(device).eval(), run_tokenizer(run, cfg), ckpt, meta)
     meta = read_meta(ckpt)
     model = Transformer(cfg.model)
     load_weights(model, ckpt)
-    tokenizer = load_tokenizer(run.tokenizer)
-    return SavedRun(run, cfg, model.to(device).eval(), tokenizer, ckpt, meta)
+    return SavedRun(run, cfg, model.to(device).eval(), run_tokenizer(run, cfg), ckpt, meta)
+
+
+def _warn(message: str) -> None:
+    print(message, file=sys.stderr)
+
+
+def run_tokenizer(run: RunDir, cfg: RunConfig) -> Tokenizer:
+    """The run's own tokenizer.json, checked against the vocabulary its model was trained with."""
+    path = run.tokenizer
+    if not path.is_file():
+        raise CheckpointError(f"{run} has no {path.name}; copy the tokenizer of the data it was trained on "
+                              f"there (the prepared data directory under data.cache_dir holds it)")
+    try:
+        tokenizer = load_tokenizer(path)
+    except DataError as e:
+        raise CheckpointError(f"{e}; restore the run's own tokenizer.json (its prepared data directory "
+                              "under data.cache_dir holds a copy)") from None
+    # An imported model may have more embedding rows than its tokenizer has tokens.
+    fits = (tokenizer.vocab_size <= cfg.model.vocab_size if cfg.data.tokenizer.kind == "file"
+            else tokenizer.vocab_size == cfg.model.vocab_size)
+    if not fits:
+        raise CheckpointError(f"{path} does not belong to this run: it has {tokenizer.vocab_size} tokens, the "
+                              f"model was trained with {cfg.model.vocab_size}; restore the run's own tokenizer.json "
+                              "(its prepared data directory under data.cache_dir holds a copy)")
+    return tokenizer
 
 
 def rescaled(saved: SavedRun, scaling: RopeScalingConfig) -> Transformer:

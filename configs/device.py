@@ -1,0 +1,23 @@
+"""The device names every entry point accepts: one rule for configs and command lines.
+
+``auto`` (a CUDA GPU when one is visible, else the CPU), ``cpu``, ``cuda`` (the first GPU;
+under torchrun each process's own), ``cuda:N`` or ``mps``. Only the spelling is checked
+here, when a config or flag is read; whether the device exists is checked when it is
+used (training/runtime.py: ``resolve_device``), with a message saying what is visible.
+"""
+
+from __future__ import annotations
+
+import re
+
+from model.errors import ConfigError
+
+DEVICE_NAMES = "auto, cpu, cuda, cuda:N (N = 0, 1, …) or mps"
+_DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")
+
+
+def check_device_name(name: object, key: str) -> str:
+    """``name`` if it is a device name, else a ConfigError naming ``key``."""
+    if not isinstance(name, str) or not _DEVICE.match(name):
+        raise ConfigError(f"{key}: {name!r} is not a device; use {DEVICE_NAMES}")
+    return name
