@@ -39,11 +39,29 @@ def plain_number(value: float, _=None) -> str:
     return f"{value:g}"
 
 
-def _plain_ticks(ax, axis: str) -> None:
+def plain_ticks(ax, axis: str) -> None:
     """Log axes labelled 128, 1k, … rather than 2^7, 10^3, …; minor ticks unlabelled."""
     target = ax.xaxis if axis == "x" else ax.yaxis
     target.set_major_formatter(FuncFormatter(plain_number))
     target.set_minor_formatter(NullFormatter())
+
+
+def mark_train_len(ax, train_len: int) -> None:
+    """A dotted vertical line at the training length, labelled."""
+    ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
+    ax.text(train_len, 0.98, " L_train", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="grey")
+
+
+def finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
+    """Labels, grid and legend of a one-panel figure, then write it to ``path``."""
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    ax.set_title(title, fontsize=10)
+    ax.grid(True, which="both", alpha=0.3)
+    ax.legend(fontsize=7, ncol=2)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
 
 
 def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: Path, title: str) -> None:
@@ -57,21 +75,13 @@ def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: P
         ys = np.array([c["ppl"] for _, c in points])
         err = np.array([[c["ppl"] - c["low"] for _, c in points], [c["high"] - c["ppl"] for _, c in points]])
         ax.errorbar(xs, ys, yerr=err, markersize=4, capsize=2, linewidth=1.1, label=label, **style(i, label))
-    ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
-    ax.text(train_len, 0.98, " L_train", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="grey")
+    mark_train_len(ax, train_len)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
-    _plain_ticks(ax, "x")
+    plain_ticks(ax, "x")
     ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
-    _plain_ticks(ax, "y")
-    ax.set_xlabel("evaluation length (tokens)")
-    ax.set_ylabel("perplexity (95% interval)")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    plain_ticks(ax, "y")
+    finish(fig, ax, "evaluation length (tokens)", "perplexity (95% interval)", title, path)
 
 
 def plot_per_position(runs: list[dict], curves: dict[str, dict[str, dict]], train_len: int, path: Path,
@@ -93,15 +103,9 @@ def plot_per_position(runs: list[dict], curves: dict[str, dict[str, dict]], trai
         ax.fill_between(centres, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
     ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
     ax.set_xscale("log", base=2)
-    _plain_ticks(ax, "x")
-    ax.set_xlabel("position in window (1-based; log-spaced bins)")
-    ax.set_ylabel("mean loss (nats), 95% band")
-    ax.set_title(f"{corpus}: loss by position at the longest evaluated length", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    plain_ticks(ax, "x")
+    finish(fig, ax, "position in window (1-based; log-spaced bins)", "mean loss (nats), 95% band",
+           f"{corpus}: loss by position at the longest evaluated length", path)
 
 
 def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int], path: Path, corpus: str) -> None:
@@ -118,8 +122,8 @@ def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int]
             ax.errorbar(xs, ys, yerr=err, markersize=3.5, capsize=2, linewidth=1.2, label=row, **style(i, row))
         ax.set_xscale("symlog", linthresh=50)
         ax.set_yscale("log")
-        _plain_ticks(ax, "x")
-        _plain_ticks(ax, "y")
+        plain_ticks(ax, "x")
+        plain_ticks(ax, "y")
         ax.set_xlabel("fine-tuning steps")
         ax.set_ylabel("perplexity (95% interval)")
         ax.set_title(f"{corpus}: at {length} tokens", fontsize=10)
@@ -144,13 +148,6 @@ def plot_training(curves: dict[str, dict[str, list]], path: Path) -> None:
                     color=line.get_color(), alpha=0.9, label=f"{label} (validation)")
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
-    _plain_ticks(ax, "y")
+    plain_ticks(ax, "y")
     ax.xaxis.set_major_formatter(FuncFormatter(plain_number))
-    ax.set_xlabel("tokens trained")
-    ax.set_ylabel("loss (nats per token)")
-    ax.set_title("Training and validation loss", fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    finish(fig, ax, "tokens trained", "loss (nats per token)", "Training and validation loss", path)

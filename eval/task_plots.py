@@ -10,11 +10,13 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+from eval.plots import plain_ticks, finish, mark_train_len, style  # noqa: E402
+
 
 def plot_accuracy(table: dict[str, dict[int, dict]], train_len: int, path: Path, title: str) -> None:
     """Accuracy vs length (log-x), one line per row, 95% Wilson intervals as error bars."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
-    for label in sorted(table):
+    for i, label in enumerate(sorted(table)):
         points = sorted((n, c) for n, c in table[label].items() if "accuracy" in c)
         if not points:
             continue
@@ -22,20 +24,12 @@ def plot_accuracy(table: dict[str, dict[int, dict]], train_len: int, path: Path,
         ys = np.array([c["accuracy"] for _, c in points])
         err = np.array([[y - c["ci_low"] for y, (_, c) in zip(ys, points)],
                         [c["ci_high"] - y for y, (_, c) in zip(ys, points)]]).clip(min=0)  # rounding at 0 and 1
-        ax.errorbar(xs, ys, yerr=err, marker="o", markersize=3.5, capsize=2, label=label,
-                    linestyle="--" if "+" in label else "-")
-    ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
-    ax.text(train_len, 0.98, " L_train", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="grey")
+        ax.errorbar(xs, ys, yerr=err, markersize=3.5, capsize=2, label=label, **style(i, label))
+    mark_train_len(ax, train_len)
     ax.set_xscale("log", base=2)
+    plain_ticks(ax, "x")
     ax.set_ylim(-0.03, 1.03)
-    ax.set_xlabel("evaluated length (positions)")
-    ax.set_ylabel("exact-match accuracy")
-    ax.set_title(title, fontsize=10)
-    ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
-    fig.tight_layout()
-    fig.savefig(path, dpi=130)
-    plt.close(fig)
+    finish(fig, ax, "evaluated length (positions)", "exact-match accuracy (95% Wilson interval)", title, path)
 
 
 def plot_heatmaps(grids: dict[str, tuple[list[float], list[int], np.ndarray]], path: Path) -> None:
