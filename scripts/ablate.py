@@ -134,8 +134,10 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
     for run in todo:
         jobs.put(run)
     failures: dict[str, str] = {}
-    bar = tqdm(total=len(todo), desc=f"{grid.name}: runs", unit="run")
+    # A bar on a terminal; in a log file one line per finished run instead of carriage returns.
+    bar = tqdm(total=len(todo), desc=f"{grid.name}: runs", unit="run", disable=not sys.stderr.isatty())
     lock = threading.Lock()
+    done: list[str] = []
 
     def worker(slot: Slot) -> None:
         while True:
@@ -154,6 +156,9 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
                     failures[run.name] = reason
                     bar.write(f"✗ {run.name}: {reason}")
                 bar.update(1)
+                done.append(run.name)
+                if bar.disable:
+                    bar.write(f"{'✓' if ok else '✗'} {run.name} ({len(done)}/{len(todo)} runs done)")
 
     threads = [threading.Thread(target=worker, args=(slot,), daemon=True) for slot in slots]
     for t in threads:
