@@ -25,6 +25,17 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return (scores.softmax(dim=-1) @ v.float()).to(q.dtype)
 
 
+def project_heads(attn, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """q (B, H, T, D) and k, v (B, H_kv, T, D) from the normed input ``h`` (B, T, C), with
+    the fused projection's weights split apart."""
+    B, T, _ = h.shape
+    wq, wk, wv = attn.wqkv.parts()
+    q = (h @ wq.T).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
+    k = (h @ wk.T).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+    v = (h @ wv.T).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+    return q, k, v
+
+
 @torch.no_grad()
 def reference_forward(model, idx: torch.Tensor) -> torch.Tensor:
     """Logits (B, T, V) of ``model`` at positions 0 … T-1, attention computed the slow way."""
@@ -36,10 +47,7 @@ def reference_forward(model, idx: torch.Tensor) -> torch.Tensor:
     for block in model.blocks:
         attn = block.attn
         h = block.attn_norm(x)
-        wq, wk, wv = attn.wqkv.parts()
-        q = (h @ wq.T).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
-        k = (h @ wk.T).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
-        v = (h @ wv.T).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+        q, k, v = project_heads(attn, h)
         q, k = ctx.rotate(q, k)
         groups = attn.n_heads // attn.n_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
@@ -47,3 +55,30 @@ def reference_forward(model, idx: torch.Tensor) -> torch.Tensor:
         x = x + attn.wo(y.transpose(1, 2).reshape(B, T, -1))
         x = x + block.mlp(block.mlp_norm(x))
     return model.head(model.norm(x))
+
+
+def cached_logits(model, x: torch.Tensor, chunk: int) -> torch.Tensor:
+    """Logits of ``x`` fed through the model's cache (KV cache or recurrent state),
+    ``chunk`` positions per call: prefill and decoding as generation does them."""
+    B, T = x.shape
+    model.setup_cache(B, T)
+    try:
+        outs = []
+        for start in range(0, T, chunk):
+            positions = torch.arange(start, min(start + chunk, T))
+            outs.append(model(x[:, positions], positions))
+        return torch.cat(outs, dim=1)
+    finally:
+        model.clear_cache()
+
+
+@torch.no_grad()
+def assert_causal(model, vocab: int = 97) -> None:
+    """Changing token t + 1 leaves the logits up to t exactly as they were, and moves later ones."""
+    x = torch.randint(0, vocab, (2, 20))
+    for t in (0, 7, 18):
+        changed = x.clone()
+        changed[:, t + 1] = (changed[:, t + 1] + 1) % vocab
+        a, b = model(x), model(changed)
+        assert torch.equal(a[:, : t + 1], b[:, : t + 1])
+        assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])

@@ -10,6 +10,7 @@ from model.config import RopeScalingConfig, XposConfig
 from model.errors import LengthError
 from model.generate import generate, sample_next
 from model.transformer import Transformer
+from reference import cached_logits
 
 VARIANTS = {kind: tiny_config(kind) for kind in ALL_KINDS}
 VARIANTS.update({
@@ -35,19 +36,6 @@ def sharp_model(cfg) -> Transformer:
             wq.mul_(10)
             wk.mul_(10)
     return model
-
-
-def cached_logits(model: Transformer, x: torch.Tensor, chunk: int) -> torch.Tensor:
-    B, T = x.shape
-    model.setup_cache(B, T)
-    try:
-        outs = []
-        for start in range(0, T, chunk):
-            positions = torch.arange(start, min(start + chunk, T))
-            outs.append(model(x[:, positions], positions))
-        return torch.cat(outs, dim=1)
-    finally:
-        model.clear_cache()
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

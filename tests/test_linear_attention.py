@@ -21,6 +21,7 @@ from model.generate import generate
 from model.linear_attention import MIN_COSINE, chunked_linear_attention, recurrent_linear_attention
 from model.llama_mapping import HFConversionError, check_exportable
 from model.transformer import ATTENTIONS, Transformer
+from reference import assert_causal, cached_logits, project_heads
 from training.saved_run import load_run
 
 USABLE_KINDS = [k for k in POS_KINDS if k not in SCORE_BIAS_KINDS]
@@ -75,10 +76,7 @@ def reference_forward(model: Transformer, idx: torch.Tensor, positions=None) -> 
     for block in model.blocks:
         attn = block.attn
         h = block.attn_norm(x)
-        wq, wk, wv = attn.wqkv.parts()
-        q = (h @ wq.T).view(B, T, attn.n_heads, attn.head_dim).transpose(1, 2)
-        k = (h @ wk.T).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
-        v = (h @ wv.T).view(B, T, attn.n_kv_heads, attn.head_dim).transpose(1, 2)
+        q, k, v = project_heads(attn, h)
         groups = attn.n_heads // attn.n_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         fq, fk = phi(q, feature_map), phi(k, feature_map)
@@ -93,20 +91,6 @@ def set_chunk(model: Transformer, chunk: int) -> Transformer:
     for block in model.blocks:
         block.attn.chunk_size = chunk
     return model
-
-
-def cached_logits(model: Transformer, x: torch.Tensor, chunk: int) -> torch.Tensor:
-    """Prefill and decode through the recurrent state, ``chunk`` positions per call."""
-    B, T = x.shape
-    model.setup_cache(B, T)
-    try:
-        outs = []
-        for start in range(0, T, chunk):
-            positions = torch.arange(start, min(start + chunk, T))
-            outs.append(model(x[:, positions], positions))
-        return torch.cat(outs, dim=1)
-    finally:
-        model.clear_cache()
 
 
 def test_registry_serves_every_attention_kind():
@@ -218,15 +202,7 @@ def test_output_depends_on_relative_positions_only(name):
 
 @pytest.mark.parametrize("name", ["rope", "sinusoidal", "rope-mqa"])
 def test_causal(name):
-    model = set_chunk(Transformer(VARIANTS[name]).eval(), 8)
-    x = torch.randint(0, 97, (2, 20))
-    with torch.no_grad():
-        for t in (0, 7, 18):
-            changed = x.clone()
-            changed[:, t + 1] = (changed[:, t + 1] + 1) % 97
-            a, b = model(x), model(changed)
-            assert torch.equal(a[:, : t + 1], b[:, : t + 1])
-            assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+    assert_causal(set_chunk(Transformer(VARIANTS[name]).eval(), 8))
 
 
 def test_gradients_match_the_formula():
