@@ -144,7 +144,7 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
                 if length == curve_at and "none" in curves:
                     curves[scaling] = curves["none"]
                 continue
-            model = None if limit is not None and length > limit else _model_for(base, scaling, length, ev)
+            model = model_for(base, scaling, length, ev)
             for protocol in corpus.protocols or ev.protocols:
                 row = {**{k: meta[k] for k in ("run", "name", "encoding", "seed", "train_len")},
                        "corpus": data.name, "within_document": data.within_document, "scaling": scaling,
@@ -167,7 +167,12 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
     return rows, curves
 
 
-def _model_for(base: SavedRun, scaling: str, length: int, ev: EvalConfig):
+def model_for(base: SavedRun, scaling: str, length: int, ev: EvalConfig):
+    """The model to evaluate at ``length`` under ``scaling`` (the run's own where that is plain
+    RoPE), or None past the end of a learned position table."""
+    limit = base.model.pos.max_len
+    if limit is not None and length > limit:
+        return None
     rope_scaling = scaling_for(scaling, length, base.cfg.train.seq_len, ev.factor)
     return base.model if rope_scaling is None else rescaled(base, rope_scaling)
 

@@ -37,7 +37,7 @@ from data.atomic import write_text_atomic
 from data.tasks import Task, TaskError, build_task, check_readable, check_task_name, eval_instance, task_tokenizer
 from data.tokenizers import load_tokenizer
 from eval.exact_match import exact_match
-from eval.extrapolation import read_eval_file, run_metadata, scaling_for
+from eval.extrapolation import model_for, read_eval_file, run_metadata
 from eval.kmax import k_max
 from eval.report import check_report_dir
 from eval.stats import wilson_interval
@@ -48,7 +48,7 @@ from training.cli import (device_name, entry_point, non_negative_float, non_nega
                           scale_factor)
 from training.runtime import resolve_device
 from training.run_dir import RunDir
-from training.saved_run import SavedRun, load_run, read_run_config, rescaled
+from training.saved_run import load_run, read_run_config
 
 EvalFor = Callable[[RunConfig], EvalConfig]
 
@@ -114,11 +114,6 @@ def check_run(run_dir: Path, eval_for: EvalFor) -> None:
                           f"cannot extrapolate: evaluate lengths up to {limit}")
 
 
-def _model_for(base: SavedRun, scaling: str, length: int, ev: EvalConfig):
-    rope_scaling = scaling_for(scaling, length, base.cfg.train.seq_len, ev.factor)
-    return base.model if rope_scaling is None else rescaled(base, rope_scaling)
-
-
 def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalConfig) -> dict:
     """Exact-match counts and the Wilson interval for one (task, length, depth) cell."""
     instances = [eval_instance(task, ev.tasks.seed, length, depth, i) for i in range(ev.tasks.samples)]
@@ -143,7 +138,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
         for scaling in ev.resolved_scalings(base.cfg.model.pos.kind):
             cells = []
             for length in ev.resolved_lengths(train_len):
-                model = None if limit is not None and length > limit else _model_for(base, scaling, length, ev)
+                model = model_for(base, scaling, length, ev)
                 for depth in depths:
                     row = {**{k: meta[k] for k in ("run", "name", "encoding", "seed", "train_len")},
                            "task": task.name, "scaling": scaling, "length": length, "depth": depth}
