@@ -101,10 +101,57 @@ def pooling_group(cfg: RunConfig, tokens: Optional[int]) -> str:
 
 
 
+class Cells:
+    """Finished (checkpoint, corpus, scaling, length) cells of one evaluation, appended to a
+    journal as they finish so a run killed mid-evaluation (a session that ends, Ctrl-C)
+    resumes after its last finished cell instead of from the start. The journal belongs to
+    one checkpoint and one evaluation config (its file name carries the cache key); a
+    journal left by another checkpoint is started afresh."""
+
+    def __init__(self, path: Optional[Path] = None, checkpoint: Optional[str] = None):
+        self.path, self.done, self.seconds = path, {}, 0.0
+        if path is None:
+            return
+        lines = path.read_text().splitlines() if path.exists() else []
+        head = _json_line(lines[0]) if lines else None
+        if head is None or head.get("checkpoint") != checkpoint:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(path, json.dumps({"checkpoint": checkpoint}) + "\n")
+            return
+        for line in lines[1:]:
+            cell = _json_line(line)  # a line cut short by a kill is simply done again
+            if cell is not None:
+                self.done[cell["cell"]] = cell
+                self.seconds += cell["seconds"]
+
+    def get(self, key: str) -> Optional[dict]:
+        return self.done.get(key)
+
+    def add(self, key: str, rows: list[dict], curve: Optional[dict], seconds: float) -> None:
+        cell = {"cell": key, "rows": rows, "curve": curve, "seconds": round(seconds, 2)}
+        self.done[key] = cell
+        if self.path is not None:
+            with open(self.path, "a") as f:
+                f.write(json.dumps(cell) + "\n")
+
+    def discard(self) -> None:
+        if self.path is not None:
+            self.path.unlink(missing_ok=True)
+
+
+def _json_line(line: str) -> Optional[dict]:
+    try:
+        return json.loads(line)
+    except json.JSONDecodeError:
+        return None
+
+
 def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
-                 allow_unfinished: bool = False) -> tuple[dict, list[dict], dict]:
-    """(metadata, result rows, per-position curves by corpus and scaling) for one run."""
+                 allow_unfinished: bool = False, cells: Optional[Cells] = None) -> tuple[dict, list[dict], dict]:
+    """(metadata, result rows, per-position curves by corpus and scaling) for one run.
+    ``cells``: finished cells to reuse and record (cached_evaluation's journal)."""
     started = time.perf_counter()
+    cells = cells if cells is not None else Cells()
     latest = load_run(run_dir, device=device)
     _check_finished(latest, allow_unfinished)
     meta = run_metadata(latest, ev)
@@ -118,18 +165,20 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
             settings = corpus_settings(corpus, base, step_ev)
             meta.setdefault("corpora", {})[data.name] = {**settings, "name": data.name,
                                                          "split_tokens": int(len(data.tokens))}
-            corpus_rows, corpus_curves = _evaluate_corpus(base, step_ev, corpus, data, meta, log)
+            corpus_rows, corpus_curves = _evaluate_corpus(base, step_ev, corpus, data, meta, log, cells,
+                                                          prefix=f"{step}|")
             for row in corpus_rows if step is not None else ():
                 row.update(eval_step=step, step_tokens=base.meta.get("tokens"))
             rows += corpus_rows
             if last:
                 curves[data.name] = corpus_curves
-    meta["eval_seconds"] = round(time.perf_counter() - started, 1)
+    # Time spent in this process plus the cells an interrupted earlier attempt finished.
+    meta["eval_seconds"] = round(time.perf_counter() - started + cells.seconds, 1)
     return meta, rows, curves
 
 
 def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: CorpusTokens, meta: dict,
-                     log) -> tuple[list[dict], dict]:
+                     log, cells: Cells, prefix: str = "") -> tuple[list[dict], dict]:
     train_len, limit = base.cfg.train.seq_len, base.model.pos.max_len
     lengths = sorted(set(corpus.lengths)) or ev.resolved_lengths(train_len)
     curve_at = max((n for n in lengths if limit is None or n <= limit), default=None) if ev.per_position else None
@@ -144,27 +193,50 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
                 if length == curve_at and "none" in curves:
                     curves[scaling] = curves["none"]
                 continue
-            model = model_for(base, scaling, length, ev)
-            for protocol in corpus.protocols or ev.protocols:
-                row = {**{k: meta[k] for k in ("run", "name", "encoding", "seed", "train_len")},
-                       "corpus": data.name, "within_document": data.within_document, "scaling": scaling,
-                       **scale_note(scaling, length, train_len, ev.factor), "length": length, "protocol": protocol}
-                if model is None:
-                    rows.append({**row, "status": "n/a", "note": f"trained table: {limit} positions"})
-                    continue
-                started = time.perf_counter()
-                stride = length if protocol == "nonoverlap" else ev.sliding_stride(length)
-                result = perplexity(model, data.tokens, length, stride=min(stride, length), batch_size=ev.batch_size,
-                                    max_tokens=ev.max_tokens, token_bytes=base.tokenizer.token_bytes(),
-                                    eot_id=base.tokenizer.eot_id, within_document=data.within_document,
-                                    curve=length == curve_at and protocol == "nonoverlap")
-                found = result.to_dict()
-                if found.pop("curve") is not None:
-                    curves[scaling] = result.curve
-                rows.append({**row, "status": "ok", **found, "seconds": round(time.perf_counter() - started, 2)})
-                log(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} {protocol:<10} "
-                    f"ppl={result.ppl:10.3f}")
+            key = f"{prefix}{data.name}|{scaling}|{length}"
+            done = cells.get(key)
+            if done is not None:
+                rows += done["rows"]
+                if done["curve"] is not None:
+                    curves[scaling] = done["curve"]
+                log(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} (done before)")
+                continue
+            started = time.perf_counter()
+            cell_rows, curve = _evaluate_cell(base, ev, corpus, data, meta, log, scaling, length,
+                                              curve=length == curve_at)
+            cells.add(key, cell_rows, curve, time.perf_counter() - started)
+            rows += cell_rows
+            if curve is not None:
+                curves[scaling] = curve
     return rows, curves
+
+
+def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: CorpusTokens, meta: dict, log,
+                   scaling: str, length: int, curve: bool) -> tuple[list[dict], Optional[dict]]:
+    """Every protocol at one (scaling, length): its rows and, if asked, the per-position curve."""
+    train_len, limit = base.cfg.train.seq_len, base.model.pos.max_len
+    model = model_for(base, scaling, length, ev)
+    rows, found_curve = [], None
+    for protocol in corpus.protocols or ev.protocols:
+        row = {**{k: meta[k] for k in ("run", "name", "encoding", "seed", "train_len")},
+               "corpus": data.name, "within_document": data.within_document, "scaling": scaling,
+               **scale_note(scaling, length, train_len, ev.factor), "length": length, "protocol": protocol}
+        if model is None:
+            rows.append({**row, "status": "n/a", "note": f"trained table: {limit} positions"})
+            continue
+        started = time.perf_counter()
+        stride = length if protocol == "nonoverlap" else ev.sliding_stride(length)
+        result = perplexity(model, data.tokens, length, stride=min(stride, length), batch_size=ev.batch_size,
+                            max_tokens=ev.max_tokens, token_bytes=base.tokenizer.token_bytes(),
+                            eot_id=base.tokenizer.eot_id, within_document=data.within_document,
+                            curve=curve and protocol == "nonoverlap")
+        found = result.to_dict()
+        if found.pop("curve") is not None:
+            found_curve = result.curve
+        rows.append({**row, "status": "ok", **found, "seconds": round(time.perf_counter() - started, 2)})
+        log(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} {protocol:<10} "
+            f"ppl={result.ppl:10.3f}")
+    return rows, found_curve
 
 
 def model_for(base: SavedRun, scaling: str, length: int, ev: EvalConfig):
@@ -183,8 +255,10 @@ EVAL_FORMAT = 2
 
 
 def _cache_key(ev: EvalConfig) -> str:
-    """What changes the numbers: every eval key but batch_size, and the evaluation format."""
-    key = {k: v for k, v in dataclasses.asdict(ev).items() if k != "batch_size"}
+    """What changes the numbers: every eval key but those that cannot (how many windows go
+    through one forward, the report's reference row, the settings of task scoring), and
+    the evaluation format."""
+    key = {k: v for k, v in dataclasses.asdict(ev).items() if k not in ("batch_size", "reference", "tasks")}
     key["format"] = EVAL_FORMAT
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -205,10 +279,12 @@ def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log,
             # since (e.g. model.attention) must not split a cached seed from a fresh one.
             cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"))
             return cached["meta"], cached["rows"], cached["curves"]
-    meta, rows, curves = evaluate_run(run.path, ev, device, log, allow_unfinished)
+    cells = Cells(path.with_suffix(".partial.jsonl"), ckpt.name if ckpt is not None else None)
+    meta, rows, curves = evaluate_run(run.path, ev, device, log, allow_unfinished, cells=cells)
     path.parent.mkdir(exist_ok=True)
     write_text_atomic(path, json.dumps({"checkpoint": meta["checkpoint"], "meta": meta, "rows": rows,
                                         "curves": curves}))
+    cells.discard()
     return meta, rows, curves
 
 

@@ -238,3 +238,63 @@ def test_cli_flags_are_checked_before_any_work(tiny_runs, tmp_path, capsys):
     err = capsys.readouterr().err
     assert e.value.code == 2 and "--stride: must be a positive integer" in err and "Traceback" not in err
     assert not (tmp_path / "r").exists()
+
+
+def test_an_interrupted_evaluation_resumes_after_its_last_finished_cell(tiny_runs, tmp_path, monkeypatch):
+    import shutil
+
+    import eval.extrapolation as ex
+
+    ev = EvalConfig(lengths=[16, 32, 64], scalings=["none", "yarn"], protocols=["nonoverlap", "sliding"],
+                    max_tokens=1024)
+    runs = {name: tmp_path / name for name in ("whole", "cut")}
+    for path in runs.values():
+        shutil.copytree(tiny_runs / "rope-a", path)
+    whole = ex.cached_evaluation(runs["whole"], lambda cfg: ev, "cpu", lambda *a: None)
+
+    calls, real = [], ex.perplexity
+
+    def dies_on_the_fifth(*args, **kwargs):  # Ctrl-C (or the end of a session) mid-evaluation
+        calls.append(args[2])
+        if len(calls) == 5:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(ex, "perplexity", dies_on_the_fifth)
+    with pytest.raises(KeyboardInterrupt):
+        ex.cached_evaluation(runs["cut"], lambda cfg: ev, "cpu", lambda *a: None)
+    journal = next((runs["cut"] / "eval").glob("*.partial.jsonl"))
+    with open(journal, "a") as f:
+        f.write('{"cell": "None|cut sh')  # a line the kill left half written
+    # Cells: none at 16, 32, 64 (two protocols each), then yarn at 64 (16 and 32 are plain
+    # RoPE, copied). Two cells (four perplexities) finished before the fifth call died.
+    calls.clear()
+    meta, rows, curves = ex.cached_evaluation(runs["cut"], lambda cfg: ev, "cpu", lambda *a: None)
+    assert calls == [64, 64, 64, 64]  # none at 64, then yarn at 64: the finished cells are not redone
+    assert [(r["scaling"], r["length"], r["protocol"], r["nll"]) for r in rows] == \
+        [(r["scaling"], r["length"], r["protocol"], r["nll"]) for r in whole[1]]
+    assert curves == whole[2]
+    assert not journal.exists() and journal.with_name(journal.name.replace(".partial.jsonl", ".json")).exists()
+
+
+def test_a_journal_from_another_checkpoint_is_not_reused(tiny_runs, tmp_path):
+    from eval.extrapolation import Cells
+
+    path = tmp_path / "j.partial.jsonl"
+    cells = Cells(path, "step_000020")
+    cells.add("None|c|none|16", [{"nll": 1.0}], None, 2.0)
+    assert Cells(path, "step_000020").get("None|c|none|16") is not None
+    assert Cells(path, "step_000040").get("None|c|none|16") is None  # the run trained on since
+    assert Cells(path, "step_000040").done == {} and Cells(path, "step_000020").done == {}
+
+
+def test_the_cache_key_ignores_what_cannot_change_a_perplexity():
+    from configs.tasks import TaskEvalConfig
+    from eval.extrapolation import _cache_key
+
+    ev = EvalConfig(lengths=[16, 32])
+    same = [EvalConfig(lengths=[16, 32], batch_size=3), EvalConfig(lengths=[16, 32], reference="alibi"),
+            EvalConfig(lengths=[16, 32], tasks=TaskEvalConfig(samples=7))]
+    assert all(_cache_key(other) == _cache_key(ev) for other in same)
+    assert _cache_key(EvalConfig(lengths=[16, 64])) != _cache_key(ev)
+    assert _cache_key(EvalConfig(lengths=[16, 32], max_tokens=512)) != _cache_key(ev)
