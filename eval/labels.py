@@ -16,3 +16,19 @@ def with_scaling(label: str, scaling: str) -> str:
 def row_label(row: dict) -> str:
     """A table row: the run's group label (encoding, made unique per config) + scaling."""
     return with_scaling(row.get("label") or encoding_label(row["encoding"]), row["scaling"])
+
+
+def split_step(label: str) -> tuple[str, "int | None"]:
+    """("ROW", STEP) for a budget row "ROW @ STEP" (a checkpoint of a fine-tune, eval.steps),
+    else (label, None). A scaling suffix stays with the row: "ROW + yarn @ 50" is not made."""
+    row, sep, step = label.rpartition(" @ ")
+    head, plus, scaling = step.partition(" + ")
+    if not sep or not head.isdigit():
+        return label, None
+    return row + (f" + {scaling}" if plus else ""), int(head)
+
+
+def label_order(label: str) -> tuple[str, int]:
+    """Sort key: rows by name, a fine-tune's checkpoints by step (0, 50, 100 … not 0, 100, 50)."""
+    row, step = split_step(label)
+    return row, -1 if step is None else step

@@ -19,6 +19,7 @@ from pathlib import Path
 from data.atomic import write_text_atomic
 from data.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
+from eval.labels import label_order, split_step
 from eval.plots import plot_per_position, plot_perplexity, plot_training
 from eval.tables import (comparison_table, compare, interval_table, ratio_to_train_len, scored_line,
                          summarize)
@@ -134,12 +135,29 @@ def _header(lengths: list[int], train_len: int) -> list[str]:
 
 
 def _comparisons(results: dict, corpus: str, protocol: str, summary: dict, reference: str) -> dict:
-    labels = sorted(summary)
+    labels = sorted(summary, key=label_order)
+    ref_row, ref_step = split_step(reference)
+    if ref_step is not None:  # a budget grid: each fine-tune against the reference after as many steps
+        pairs = []
+        for label in labels:
+            row, step = split_step(label)
+            partner = reference if row == ref_row or step is None else f"{ref_row} @ {step}"
+            if label != partner and partner in summary:
+                pairs.append((label, partner))
+        return compare(results, corpus, protocol, pairs)
     pairs = [(label, reference) for label in labels if label != reference and reference in summary]
     base = re.escape(reference)
     scalings = [label for label in labels if re.fullmatch(rf"{base}( \+ \w+)?", label)]
     pairs += [(a, b) for a, b in combinations(scalings, 2) if (a, b) not in pairs and (b, a) not in pairs]
     return compare(results, corpus, protocol, pairs)
+
+
+def _pairing_note(reference: str) -> str:
+    row, step = split_step(reference)
+    if step is None:
+        return ""
+    return (f" Each fine-tuned row is compared with `{row}` after the same number of steps, and `{row}`'s "
+            f"own checkpoints with its step {step}.")
 
 
 def _protocol_section(results: dict, corpus: str, protocol: str, reference: str, out: Path, index: int) -> list[str]:
@@ -153,7 +171,7 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
             interval_table(summary, lengths, train_len), "", scored_line(summary, lengths), "",
             f"![perplexity vs length]({plot})", "",
             "Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
-            f"perplexity is than the second's, with its 95% interval. {MARKS}", "",
+            f"perplexity is than the second's, with its 95% interval.{_pairing_note(reference)} {MARKS}", "",
             comparison_table(_comparisons(results, corpus, protocol, summary, reference), lengths, train_len), "",
             "Perplexity relative to the same row at L (point estimates; different tokens, so not paired):", "",
             ratio_to_train_len(summary, lengths, train_len), "",

@@ -13,7 +13,7 @@ from typing import Optional
 
 import numpy as np
 
-from eval.labels import row_label
+from eval.labels import label_order, row_label
 from eval.stats import Cell, cell_interval, paired_ratio, significance
 
 
@@ -93,7 +93,7 @@ def interval_table(summary: dict[str, dict[int, dict]], lengths: list[int], trai
                    key: str = "ppl") -> str:
     """Cells 'point (low–high)'; bits per byte with ``key="bpb"``."""
     lines = _head("row", lengths, train_len)
-    for label in sorted(summary):
+    for label in sorted(summary, key=label_order):
         cells = []
         for n in lengths:
             cell = summary[label].get(n)
@@ -112,7 +112,7 @@ def interval_table(summary: dict[str, dict[int, dict]], lengths: list[int], trai
 def ratio_to_train_len(summary: dict[str, dict[int, dict]], lengths: list[int], train_len: int) -> str:
     """Each row's perplexity over its own at L (point estimates: different tokens, not paired)."""
     lines = _head("row", lengths, train_len)
-    for label in sorted(summary):
+    for label in sorted(summary, key=label_order):
         base = summary[label].get(train_len, {}).get("ppl")
         cells = [f"×{summary[label][n]['ppl'] / base:.2f}" if base and "ppl" in summary[label].get(n, {}) else "–"
                  for n in lengths]

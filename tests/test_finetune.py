@@ -82,13 +82,29 @@ def test_the_budget_report(parent, tmp_path):
     tmp, cfg, parent_dir = parent
     if not (tmp / "runs" / "child").exists():
         assert train.main(child_args(cfg, parent_dir)) == 0
-    ev = EvalConfig(lengths=[16, 64], protocols=["nonoverlap"], max_tokens=512, steps=[0, 2, 6])
+    ev = EvalConfig(lengths=[16, 64], protocols=["nonoverlap"], max_tokens=512, steps=[0, 2, 6], reference="rope @ 6")
     results = run_extrapolation([tmp / "runs" / "child"], tmp_path / "r", lambda c: ev, log=lambda *a: None)
     report = (tmp_path / "r" / "report.md").read_text()
     assert "### Fine-tuning budget" in report and "At 64 tokens:" in report  # 4L of the parent's L = 16
     assert "| rope | " in report and "step 0 | step 2 | step 6" in report
     assert (tmp_path / "r" / "budget_0_nonoverlap.png").read_bytes()[:4] == b"\x89PNG"
     assert {r["eval_step"] for r in results["results"]} == {0, 2, 6}
+    assert "| rope @ 0 vs rope @ 6 |" in report and "| rope @ 2 vs rope @ 6 |" in report
+
+
+def test_budget_rows_sort_by_step_and_pair_at_equal_steps(monkeypatch):
+    import eval.report as report
+    from eval.labels import label_order, split_step
+
+    labels = ["yarn @ 400", "none @ 50", "none @ 100", "yarn @ 0", "none @ 0", "none @ 400", "yarn @ 50", "rope"]
+    assert sorted(labels, key=label_order) == ["none @ 0", "none @ 50", "none @ 100", "none @ 400", "rope",
+                                               "yarn @ 0", "yarn @ 50", "yarn @ 400"]
+    assert split_step("none @ 50 + yarn") == ("none + yarn", 50) and split_step("a @ b") == ("a @ b", None)
+    seen = []
+    monkeypatch.setattr(report, "compare", lambda results, corpus, protocol, pairs: seen.extend(pairs))
+    report._comparisons({}, "c", "nonoverlap", dict.fromkeys(labels), "none @ 400")
+    assert seen == [("none @ 0", "none @ 400"), ("none @ 50", "none @ 400"), ("none @ 100", "none @ 400"),
+                    ("rope", "none @ 400"), ("yarn @ 0", "none @ 0"), ("yarn @ 50", "none @ 50"), ("yarn @ 400", "none @ 400")]
 
 
 @pytest.mark.parametrize("extra,message", [
