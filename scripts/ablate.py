@@ -187,17 +187,25 @@ def planned_eval(runs: list[PlannedRun]):
     return eval_for
 
 
-def print_wall_times(runs: list[dict]) -> None:
-    """Each run's training and evaluation wall time, and the grid's total (seconds are the
-    runs' own records: training over all sessions, the evaluation that produced the report)."""
-    print(f"\n{'run':<40} {'train min':>9} {'eval min':>9}")
-    for run in runs:
-        train, evaluation = run.get("train_seconds"), run.get("eval_seconds")
-        print(f"{run['name']:<40} {train / 60 if train else float('nan'):9.1f} "
-              f"{evaluation / 60 if evaluation else float('nan'):9.1f}")
-    train = sum(r.get("train_seconds") or 0 for r in runs) / 3600
-    evaluation = sum(r.get("eval_seconds") or 0 for r in runs) / 3600
-    print(f"{'grid total':<40} {train:8.2f}h {evaluation:8.2f}h   together {train + evaluation:.2f} h")
+def print_wall_times(reports: dict[str, list[dict]]) -> None:
+    """Each run's training wall time and its evaluation's per report kind (perplexity, tasks),
+    and the grid's totals (seconds are the runs' own records: training over all sessions,
+    the evaluation that produced each report)."""
+    kinds = list(reports)
+    per_run: dict[str, dict] = {}
+    for kind, runs in reports.items():
+        for run in runs:
+            entry = per_run.setdefault(run["name"], {"train": run.get("train_seconds")})
+            entry[kind] = run.get("eval_seconds")
+    heads = ["train min"] + [f"{kind} eval min" for kind in kinds]
+    print(f"\n{'run':<40} " + " ".join(f"{h:>{max(9, len(h))}}" for h in heads))
+    for name, entry in per_run.items():
+        values = [entry.get(k) for k in ["train", *kinds]]
+        print(f"{name:<40} " + " ".join(f"{v / 60 if v else float('nan'):{max(9, len(h))}.1f}"
+                                         for v, h in zip(values, heads)))
+    totals = [sum(e.get(k) or 0 for e in per_run.values()) / 3600 for k in ["train", *kinds]]
+    print(f"{'grid total (hours)':<40} " + " ".join(f"{t:{max(9, len(h))}.2f}" for t, h in zip(totals, heads))
+          + f"   together {sum(totals):.2f} h")
 
 
 def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], failures: dict[str, str],
@@ -205,6 +213,7 @@ def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], fai
     """The grid's reports from the runs' cached evaluations: perplexity for runs trained on
     text, task accuracy for those that want it (see the module doc)."""
     eval_for = planned_eval(runs)
+    reports = {}
     for kind, wanted, evaluate_runs, out in (
             ("perplexity", lambda r: not is_synthetic(r), run_extrapolation, grid.report_dir),
             ("tasks", lambda r: wants_tasks(r.cfg, r.cfg.eval), run_task_evaluation, grid.report_dir / "tasks")):
@@ -214,7 +223,9 @@ def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], fai
         missing = [{"run": str(r.run_dir), "error": failures[r.name]} for r in runs if r.name in failures and wanted(r)]
         results = evaluate_runs([r.run_dir for r in chosen], out, eval_for, device=device, missing=missing)
         print(f"{kind} report: {out / 'report.md'} ({len(results['runs'])} runs)")
-        print_wall_times(results["runs"])
+        reports[kind] = results["runs"]
+    if reports:
+        print_wall_times(reports)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
