@@ -42,9 +42,12 @@ def budget_section(results: dict, corpus: str, protocol: str, out: Path, index: 
     steps = sorted({s for by_step in cells.values() for s in by_step})
     plot = f"budget_{index}_{protocol}.png"
     plot_budget(cells, lengths, out / plot, corpus)
+    parents = sorted({r["parent"]["train_len"] for r in results["runs"] if r.get("parent")})
+    where = (f"at {' and '.join(f'{n // parents[0]}×' if n % parents[0] == 0 else str(n) for n in lengths)} the "
+             f"parent's training length ({parents[0]} tokens)" if len(parents) == 1 else "at the longest lengths")
     md = ["", "### Fine-tuning budget", "",
           "Perplexity (95% interval) after each number of fine-tuning steps; step 0 is the parent's weights "
-          "under the row's RoPE scaling. Lengths are relative to the parent's training length.", ""]
+          f"under the row's RoPE scaling. Shown {where}.", ""]
     for length in lengths:
         md += [f"At {length} tokens:", "", "| row | " + " | ".join(f"step {s}" for s in steps) + " |",
                "|---|" + "---:|" * len(steps)]

@@ -39,12 +39,31 @@ def provenance(runs: list[dict]) -> list[str]:
     commits = sorted({r.get("git_commit") or "unknown" for r in runs})
     dirty = [c for c in commits if c == "unknown" or c.endswith("-dirty")]
     if len(commits) == 1 and not dirty:
-        return [f"All {len(runs)} runs were trained from commit `{commits[0][:12]}`, a clean tree."]
-    lines = [f"Runs were trained from {len(commits)} commits: " + ", ".join(f"`{c[:18]}`" for c in commits) + "."]
+        lines = [f"All {len(runs)} runs were trained from commit `{commits[0][:12]}`, a clean tree."]
+    else:
+        lines = [f"Runs were trained from {len(commits)} commits: " + ", ".join(f"`{c[:18]}`" for c in commits) + "."]
     if dirty:
         lines.append("**Not reproducible from a clean commit**: " + ", ".join(f"`{c}`" for c in dirty)
                      + " (uncommitted changes, or no git).")
-    return lines
+    return lines + _parents(runs)
+
+
+def _parents(runs: list[dict]) -> list[str]:
+    """Where fine-tuned runs started (init.run): each parent once, with its own provenance."""
+    parents = {}
+    for run in runs:
+        if run.get("parent"):
+            parents.setdefault((run["parent"]["run"], run["parent"]["checkpoint"]), (run["parent"], []))[1].append(
+                run["name"])
+    lines = []
+    for (where, checkpoint), (parent, children) in parents.items():
+        commit = parent.get("git_commit") or "unknown"
+        tokens = f"{parent['tokens']:,} tokens" if parent.get("tokens") else "its tokens unrecorded"
+        lines.append(f"Fine-tuned from `{where}` ({checkpoint}: step {parent.get('step')}, {tokens} at training "
+                     f"length {parent.get('train_len')}, commit `{commit[:12]}`"
+                     f"{', **not a clean tree**' if commit.endswith('-dirty') else ''}): "
+                     + ", ".join(children) + ".")
+    return [""] + lines if lines else []
 
 
 def _minutes(seconds) -> str:

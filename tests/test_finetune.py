@@ -90,6 +90,8 @@ def test_the_budget_report(parent, tmp_path):
     assert (tmp_path / "r" / "budget_0_nonoverlap.png").read_bytes()[:4] == b"\x89PNG"
     assert {r["eval_step"] for r in results["results"]} == {0, 2, 6}
     assert "| rope @ 0 vs rope @ 6 |" in report and "| rope @ 2 vs rope @ 6 |" in report
+    assert f"Fine-tuned from `{parent_dir}` (step_" in report and "at training length 16" in report
+    assert "Shown at 4× the parent's training length (16 tokens)" in report
 
 
 def test_budget_rows_sort_by_step_and_pair_at_equal_steps(monkeypatch):
