@@ -15,7 +15,7 @@ import matplotlib
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter  # noqa: E402
+from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
 from eval.labels import encoding_label, with_scaling  # noqa: E402
 from eval.stats import pooled_curve  # noqa: E402
@@ -122,7 +122,11 @@ def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int]
             ax.errorbar(xs, ys, yerr=err, markersize=3.5, capsize=2, linewidth=1.2, label=row, **style(i, row))
         ax.set_xscale("symlog", linthresh=50)
         ax.set_yscale("log")
-        plain_ticks(ax, "x")
+        steps = sorted({s for by_step in cells.values() for s in by_step})
+        ax.set_xticks(steps)  # the evaluated checkpoints themselves
+        ax.xaxis.set_major_formatter(FuncFormatter(plain_number))
+        ax.xaxis.set_minor_locator(NullLocator())
+        ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0)))
         plain_ticks(ax, "y")
         ax.set_xlabel("fine-tuning steps")
         ax.set_ylabel("perplexity (95% interval)")
