@@ -31,6 +31,7 @@ from configs.experiment import seed_group
 from configs.schema import EvalConfig, EvalCorpus, RunConfig
 from data.atomic import write_text_atomic
 from eval.corpus import CorpusTokens, corpus_settings, load_corpus
+from eval.journal import Cells
 from eval.labels import encoding_label
 from eval.perplexity import perplexity
 from eval.report import check_report_dir, write_report
@@ -99,51 +100,6 @@ def pooling_group(cfg: RunConfig, tokens: Optional[int]) -> str:
     """Seeds of one experiment, trained for as many tokens, are pooled into one row."""
     return f"{seed_group(cfg)}-{tokens}"
 
-
-
-class Cells:
-    """Finished (checkpoint, corpus, scaling, length) cells of one evaluation, appended to a
-    journal as they finish so a run killed mid-evaluation (a session that ends, Ctrl-C)
-    resumes after its last finished cell instead of from the start. The journal belongs to
-    one checkpoint and one evaluation config (its file name carries the cache key); a
-    journal left by another checkpoint is started afresh."""
-
-    def __init__(self, path: Optional[Path] = None, checkpoint: Optional[str] = None):
-        self.path, self.done, self.seconds = path, {}, 0.0
-        if path is None:
-            return
-        lines = path.read_text().splitlines() if path.exists() else []
-        head = _json_line(lines[0]) if lines else None
-        if head is None or head.get("checkpoint") != checkpoint:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(path, json.dumps({"checkpoint": checkpoint}) + "\n")
-            return
-        for line in lines[1:]:
-            cell = _json_line(line)  # a line cut short by a kill is simply done again
-            if cell is not None:
-                self.done[cell["cell"]] = cell
-                self.seconds += cell["seconds"]
-
-    def get(self, key: str) -> Optional[dict]:
-        return self.done.get(key)
-
-    def add(self, key: str, rows: list[dict], curve: Optional[dict], seconds: float) -> None:
-        cell = {"cell": key, "rows": rows, "curve": curve, "seconds": round(seconds, 2)}
-        self.done[key] = cell
-        if self.path is not None:
-            with open(self.path, "a") as f:
-                f.write(json.dumps(cell) + "\n")
-
-    def discard(self) -> None:
-        if self.path is not None:
-            self.path.unlink(missing_ok=True)
-
-
-def _json_line(line: str) -> Optional[dict]:
-    try:
-        return json.loads(line)
-    except json.JSONDecodeError:
-        return None
 
 
 def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
