@@ -26,9 +26,14 @@ def budget_cells(results: dict, corpus: str, protocol: str) -> dict[str, dict[in
     return dict(out)
 
 
+def parent_lengths(results: dict) -> list[int]:
+    """The distinct training lengths of the runs' parents (fine-tuned runs only)."""
+    return sorted({r["parent"]["train_len"] for r in results["runs"] if r.get("parent")})
+
+
 def budget_lengths(results: dict, cells: dict[str, dict[int, dict[int, dict]]]) -> list[int]:
     """4L and 16L of the parent's training length L where evaluated, else the two longest."""
-    parents = [r["parent"]["train_len"] for r in results["runs"] if r.get("parent")]
+    parents = parent_lengths(results)
     evaluated = sorted({n for steps in cells.values() for by_length in steps.values() for n in by_length})
     wanted = [m * parents[0] for m in (4, 16)] if parents else []
     return [n for n in wanted if n in evaluated] or evaluated[-2:]
@@ -42,7 +47,7 @@ def budget_section(results: dict, corpus: str, protocol: str, out: Path, index: 
     steps = sorted({s for by_step in cells.values() for s in by_step})
     plot = f"budget_{index}_{protocol}.png"
     plot_budget(cells, lengths, out / plot, corpus)
-    parents = sorted({r["parent"]["train_len"] for r in results["runs"] if r.get("parent")})
+    parents = parent_lengths(results)
     where = (f"at {' and '.join(f'{n // parents[0]}×' if n % parents[0] == 0 else str(n) for n in lengths)} the "
              f"parent's training length ({parents[0]} tokens)" if len(parents) == 1 else "at the longest lengths")
     md = ["", "### Fine-tuning budget", "",

@@ -139,6 +139,7 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
     lengths = sorted(set(corpus.lengths)) or ev.resolved_lengths(train_len)
     curve_at = max((n for n in lengths if limit is None or n <= limit), default=None) if ev.per_position else None
     scalings = ev.resolved_scalings(base.cfg.model.pos.kind)
+    token_bytes = base.tokenizer.token_bytes()  # once per corpus, not per cell and protocol
     rows, curves = [], {}
     for scaling in scalings:
         for length in lengths:
@@ -159,7 +160,7 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
                 continue
             started = time.perf_counter()
             cell_rows, curve = _evaluate_cell(base, ev, corpus, data, meta, log, scaling, length,
-                                              curve=length == curve_at)
+                                              curve=length == curve_at, token_bytes=token_bytes)
             cells.add(key, cell_rows, curve, time.perf_counter() - started)
             rows += cell_rows
             if curve is not None:
@@ -168,7 +169,7 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
 
 
 def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: CorpusTokens, meta: dict, log,
-                   scaling: str, length: int, curve: bool) -> tuple[list[dict], Optional[dict]]:
+                   scaling: str, length: int, curve: bool, token_bytes) -> tuple[list[dict], Optional[dict]]:
     """Every protocol at one (scaling, length): its rows and, if asked, the per-position curve."""
     train_len, limit = base.cfg.train.seq_len, base.model.pos.max_len
     model = model_for(base, scaling, length, ev)
@@ -183,7 +184,7 @@ def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: Cor
         started = time.perf_counter()
         stride = length if protocol == "nonoverlap" else ev.sliding_stride(length)
         result = perplexity(model, data.tokens, length, stride=min(stride, length), batch_size=ev.batch_size,
-                            max_tokens=ev.max_tokens, token_bytes=base.tokenizer.token_bytes(),
+                            max_tokens=ev.max_tokens, token_bytes=token_bytes,
                             eot_id=base.tokenizer.eot_id, within_document=data.within_document,
                             curve=curve and protocol == "nonoverlap")
         found = result.to_dict()

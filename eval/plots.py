@@ -111,6 +111,7 @@ def plot_per_position(runs: list[dict], curves: dict[str, dict[str, dict]], trai
 def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int], path: Path, corpus: str) -> None:
     """Perplexity against fine-tuning steps, one panel per length, one line per row (95% intervals)."""
     fig, axes = plt.subplots(1, len(lengths), figsize=(5.5 * len(lengths), 4.5), squeeze=False)
+    steps = sorted({s for by_step in cells.values() for s in by_step})
     for ax, length in zip(axes[0], lengths):
         for i, row in enumerate(sorted(cells)):
             points = sorted((s, c[length]) for s, c in cells[row].items() if "ppl" in c.get(length, {}))
@@ -122,7 +123,6 @@ def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int]
             ax.errorbar(xs, ys, yerr=err, markersize=3.5, capsize=2, linewidth=1.2, label=row, **style(i, row))
         ax.set_xscale("symlog", linthresh=50)
         ax.set_yscale("log")
-        steps = sorted({s for by_step in cells.values() for s in by_step})
         ax.set_xticks(steps)  # the evaluated checkpoints themselves
         ax.xaxis.set_major_formatter(FuncFormatter(plain_number))
         ax.xaxis.set_minor_locator(NullLocator())

@@ -198,13 +198,14 @@ def print_wall_times(reports: dict[str, list[dict]]) -> None:
             entry = per_run.setdefault(run["name"], {"train": run.get("train_seconds")})
             entry[kind] = run.get("eval_seconds")
     heads = ["train min"] + [f"{kind} eval min" for kind in kinds]
-    print(f"\n{'run':<40} " + " ".join(f"{h:>{max(9, len(h))}}" for h in heads))
+    widths = [max(9, len(h)) for h in heads]
+    columns = ["train", *kinds]
+    print(f"\n{'run':<40} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
     for name, entry in per_run.items():
-        values = [entry.get(k) for k in ["train", *kinds]]
-        print(f"{name:<40} " + " ".join(f"{v / 60 if v else float('nan'):{max(9, len(h))}.1f}"
-                                         for v, h in zip(values, heads)))
-    totals = [sum(e.get(k) or 0 for e in per_run.values()) / 3600 for k in ["train", *kinds]]
-    print(f"{'grid total (hours)':<40} " + " ".join(f"{t:{max(9, len(h))}.2f}" for t, h in zip(totals, heads))
+        print(f"{name:<40} " + " ".join(f"{entry[k] / 60 if entry.get(k) else float('nan'):{w}.1f}"
+                                         for k, w in zip(columns, widths)))
+    totals = [sum(e.get(k) or 0 for e in per_run.values()) / 3600 for k in columns]
+    print(f"{'grid total (hours)':<40} " + " ".join(f"{t:{w}.2f}" for t, w in zip(totals, widths))
           + f"   together {sum(totals):.2f} h")
 
 
