@@ -37,12 +37,13 @@ from eval.perplexity import perplexity
 from eval.report import check_report_dir, write_report
 from model.config import SCALING_TYPES, RopeScalingConfig
 from model.errors import UserError
+from model.positional.rope import RoPE
 from model.positional.rope_scaling import effective_scale
 from configs.device import DEVICE_NAMES
 from training.cli import device_name, entry_point, positive_int, scale_factor, usage_when_empty
 from training.run_dir import RunDir
 from training.runtime import resolve_device
-from training.saved_run import SavedRun, load_run, read_run_config, rescaled
+from training.saved_run import SavedRun, load_run, read_run_config, rescaled, with_scaling
 
 EvalFor = Callable[[RunConfig], EvalConfig]  # the evaluation config of a run, from its config
 
@@ -141,14 +142,17 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
     scalings = ev.resolved_scalings(base.cfg.model.pos.kind)
     token_bytes = base.tokenizer.token_bytes()  # once per corpus, not per cell and protocol
     rows, curves = [], {}
+    scored: dict[tuple[int, str], str] = {}  # (length, rotary tables' digest) → the scaling scored with them
     for scaling in scalings:
         for length in lengths:
-            plain = scaling != "none" and scaling_for(scaling, length, train_len, ev.factor) is None
-            if plain and "none" in scalings:  # plain RoPE at this length: copy, don't recompute
-                copied = [{**r, "scaling": scaling} for r in rows if r["scaling"] == "none" and r["length"] == length]
-                rows += copied
-                if length == curve_at and "none" in curves:
-                    curves[scaling] = curves["none"]
+            digest = rotary_digest(base, scaling, length, ev)
+            same = scored.setdefault((length, digest), scaling) if digest is not None else scaling
+            if same != scaling:  # the same tables as a scaling scored already: the same numbers
+                note = scale_note(scaling, length, train_len, ev.factor)
+                rows += [{**r, "scaling": scaling, **note, "same_as": same}
+                         for r in rows if r["scaling"] == same and r["length"] == length]
+                if length == curve_at and same in curves:
+                    curves[scaling] = curves[same]
                 continue
             key = f"{prefix}{data.name}|{scaling}|{length}"
             done = cells.get(key)
@@ -194,6 +198,18 @@ def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: Cor
         log(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} {protocol:<10} "
             f"ppl={result.ppl:10.3f}")
     return rows, found_curve
+
+
+def rotary_digest(base: SavedRun, scaling: str, length: int, ev: EvalConfig) -> Optional[str]:
+    """A digest of the cos/sin tables a RoPE run's forwards use at ``length`` under ``scaling``
+    (None for other encodings). Every window of a cell is exactly ``length`` tokens, so two
+    scalings with equal digests give the same numbers bit for bit: a method at scale 1 is plain
+    RoPE, and dynamic NTK fitted to L is NTK with s = L / L_train. Such a cell is scored once."""
+    if base.cfg.model.pos.kind != "rope":
+        return None
+    cfg = with_scaling(base.cfg, scaling_for(scaling, length, base.cfg.train.seq_len, ev.factor))
+    cos, sin = RoPE(cfg.model).cos_sin(torch.arange(length), length)
+    return hashlib.sha256(cos.numpy().tobytes() + sin.numpy().tobytes()).hexdigest()
 
 
 def model_for(base: SavedRun, scaling: str, length: int, ev: EvalConfig):

@@ -97,7 +97,9 @@ def _scale_table(rows: list[dict], lengths: list[int], train_len: int) -> list[s
     lines = ["", "### What each RoPE scaling did", "",
              "Cells: factor s in the scaling's config → effective scale at that length. Static methods use "
              "s = L_eval / L_train (plain RoPE up to L); dynamic NTK keeps s = 1 and scales by "
-             "L_eval / L_train by itself (transformers' semantics).", "",
+             "L_eval / L_train by itself (transformers' semantics). Every window is exactly L_eval tokens, "
+             "so dynamic NTK there is NTK at s = L_eval / L_train: where two scalings give bit-identical "
+             "rotary tables at a length, the cell is scored once and shared (`same_as` in results.json).", "",
              *[line.replace("| row |", "| scaling |") for line in _header(lengths, train_len)]]
     for scaling, cells in sorted(seen.items()):
         text = [f"{cells[n][0]:g} → {cells[n][1]:g}" if n in cells else "–" for n in lengths]

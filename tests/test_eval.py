@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 
@@ -298,3 +299,38 @@ def test_the_cache_key_ignores_what_cannot_change_a_perplexity():
     assert all(_cache_key(other) == _cache_key(ev) for other in same)
     assert _cache_key(EvalConfig(lengths=[16, 64])) != _cache_key(ev)
     assert _cache_key(EvalConfig(lengths=[16, 32], max_tokens=512)) != _cache_key(ev)
+
+
+def test_scalings_with_the_same_rotary_tables_are_scored_once(tiny_runs, monkeypatch):
+    """Dynamic NTK fitted to L is NTK at s = L / L_train (every window is L tokens): scored
+    once, and the shared numbers are those of scoring dynamic NTK on its own."""
+    import eval.extrapolation as ex
+
+    calls, real = [], ex.perplexity
+
+    def counted(model, *args, **kwargs):
+        calls.append((model.pos.scaling.type, args[1]))
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(ex, "perplexity", counted)
+    both = EvalConfig(lengths=[16, 32, 64], scalings=["none", "ntk", "dynamic"], protocols=["nonoverlap"],
+                      max_tokens=1024)
+    _, rows, curves = ex.evaluate_run(tiny_runs / "rope-a", both, log=lambda *a: None)
+    assert calls == [("none", 16), ("none", 32), ("none", 64), ("ntk", 64)]  # L_train = 32
+    calls.clear()
+    alone = dataclasses.replace(both, scalings=["dynamic"])
+    _, own_rows, own_curves = ex.evaluate_run(tiny_runs / "rope-a", alone, log=lambda *a: None)
+    assert calls == [("none", 16), ("none", 32), ("dynamic", 64)]
+    shared = {r["length"]: r for r in rows if r["scaling"] == "dynamic"}
+    for own in own_rows:
+        row = shared[own["length"]]
+        assert row["nll"] == own["nll"] and row["unit_nll"] == own["unit_nll"]
+        assert (row["scaling_factor"], row["effective_scale"]) == (own["scaling_factor"], own["effective_scale"])
+    assert shared[64]["same_as"] == "ntk" and shared[64]["effective_scale"] == 2.0
+    assert shared[16]["same_as"] == "none" and shared[16]["scaling_factor"] == 1.0
+    (curves,), (own_curves,) = curves.values(), own_curves.values()  # one corpus
+    assert curves["dynamic"] == own_curves["dynamic"] == curves["ntk"]
+    # Different tables are never shared: YaRN at 2L is scored.
+    calls.clear()
+    ex.evaluate_run(tiny_runs / "rope-a", dataclasses.replace(both, scalings=["ntk", "yarn"]), log=lambda *a: None)
+    assert calls == [("none", 16), ("none", 32), ("ntk", 64), ("yarn", 64)]
