@@ -120,3 +120,31 @@ def pooled_curve(curves: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     sd = np.sqrt((within + between) / max(n.sum() - 1, 1))
     half = Z95 * sd / np.sqrt(n.sum())
     return mean, mean - half, mean + half
+
+
+# --- accuracies pooled over seeds ----------------------------------------------------------
+
+
+def pooled_accuracy_interval(counts: list[tuple[int, int]]) -> tuple[float, float]:
+    """95% interval of an accuracy pooled over seeds, from each seed's (correct, total).
+
+    The Wilson interval of the pooled instances alone treats every instance as independent,
+    but a task is often learned by one seed and not another: three seeds at 1.00, 0.00 and
+    0.00 pool to 0.33 with a Wilson interval of ±0.05. So the interval is the hull of that
+    Wilson interval and a two-stage bootstrap (seeds drawn with replacement, then each drawn
+    seed's correct count as Binomial(total, its accuracy); the 2.5 and 97.5 percentiles of
+    the pooled accuracy): seeds that disagree widen it, and it never comes out narrower
+    than the instances allow (the bootstrap alone collapses to a point at 0 or 1). One seed
+    gets the Wilson interval.
+    """
+    correct = np.array([c for c, _ in counts], dtype=np.int64)
+    total = np.array([n for _, n in counts], dtype=np.int64)
+    low, high = wilson_interval(int(correct.sum()), int(total.sum()))
+    if len(counts) < 2:
+        return low, high
+    rng = np.random.default_rng(BOOT_SEED)
+    seeds = rng.integers(0, len(counts), size=(N_BOOT, len(counts)))
+    drawn = rng.binomial(total[seeds], correct[seeds] / total[seeds])
+    boot = drawn.sum(axis=1) / total[seeds].sum(axis=1)
+    boot_low, boot_high = np.percentile(boot, [2.5, 97.5])
+    return min(low, float(boot_low)), max(high, float(boot_high))

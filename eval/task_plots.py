@@ -14,7 +14,7 @@ from eval.plots import plain_ticks, finish, mark_train_len, style  # noqa: E402
 
 
 def plot_accuracy(table: dict[str, dict[int, dict]], train_len: int, path: Path, title: str) -> None:
-    """Accuracy vs length (log-x), one line per row, 95% Wilson intervals as error bars."""
+    """Accuracy vs length (log-x), one line per row, 95% intervals (seeds and instances) as error bars."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
     for i, label in enumerate(sorted(table)):
         points = sorted((n, c) for n, c in table[label].items() if "accuracy" in c)
@@ -29,7 +29,7 @@ def plot_accuracy(table: dict[str, dict[int, dict]], train_len: int, path: Path,
     ax.set_xscale("log", base=2)
     plain_ticks(ax, "x")
     ax.set_ylim(-0.03, 1.03)
-    finish(fig, ax, "evaluated length (positions)", "exact-match accuracy (95% Wilson interval)", title, path)
+    finish(fig, ax, "evaluated length (positions)", "exact-match accuracy (95% interval)", title, path)
 
 
 def plot_heatmaps(grids: dict[str, tuple[list[float], list[int], np.ndarray]], path: Path) -> None:

@@ -3,8 +3,9 @@
 One table per task: a row per encoding (plus RoPE scaling), a column per length. Runs
 that are the same experiment apart from the seed (configs/experiment.py) are one row;
 their instances are pooled, so a cell is correct / scored over every seed (and, for
-passkey, every depth) with a 95% Wilson interval (eval/stats.py), and a second table
-shows the spread of the per-seed accuracies. Passkey adds depth × length heatmaps and
+passkey, every depth) with a 95% interval that counts both the instances (Wilson) and the
+disagreement between seeds (a two-stage bootstrap; eval/stats.py), and a second table
+shows the per-seed accuracies. Passkey adds depth × length heatmaps and
 k_max per seed (eval/kmax.py states the definition).
 """
 
@@ -19,7 +20,7 @@ import numpy as np
 from configs.tasks import TASK_NAMES
 from eval.kmax import __doc__ as KMAX_DOC
 from eval.labels import encoding_label, with_scaling
-from eval.stats import wilson_interval
+from eval.stats import pooled_accuracy_interval
 from eval.task_plots import plot_accuracy, plot_heatmaps
 
 
@@ -36,12 +37,17 @@ def label_rows(runs: list[dict], rows: list[dict]) -> dict[str, str]:
 
 
 def pooled(cells: list[dict]) -> dict:
-    """Counts of cells pooled (seeds, depths) with the Wilson interval; n/a if none was scored."""
+    """Counts of cells pooled (seeds, depths) with a 95% interval over seeds and instances
+    (eval/stats.py: pooled_accuracy_interval); n/a if none was scored."""
     ok = [c for c in cells if c["status"] == "ok"]
     if not ok:
         return {"na": cells[0].get("note", "n/a")}
-    correct, total = sum(c["correct"] for c in ok), sum(c["total"] for c in ok)
-    low, high = wilson_interval(correct, total)
+    per_run: dict[str, list[int]] = defaultdict(lambda: [0, 0])
+    for c in ok:
+        per_run[c["run"]][0] += c["correct"]
+        per_run[c["run"]][1] += c["total"]
+    correct, total = sum(c for c, _ in per_run.values()), sum(n for _, n in per_run.values())
+    low, high = pooled_accuracy_interval([(c, n) for c, n in per_run.values()])
     return {"accuracy": correct / total, "ci_low": low, "ci_high": high, "correct": correct, "total": total,
             "seeds": len({c["run"] for c in ok})}
 
@@ -155,7 +161,9 @@ def write_task_report(results: dict, out: Path) -> None:
           f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}. A cell is the exact-match accuracy "
           "(an instance counts only if every answer token is the model's most likely next token; "
           "eval/exact_match.py) pooled over the seeds of a row (and, for passkey, over key depths), "
-          "with its 95% Wilson interval in brackets.", "", "## Runs", "", *_runs_table(results)]
+          "with its 95% interval in brackets: the wider of the Wilson interval of the pooled instances and a "
+          "two-stage bootstrap over seeds, then instances (eval/stats.py), so seeds that disagree (a task "
+          "learned by one seed, not another) widen it.", "", "## Runs", "", *_runs_table(results)]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""] + [f"- {m['run']}: {m['error']}" for m in results["missing"]]
     tasks = sorted({r["task"] for r in rows}, key=TASK_NAMES.index)

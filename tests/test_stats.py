@@ -7,7 +7,8 @@ import math
 import numpy as np
 import pytest
 
-from eval.stats import cell_interval, paired_ratio, pooled_curve, significance, wilson_interval
+from eval.stats import (cell_interval, paired_ratio, pooled_accuracy_interval, pooled_curve, significance,
+                        wilson_interval)
 
 
 def test_wilson_interval_by_hand():
@@ -76,3 +77,22 @@ def test_pooled_curve_band_by_hand():
     # Bin 0: eight values, four 1s and four 3s: sd = sqrt(8 / 7); bin 1: sd = sqrt(6 / 7).
     assert (high - mean).tolist() == pytest.approx([1.959964 * math.sqrt(8 / 7) / math.sqrt(8),
                                                     1.959964 * math.sqrt(6 / 7) / math.sqrt(8)], rel=1e-5)
+
+
+def test_a_pooled_accuracy_interval_counts_seeds_that_disagree():
+    # One seed learned the task, two did not: 0.33 pooled, which ±0.05 (Wilson on 300
+    # instances) would misstate; with three seeds the mean could be anywhere in [0, 1].
+    low, high = pooled_accuracy_interval([(100, 100), (0, 100), (0, 100)])
+    assert (low, high) == (0.0, 1.0)
+    wilson = wilson_interval(100, 300)
+    assert high - low > 5 * (wilson[1] - wilson[0])
+    # Seeds that agree: the instances decide, and it is never narrower than Wilson.
+    low, high = pooled_accuracy_interval([(50, 100), (50, 100), (50, 100)])
+    wilson = wilson_interval(150, 300)
+    assert low <= wilson[0] and high >= wilson[1] and high - low < 1.1 * (wilson[1] - wilson[0])
+    # All wrong: not a point at 0 (the bootstrap alone would be), the Wilson upper bound.
+    low, high = pooled_accuracy_interval([(0, 100)] * 3)
+    assert low == 0.0 and high == wilson_interval(0, 300)[1] > 0.01
+    assert pooled_accuracy_interval([(30, 100)]) == wilson_interval(30, 100)  # one seed
+    assert pooled_accuracy_interval([(17, 100), (100, 100), (3, 100)]) == \
+        pooled_accuracy_interval([(17, 100), (100, 100), (3, 100)])  # fixed resampling seed

@@ -22,7 +22,7 @@ from eval import extrapolation
 from eval import tasks as eval_tasks
 from eval.exact_match import answer_loss, exact_match
 from eval.kmax import k_max
-from eval.stats import wilson_interval
+from eval.stats import pooled_accuracy_interval, wilson_interval
 from model.generate import generate
 from model.transformer import Transformer
 from training.run_dir import RunDir
@@ -157,7 +157,7 @@ def scored_runs(tmp_path_factory, corpus):
     return tmp / "runs"
 
 
-def test_report_pools_seeds_with_wilson_intervals_and_marks_learned_na(scored_runs, tmp_path):
+def test_report_pools_seeds_with_seed_aware_intervals_and_marks_learned_na(scored_runs, tmp_path):
     runs = [scored_runs / n for n in ("rope-a", "rope-b", "learned", "passkey")]
     results = eval_tasks.run_task_evaluation(runs, tmp_path / "rep", log=lambda *a: None)
     rows = results["results"]
@@ -173,8 +173,10 @@ def test_report_pools_seeds_with_wilson_intervals_and_marks_learned_na(scored_ru
     assert "n/a (trained table: 24 positions)" in report and "| rope |" in report
     pooled = [r for r in rows if r["encoding"] == "rope" and r["length"] == 24]
     c, n = sum(r["correct"] for r in pooled), sum(r["total"] for r in pooled)
-    low, high = wilson_interval(c, n)
-    assert f"{c / n:.2f} [{low:.2f}, {high:.2f}]" in report  # two seeds pooled into one row
+    per_seed = [(sum(r["correct"] for r in pooled if r["run"] == run), sum(r["total"] for r in pooled if r["run"] == run))
+                for run in sorted({r["run"] for r in pooled})]
+    low, high = pooled_accuracy_interval(per_seed)
+    assert len(per_seed) == 2 and f"{c / n:.2f} [{low:.2f}, {high:.2f}]" in report  # two seeds pooled into one row
     for name in ("passkey_heatmap.png", "accuracy_recall.png", "accuracy_passkey.png", "results.json"):
         assert (tmp_path / "rep" / name).is_file()
     # Cached per checkpoint: a second report reads the cache and gives the same numbers.
