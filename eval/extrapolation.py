@@ -30,9 +30,10 @@ from configs import override_section
 from configs.experiment import seed_group
 from configs.schema import EvalConfig, EvalCorpus, RunConfig
 from data.atomic import write_text_atomic
+from eval.cell_store import STORE_DIR, CellStore, address, tokens_digest, weights_digest
 from eval.corpus import CorpusTokens, corpus_settings, load_corpus
 from eval.journal import Cells
-from eval.labels import encoding_label
+from eval.labels import label_groups
 from eval.perplexity import perplexity
 from eval.report import check_report_dir, write_report
 from model.config import SCALING_TYPES, RopeScalingConfig
@@ -104,9 +105,11 @@ def pooling_group(cfg: RunConfig, tokens: Optional[int]) -> str:
 
 
 def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
-                 allow_unfinished: bool = False, cells: Optional[Cells] = None) -> tuple[dict, list[dict], dict]:
+                 allow_unfinished: bool = False, cells: Optional[Cells] = None,
+                 store: Optional[CellStore] = None) -> tuple[dict, list[dict], dict]:
     """(metadata, result rows, per-position curves by corpus and scaling) for one run.
-    ``cells``: finished cells to reuse and record (cached_evaluation's journal)."""
+    ``cells``: finished cells to reuse and record (cached_evaluation's journal); ``store``:
+    cells by content, shared with other runs and evaluation configs (eval/cell_store.py)."""
     started = time.perf_counter()
     cells = cells if cells is not None else Cells()
     latest = load_run(run_dir, device=device)
@@ -123,7 +126,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
             meta.setdefault("corpora", {})[data.name] = {**settings, "name": data.name,
                                                          "split_tokens": int(len(data.tokens))}
             corpus_rows, corpus_curves = _evaluate_corpus(base, step_ev, corpus, data, meta, log, cells,
-                                                          prefix=f"{step}|")
+                                                          prefix=f"{step}|", store=store)
             for row in corpus_rows if step is not None else ():
                 row.update(eval_step=step, step_tokens=base.meta.get("tokens"))
             rows += corpus_rows
@@ -135,12 +138,16 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
 
 
 def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: CorpusTokens, meta: dict,
-                     log, cells: Cells, prefix: str = "") -> tuple[list[dict], dict]:
+                     log, cells: Cells, prefix: str = "", store: Optional[CellStore] = None) -> tuple[list[dict], dict]:
     train_len, limit = base.cfg.train.seq_len, base.model.pos.max_len
     lengths = sorted(set(corpus.lengths)) or ev.resolved_lengths(train_len)
     curve_at = max((n for n in lengths if limit is None or n <= limit), default=None) if ev.per_position else None
     scalings = ev.resolved_scalings(base.cfg.model.pos.kind)
     token_bytes = base.tokenizer.token_bytes()  # once per corpus, not per cell and protocol
+    protocols = corpus.protocols or ev.protocols
+    content = None if store is None else {
+        "weights": weights_digest(base.model), "format": EVAL_FORMAT, "max_tokens": ev.max_tokens,
+        "tokens": tokens_digest(data.tokens, token_bytes, base.tokenizer.eot_id, data.within_document)}
     rows, curves = [], {}
     scored: dict[tuple[int, str], str] = {}  # (length, rotary tables' digest) → the scaling scored with them
     for scaling in scalings:
@@ -163,8 +170,24 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
                 log(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} (done before)")
                 continue
             started = time.perf_counter()
-            cell_rows, curve = _evaluate_cell(base, ev, corpus, data, meta, log, scaling, length,
-                                              curve=length == curve_at, token_bytes=token_bytes)
+            where = None if content is None or (limit is not None and length > limit) else address({
+                **content, "model": dataclasses.asdict(_cell_model_config(base, scaling, length, ev)),
+                "length": length, "protocols": [[p, _stride(p, length, ev)] for p in protocols]})
+            stored = store.get(where) if where is not None else None
+            if stored is not None and length == curve_at and stored["curve"] is None:
+                stored = None  # scored without the per-position curve this evaluation wants
+            if stored is not None:  # the same weights, tables and tokens, scored for another run or config
+                cell_rows = [{**_cell_header(meta, data, ev, scaling, length, r["protocol"]), **r}
+                             for r in stored["results"]]
+                curve = stored["curve"] if length == curve_at else None
+                log(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} (scored before: "
+                    f"{STORE_DIR}/)")
+            else:
+                cell_rows, curve = _evaluate_cell(base, ev, corpus, data, meta, log, scaling, length,
+                                                  curve=length == curve_at, token_bytes=token_bytes)
+                if where is not None:
+                    header = set(_cell_header(meta, data, ev, scaling, length, "")) - {"protocol"}
+                    store.put(where, [{k: v for k, v in r.items() if k not in header} for r in cell_rows], curve)
             cells.add(key, cell_rows, curve, time.perf_counter() - started)
             rows += cell_rows
             if curve is not None:
@@ -175,19 +198,16 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
 def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: CorpusTokens, meta: dict, log,
                    scaling: str, length: int, curve: bool, token_bytes) -> tuple[list[dict], Optional[dict]]:
     """Every protocol at one (scaling, length): its rows and, if asked, the per-position curve."""
-    train_len, limit = base.cfg.train.seq_len, base.model.pos.max_len
+    limit = base.model.pos.max_len
     model = model_for(base, scaling, length, ev)
     rows, found_curve = [], None
     for protocol in corpus.protocols or ev.protocols:
-        row = {**{k: meta[k] for k in ("run", "name", "encoding", "seed", "train_len")},
-               "corpus": data.name, "within_document": data.within_document, "scaling": scaling,
-               **scale_note(scaling, length, train_len, ev.factor), "length": length, "protocol": protocol}
+        row = _cell_header(meta, data, ev, scaling, length, protocol)
         if model is None:
             rows.append({**row, "status": "n/a", "note": f"trained table: {limit} positions"})
             continue
         started = time.perf_counter()
-        stride = length if protocol == "nonoverlap" else ev.sliding_stride(length)
-        result = perplexity(model, data.tokens, length, stride=min(stride, length), batch_size=ev.batch_size,
+        result = perplexity(model, data.tokens, length, stride=_stride(protocol, length, ev), batch_size=ev.batch_size,
                             max_tokens=ev.max_tokens, token_bytes=token_bytes,
                             eot_id=base.tokenizer.eot_id, within_document=data.within_document,
                             curve=curve and protocol == "nonoverlap")
@@ -200,6 +220,22 @@ def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: Cor
     return rows, found_curve
 
 
+def _cell_header(meta: dict, data: CorpusTokens, ev: EvalConfig, scaling: str, length: int, protocol: str) -> dict:
+    """What identifies a result row: run, corpus, scaling (with what it did) and length."""
+    return {**{k: meta[k] for k in ("run", "name", "encoding", "seed", "train_len")},
+            "corpus": data.name, "within_document": data.within_document, "scaling": scaling,
+            **scale_note(scaling, length, meta["train_len"], ev.factor), "length": length, "protocol": protocol}
+
+
+def _stride(protocol: str, length: int, ev: EvalConfig) -> int:
+    return length if protocol == "nonoverlap" else min(ev.sliding_stride(length), length)
+
+
+def _cell_model_config(base: SavedRun, scaling: str, length: int, ev: EvalConfig):
+    """The model config a cell runs with: the run's own, with the cell's RoPE scaling."""
+    return with_scaling(base.cfg, scaling_for(scaling, length, base.cfg.train.seq_len, ev.factor)).model
+
+
 def rotary_digest(base: SavedRun, scaling: str, length: int, ev: EvalConfig) -> Optional[str]:
     """A digest of the cos/sin tables a RoPE run's forwards use at ``length`` under ``scaling``
     (None for other encodings). Every window of a cell is exactly ``length`` tokens, so two
@@ -207,8 +243,7 @@ def rotary_digest(base: SavedRun, scaling: str, length: int, ev: EvalConfig) -> 
     RoPE, and dynamic NTK fitted to L is NTK with s = L / L_train. Such a cell is scored once."""
     if base.cfg.model.pos.kind != "rope":
         return None
-    cfg = with_scaling(base.cfg, scaling_for(scaling, length, base.cfg.train.seq_len, ev.factor))
-    cos, sin = RoPE(cfg.model).cos_sin(torch.arange(length), length)
+    cos, sin = RoPE(_cell_model_config(base, scaling, length, ev)).cos_sin(torch.arange(length), length)
     return hashlib.sha256(cos.numpy().tobytes() + sin.numpy().tobytes()).hexdigest()
 
 
@@ -253,7 +288,8 @@ def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log,
             cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"))
             return cached["meta"], cached["rows"], cached["curves"]
     cells = Cells(path.with_suffix(".partial.jsonl"), ckpt.name if ckpt is not None else None)
-    meta, rows, curves = evaluate_run(run.path, ev, device, log, allow_unfinished, cells=cells)
+    meta, rows, curves = evaluate_run(run.path, ev, device, log, allow_unfinished, cells=cells,
+                                      store=CellStore(run.path.parent / STORE_DIR))
     path.parent.mkdir(exist_ok=True)
     write_text_atomic(path, json.dumps({"checkpoint": meta["checkpoint"], "meta": meta, "rows": rows,
                                         "curves": curves}))
@@ -276,23 +312,6 @@ def share_window_sets(rows: list[dict]) -> dict[str, dict]:
     return sets
 
 
-def _label_groups(runs: list[dict], rows: list[dict]) -> None:
-    """Label rows by encoding and attention kind; where one such pair has several configs, by
-    the run-name stem."""
-    # Evaluations cached before attention kinds existed are softmax runs.
-    kinds = {run["run"]: encoding_label(run["encoding"], run.get("attention", "softmax")) for run in runs}
-    groups_per_kind: dict[str, set] = {}
-    for run in runs:
-        groups_per_kind.setdefault(kinds[run["run"]], set()).add(run["group"])
-    label = {}
-    for run in runs:
-        kind = kinds[run["run"]]
-        label[run["run"]] = kind if len(groups_per_kind[kind]) == 1 else run["stem"].removeprefix("kind-")
-        run["label"] = label[run["run"]]
-    for row in rows:  # a checkpoint of a budget curve (eval.steps) is a row of its own
-        row["label"] = label[row["run"]] + (f" @ {row['eval_step']}" if "eval_step" in row else "")
-
-
 def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = own_eval, device: str = "cpu",
                       log=print, missing: Sequence[dict] = (), allow_unfinished: bool = False) -> dict:
     """Evaluate every run with ``eval_for(its config)`` and write results.json, report.md and plots.
@@ -313,7 +332,7 @@ def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = o
         curves[meta["run"]] = run_curves
     if not runs:
         raise UserError("no run could be evaluated:\n" + "\n".join(f"- {f['run']}: {f['error']}" for f in failures))
-    _label_groups(runs, rows)
+    label_groups(runs, rows)
     corpora: dict[str, dict] = {}
     for run in runs:  # how each corpus was scored (absent from evaluations cached before this was recorded)
         for name, settings in run.get("corpora", {}).items():

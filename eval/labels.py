@@ -32,3 +32,20 @@ def label_order(label: str) -> tuple[str, int]:
     """Sort key: rows by name, a fine-tune's checkpoints by step (0, 50, 100 … not 0, 100, 50)."""
     row, step = split_step(label)
     return row, -1 if step is None else step
+
+
+def label_groups(runs: list[dict], rows: list[dict]) -> None:
+    """Label rows by encoding and attention kind; where one such pair has several configs, by
+    the run-name stem."""
+    # Evaluations cached before attention kinds existed are softmax runs.
+    kinds = {run["run"]: encoding_label(run["encoding"], run.get("attention", "softmax")) for run in runs}
+    groups_per_kind: dict[str, set] = {}
+    for run in runs:
+        groups_per_kind.setdefault(kinds[run["run"]], set()).add(run["group"])
+    label = {}
+    for run in runs:
+        kind = kinds[run["run"]]
+        label[run["run"]] = kind if len(groups_per_kind[kind]) == 1 else run["stem"].removeprefix("kind-")
+        run["label"] = label[run["run"]]
+    for row in rows:  # a checkpoint of a budget curve (eval.steps) is a row of its own
+        row["label"] = label[row["run"]] + (f" @ {row['eval_step']}" if "eval_step" in row else "")

@@ -248,7 +248,7 @@ def test_an_interrupted_evaluation_resumes_after_its_last_finished_cell(tiny_run
 
     ev = EvalConfig(lengths=[16, 32, 64], scalings=["none", "yarn"], protocols=["nonoverlap", "sliding"],
                     max_tokens=1024)
-    runs = {name: tmp_path / name for name in ("whole", "cut")}
+    runs = {name: tmp_path / name / "rope-a" for name in ("whole", "cut")}  # apart: no shared cell store
     for path in runs.values():
         shutil.copytree(tiny_runs / "rope-a", path)
     whole = ex.cached_evaluation(runs["whole"], lambda cfg: ev, "cpu", lambda *a: None)
@@ -334,3 +334,43 @@ def test_scalings_with_the_same_rotary_tables_are_scored_once(tiny_runs, monkeyp
     calls.clear()
     ex.evaluate_run(tiny_runs / "rope-a", dataclasses.replace(both, scalings=["ntk", "yarn"]), log=lambda *a: None)
     assert calls == [("none", 16), ("none", 32), ("ntk", 64), ("yarn", 64)]
+
+
+def test_cells_are_shared_by_content_between_runs_and_configs(tiny_runs, tmp_path, monkeypatch):
+    """Runs in one directory with the same weights (step 0 of fine-tunes from one parent)
+    score a cell once; a new evaluation config computes only its new cells; other weights
+    score their own."""
+    import shutil
+
+    import eval.extrapolation as ex
+
+    grid = tmp_path / "grid"
+    for name, source in (("a", "rope-a"), ("b", "rope-a"), ("c", "rope-b")):
+        shutil.copytree(tiny_runs / source, grid / name, ignore=shutil.ignore_patterns("eval"))
+    calls, real = [], ex.perplexity
+
+    def counted(model, *args, **kwargs):
+        calls.append(args[1])
+        return real(model, *args, **kwargs)
+
+    monkeypatch.setattr(ex, "perplexity", counted)
+    ev = EvalConfig(lengths=[16, 32], scalings=["none", "yarn"], protocols=["nonoverlap", "sliding"], max_tokens=1024)
+    quiet = lambda *a: None  # noqa: E731
+    meta_a, rows_a, curves_a = ex.cached_evaluation(grid / "a", lambda cfg: ev, "cpu", quiet)
+    assert calls == [16, 16, 32, 32]  # yarn is plain RoPE up to L = 32: shared within the run
+    calls.clear()
+    meta_b, rows_b, curves_b = ex.cached_evaluation(grid / "b", lambda cfg: ev, "cpu", quiet)
+    assert calls == []  # the same weights and tokens: every cell from the store
+    assert [{**r, "run": None, "name": None} for r in rows_b] == [{**r, "run": None, "name": None} for r in rows_a]
+    assert curves_b == curves_a and {r["run"] for r in rows_b} == {meta_b["run"]} != {meta_a["run"]}
+    calls.clear()
+    wider = dataclasses.replace(ev, lengths=[16, 32, 64])
+    _, rows, curves = ex.cached_evaluation(grid / "a", lambda cfg: wider, "cpu", quiet)
+    assert calls == [64, 64, 64, 64]  # one more length (none, then yarn at 2L): only its cells are new
+    assert [r["nll"] for r in rows if r["length"] <= 32] == [r["nll"] for r in rows_a]
+    (curve_corpus,) = curves.values()
+    assert curve_corpus["none"]["edges"][-1] == 65  # the curve moved to the longest length
+    calls.clear()
+    ex.cached_evaluation(grid / "c", lambda cfg: ev, "cpu", quiet)
+    assert calls == [16, 16, 32, 32]  # other weights (another seed) are scored
+    assert len(list((grid / ".eval-cells").glob("*.json"))) == 2 + 1 + 1 + 2  # a: 16, 32; 64 none, yarn; c

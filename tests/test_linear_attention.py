@@ -13,7 +13,8 @@ from torch.utils._python_dispatch import TorchDispatchMode
 import train
 from conftest import tiny_config, write_run_config
 from configs.schema import EvalConfig
-from eval.extrapolation import _label_groups, run_extrapolation
+from eval.extrapolation import run_extrapolation
+from eval.labels import label_groups
 from model.config import (ATTENTION_KINDS, POS_KINDS, SCORE_BIAS_KINDS, LinearAttentionConfig, ModelConfig,
                           PosConfig, RopeScalingConfig)
 from model.errors import ConfigError, LengthError
@@ -333,5 +334,5 @@ def test_reports_name_the_attention_kind():
             for i, attention in enumerate(("softmax", "linear"))]
     runs.append({"run": "old", "encoding": "none", "group": "g", "stem": "y"})  # cached before attention kinds
     rows = [{"run": run["run"]} for run in runs]
-    _label_groups(runs, rows)
+    label_groups(runs, rows)
     assert [row["label"] for row in rows] == ["rope", "rope (linear attention)", "nope"]
