@@ -35,7 +35,7 @@ def weights_digest(model: torch.nn.Module) -> str:
     for name, tensor in model.state_dict().items():
         t = tensor.detach().cpu().contiguous()
         h.update(f"{name}|{t.dtype}|{tuple(t.shape)}|".encode())
-        h.update(t.view(torch.uint8).numpy().tobytes() if t.numel() else b"")
+        h.update(t.reshape(-1).view(torch.uint8).numpy().tobytes())  # 1-D: a 0-dim view cannot change dtype
     return h.hexdigest()
 
 

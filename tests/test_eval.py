@@ -374,3 +374,20 @@ def test_cells_are_shared_by_content_between_runs_and_configs(tiny_runs, tmp_pat
     ex.cached_evaluation(grid / "c", lambda cfg: ev, "cpu", quiet)
     assert calls == [16, 16, 32, 32]  # other weights (another seed) are scored
     assert len(list((grid / ".eval-cells").glob("*.json"))) == 2 + 1 + 1 + 2  # a: 16, 32; 64 none, yarn; c
+
+
+def test_weights_digest_covers_every_encoding_and_every_weight():
+    """Every encoding's state dict can be digested (FIRE has a 0-dim parameter), and the digest
+    changes with any weight and only with the weights."""
+    from eval.cell_store import weights_digest
+
+    for kind in ("rope", "sinusoidal", "learned", "alibi", "none", "t5", "kerple", "fire", "xpos"):
+        torch.manual_seed(0)
+        model = Transformer(tiny_config(kind))
+        digest = weights_digest(model)
+        torch.manual_seed(0)
+        assert weights_digest(Transformer(tiny_config(kind))) == digest, kind
+        name, last = list(model.state_dict().items())[-1]
+        with torch.no_grad():
+            last.reshape(-1)[0] += 1.0
+        assert weights_digest(model) != digest, (kind, name)
