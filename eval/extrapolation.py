@@ -185,9 +185,10 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
             else:
                 cell_rows, curve = _evaluate_cell(base, ev, corpus, data, meta, log, scaling, length,
                                                   curve=length == curve_at, token_bytes=token_bytes)
-                if where is not None:
-                    header = set(_cell_header(meta, data, ev, scaling, length, "")) - {"protocol"}
-                    store.put(where, [{k: v for k, v in r.items() if k not in header} for r in cell_rows], curve)
+                if where is not None:  # stored without the run's identity, which a reader adds back
+                    header = _cell_header(meta, data, ev, scaling, length, protocol="")
+                    store.put(where, [{k: v for k, v in r.items() if k == "protocol" or k not in header}
+                                      for r in cell_rows], curve)
             cells.add(key, cell_rows, curve, time.perf_counter() - started)
             rows += cell_rows
             if curve is not None:

@@ -46,10 +46,11 @@ def pooled(cells: list[dict]) -> dict:
     for c in ok:
         per_run[c["run"]][0] += c["correct"]
         per_run[c["run"]][1] += c["total"]
-    correct, total = sum(c for c, _ in per_run.values()), sum(n for _, n in per_run.values())
-    low, high = pooled_accuracy_interval([(c, n) for c, n in per_run.values()])
+    counts = [(c, n) for c, n in per_run.values()]
+    correct, total = map(sum, zip(*counts))
+    low, high = pooled_accuracy_interval(counts)
     return {"accuracy": correct / total, "ci_low": low, "ci_high": high, "correct": correct, "total": total,
-            "seeds": len({c["run"] for c in ok})}
+            "seeds": len(counts)}
 
 
 def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[int, dict]]:
