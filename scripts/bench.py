@@ -26,9 +26,12 @@ graphs cannot leak into the next. The table goes to stdout and everything, with 
 machine, torch version and git commit, to ``--out`` (JSON). Timings on a shared machine
 are noisy: compare ratios from one run, and see that nothing else is running.
 
-``--compare REV`` is an A/B in one run: each measurement runs twice, back to back, with
-the same worker file against the code at REV (a temporary git worktree) and against this
-tree, and the table shows both and their ratio.
+``--compare REV`` is an A/B in one run: each measurement runs with the same worker file
+against the code at REV (a temporary git worktree) and against this tree, back to back,
+and the table shows both and their ratio. On a shared machine one process can run 20%
+slower than the next with the same code, so ``--rounds N`` repeats the pair N times,
+alternating which side goes first, and reports the median of the N paired ratios with
+its distribution-free 95% interval (eval/stats.py ``median_interval``; 6 rounds or more).
 
 Training steps run on random tokens, except for a synthetic-task config
 (``data.source: synthetic``), whose step draws its task's instances as training does.
@@ -46,6 +49,7 @@ import json
 import os
 import platform
 import subprocess
+import statistics
 import sys
 import tempfile
 from pathlib import Path
@@ -58,7 +62,8 @@ import configs
 from configs import load_config
 from model.config import ATTENTION_KINDS, POS_KINDS
 from model.errors import ConfigError, UserError
-from scripts.bench_report import print_comparison, print_shape
+from eval.stats import median_interval
+from scripts.bench_report import headline, print_comparison, print_shape
 from scripts.bench_worker import bench_config, run_section, variant_name
 from training.cli import check_output_file, entry_point
 from training.provenance import git_commit
@@ -149,6 +154,34 @@ def tree_at(rev: str) -> Iterator[Path]:
         subprocess.run(["git", "worktree", "remove", "--force", str(path)], cwd=ROOT, capture_output=True)
 
 
+def compare(spec: dict, section: str, row: str, base: Path, rounds: int) -> dict:
+    """``rounds`` A/B pairs of one measurement, in fresh processes, the side that goes first
+    alternating (drift in the machine's speed then falls on both sides alike).
+
+    ``base`` and ``this`` are each side's median measurement (its full record, profile
+    included); ``rounds`` the headline figures (bench_report.headline) of every pair;
+    ``ratio`` the median of the paired ratios this / base with its 95% interval.
+    """
+    runs: dict[str, list[dict]] = {"base": [], "this": []}
+    for r in range(rounds):
+        for side in (("base", "this") if r % 2 == 0 else ("this", "base")):
+            runs[side].append(measure(spec, section, row, base if side == "base" else ROOT, False))
+    pairs = [{side: headline(runs[side][r], section) for side in runs} for r in range(rounds)]
+    ratios = [p["this"] / p["base"] for p in pairs if p["this"] and p["base"]]
+    interval = median_interval(ratios)
+    return {**{side: median_record(records, section) for side, records in runs.items()},
+            "rounds": pairs,
+            "ratio": {"median": statistics.median(ratios) if ratios else None, "pairs": len(ratios),
+                      "low": interval and interval[0], "high": interval and interval[1]}}
+
+
+def median_record(records: list[dict], section: str) -> dict:
+    """The record whose headline figure is the median (the lower middle of an even count);
+    the first error when every record is one."""
+    ok = sorted((r for r in records if headline(r, section) is not None), key=lambda r: headline(r, section))
+    return ok[(len(ok) - 1) // 2] if ok else records[0]
+
+
 def shapes_of(args: argparse.Namespace) -> dict[str, Path]:
     if args.config is not None:
         return {"config": args.config}
@@ -166,9 +199,10 @@ def run_shapes(args: argparse.Namespace, base: Optional[Path]) -> dict:
             shape[section] = {}
             for row in variants:
                 print(f"{name:<6} {section:<8} {row} …", file=sys.stderr, flush=True)
-                this = measure(spec, section, row, ROOT if base else None, args.in_process)
-                shape[section][row] = this if base is None else {
-                    "base": measure(spec, section, row, base, False), "this": this}
+                if base is None:
+                    shape[section][row] = measure(spec, section, row, None, args.in_process)
+                else:
+                    shape[section][row] = compare(spec, section, row, base, args.rounds)
         shapes[name] = shape
     return shapes
 
@@ -197,10 +231,13 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--profile", type=int, default=0, metavar="N",
                    help="also profile training steps and report the N operators with the most self time")
     p.add_argument("--compare", metavar="REV", help="A/B in one run against the code at git revision REV")
+    p.add_argument("--rounds", type=int, default=1,
+                   help="with --compare: A/B pairs per measurement, alternating which goes first; the "
+                        "ratio is their median, with a 95%% interval from 6 rounds on")
     p.add_argument("--out", type=Path, default=Path("reports") / "bench.json", help="JSON output")
     p.add_argument("--in-process", action="store_true", help="no worker processes (debugging, tests)")
     args = p.parse_args(argv)
-    for name in ("repeats", "decode_repeats", "eval_repeats"):
+    for name in ("repeats", "decode_repeats", "eval_repeats", "rounds"):
         if getattr(args, name) < 1:
             p.error(f"--{name.replace('_', '-')} must be at least 1")
     if min(args.decode_lengths) < 1 or min(args.eval_multipliers) < 1 or args.warmup < 0 or args.profile < 0:
@@ -208,6 +245,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     check_output_file(args.out, "--out")
     if args.compare and args.in_process:
         p.error("--compare runs every measurement in a fresh process; drop --in-process")
+    if args.rounds > 1 and not args.compare:
+        p.error("--rounds repeats an A/B pair; it needs --compare REV")
     return args
 
 

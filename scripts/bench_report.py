@@ -81,7 +81,7 @@ def print_shape(name: str, shape: dict) -> None:
         print(f"\nskipped {kind}: {reason}")
 
 
-def _headline(result: dict, section: str) -> Optional[float]:
+def headline(result: dict, section: str) -> Optional[float]:
     """The number an A/B compares: tokens/s of a step, or of the longest decode/eval row."""
     if "error" in result:
         return None
@@ -93,17 +93,23 @@ def _headline(result: dict, section: str) -> Optional[float]:
 
 def print_comparison(results: dict) -> None:
     base, this = results["compare"]["base"], results["compare"]["this"]
-    print(f"\nA/B in one run: base {base[:12]} vs this {this[:12]} (tokens/s; ratio = this / base)")
+    print(f"\nA/B in one run: base {base[:12]} vs this {this[:12]} (tokens/s; ratio = this / base; with "
+          "--rounds: medians, and the median paired ratio with its 95% interval)")
     for name, shape in results["shapes"].items():
         print(f"\n=== shape {name}: {shape['config']} {' '.join(shape['overrides'])}")
         width = name_width(shape["kinds"])
         for section in (s for s in ("train", "compile", "decode", "eval") if s in shape):
-            print(f"{section:<8} {'':<{width - 8}} {'base':>9} {'this':>9} {'ratio':>7}")
+            print(f"{section:<8} {'':<{width - 8}} {'base':>9} {'this':>9} {'ratio':>7}  95% interval")
             for kind in shape["kinds"]:
                 pair = shape[section][kind]
-                a, b = _headline(pair["base"], section), _headline(pair["this"], section)
-                ratio = b / a if a and b else None
-                print(f"  {kind:<{width}} {fmt(a):>9} {fmt(b):>9} {fmt(ratio, '.3f'):>7}")
+                a, b = headline(pair["base"], section), headline(pair["this"], section)
+                ratio, interval = b / a if a and b else None, ""
+                if "ratio" in pair:  # --rounds
+                    r = pair["ratio"]
+                    ratio = r["median"]
+                    interval = (f"[{r['low']:.3f}, {r['high']:.3f}]" if r["low"] is not None
+                                else "— (6 rounds or more)") + f" over {r['pairs']} pair{'s' if r['pairs'] != 1 else ''}"
+                print(f"  {kind:<{width}} {fmt(a):>9} {fmt(b):>9} {fmt(ratio, '.3f'):>7}  {interval}")
                 for side in ("base", "this"):
                     if pair[side].get("profile"):
                         print_profile(pair[side]["profile"], f"{side}: one {kind} training step")

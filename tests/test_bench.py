@@ -86,18 +86,31 @@ def test_the_small_shape_is_nanogpts_cpu_recipe():
 
 
 def test_an_ab_comparison_measures_both_trees_in_one_run(tmp_path, capsys):
-    """Against HEAD itself: both sides measured in fresh processes, the ratio printed."""
+    """Against HEAD itself, two rounds: every pair measured in fresh processes, each side's
+    median record kept, the median paired ratio printed (no interval from two pairs)."""
     out = tmp_path / "ab.json"
     code = bench.main(["--config", str(ROOT / "configs" / "bench.yaml"), "--set", *TINY, "--compare", "HEAD",
-                       "--sections", "train", "--kinds", "rope", "--repeats", "1", "--warmup", "0",
-                       "--out", str(out)])
+                       "--rounds", "2", "--sections", "train", "--kinds", "rope", "--repeats", "1",
+                       "--warmup", "0", "--out", str(out)])
     assert code == 0
     results = json.loads(out.read_text())
     pair = results["shapes"]["config"]["train"]["rope"]
     assert pair["base"]["tok_s"] > 0 and pair["this"]["tok_s"] > 0
+    assert len(pair["rounds"]) == 2 and all(r["base"] > 0 and r["this"] > 0 for r in pair["rounds"])
+    ratios = sorted(r["this"] / r["base"] for r in pair["rounds"])
+    assert pair["ratio"]["median"] == pytest.approx(sum(ratios) / 2)
+    assert pair["ratio"]["pairs"] == 2 and pair["ratio"]["low"] is None
+    assert pair["base"]["tok_s"] == min(r["base"] for r in pair["rounds"])  # the lower middle of two
     assert len(results["compare"]["base"]) == 40
-    assert "A/B in one run" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "A/B in one run" in printed and "(6 rounds or more) over 2 pairs" in printed
     assert bench.main(["--compare", "no-such-rev", "--out", str(tmp_path / "x.json")]) == 2
+
+
+def test_rounds_need_a_comparison(tmp_path, capsys):
+    with pytest.raises(SystemExit) as exc:
+        bench.parse_args(["--rounds", "3", "--out", str(tmp_path / "x.json")])
+    assert exc.value.code == 2 and "--rounds repeats an A/B pair" in capsys.readouterr().err
 
 
 def test_bench_trains_a_synthetic_config_on_its_task_instances(tmp_path, monkeypatch):

@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from eval.stats import (cell_interval, paired_ratio, pooled_accuracy_interval, pooled_curve, significance,
+from eval.stats import (cell_interval, median_interval, paired_ratio, pooled_accuracy_interval, pooled_curve, significance,
                         wilson_interval)
 
 
@@ -96,3 +96,22 @@ def test_a_pooled_accuracy_interval_counts_seeds_that_disagree():
     assert pooled_accuracy_interval([(30, 100)]) == wilson_interval(30, 100)  # one seed
     assert pooled_accuracy_interval([(17, 100), (100, 100), (3, 100)]) == \
         pooled_accuracy_interval([(17, 100), (100, 100), (3, 100)])  # fixed resampling seed
+
+
+def test_median_interval_order_statistics_by_hand():
+    """The sign-test interval: x(k), x(n-k+1) with the largest k covering >= 95%."""
+    assert median_interval([3.0, 1.0, 2.0, 5.0, 4.0]) is None  # n = 5 covers at most 93.8%
+    assert median_interval([6, 1, 5, 2, 4, 3]) == (1, 6)  # 1 - 2/64 = 96.9%
+    assert median_interval(list(range(1, 9))) == (1, 8)  # k = 2 would cover 1 - 18/256 = 93.0%
+    assert median_interval(list(range(1, 10))) == (2, 8)  # 1 - 20/512 = 96.1%
+    assert median_interval(list(range(1, 11))) == (2, 9)  # 1 - 22/1024 = 97.9%
+    assert median_interval(list(range(1, 21)), level=0.5)[0] > median_interval(list(range(1, 21)))[0]
+
+
+def test_median_interval_covers_the_median_as_often_as_it_says():
+    """Skewed draws (lognormal, median 1): coverage at least 95% for n = 6 … 12."""
+    rng = np.random.default_rng(0)
+    for n in range(6, 13):
+        draws = rng.lognormal(0.0, 0.3, size=(4000, n))
+        hits = [low <= 1.0 <= high for low, high in map(median_interval, draws.tolist())]
+        assert np.mean(hits) >= 0.94, n
