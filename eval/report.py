@@ -21,8 +21,8 @@ from data.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
 from eval.labels import label_order, split_step
 from eval.plots import plot_per_position, plot_perplexity, plot_training
-from eval.tables import (comparison_table, compare, interval_table, ratio_to_train_len, scored_line,
-                         summarize)
+from eval.tables import (comparison_table, compare, identical_rows, interval_table, ratio_to_train_len,
+                         scored_line, summarize)
 from model.errors import ArgumentError
 from training.cli import check_output_dir
 from training.run_dir import RunDir
@@ -166,11 +166,32 @@ def _comparisons(results: dict, corpus: str, protocol: str, summary: dict, refer
             if label != partner and partner in summary:
                 pairs.append((label, partner))
         return compare(results, corpus, protocol, pairs)
+    # A row identical to an earlier one (dynamic NTK = NTK here) is compared through that row.
+    folded = identical_rows(results, corpus, protocol, _folding_order(labels))
+    labels = [label for label in labels if label not in folded]
     pairs = [(label, reference) for label in labels if label != reference and reference in summary]
     base = re.escape(reference)
     scalings = [label for label in labels if re.fullmatch(rf"{base}( \+ \w+)?", label)]
     pairs += [(a, b) for a, b in combinations(scalings, 2) if (a, b) not in pairs and (b, a) not in pairs]
     return compare(results, corpus, protocol, pairs)
+
+
+def _folding_order(labels: list[str]) -> list[str]:
+    """Report order, but dynamic NTK after the other rows: where it equals NTK, NTK is kept."""
+    return sorted(labels, key=lambda label: (label.endswith("+ dynamic"), label_order(label)))
+
+
+def _identical_note(results: dict, corpus: str, protocol: str, summary: dict) -> str:
+    """Which rows repeat an earlier one exactly, and so have no comparisons of their own."""
+    same = identical_rows(results, corpus, protocol, _folding_order(list(summary)))
+    if not same:
+        return ""
+    parts = [f"`{label}` equals `{kept}`" for label, kept in same.items()]
+    why = (" (dynamic NTK fitted to a window of exactly L_eval tokens is NTK with s = L_eval / L_train: "
+           "the same rotary tables)" if any(l.endswith("+ dynamic") and k.endswith("+ ntk") for l, k in same.items())
+           else "")
+    return (" " + "; ".join(parts) + " bit for bit at every length" + why +
+            ", so only " + ", ".join(f"`{k}`" for k in dict.fromkeys(same.values())) + " is compared.")
 
 
 def _pairing_note(reference: str) -> str:
@@ -192,7 +213,8 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
             interval_table(summary, lengths, train_len), "", scored_line(summary, lengths), "",
             f"![perplexity vs length]({plot})", "",
             "Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
-            f"perplexity is than the second's, with its 95% interval.{_pairing_note(reference)} {MARKS}", "",
+            f"perplexity is than the second's, with its 95% interval.{_pairing_note(reference)}"
+            f"{_identical_note(results, corpus, protocol, summary)} {MARKS}", "",
             comparison_table(_comparisons(results, corpus, protocol, summary, reference), lengths, train_len), "",
             "Perplexity relative to the same row at L (point estimates; different tokens, so not paired):", "",
             ratio_to_train_len(summary, lengths, train_len), "",

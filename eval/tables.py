@@ -76,6 +76,34 @@ def compare(results: dict, corpus: str, protocol: str, pairs: list[tuple[str, st
     return out
 
 
+def identical_rows(results: dict, corpus: str, protocol: str, labels: list[str]) -> dict[str, str]:
+    """label -> the earlier label (in ``labels``' order) it equals bit for bit: the same
+    lengths, and at each the same tokens and exactly the same per-unit NLL of every seed.
+
+    Dynamic NTK scored on windows of exactly L_eval tokens is NTK at s = L_eval / L_train,
+    so those two rows are one result twice; comparing either with a third row says the
+    same thing twice, and comparing them with each other says nothing.
+    """
+    rows = _cells_rows(results, corpus, protocol)
+
+    def same(a: str, b: str) -> bool:
+        if set(rows.get(a, {})) != set(rows.get(b, {})) or not rows.get(a):
+            return False
+        for length in rows[a]:
+            ca, cb = make_cell(rows[a][length], results["window_sets"]), make_cell(rows[b][length], results["window_sets"])
+            if (ca is None or cb is None or not np.array_equal(ca.tokens, cb.tokens)
+                    or ca.nll.shape != cb.nll.shape or not np.array_equal(ca.nll, cb.nll)):
+                return False
+        return True
+
+    out: dict[str, str] = {}
+    for i, label in enumerate(labels):
+        match = next((earlier for earlier in labels[:i] if earlier not in out and same(label, earlier)), None)
+        if match is not None:
+            out[label] = match
+    return out
+
+
 # --- markdown -------------------------------------------------------------------------------
 
 def fmt(value: float) -> str:

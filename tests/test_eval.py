@@ -336,6 +336,30 @@ def test_scalings_with_the_same_rotary_tables_are_scored_once(tiny_runs, monkeyp
     assert calls == [("none", 16), ("none", 32), ("ntk", 64), ("yarn", 64)]
 
 
+def test_the_report_compares_a_row_identical_to_another_only_once(tiny_runs, tmp_path):
+    """Dynamic NTK equals NTK bit for bit here: both rows are shown, the note says why, and
+    only NTK is compared; a row that differs in a single unit is never folded."""
+    from eval.tables import identical_rows
+
+    ev = EvalConfig(lengths=[16, 32, 64], scalings=["none", "ntk", "dynamic", "yarn"], protocols=["nonoverlap"],
+                    max_tokens=1024)
+    out = tmp_path / "report"
+    results = run_extrapolation([tiny_runs / "rope-a", tiny_runs / "rope-b"], out, lambda cfg: ev, log=lambda *a: None)
+    report = (out / "report.md").read_text()
+    assert "| rope + dynamic |" in report and "| rope + ntk |" in report  # both rows in the tables
+    assert ("`rope + dynamic` equals `rope + ntk` bit for bit at every length (dynamic NTK fitted to a window "
+            "of exactly L_eval tokens is NTK") in report
+    assert "| rope + ntk vs rope |" in report and "| rope + ntk vs rope + yarn |" in report
+    assert "rope + dynamic vs" not in report and "vs rope + dynamic" not in report
+    corpus = results["results"][0]["corpus"]
+    labels = ["rope", "rope + ntk", "rope + yarn", "rope + dynamic"]
+    assert identical_rows(results, corpus, "nonoverlap", labels) == {"rope + dynamic": "rope + ntk"}
+    changed = json.loads(json.dumps(results))
+    row = next(r for r in changed["results"] if r["scaling"] == "dynamic" and r["length"] == 64)
+    row["unit_nll"][-1] += 1e-9
+    assert identical_rows(changed, corpus, "nonoverlap", labels) == {}
+
+
 def test_cells_are_shared_by_content_between_runs_and_configs(tiny_runs, tmp_path, monkeypatch):
     """Runs in one directory with the same weights (step 0 of fine-tunes from one parent)
     score a cell once; a new evaluation config computes only its new cells; other weights
