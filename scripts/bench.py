@@ -12,7 +12,8 @@ reason), measures
   step: sampler, forward, loss, backward, clipping, AdamW) and model FLOPs utilisation,
   where the peak is the matmul rate this script measures on this machine just before
   (float32 on CPU, the autocast dtype on GPU), so MFU is a ratio to the machine's own limit;
-- the same step under ``torch.compile`` (``--compile``), and the speed-up;
+- the same step under ``torch.compile`` (section ``compile``), and its speed-up over eager
+  steps taken in turn with it in the same process;
 - decoding: greedy generation of 64, 256 and 1024 tokens with and without the KV cache, and
   the per-token latency at the start (tokens 1–64) and end (the last 64) of the longest;
 - evaluation: perplexity throughput (eval/perplexity.py, non-overlapping windows) at 1×, 4×

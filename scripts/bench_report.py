@@ -27,7 +27,8 @@ def _training(train: dict, comp: dict, kinds: list[str]) -> None:
     any_ok = next((r for r in [*train.values(), *comp.values()] if "error" not in r), None)
     if any_ok:
         print(f"\ntraining, {any_ok['tokens_per_step']} tokens/step, {any_ok['dtype']}, "
-              f"{any_ok['params'] / 1e6:.2f}M params; MFU against the measured matmul peak")
+              f"{any_ok['params'] / 1e6:.2f}M params; MFU against the measured matmul peak; the "
+              "speed-up compares eager and compiled steps taken in turn in one process")
     width = name_width(kinds)
     print(f"{'encoding':<{width}} {'tok/s':>8} {'peak GF/s':>9} {'MFU':>6} {'vs rope':>7} {'RSS MB':>7} │ "
           f"{'compiled':>8} {'MFU':>6} {'speed-up':>8} {'RSS MB':>7}")
@@ -39,6 +40,8 @@ def _training(train: dict, comp: dict, kinds: list[str]) -> None:
             continue
         rel = r.get("tok_s") / base if base and r.get("tok_s") else None
         speed = c.get("tok_s") / r["tok_s"] if c.get("tok_s") and r.get("tok_s") else None
+        if c.get("paired"):  # eager and compiled steps alternating in one process: the fair ratio
+            speed = c["paired"]["speedup"]
         c_err = f"  compile error: {c['error']}" if "error" in c else ""
         peak = r.get("peak", {}).get("flops")
         print(f"{kind:<{width}} {fmt(r.get('tok_s')):>8} {fmt(peak and peak / 1e9):>9} "

@@ -148,11 +148,34 @@ def section_train(spec, kind: str, compile_: bool) -> dict:
     tokens_per_step = cfg.train.tokens_per_step()
     tok_s = tokens_per_step / step
     flops = trainer.model.flops_per_token(cfg.train.seq_len) * tok_s
-    return {"tok_s": tok_s, "step_ms": step * 1e3, "step_ms_all": [t * 1e3 for t in times],
-            "first_step_s": first, "achieved_flops": flops, "peak": peak, "mfu": flops / peak["flops"],
-            "params": trainer.model.num_params(), "tokens_per_step": tokens_per_step,
-            "device": str(rt.device), "dtype": str(rt.dtype).replace("torch.", ""), "profile": profile,
-            **memory.read()}
+    result = {"tok_s": tok_s, "step_ms": step * 1e3, "step_ms_all": [t * 1e3 for t in times],
+              "first_step_s": first, "achieved_flops": flops, "peak": peak, "mfu": flops / peak["flops"],
+              "params": trainer.model.num_params(), "tokens_per_step": tokens_per_step,
+              "device": str(rt.device), "dtype": str(rt.dtype).replace("torch.", ""), "profile": profile,
+              **memory.read()}
+    if compile_:
+        result.update(paired_speedup(spec, kind, trainer, data, rt))
+    return result
+
+
+def paired_speedup(spec, kind: str, compiled: Trainer, data, rt) -> dict:
+    """The compiled step against the eager one in this same process, steps alternating.
+
+    Two processes running the same code differ by up to 1.5× on a shared machine (README,
+    Benchmarks), which swamps a speed-up measured across them. Here an eager trainer of the
+    same config takes turns with the compiled one, one step each, ``spec.repeats`` times;
+    the speed-up is the ratio of their median steps. (Built after the compiled run's memory
+    was read, so its peak RSS is the compiled run's alone.)
+    """
+    eager = Trainer(bench_config(spec, kind, compile_=False), rt, data=data)
+    time_calls(eager.train_step, 0, spec.warmup + 1, rt.device)
+    eager_times, compiled_times = [], []
+    for _ in range(spec.repeats):
+        eager_times += time_calls(eager.train_step, 1, 0, rt.device)
+        compiled_times += time_calls(compiled.train_step, 1, 0, rt.device)
+    eager_ms, compiled_ms = statistics.median(eager_times) * 1e3, statistics.median(compiled_times) * 1e3
+    return {"paired": {"eager_step_ms": eager_ms, "compiled_step_ms": compiled_ms,
+                       "speedup": eager_ms / compiled_ms, "steps": spec.repeats}}
 
 
 def section_decode(spec, kind: str) -> dict:

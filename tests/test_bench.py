@@ -76,6 +76,33 @@ def test_bench_measures_linear_attention_beside_softmax(tmp_path, capsys, monkey
     assert "linear+rope" in printed and "skipped linear+alibi" in printed
 
 
+def test_the_compile_speedup_is_paired_in_one_process(tmp_path, capsys, monkeypatch):
+    """The compile section times eager steps in turn with compiled ones in its own process
+    and reports the ratio of their medians (here torch.compile is the identity: the
+    structure is tested, never a timing)."""
+    import torch
+
+    monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
+    monkeypatch.setattr(bench_worker, "measure_matmul_peak", lambda *a, **k: {"flops": 1e10, "dtype": "float32"})
+    built = []
+    original = bench_worker.Trainer
+
+    def spy(cfg, *args, **kwargs):
+        built.append(cfg.train.compile)
+        return original(cfg, *args, **kwargs)
+
+    monkeypatch.setattr(bench_worker, "Trainer", spy)
+    code, out = run_bench(tmp_path, "--sections", "train", "compile", "--kinds", "rope", "--repeats", "3")
+    assert code == 0 and built == [False, True, False]  # the train section, then compiled + its eager twin
+    shape = json.loads(out.read_text())["shapes"]["config"]
+    paired = shape["compile"]["rope"]["paired"]
+    assert paired["steps"] == 3 and paired["eager_step_ms"] > 0 and paired["compiled_step_ms"] > 0
+    assert paired["speedup"] == pytest.approx(paired["eager_step_ms"] / paired["compiled_step_ms"])
+    assert "paired" not in shape["train"]["rope"]
+    printed = capsys.readouterr().out
+    assert f"{paired['speedup']:.2f}×" in printed and "taken in turn in one process" in printed
+
+
 def test_the_small_shape_is_nanogpts_cpu_recipe():
     from types import SimpleNamespace
     spec = SimpleNamespace(config=str(ROOT / "configs" / "bench-small.yaml"), set=[], eval_multipliers=[1],
