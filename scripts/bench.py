@@ -29,8 +29,8 @@ are noisy: compare ratios from one run, and see that nothing else is running.
 
 ``--compare REV`` is an A/B in one run: each measurement runs with the same worker file
 against the code at REV (a temporary git worktree) and against this tree, back to back,
-and the table shows both and their ratio. On a shared machine one process can run 20%
-slower than the next with the same code, so ``--rounds N`` repeats the pair N times,
+and the table shows both and their ratio. On a shared machine one process can run up to
+1.5× faster than the next with the same code, so ``--rounds N`` repeats the pair N times,
 alternating which side goes first, and reports the median of the N paired ratios with
 its distribution-free 95% interval (eval/stats.py ``median_interval``; 6 rounds or more).
 
@@ -49,8 +49,8 @@ import datetime
 import json
 import os
 import platform
-import subprocess
 import statistics
+import subprocess
 import sys
 import tempfile
 from pathlib import Path

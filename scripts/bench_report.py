@@ -27,8 +27,9 @@ def _training(train: dict, comp: dict, kinds: list[str]) -> None:
     any_ok = next((r for r in [*train.values(), *comp.values()] if "error" not in r), None)
     if any_ok:
         print(f"\ntraining, {any_ok['tokens_per_step']} tokens/step, {any_ok['dtype']}, "
-              f"{any_ok['params'] / 1e6:.2f}M params; MFU against the measured matmul peak; the "
-              "speed-up compares eager and compiled steps taken in turn in one process")
+              f"{any_ok['params'] / 1e6:.2f}M params; MFU against the measured matmul peak"
+              + ("; the speed-up compares eager and compiled steps taken in turn in one process"
+                 if any(c.get("paired") for c in comp.values()) else ""))
     width = name_width(kinds)
     print(f"{'encoding':<{width}} {'tok/s':>8} {'peak GF/s':>9} {'MFU':>6} {'vs rope':>7} {'RSS MB':>7} │ "
           f"{'compiled':>8} {'MFU':>6} {'speed-up':>8} {'RSS MB':>7}")
