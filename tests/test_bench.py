@@ -113,25 +113,46 @@ def test_the_small_shape_is_nanogpts_cpu_recipe():
 
 
 def test_an_ab_comparison_measures_both_trees_in_one_run(tmp_path, capsys):
-    """Against HEAD itself, two rounds: every pair measured in fresh processes, each side's
-    median record kept, the median paired ratio printed (no interval from two pairs)."""
+    """Against HEAD itself: both sides measured in fresh processes, the ratio printed."""
     out = tmp_path / "ab.json"
     code = bench.main(["--config", str(ROOT / "configs" / "bench.yaml"), "--set", *TINY, "--compare", "HEAD",
-                       "--rounds", "2", "--sections", "train", "--kinds", "rope", "--repeats", "1",
-                       "--warmup", "0", "--out", str(out)])
+                       "--sections", "train", "--kinds", "rope", "--repeats", "1", "--warmup", "0",
+                       "--out", str(out)])
     assert code == 0
     results = json.loads(out.read_text())
     pair = results["shapes"]["config"]["train"]["rope"]
     assert pair["base"]["tok_s"] > 0 and pair["this"]["tok_s"] > 0
-    assert len(pair["rounds"]) == 2 and all(r["base"] > 0 and r["this"] > 0 for r in pair["rounds"])
-    ratios = sorted(r["this"] / r["base"] for r in pair["rounds"])
-    assert pair["ratio"]["median"] == pytest.approx(sum(ratios) / 2)
-    assert pair["ratio"]["pairs"] == 2 and pair["ratio"]["low"] is None
-    assert pair["base"]["tok_s"] == min(r["base"] for r in pair["rounds"])  # the lower middle of two
+    assert pair["ratio"]["median"] == pytest.approx(pair["this"]["tok_s"] / pair["base"]["tok_s"])
     assert len(results["compare"]["base"]) == 40
     printed = capsys.readouterr().out
-    assert "A/B in one run" in printed and "(6 rounds or more) over 2 pairs" in printed
+    assert "A/B in one run" in printed and "(6 rounds or more) over 1 pair" in printed
     assert bench.main(["--compare", "no-such-rev", "--out", str(tmp_path / "x.json")]) == 2
+
+
+def test_rounds_alternate_sides_and_give_the_median_paired_ratio(monkeypatch):
+    """Six rounds with a fake measurement: the side going first alternates, each side keeps
+    its lower-middle record, the ratio is the median of the paired ratios with the 95%
+    sign-test interval (its extremes at n = 6), and a failed measurement leaves its pair out."""
+    order, speeds = [], {"base": iter([100, 120, 90, 110, 80, 130]), "this": iter([110, 150, 99, 0, 96, 130])}
+
+    def fake(spec, section, row, tree, in_process):
+        side = "base" if tree == "BASE" else "this"
+        order.append(side)
+        tok_s = next(speeds[side])
+        return {"tok_s": tok_s, "side": side} if tok_s else {"error": "exit 1: boom"}
+
+    monkeypatch.setattr(bench, "measure", fake)
+    result = bench.compare({}, "train", "rope", "BASE", 6)
+    assert order == ["base", "this", "this", "base"] * 3
+    assert [r["base"] for r in result["rounds"]] == [100, 120, 90, 110, 80, 130]
+    assert result["rounds"][3]["this"] is None  # the failed measurement
+    assert result["ratio"]["pairs"] == 5  # ratios 1.1, 1.25, 1.1, 1.2, 1.0
+    assert result["ratio"]["median"] == pytest.approx(1.1)
+    assert result["ratio"]["low"] is None  # 5 pairs are too few for a 95% interval
+    assert result["base"]["tok_s"] == 100 and result["this"]["tok_s"] == 110  # lower middles
+    monkeypatch.setattr(bench, "measure", lambda *a: {"tok_s": 100.0 if a[3] == "BASE" else 120.0})
+    steady = bench.compare({}, "train", "rope", "BASE", 6)["ratio"]
+    assert (steady["median"], steady["low"], steady["high"]) == (pytest.approx(1.2),) * 3
 
 
 def test_rounds_need_a_comparison(tmp_path, capsys):
