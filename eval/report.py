@@ -15,6 +15,7 @@ import json
 import re
 from itertools import combinations
 from pathlib import Path
+from typing import Optional
 
 from data.atomic import write_text_atomic
 from data.storage import is_storage_error, make_dir, storage_error
@@ -155,7 +156,9 @@ def _header(lengths: list[int], train_len: int) -> list[str]:
             "|---|" + "---:|" * len(lengths)]
 
 
-def _comparisons(results: dict, corpus: str, protocol: str, summary: dict, reference: str) -> dict:
+def _comparisons(results: dict, corpus: str, protocol: str, summary: dict, reference: str,
+                 folded: Optional[dict[str, str]] = None) -> dict:
+    """The pairs a section compares; ``folded`` rows (identical to a kept one, ``_folded``) have none."""
     labels = sorted(summary, key=label_order)
     ref_row, ref_step = split_step(reference)
     if ref_step is not None:  # a budget grid: each fine-tune against the reference after as many steps
@@ -166,9 +169,7 @@ def _comparisons(results: dict, corpus: str, protocol: str, summary: dict, refer
             if label != partner and partner in summary:
                 pairs.append((label, partner))
         return compare(results, corpus, protocol, pairs)
-    # A row identical to an earlier one (dynamic NTK = NTK here) is compared through that row.
-    folded = identical_rows(results, corpus, protocol, _folding_order(labels))
-    labels = [label for label in labels if label not in folded]
+    labels = [label for label in labels if label not in (folded or {})]
     pairs = [(label, reference) for label in labels if label != reference and reference in summary]
     base = re.escape(reference)
     scalings = [label for label in labels if re.fullmatch(rf"{base}( \+ \w+)?", label)]
@@ -176,14 +177,18 @@ def _comparisons(results: dict, corpus: str, protocol: str, summary: dict, refer
     return compare(results, corpus, protocol, pairs)
 
 
-def _folding_order(labels: list[str]) -> list[str]:
-    """Report order, but dynamic NTK after the other rows: where it equals NTK, NTK is kept."""
-    return sorted(labels, key=lambda label: (label.endswith("+ dynamic"), label_order(label)))
+def _folded(results: dict, corpus: str, protocol: str, summary: dict, reference: str) -> dict[str, str]:
+    """Rows identical to another at every length (dynamic NTK = NTK here) -> the row kept for
+    comparisons. Report order, but dynamic NTK last, so NTK is the one kept. None in a budget
+    grid, whose rows are paired by step instead."""
+    if split_step(reference)[1] is not None:
+        return {}
+    order = sorted(summary, key=lambda label: (label.endswith("+ dynamic"), label_order(label)))
+    return identical_rows(results, corpus, protocol, order)
 
 
-def _identical_note(results: dict, corpus: str, protocol: str, summary: dict) -> str:
+def _identical_note(same: dict[str, str]) -> str:
     """Which rows repeat an earlier one exactly, and so have no comparisons of their own."""
-    same = identical_rows(results, corpus, protocol, _folding_order(list(summary)))
     if not same:
         return ""
     parts = [f"`{label}` equals `{kept}`" for label, kept in same.items()]
@@ -209,13 +214,14 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
     plot = f"ppl_vs_length_{index}_{protocol}.png"
     plot_perplexity(summary, train_len, out / plot, f"{corpus}: {PROTOCOL_TITLES[protocol]}")
     rows = [r for r in results["results"] if r.get("corpus") == corpus and r["protocol"] == protocol]
+    folded = _folded(results, corpus, protocol, summary, reference)
     return ["", f"### {PROTOCOL_TITLES[protocol]}", "", "Perplexity with its 95% interval:", "",
             interval_table(summary, lengths, train_len), "", scored_line(summary, lengths), "",
             f"![perplexity vs length]({plot})", "",
             "Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
             f"perplexity is than the second's, with its 95% interval.{_pairing_note(reference)}"
-            f"{_identical_note(results, corpus, protocol, summary)} {MARKS}", "",
-            comparison_table(_comparisons(results, corpus, protocol, summary, reference), lengths, train_len), "",
+            f"{_identical_note(folded)} {MARKS}", "",
+            comparison_table(_comparisons(results, corpus, protocol, summary, reference, folded), lengths, train_len), "",
             "Perplexity relative to the same row at L (point estimates; different tokens, so not paired):", "",
             ratio_to_train_len(summary, lengths, train_len), "",
             "Bits per byte (95% interval):", "", interval_table(summary, lengths, train_len, key="bpb"),

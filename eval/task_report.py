@@ -46,7 +46,7 @@ def pooled(cells: list[dict]) -> dict:
     for c in ok:
         per_run[c["run"]][0] += c["correct"]
         per_run[c["run"]][1] += c["total"]
-    counts = [(c, n) for c, n in per_run.values()]
+    counts = [tuple(v) for v in per_run.values()]
     correct, total = map(sum, zip(*counts))
     low, high = pooled_accuracy_interval(counts)
     return {"accuracy": correct / total, "ci_low": low, "ci_high": high, "correct": correct, "total": total,
