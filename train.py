@@ -39,7 +39,7 @@ from training.checkpoint import (load_newest, load_state, load_weights, read_met
                                  set_aside, unwrap)
 from training.cli import entry_point, usage_when_empty
 from training.metrics import MetricsLog
-from training.optim import build_optimizer, lr_at, upgrade_optimizer_state
+from training.optim import build_optimizer, lr_at, set_learning_rate, upgrade_optimizer_state
 from training.parent import load_parent, parent_record
 from training.provenance import git_commit
 from training.run_dir import RunDir, runs_in
@@ -75,7 +75,8 @@ class Trainer:
         self.total_steps = t.total_steps(rt.world_size)
         torch.manual_seed(t.seed)
         self.model = Transformer(self.cfg.model).to(rt.device)
-        self.optimizer = build_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2), rt.device.type)
+        self.optimizer = build_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2), rt.device.type,
+                                         t.pos_lr_multiplier)
         self.valid_batches = None  # synthetic tasks: a fixed validation set, scored on answers only
         if isinstance(data, TaskData):
             self.sampler = data.train_sampler(t.seq_len, t.batch_size, t.seed, rt.rank, rt.world_size)
@@ -152,7 +153,8 @@ class Trainer:
         load_weights(self.model, ckpt)
         self.parent = meta.get("parent")
         try:
-            self.optimizer.load_state_dict(upgrade_optimizer_state(state["optimizer"], self.model))
+            self.optimizer.load_state_dict(upgrade_optimizer_state(state["optimizer"], self.model,
+                                                                 self.cfg.train.pos_lr_multiplier))
             self.sampler.load_state_dict(state["sampler"])
             torch.set_rng_state(state["rng_cpu"])
             if torch.cuda.is_available() and state.get("rng_cuda") is not None:
@@ -181,8 +183,7 @@ class Trainer:
         """Forward/backward over grad_accum micro-batches, clip, step; returns (loss, grad norm)."""
         t, rt = self.cfg.train, self.rt
         lr = lr_at(self.step, t.lr, t.warmup_steps, self.total_steps, t.min_lr_ratio)
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        set_learning_rate(self.optimizer, lr)
         loss_sum = torch.zeros((), device=rt.device)
         for micro in range(t.grad_accum):
             positions = self._positions(self.sampler.batches_drawn)

@@ -27,7 +27,7 @@ from typing import Literal, Optional
 
 from configs.device import check_device_name
 from configs.tasks import SyntheticConfig, TaskEvalConfig
-from model.config import SCALING_TYPES, ModelConfig, ScalingType
+from model.config import LEARNED_POS_KINDS, SCALING_TYPES, ModelConfig, ScalingType
 from model.errors import ConfigError
 
 # Named Hub datasets: (repo, config, text field, train, validation, test split names).
@@ -230,6 +230,9 @@ class TrainConfig:
     log_interval: int = 10
     # null: positions 0 … seq_len−1; {max_len: N}: randomized positions from [0, N)
     random_positions: Optional[RandomPositionsConfig] = None
+    # The positional encoding's own parameters train at lr × this (training/optim.py); only
+    # for encodings that have some (model.config.LEARNED_POS_KINDS).
+    pos_lr_multiplier: float = 1.0
 
     def __post_init__(self) -> None:
         _positive("train", self, "seq_len", "batch_size", "grad_accum", "eval_interval",
@@ -249,6 +252,9 @@ class TrainConfig:
         for key in ("beta1", "beta2"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"train.{key} must be in [0, 1) (got {getattr(self, key)})")
+        if not self.pos_lr_multiplier > 0:
+            raise ConfigError(f"train.pos_lr_multiplier must be positive (got "
+                              f"{self.pos_lr_multiplier}); 1 trains the positional parameters at train.lr")
 
     def tokens_per_step(self, world_size: int = 1) -> int:
         return self.batch_size * self.grad_accum * self.seq_len * world_size
@@ -420,6 +426,10 @@ class RunConfig:
                               "position; raise model.pos.max_len or set it to null (= seq_len)")
         if self.train.random_positions is not None:
             self._check_random_positions(self.train.random_positions.max_len)
+        if self.train.pos_lr_multiplier != 1.0 and pos.kind not in LEARNED_POS_KINDS:
+            raise ConfigError(f"train.pos_lr_multiplier={self.train.pos_lr_multiplier} has nothing to act on: "
+                              f"model.pos.kind={pos.kind} has no learned parameters (those that do: "
+                              f"{', '.join(sorted(LEARNED_POS_KINDS))}); remove it or set it to 1")
 
     def _check_random_positions(self, max_len: int) -> None:
         pos, seq_len = self.model.pos, self.train.seq_len

@@ -40,6 +40,9 @@ FEATURE_MAPS: tuple[str, ...] = typing.get_args(FeatureMap)
 # Encodings that add a bias to the attention scores, so attention must form them (the
 # encoding's ``has_bias``; tests/test_positional.py keeps the two in agreement).
 SCORE_BIAS_KINDS: frozenset[str] = frozenset({"alibi", "t5", "kerple", "fire"})
+# Encodings with learned parameters of their own, under the model's ``pos.`` (what
+# train.pos_lr_multiplier acts on; tests/test_positional.py checks it against the modules).
+LEARNED_POS_KINDS: frozenset[str] = frozenset({"learned", "t5", "kerple", "fire"})
 # Encodings that rotate q and k and read ``pos.rope`` (theta, pairing, fractions, scaling).
 ROTARY_KINDS: frozenset[str] = frozenset({"rope", "xpos"})
 # xPos scales never exceed 2**XPOS_MAX_LOG2 (nor fall below its inverse): float32 and bf16

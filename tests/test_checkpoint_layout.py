@@ -9,7 +9,7 @@ from conftest import tiny_config
 from model.layers import fuse_projections, split_projections
 from model.transformer import Transformer
 from training.checkpoint import load_weights
-from training.optim import build_optimizer, parameter_groups, upgrade_optimizer_state
+from training.optim import build_optimizer, parameter_groups, set_learning_rate, upgrade_optimizer_state
 
 
 def legacy_state(model: Transformer) -> dict[str, torch.Tensor]:
@@ -84,3 +84,36 @@ def test_an_older_optimizer_state_resumes_with_the_same_moments():
     for i, entry in state["state"].items():
         assert all(torch.equal(upgraded["state"][i][k], v) for k, v in entry.items())
     assert upgrade_optimizer_state(state, model) is state  # the current layout passes through
+
+
+def test_positional_lr_multiplier_moves_only_the_positional_parameters():
+    """Adam's first step moves every parameter by ≈ its group's lr (g/√g² = ±1), so the step
+    sizes show each group's rate: ×10 for ``pos.`` (T5's table), ×1 for the rest."""
+    torch.manual_seed(0)
+    model = Transformer(tiny_config("t5"))
+    two = build_optimizer(model, 1e-3, 0.0, (0.9, 0.95), "cpu")
+    assert [g["lr_scale"] for g in two.param_groups] == [1.0, 1.0]  # multiplier 1: the two-group layout
+    assert [[n for n, _ in g] for g in parameter_groups(model)] == \
+        [[n for n, p in model.named_parameters() if p.dim() >= 2], [n for n, p in model.named_parameters() if p.dim() < 2]]
+    opt = build_optimizer(model, 1e-3, 0.0, (0.9, 0.95), "cpu", pos_lr_multiplier=10.0)
+    groups = parameter_groups(model, 10.0)
+    assert [[n for n, _ in g] for g in groups][2:] == [["pos.weight"], []]
+    assert [g["lr_scale"] for g in opt.param_groups] == [1.0, 1.0, 10.0, 10.0]
+    set_learning_rate(opt, 2e-3)
+    assert [g["lr"] for g in opt.param_groups] == [2e-3, 2e-3, 2e-2, 2e-2]
+    before = {n: p.detach().clone() for n, p in model.named_parameters()}
+    for p in model.parameters():
+        p.grad = torch.full_like(p, 0.5)
+    opt.step()
+    for name, p in model.named_parameters():
+        moved = (p.detach() - before[name]).abs()
+        expected = 2e-2 if name.startswith("pos.") else 2e-3
+        assert torch.allclose(moved, torch.full_like(moved, expected), rtol=1e-4), name
+    # A state saved before lr_scale existed keeps the schedule's lr in every group.
+    old = build_optimizer(model, 1e-3, 0.0, (0.9, 0.95), "cpu")
+    state = old.state_dict()
+    for group in state["param_groups"]:
+        del group["lr_scale"]
+    old.load_state_dict(state)
+    set_learning_rate(old, 5e-4)
+    assert [g["lr"] for g in old.param_groups] == [5e-4, 5e-4]

@@ -90,6 +90,23 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, corpus, monkeypa
     assert records(run_dir, "val_loss") == records(tmp_path / "runs" / "straight", "val_loss")
 
 
+def test_positional_lr_multiplier_trains_and_resumes_exactly(tmp_path, corpus, monkeypatch):
+    """T5 with its table at 10× the lr: the optimizer state keeps the four groups' scales, a
+    resumed run equals an uninterrupted one, and resuming with another multiplier is refused."""
+    cfg = write_config(tmp_path, corpus)
+    args = [str(cfg), "model.pos.kind=t5", "train.max_steps=8", "train.pos_lr_multiplier=10"]
+    assert train.main([*args, "name=straight"]) == 0
+    with monkeypatch.context() as m:
+        stop_after(4, m)
+        assert train.main([*args, "name=broken"]) == 128 + signal.SIGTERM
+    groups = load_state(latest_checkpoint(tmp_path / "runs" / "broken"))["optimizer"]["param_groups"]
+    assert [g["lr_scale"] for g in groups] == [1.0, 1.0, 10.0, 10.0]
+    assert [g["lr"] for g in groups[2:]] == [10 * groups[0]["lr"]] * 2
+    assert train.main([*args, "name=broken", "--resume"]) == 0
+    assert records(tmp_path / "runs" / "broken") == records(tmp_path / "runs" / "straight")
+    assert train.main([str(cfg), "model.pos.kind=t5", "train.max_steps=12", "name=broken", "--resume"]) == 2
+
+
 def test_resume_refuses_a_different_experiment(tmp_path, corpus, capsys):
     cfg = write_config(tmp_path, corpus)
     assert train.main([str(cfg), "train.max_steps=10"]) == 0

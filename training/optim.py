@@ -1,5 +1,12 @@
 """AdamW with decay on matrices only, and the warmup + cosine learning-rate schedule.
 
+``train.pos_lr_multiplier`` gives the positional encoding's own parameters (those under
+``pos.``: a learned table, T5's bucket biases, KERPLE's r₁ and r₂, FIRE's MLP) a learning
+rate of lr × multiplier. Adam moves each parameter by at most about lr per step, so a
+bias table initialised near 0 can move only about Σ lr ≈ 0.55 logits over a 1,000-step
+warmup + cosine run at lr 1e-3: the multiplier shows whether such a row is lr-bound. At 1
+(the default) the groups and the saved optimizer state are exactly the two-group layout.
+
 ``upgrade_optimizer_state`` converts the AdamW state of a checkpoint written before the
 q/k/v and gate/up projections were fused (model/layers.py), so such a run still resumes:
 a fused weight's moments are its parts' moments stacked the same way as the weights.
@@ -8,6 +15,7 @@ a fused weight's moments are its parts' moments stacked the same way as the weig
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 from torch import nn
@@ -15,24 +23,38 @@ from torch import nn
 from model.layers import fused_parts
 
 
-def parameter_groups(model: nn.Module) -> list[list[tuple[str, nn.Parameter]]]:
-    """(name, parameter) per AdamW group: ≥2-D weights (decayed), then the rest, in model order."""
+POSITIONAL_PREFIX = "pos."  # the model's one positional module (model/transformer.py)
+
+
+def _group_kinds(pos_lr_multiplier: float) -> list[tuple[bool, Optional[bool]]]:
+    """(decayed, positional) per group; positional None: not split by it (multiplier 1)."""
+    if pos_lr_multiplier == 1.0:
+        return [(True, None), (False, None)]
+    return [(True, False), (False, False), (True, True), (False, True)]
+
+
+def parameter_groups(model: nn.Module,
+                     pos_lr_multiplier: float = 1.0) -> list[list[tuple[str, nn.Parameter]]]:
+    """(name, parameter) per AdamW group, in model order: ≥2-D weights (decayed), then the rest;
+    with a positional multiplier other than 1, the same two again for the ``pos.`` parameters."""
     named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    return [[(n, p) for n, p in named if p.dim() >= 2], [(n, p) for n, p in named if p.dim() < 2]]
+    return [[(n, p) for n, p in named if (p.dim() >= 2) == decayed
+             and (positional is None or n.startswith(POSITIONAL_PREFIX) == positional)]
+            for decayed, positional in _group_kinds(pos_lr_multiplier)]
 
 
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
-                    device_type: str) -> torch.optim.AdamW:
+                    device_type: str, pos_lr_multiplier: float = 1.0) -> torch.optim.AdamW:
     """AdamW; weight decay only on ≥2-D weights (matmuls, embeddings), never on norms.
 
+    Each group carries ``lr_scale``, the factor ``lr_at``'s value is multiplied by for it.
     The fused kernel is used where torch has one for the device (CUDA; CPU in recent
     releases), otherwise the multi-tensor ``foreach`` path.
     """
-    decay, rest = parameter_groups(model)
-    groups = [
-        {"params": [p for _, p in decay], "weight_decay": weight_decay},
-        {"params": [p for _, p in rest], "weight_decay": 0.0},
-    ]
+    groups = [{"params": [p for _, p in members], "weight_decay": weight_decay if decayed else 0.0,
+               "lr_scale": pos_lr_multiplier if positional else 1.0}
+              for members, (decayed, positional) in zip(parameter_groups(model, pos_lr_multiplier),
+                                                        _group_kinds(pos_lr_multiplier))]
     fused = device_type in ("cuda", "cpu")
     try:
         return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
@@ -53,12 +75,18 @@ def lr_at(step: int, lr: float, warmup_steps: int, total_steps: int, min_lr_rati
     return floor + 0.5 * (lr - floor) * (1.0 + math.cos(math.pi * progress))
 
 
-def upgrade_optimizer_state(state: dict, model: nn.Module) -> dict:
+def set_learning_rate(optimizer: torch.optim.Optimizer, lr: float) -> None:
+    """``lr`` (the schedule's value) times each group's ``lr_scale`` (1 in states saved before it)."""
+    for group in optimizer.param_groups:
+        group["lr"] = lr * group.get("lr_scale", 1.0)
+
+
+def upgrade_optimizer_state(state: dict, model: nn.Module, pos_lr_multiplier: float = 1.0) -> dict:
     """An AdamW state dict saved with separate q/k/v and gate/up weights, for the fused model.
 
     Returned unchanged when its groups already have the model's sizes.
     """
-    groups = parameter_groups(model)
+    groups = parameter_groups(model, pos_lr_multiplier)
     if [len(g["params"]) for g in state["param_groups"]] == [len(g) for g in groups]:
         return state
     old_names = [[part for name, _ in group for part in fused_parts(name)] for group in groups]
