@@ -7,6 +7,8 @@ FIRE on both sides of its threshold, and that the learned parameters learn.
 
 from __future__ import annotations
 
+import json
+
 import pytest
 import torch
 
@@ -151,3 +153,47 @@ def test_biases_stay_float32_under_bf16_autocast(kind):
         with torch.autocast("cpu", dtype=torch.bfloat16):
             autocast = model.pos.prepare_bias(700, q.device)(q, k)
     assert autocast.dtype == torch.float32 and torch.equal(autocast, plain)
+
+
+# ------------------------------------------------- scripts/position_bias.py
+
+def test_relative_bias_by_hand():
+    from scripts.position_bias import distances, relative_bias
+    assert distances(2048) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2047]
+    assert distances(9) == [1, 2, 4, 8] and distances(1) == []
+    # ALiBi, 4 heads: slopes 1/4, 1/16, 1/64, 1/256; the bias is −slope · d.
+    rel = relative_bias(Transformer(tiny_config("alibi")).pos, 200)
+    slopes = torch.tensor([2.0 ** -2, 2.0 ** -4, 2.0 ** -6, 2.0 ** -8])
+    assert torch.allclose(rel, -slopes[:, None] * torch.arange(200.0), atol=1e-4)
+    # T5: table value (h, bucket) = 10h + bucket, so at distance d the relative bias is
+    # bucket(d) − bucket(0) = T5_BUCKETS[d] for every head.
+    model = Transformer(tiny_config("t5"))
+    with torch.no_grad():
+        model.pos.weight.copy_(10 * torch.arange(4.0)[:, None] + torch.arange(32.0))
+    rel = relative_bias(model.pos, 6000)
+    for d, bucket in T5_BUCKETS.items():
+        assert rel[:, d].tolist() == [float(bucket)] * 4, d
+
+
+def test_position_bias_cli(tmp_path, corpus, capsys):
+    import train
+    from conftest import write_run_config
+    from scripts import position_bias
+    cfg = write_run_config(tmp_path, corpus)
+    for kind in ("t5", "rope"):
+        assert train.main([str(cfg), f"model.pos.kind={kind}", f"name={kind}", "train.max_steps=2",
+                           "train.eval_interval=2", "train.ckpt_interval=2"]) == 0
+    capsys.readouterr()
+    runs = tmp_path / "runs"
+    out = tmp_path / "bias.json"
+    assert position_bias.main([str(runs / "t5"), str(runs / "rope"), "--length", "100", "--json", str(out)]) == 0
+    printed = capsys.readouterr()
+    assert "t5 (t5; query at 99)" in printed.out and "| 3 |" in printed.out
+    assert "no score bias" in printed.err and "rope" in printed.err
+    [record] = json.loads(out.read_text())
+    assert record["distances"][-1] == 99 and len(record["relative_bias"]) == 4
+    # Bad input: no run with a bias, no such run.
+    assert position_bias.main([str(runs / "rope")]) == 2
+    assert "none of the runs adds a bias" in capsys.readouterr().err
+    assert position_bias.main([str(runs / "missing")]) == 2
+    assert "missing" in capsys.readouterr().err

@@ -1,0 +1,102 @@
+"""What a trained run's score bias does with distance: ``python scripts/position_bias.py RUN...``.
+
+For every run whose encoding adds a bias to the attention scores (ALiBi, T5, KERPLE, FIRE),
+prints each head's bias at a range of distances for the last query of an L-token window,
+relative to the bias on the query's own position (distance 0). Softmax is unchanged by a
+constant added to one query's scores, so this relative bias is the whole effect: −5 means
+a key at that distance gets e⁻⁵ of the weight it would get at distance 0, other things
+equal. ALiBi's is fixed (−slope · d); the learned kinds show what training made of their
+parameters, e.g. whether T5's bucket table moved far from its initialisation
+(train.pos_lr_multiplier, training/optim.py).
+
+FIRE's bias depends on the query position as well (its distance is normalised by
+ψ(max(L_thr, i))); the table is for a query at position L − 1, L = ``--length``
+(default: 16 × the run's training length). ``--json`` writes the numbers.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+import torch
+
+from model.errors import ArgumentError
+from training.cli import entry_point, positive_int, usage_when_empty
+from training.saved_run import load_run
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(
+        description="Each head's attention-score bias against distance, for trained bias-encoding runs.",
+        epilog="example: python scripts/position_bias.py runs/pe-extrapolation-cpu-local/t5_seed-* --length 2048")
+    p.add_argument("runs", nargs="+", type=Path, help="run directories")
+    p.add_argument("--length", type=positive_int, default=None,
+                   help="window length L; the query sits at L − 1 (default: 16 × the run's train length)")
+    p.add_argument("--which", choices=["latest", "best"], default="latest", help="which weights to load")
+    p.add_argument("--json", type=Path, default=None, help="also write the numbers to this file")
+    usage_when_empty(p, argv)
+    return p.parse_args(argv)
+
+
+def distances(length: int) -> list[int]:
+    """1, 2, 4, … and the longest distance of the window, L − 1."""
+    out, d = [], 1
+    while d < length - 1:
+        out.append(d)
+        d *= 2
+    return out + [length - 1] if length > 1 else out
+
+
+def relative_bias(pos: torch.nn.Module, length: int) -> torch.Tensor:
+    """(H, L): bias of the query at L − 1 on the key at distance d, minus that at distance 0."""
+    pos.check_length(length)
+    keys = torch.arange(length)
+    row = pos.bias(torch.tensor([length - 1]), keys)[:, 0].float()  # (H, L), key j at column j
+    by_distance = row.flip(-1)  # column d: the key at distance d
+    return by_distance - by_distance[:, :1]
+
+
+def markdown(name: str, kind: str, length: int, rel: torch.Tensor, ds: list[int]) -> str:
+    lines = [f"{name} ({kind}; query at {length - 1}): bias relative to distance 0",
+             "| head | " + " | ".join(f"d={d}" for d in ds) + " |",
+             "|---|" + "---|" * len(ds)]
+    for h, values in enumerate(rel[:, ds].tolist()):
+        lines.append(f"| {h} | " + " | ".join(f"{v:+.2f}" for v in values) + " |")
+    return "\n".join(lines)
+
+
+@entry_point
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    records, skipped = [], []
+    for run_dir in args.runs:
+        run = load_run(run_dir, which=args.which)
+        pos, kind = run.model.pos, run.cfg.model.pos.kind
+        if not pos.has_bias:
+            skipped.append(f"{run_dir} ({kind})")
+            continue
+        length = args.length or 16 * run.cfg.train.seq_len
+        with torch.no_grad():
+            rel = relative_bias(pos, length)
+        ds = distances(length)
+        print(markdown(run_dir.name, kind, length, rel, ds) + "\n")
+        records.append({"run": str(run_dir), "encoding": kind, "checkpoint": str(run.checkpoint),
+                        "length": length, "distances": ds,
+                        "relative_bias": [[round(v, 6) for v in head] for head in rel[:, ds].tolist()]})
+    if skipped:
+        print("no score bias (nothing to show): " + ", ".join(skipped), file=sys.stderr)
+    if not records:
+        raise ArgumentError("none of the runs adds a bias to the attention scores; this shows the bias "
+                            "of pos.kind alibi, t5, kerple or fire runs")
+    if args.json:
+        args.json.parent.mkdir(parents=True, exist_ok=True)
+        args.json.write_text(json.dumps(records, indent=1) + "\n")
+        print(f"wrote {args.json}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
