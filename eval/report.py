@@ -42,7 +42,8 @@ def provenance(runs: list[dict]) -> list[str]:
     if len(commits) == 1 and not dirty:
         lines = [f"All {len(runs)} runs were trained from commit `{commits[0][:12]}`, a clean tree."]
     else:
-        lines = [f"Runs were trained from {len(commits)} commits: " + ", ".join(f"`{c[:18]}`" for c in commits) + "."]
+        lines = [f"Runs were trained from {len(commits)} commits: " + ", ".join(f"`{c[:18]}`" for c in commits)
+                 + ("." if dirty else ", each a clean tree.")]
     if dirty:
         lines.append("**Not reproducible from a clean commit**: " + ", ".join(f"`{c}`" for c in dirty)
                      + " (uncommitted changes, or no git).")

@@ -415,3 +415,16 @@ def test_weights_digest_covers_every_encoding_and_every_weight():
         with torch.no_grad():
             last.reshape(-1)[0] += 1.0
         assert weights_digest(model) != digest, (kind, name)
+
+
+def test_provenance_names_every_commit_and_says_whether_each_is_clean():
+    from eval.report import provenance
+    one = provenance([{"git_commit": "a" * 40}, {"git_commit": "a" * 40}])
+    assert one == [f"All 2 runs were trained from commit `{'a' * 12}`, a clean tree."]
+    two = provenance([{"git_commit": "a" * 40}, {"git_commit": "b" * 40}])
+    assert two == [f"Runs were trained from 2 commits: `{'a' * 18}`, `{'b' * 18}`, each a clean tree."]
+    mixed = provenance([{"git_commit": "a" * 40}, {"git_commit": "b" * 40 + "-dirty"}, {}])
+    assert mixed[0].startswith("Runs were trained from 3 commits:") and mixed[0].endswith("`unknown`.")
+    assert "clean" not in mixed[0]
+    assert mixed[1].startswith("**Not reproducible from a clean commit**") and "-dirty" in mixed[1]
+    assert "`unknown`" in mixed[1]
