@@ -155,3 +155,31 @@ def plot_training(curves: dict[str, dict[str, list]], path: Path) -> None:
     plain_ticks(ax, "y")
     ax.xaxis.set_major_formatter(FuncFormatter(plain_number))
     finish(fig, ax, "tokens trained", "loss (nats per token)", "Training and validation loss", path)
+
+
+def plot_position_bias(panels: list[dict], path: Path) -> None:
+    """One panel per run: each head's score bias relative to distance 0 against distance
+    (log x), the training length marked (scripts/position_bias.py)."""
+    cols = min(4, len(panels))
+    rows = -(-len(panels) // cols)
+    fig, axes = plt.subplots(rows, cols, figsize=(3.6 * cols, 2.9 * rows), squeeze=False, sharex=True)
+    for ax, panel in zip(axes.flat, panels):
+        rel = np.asarray(panel["relative_bias"])
+        distance = np.arange(1, rel.shape[1])
+        for h, values in enumerate(rel):
+            ax.plot(distance, values[1:], linewidth=1.2, label=f"head {h}")
+        ax.set_xscale("log")
+        plain_ticks(ax, "x")
+        mark_train_len(ax, panel["train_len"])
+        ax.set_title(f"{panel['name']} ({panel['encoding']})", fontsize=9)
+        ax.grid(True, which="both", alpha=0.3)
+    for ax in axes.flat[len(panels):]:
+        ax.set_visible(False)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("bias − bias at distance 0")
+    for ax in axes[-1]:
+        ax.set_xlabel("distance i − j")
+    axes.flat[0].legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(path, dpi=130)
+    plt.close(fig)

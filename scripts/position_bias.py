@@ -11,7 +11,8 @@ parameters, e.g. whether T5's bucket table moved far from its initialisation
 
 FIRE's bias depends on the query position as well (its distance is normalised by
 ψ(max(L_thr, i))); the table is for a query at position L − 1, L = ``--length``
-(default: 16 × the run's training length). ``--json`` writes the numbers.
+(default: 16 × the run's training length). ``--json`` writes the numbers (at distances
+1, 2, 4, … L − 1); ``--plot`` draws every distance, one panel per run.
 """
 
 from __future__ import annotations
@@ -37,6 +38,7 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="window length L; the query sits at L − 1 (default: 16 × the run's train length)")
     p.add_argument("--which", choices=["latest", "best"], default="latest", help="which weights to load")
     p.add_argument("--json", type=Path, default=None, help="also write the numbers to this file")
+    p.add_argument("--plot", type=Path, default=None, help="also draw the biases to this PNG, one panel per run")
     usage_when_empty(p, argv)
     return p.parse_args(argv)
 
@@ -71,7 +73,7 @@ def markdown(name: str, kind: str, length: int, rel: torch.Tensor, ds: list[int]
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
-    records, skipped = [], []
+    records, panels, skipped = [], [], []
     for run_dir in args.runs:
         run = load_run(run_dir, which=args.which)
         pos, kind = run.model.pos, run.cfg.model.pos.kind
@@ -86,6 +88,8 @@ def main(argv=None) -> int:
         records.append({"run": str(run_dir), "encoding": kind, "checkpoint": str(run.checkpoint),
                         "length": length, "distances": ds,
                         "relative_bias": [[round(v, 6) for v in head] for head in rel[:, ds].tolist()]})
+        panels.append({"name": run_dir.name, "encoding": kind, "train_len": run.cfg.train.seq_len,
+                       "relative_bias": rel.tolist()})
     if skipped:
         print("no score bias (nothing to show): " + ", ".join(skipped), file=sys.stderr)
     if not records:
@@ -95,6 +99,11 @@ def main(argv=None) -> int:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(records, indent=1) + "\n")
         print(f"wrote {args.json}")
+    if args.plot:
+        from eval.plots import plot_position_bias  # matplotlib only when a plot is asked for
+        args.plot.parent.mkdir(parents=True, exist_ok=True)
+        plot_position_bias(panels, args.plot)
+        print(f"wrote {args.plot}")
     return 0
 
 

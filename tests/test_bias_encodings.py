@@ -185,8 +185,10 @@ def test_position_bias_cli(tmp_path, corpus, capsys):
                            "train.eval_interval=2", "train.ckpt_interval=2"]) == 0
     capsys.readouterr()
     runs = tmp_path / "runs"
-    out = tmp_path / "bias.json"
-    assert position_bias.main([str(runs / "t5"), str(runs / "rope"), "--length", "100", "--json", str(out)]) == 0
+    out, png = tmp_path / "bias.json", tmp_path / "figs" / "bias.png"
+    assert position_bias.main([str(runs / "t5"), str(runs / "rope"), "--length", "100", "--json", str(out),
+                               "--plot", str(png)]) == 0
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr()
     assert "t5 (t5; query at 99)" in printed.out and "| 3 |" in printed.out
     assert "no score bias" in printed.err and "rope" in printed.err
