@@ -24,6 +24,7 @@ from pathlib import Path
 
 import torch
 
+from eval.plots import plot_position_bias
 from model.errors import ArgumentError
 from training.cli import entry_point, positive_int, usage_when_empty
 from training.saved_run import load_run
@@ -100,7 +101,6 @@ def main(argv=None) -> int:
         args.json.write_text(json.dumps(records, indent=1) + "\n")
         print(f"wrote {args.json}")
     if args.plot:
-        from eval.plots import plot_position_bias  # matplotlib only when a plot is asked for
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         plot_position_bias(panels, args.plot)
         print(f"wrote {args.plot}")
