@@ -15,7 +15,6 @@ a fused weight's moments are its parts' moments stacked the same way as the weig
 from __future__ import annotations
 
 import math
-from typing import Optional
 
 import torch
 from torch import nn
@@ -26,21 +25,21 @@ from model.layers import fused_parts
 POSITIONAL_PREFIX = "pos."  # the model's one positional module (model/transformer.py)
 
 
-def _group_kinds(pos_lr_multiplier: float) -> list[tuple[bool, Optional[bool]]]:
-    """(decayed, positional) per group; positional None: not split by it (multiplier 1)."""
-    if pos_lr_multiplier == 1.0:
-        return [(True, None), (False, None)]
-    return [(True, False), (False, False), (True, True), (False, True)]
+def _groups(model: nn.Module, pos_lr_multiplier: float) -> list[tuple[bool, bool, list[tuple[str, nn.Parameter]]]]:
+    """(decayed, positional, its (name, parameter)s) per AdamW group, in model order: ≥2-D
+    weights (decayed), then the rest; with a positional multiplier other than 1, the same two
+    again for the ``pos.`` parameters (at 1 nothing is split by it: positional is False)."""
+    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
+    split = pos_lr_multiplier != 1.0
+    return [(decayed, positional, [(n, p) for n, p in named if (p.dim() >= 2) == decayed
+                                   and (not split or n.startswith(POSITIONAL_PREFIX) == positional)])
+            for positional in ((False, True) if split else (False,)) for decayed in (True, False)]
 
 
 def parameter_groups(model: nn.Module,
                      pos_lr_multiplier: float = 1.0) -> list[list[tuple[str, nn.Parameter]]]:
-    """(name, parameter) per AdamW group, in model order: ≥2-D weights (decayed), then the rest;
-    with a positional multiplier other than 1, the same two again for the ``pos.`` parameters."""
-    named = [(n, p) for n, p in model.named_parameters() if p.requires_grad]
-    return [[(n, p) for n, p in named if (p.dim() >= 2) == decayed
-             and (positional is None or n.startswith(POSITIONAL_PREFIX) == positional)]
-            for decayed, positional in _group_kinds(pos_lr_multiplier)]
+    """(name, parameter) per AdamW group, in the optimizer's order (see ``_groups``)."""
+    return [members for _, _, members in _groups(model, pos_lr_multiplier)]
 
 
 def build_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tuple[float, float],
@@ -53,8 +52,7 @@ def build_optimizer(model: nn.Module, lr: float, weight_decay: float, betas: tup
     """
     groups = [{"params": [p for _, p in members], "weight_decay": weight_decay if decayed else 0.0,
                "lr_scale": pos_lr_multiplier if positional else 1.0}
-              for members, (decayed, positional) in zip(parameter_groups(model, pos_lr_multiplier),
-                                                        _group_kinds(pos_lr_multiplier))]
+              for decayed, positional, members in _groups(model, pos_lr_multiplier)]
     fused = device_type in ("cuda", "cpu")
     try:
         return torch.optim.AdamW(groups, lr=lr, betas=betas, fused=fused)
