@@ -438,9 +438,10 @@ class RunConfig:
                               f"{seq_len}: each sequence needs {seq_len} distinct positions from "
                               f"[0, max_len); use a max_len of at least {seq_len} (typically the longest "
                               "evaluation length)")
-        if pos.kind == "none":
-            raise ConfigError("train.random_positions has no effect with model.pos.kind=none (NoPE takes "
-                              "no positions); remove it or choose an encoding")
+        if pos.kind in ("none", "cope"):
+            what = "NoPE takes" if pos.kind == "none" else "CoPE counts positions from the content and takes"
+            raise ConfigError(f"train.random_positions has no effect with model.pos.kind={pos.kind} ({what} "
+                              "no position indices); remove it or choose an encoding that takes positions")
         if pos.kind == "learned" and pos.max_len < max_len:
             raise ConfigError(f"model.pos.max_len={pos.max_len} is smaller than train.random_positions."
                               f"max_len={max_len}: the learned table needs a row for every position "

@@ -6,6 +6,8 @@ without a cache it is ``F.scaled_dot_product_attention`` with the fused ``is_cau
 path; a distance-only bias on CUDA goes to FlexAttention (model/flex_attention.py). With a bias or a cache, queries are processed in chunks with an explicit mask, so
 a long sequence never materialises a full (H, T, T) bias; memory grows with chunk × T
 instead of T². One new query against the cache (decoding) takes two small matmuls.
+A contextual bias (CoPE) needs the logits themselves: each chunk then forms them in
+float32, masked, hands them to ``ctx.contextual_bias`` and takes the softmax itself.
 """
 
 from __future__ import annotations
@@ -48,7 +50,7 @@ class Attention(nn.Module):
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, dropout_p=dropout)
         elif self.cache is None and table is not None and usable_for_flex(q, table, dropout):
             y = flex_causal_attention(q, k, v, ctx.positions, table)
-        elif T == 1 and self.cache is not None:
+        elif T == 1 and self.cache is not None and not ctx.contextual:
             y = self._decode_step(q, k, v, ctx.bias(ctx.positions, k_positions))
         else:
             y = self._chunked(q, k, v, ctx, k_positions, same_tokens=self.cache is None)
@@ -91,6 +93,9 @@ class Attention(nn.Module):
                 kc, vc, kp = k[:, :, :end], v[:, :, :end], k_positions[..., :end]
             mask = (kp[..., None, :] <= qp[..., :, None]).unsqueeze(-3)  # (…, 1, tq, Tk), True = may attend
             bias = ctx.bias(qp, kp)  # (…, H, tq, Tk) float32, or None
+            if ctx.contextual:
+                outputs.append(self._contextual_chunk(qc, kc, vc, mask, bias, ctx, dropout).to(q.dtype))
+                continue
             if bias is not None:
                 mask = bias.masked_fill(~mask, float("-inf"))
                 # The bias stays float32 up to the scores: in bf16 a slope·distance of ~2
@@ -104,6 +109,26 @@ class Attention(nn.Module):
             outputs.append(y.to(q.dtype))
         return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
 
+    def _contextual_chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                          bias: Optional[torch.Tensor], ctx: PositionContext, dropout: float) -> torch.Tensor:
+        """softmax(q·kᵀ/√d + bias + contextual bias) v for one query chunk, all in float32.
+
+        The contextual bias is a function of the masked logits (CoPE's gates), so the
+        scores are formed here rather than inside a fused kernel.
+        """
+        with _full_precision(q):
+            q, k, v = q.float(), k.float(), v.float()
+            groups = self.n_heads // self.n_kv_heads
+            if groups > 1:
+                k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
+            logits = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, tq, Tk)
+            logits = logits.masked_fill(~mask, float("-inf"))
+            scores = logits + ctx.contextual_bias(q, logits)
+            if bias is not None:
+                scores = scores + bias
+            probs = F.dropout(scores.softmax(dim=-1), dropout, self.training)
+            return probs @ v
+
     def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device) -> KVCache:
         return KVCache(batch_size, max_len, self.n_kv_heads, self.head_dim, dtype, device)
 
@@ -111,3 +136,8 @@ class Attention(nn.Module):
         """Forward matmul FLOPs per token, projections excluded: QKᵀ and AV over ``seq_len`` keys
         without the causal halving (PaLM, Chowdhery et al. 2022, App. B; nanoGPT's MFU)."""
         return 4 * self.n_heads * self.head_dim * seq_len
+
+
+def _full_precision(x: torch.Tensor):
+    """A context where autocast is off on ``x``'s device (the contextual path is float32)."""
+    return torch.autocast(x.device.type, enabled=False)

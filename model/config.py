@@ -28,7 +28,7 @@ from typing import Literal, Optional
 
 from model.errors import ConfigError
 
-PosKind = Literal["rope", "sinusoidal", "learned", "alibi", "none", "t5", "kerple", "fire", "xpos"]
+PosKind = Literal["rope", "sinusoidal", "learned", "alibi", "none", "t5", "kerple", "fire", "xpos", "cope"]
 ScalingType = Literal["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
 AttentionKind = Literal["softmax", "linear"]
 FeatureMap = Literal["elu", "relu"]
@@ -40,9 +40,12 @@ FEATURE_MAPS: tuple[str, ...] = typing.get_args(FeatureMap)
 # Encodings that add a bias to the attention scores, so attention must form them (the
 # encoding's ``has_bias``; tests/test_positional.py keeps the two in agreement).
 SCORE_BIAS_KINDS: frozenset[str] = frozenset({"alibi", "t5", "kerple", "fire"})
+# Encodings whose score bias depends on the content too (q and k of each layer), so
+# attention forms the scores itself and hands them over (the encoding's ``contextual``).
+CONTEXTUAL_KINDS: frozenset[str] = frozenset({"cope"})
 # Encodings with learned parameters of their own, under the model's ``pos.`` (what
 # train.pos_lr_multiplier acts on; tests/test_positional.py checks it against the modules).
-LEARNED_POS_KINDS: frozenset[str] = frozenset({"learned", "t5", "kerple", "fire"})
+LEARNED_POS_KINDS: frozenset[str] = frozenset({"learned", "t5", "kerple", "fire", "cope"})
 # Encodings that rotate q and k and read ``pos.rope`` (theta, pairing, fractions, scaling).
 ROTARY_KINDS: frozenset[str] = frozenset({"rope", "xpos"})
 # xPos scales never exceed 2**XPOS_MAX_LOG2 (nor fall below its inverse): float32 and bf16
@@ -169,6 +172,26 @@ class XposConfig:
 
 
 @dataclass
+class CopeConfig:
+    """CoPE (Golovneva et al. 2024): each query counts the keys between itself and key j,
+    each weighted by a gate σ(q·k/√d), and that count p (fractional, capped at
+    ``max_pos`` − 1) picks an interpolated learned position embedding e[p] per layer,
+    added to the score as q·e[p]. The embeddings start at ``init_std`` (0 in the paper's
+    code: training starts as NoPE)."""
+
+    max_pos: int = 64
+    init_std: float = 0.0
+
+    def __post_init__(self) -> None:
+        if self.max_pos < 2:
+            raise ConfigError(f"pos.cope.max_pos must be at least 2 (got {self.max_pos}): contextual "
+                              "positions run from 0 to max_pos − 1 and are interpolated between "
+                              "neighbouring embeddings")
+        if not self.init_std >= 0 or self.init_std == float("inf"):
+            raise ConfigError(f"pos.cope.init_std must be a finite number >= 0 (got {self.init_std})")
+
+
+@dataclass
 class PosConfig:
     """Which positional encoding the model uses; one key, ``kind``, picks it."""
 
@@ -178,6 +201,7 @@ class PosConfig:
     t5: T5BiasConfig = field(default_factory=T5BiasConfig)
     fire: FireConfig = field(default_factory=FireConfig)
     xpos: XposConfig = field(default_factory=XposConfig)
+    cope: CopeConfig = field(default_factory=CopeConfig)
     # Additive absolute encodings: the factor on the token embeddings before the encoding
     # is added. null: the encoding's own (√d_model for sinusoidal, Vaswani et al. §3.4;
     # 1 for learned). An ablation knob: token and position parts start at RMS 0.02·scale
@@ -267,8 +291,8 @@ class ModelConfig:
                               f"choose one of {', '.join(ATTENTION_KINDS)}")
         if self.attention != "linear":
             return
-        if self.pos.kind in SCORE_BIAS_KINDS:
-            usable = ", ".join(k for k in POS_KINDS if k not in SCORE_BIAS_KINDS)
+        if self.pos.kind in SCORE_BIAS_KINDS | CONTEXTUAL_KINDS:
+            usable = ", ".join(k for k in POS_KINDS if k not in SCORE_BIAS_KINDS | CONTEXTUAL_KINDS)
             raise ConfigError(
                 f"pos.kind={self.pos.kind} adds a bias to the attention scores, but linear attention "
                 "(model.attention=linear) never forms the score matrix: there is no attention matrix "

@@ -47,6 +47,8 @@ NOT_LLAMA = {
     "kerple": "KERPLE adds a learned per-head logarithmic distance bias to the attention scores",
     "fire": "FIRE adds a bias computed by a learned MLP of the distance to the attention scores",
     "xpos": "xPos scales queries and keys by a position-dependent decay on top of the rotation",
+    "cope": "CoPE adds a bias computed from gated counts of q·k, with learned per-layer position "
+            "embeddings, to the attention scores",
 }
 
 

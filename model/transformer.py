@@ -76,8 +76,8 @@ class Transformer(nn.Module):
         self.pos.check_length(end)  # learned: a clear LengthError, never an index error
         ctx = self.pos.context(positions, max(fit_len or self.cache_max_len() or end, end))
         x = self.drop(self.pos.embed(self.tok_emb(idx), positions))  # (B, T, d)
-        for block in self.blocks:
-            x = block(x, ctx)
+        for i, block in enumerate(self.blocks):
+            x = block(x, ctx.at_layer(i))
         x = self.norm(x)
         if targets is not None:
             return linear_cross_entropy(x, self.head.weight, targets, reduction)

@@ -92,7 +92,7 @@ def main(argv=None) -> int:
         panels.append({"name": run_dir.name, "encoding": kind, "train_len": run.cfg.train.seq_len,
                        "relative_bias": rel.tolist()})
     if skipped:
-        print("no score bias (nothing to show): " + ", ".join(skipped), file=sys.stderr)
+        print("no fixed score bias (nothing to show): " + ", ".join(skipped), file=sys.stderr)
     if not records:
         raise ArgumentError("none of the runs adds a bias to the attention scores; this shows the bias "
                             "of pos.kind alibi, t5, kerple or fire runs")

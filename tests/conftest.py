@@ -7,7 +7,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from model.config import POS_KINDS, ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
+from model.config import POS_KINDS, CopeConfig, ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
 
 ALL_KINDS = list(POS_KINDS)
 
@@ -19,7 +19,10 @@ def tiny_config(kind: str = "rope", *, pairing: str = "half", rotary_fraction: f
                       scaling=scaling or RopeScalingConfig())
     fields = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
     fields.update(overrides)
-    return ModelConfig(pos=PosConfig(kind=kind, max_len=max_len, rope=rope), **fields)
+    # CoPE: random embeddings (the paper's zeros would make its bias vanish in every test),
+    # and a cap that counts of 20-30 keys reach.
+    cope = CopeConfig(max_pos=8, init_std=1.0)
+    return ModelConfig(pos=PosConfig(kind=kind, max_len=max_len, rope=rope, cope=cope), **fields)
 
 
 @pytest.fixture(autouse=True)

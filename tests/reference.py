@@ -15,6 +15,22 @@ from typing import Optional
 import torch
 
 
+def reference_cope_bias(embeddings: torch.Tensor, q: torch.Tensor, k: torch.Tensor) -> torch.Tensor:
+    """CoPE's q_i·e[p_ij] the long way (Golovneva et al. 2024, eqs. 3-5): gates σ(q_i·k_t/√d)
+    for t ≤ i, p_ij = Σ_{t=j}^{i} g_it by a matmul with a triangular matrix, capped at
+    p_max − 1, and the embedding itself interpolated, e[p] = (p − ⌊p⌋)·e[⌈p⌉] +
+    (1 − p + ⌊p⌋)·e[⌊p⌋], before its dot product with q_i. (B, H, T, T); future keys 0."""
+    T, D = q.shape[-2], q.shape[-1]
+    causal = torch.ones(T, T, dtype=torch.bool).tril()
+    gates = torch.sigmoid(q.float() @ k.float().transpose(-2, -1) / math.sqrt(D)) * causal  # g_it
+    from_j = torch.ones(T, T).tril()  # [t, j] = 1 where t ≥ j
+    p = (gates @ from_j).clamp(max=embeddings.shape[0] - 1)
+    low, high = p.floor(), p.ceil()
+    e = ((p - low)[..., None] * embeddings[high.long()]
+         + (1 - p + low)[..., None] * embeddings[low.long()])  # (B, H, T, T, D)
+    return (q.float()[..., :, None, :] * e).sum(-1) * causal
+
+
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
                         mask: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
     """softmax(q kᵀ/√d + bias, masked) v with float32 scores; k/v already expanded to q's heads."""
@@ -44,14 +60,17 @@ def reference_forward(model, idx: torch.Tensor) -> torch.Tensor:
     ctx = model.pos.context(positions, T)
     mask = torch.ones(T, T, dtype=torch.bool).tril()
     x = model.pos.embed(model.tok_emb(idx), positions)
-    for block in model.blocks:
+    for layer, block in enumerate(model.blocks):
         attn = block.attn
         h = block.attn_norm(x)
         q, k, v = project_heads(attn, h)
         q, k = ctx.rotate(q, k)
         groups = attn.n_heads // attn.n_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-        y = reference_attention(q, k, v, mask, ctx.bias(positions, positions))
+        bias = ctx.bias(positions, positions)
+        if model.pos.contextual:  # CoPE: layer ``layer``'s embeddings
+            bias = reference_cope_bias(model.pos.weight[layer], q, k)
+        y = reference_attention(q, k, v, mask, bias)
         x = x + attn.wo(y.transpose(1, 2).reshape(B, T, -1))
         x = x + block.mlp(block.mlp_norm(x))
     return model.head(model.norm(x))

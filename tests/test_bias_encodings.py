@@ -191,7 +191,7 @@ def test_position_bias_cli(tmp_path, corpus, capsys):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     printed = capsys.readouterr()
     assert "t5 (t5; query at 99)" in printed.out and "| 3 |" in printed.out
-    assert "no score bias" in printed.err and "rope" in printed.err
+    assert "no fixed score bias" in printed.err and "rope" in printed.err
     [record] = json.loads(out.read_text())
     assert record["distances"][-1] == 99 and len(record["relative_bias"]) == 4
     # Bad input: no run with a bias, no such run.

@@ -245,7 +245,7 @@ def test_there_are_presets_of_each_kind():
     assert {"base.yaml", "quickstart.yaml", "wikitext2-cpu.yaml", "wikitext2-cpu-local.yaml",
             "gpu/wikitext103-alibi-paper.yaml"} <= names
     assert {f"pe/{k}.yaml" for k in ("rope", "sinusoidal", "learned", "alibi", "nope", "t5", "kerple",
-                                     "fire", "xpos", "p-rope")} <= names
+                                     "fire", "xpos", "p-rope", "cope")} <= names
 
 
 @pytest.mark.parametrize("path", PRESETS, ids=lambda p: p.relative_to(CONFIG_DIR).as_posix())

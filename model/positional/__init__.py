@@ -7,11 +7,13 @@
 - t5.py, kerple.py, fire.py: T5's bucketed bias, KERPLE (logarithmic), FIRE
 - rope.py: rotary embeddings and their two pairings; rope_scaling.py: PI, NTK, dynamic
   NTK, YaRN and Llama 3 frequencies, and p-RoPE's truncation; xpos.py: xPos
+- cope.py: CoPE, contextual positions from gated counts (a bias that depends on q and k)
 
 The registry's keys are exactly ``model.config.POS_KINDS`` (tests/test_positional.py).
 """
 
 from model.config import ModelConfig
+from model.positional.cope import CoPE
 from model.positional.absolute import Learned, Sinusoidal
 from model.positional.alibi import ALiBi
 from model.positional.base import NoPE, PositionalEncoding, PositionContext
@@ -23,7 +25,7 @@ from model.positional.xpos import XPos
 
 ENCODINGS: dict[str, type[PositionalEncoding]] = {
     "rope": RoPE, "sinusoidal": Sinusoidal, "learned": Learned, "alibi": ALiBi, "none": NoPE,
-    "t5": T5Bias, "kerple": Kerple, "fire": Fire, "xpos": XPos,
+    "t5": T5Bias, "kerple": Kerple, "fire": Fire, "xpos": XPos, "cope": CoPE,
 }
 
 

@@ -5,7 +5,10 @@ An encoding may act in three places and overrides only what it needs:
 - ``embed(x, positions)``: additive absolute encodings at the input;
 - ``rotation(positions, fit_len)``: RoPE and its relatives, a prepared rotation of q and k;
 - ``bias(q_positions, k_positions)``: a per-head additive bias on attention scores (ALiBi,
-  T5, Kerple, FIRE).
+  T5, Kerple, FIRE);
+- ``contextual_bias(layer, q, logits)``: a score bias that depends on the content as well
+  (CoPE): attention forms each layer's scaled, causally masked logits q·kᵀ/√d and the
+  encoding returns what to add to them.
 
 ``Transformer.forward`` asks the encoding once per forward for a ``PositionContext``
 (the rotation with its cos/sin already gathered for this forward's positions, and the
@@ -19,7 +22,7 @@ whatever the model dtype.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable, Optional
 
 import torch
@@ -30,6 +33,8 @@ from model.errors import LengthError
 Tensor = torch.Tensor
 Rotate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (q, k) -> rotated (q, k)
 Bias = Callable[[Tensor, Tensor], Tensor]  # (…, Tq), (…, Tk) positions -> (…, H, Tq, Tk) float32
+# (layer, q (B, H, Tq, D), logits (B, H, Tq, Tk) with −inf where masked) -> (B, H, Tq, Tk) float32
+ContextualBias = Callable[[int, Tensor, Tensor], Tensor]
 
 
 def causal_distance(q_positions: Tensor, k_positions: Tensor) -> Tensor:
@@ -67,11 +72,26 @@ class PositionContext:
     positions: Tensor  # (T,) or (B, T)
     rotate_qk: Optional[Rotate] = None
     bias_fn: Optional[Bias] = None
+    contextual_fn: Optional[ContextualBias] = None
+    layer: int = 0  # the block this context is handed to (``at_layer``)
 
     @property
     def has_bias(self) -> bool:
         """Whether attention needs an explicit score matrix (else the fused causal path)."""
-        return self.bias_fn is not None
+        return self.bias_fn is not None or self.contextual_fn is not None
+
+    @property
+    def contextual(self) -> bool:
+        """Whether attention must hand its logits to ``contextual_bias``."""
+        return self.contextual_fn is not None
+
+    def at_layer(self, layer: int) -> PositionContext:
+        """This context for block ``layer`` (only a contextual bias differs between layers)."""
+        return self if self.contextual_fn is None else replace(self, layer=layer)
+
+    def contextual_bias(self, q: Tensor, logits: Tensor) -> Tensor:
+        """The content-dependent bias of this layer for float32 ``q`` and masked ``logits``."""
+        return self.contextual_fn(self.layer, q, logits)
 
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return (q, k) if self.rotate_qk is None else self.rotate_qk(q, k)
@@ -93,6 +113,8 @@ class PositionalEncoding(nn.Module):
     max_len: Optional[int] = None
     #: whether ``bias`` is overridden (an explicit score matrix is needed)
     has_bias: bool = False
+    #: whether ``contextual_bias`` is overridden (attention hands over its logits)
+    contextual: bool = False
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         return x
@@ -103,6 +125,10 @@ class PositionalEncoding(nn.Module):
 
     def bias(self, q_positions: Tensor, k_positions: Tensor) -> Optional[Tensor]:
         return None
+
+    def contextual_bias(self, layer: int, q: Tensor, logits: Tensor) -> Tensor:
+        """The bias to add to block ``layer``'s ``logits`` (see ``ContextualBias``)."""
+        raise NotImplementedError
 
     def prepare_bias(self, fit_len: int, device: torch.device) -> Optional[Bias]:
         """The bias function of one forward whose positions are all below ``fit_len``.
@@ -115,7 +141,8 @@ class PositionalEncoding(nn.Module):
     def context(self, positions: Tensor, fit_len: int) -> PositionContext:
         """Everything attention needs for one forward over ``positions`` (see module doc)."""
         return PositionContext(positions, self.rotation(positions, fit_len),
-                               self.prepare_bias(fit_len, positions.device))
+                               self.prepare_bias(fit_len, positions.device),
+                               self.contextual_bias if self.contextual else None)
 
     def reset_parameters(self) -> None:
         """Initialise this encoding's own parameters (called after the model's generic init)."""
