@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import ALL_KINDS, tiny_config
-from model.config import LEARNED_POS_KINDS, POS_KINDS, SCORE_BIAS_KINDS
+from model.config import CONTEXTUAL_KINDS, LEARNED_POS_KINDS, POS_KINDS, SCORE_BIAS_KINDS
 from model.errors import LengthError
 from model.positional import ENCODINGS, build_positional
 from model.positional.absolute import sinusoid_table
@@ -22,6 +22,7 @@ def test_registry_serves_every_kind_of_the_config():
     for kind in POS_KINDS:
         assert isinstance(build_positional(tiny_config(kind)), ENCODINGS[kind])
         assert ENCODINGS[kind].has_bias == (kind in SCORE_BIAS_KINDS)
+        assert ENCODINGS[kind].contextual == (kind in CONTEXTUAL_KINDS)
         # train.pos_lr_multiplier is refused for kinds without parameters, and acts on ``pos.``.
         names = [n for n, _ in Transformer(tiny_config(kind)).named_parameters()]
         assert any(n.startswith("pos.") for n in names) == (kind in LEARNED_POS_KINDS)

@@ -13,10 +13,10 @@ The registry's keys are exactly ``model.config.POS_KINDS`` (tests/test_positiona
 """
 
 from model.config import ModelConfig
-from model.positional.cope import CoPE
 from model.positional.absolute import Learned, Sinusoidal
 from model.positional.alibi import ALiBi
 from model.positional.base import NoPE, PositionalEncoding, PositionContext
+from model.positional.cope import CoPE
 from model.positional.fire import Fire
 from model.positional.kerple import Kerple
 from model.positional.rope import RoPE

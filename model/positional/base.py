@@ -1,6 +1,6 @@
 """The positional-encoding interface, the per-forward context it prepares, and NoPE.
 
-An encoding may act in three places and overrides only what it needs:
+An encoding may act in four places and overrides only what it needs:
 
 - ``embed(x, positions)``: additive absolute encodings at the input;
 - ``rotation(positions, fit_len)``: RoPE and its relatives, a prepared rotation of q and k;
