@@ -40,7 +40,8 @@ def provenance(runs: list[dict]) -> list[str]:
     commits = sorted({r.get("git_commit") or "unknown" for r in runs})
     dirty = [c for c in commits if c == "unknown" or c.endswith("-dirty")]
     if len(commits) == 1 and not dirty:
-        lines = [f"All {len(runs)} runs were trained from commit `{commits[0][:12]}`, a clean tree."]
+        which = "The run was" if len(runs) == 1 else f"All {len(runs)} runs were"
+        lines = [f"{which} trained from commit `{commits[0][:12]}`, a clean tree."]
     else:
         lines = [f"Runs were trained from {len(commits)} commits: " + ", ".join(f"`{c[:18]}`" for c in commits)
                  + ("." if dirty else ", each a clean tree.")]

@@ -421,6 +421,7 @@ def test_provenance_names_every_commit_and_says_whether_each_is_clean():
     from eval.report import provenance
     one = provenance([{"git_commit": "a" * 40}, {"git_commit": "a" * 40}])
     assert one == [f"All 2 runs were trained from commit `{'a' * 12}`, a clean tree."]
+    assert provenance([{"git_commit": "a" * 40}]) == [f"The run was trained from commit `{'a' * 12}`, a clean tree."]
     two = provenance([{"git_commit": "a" * 40}, {"git_commit": "b" * 40}])
     assert two == [f"Runs were trained from 2 commits: `{'a' * 18}`, `{'b' * 18}`, each a clean tree."]
     mixed = provenance([{"git_commit": "a" * 40}, {"git_commit": "b" * 40 + "-dirty"}, {}])
