@@ -20,10 +20,9 @@ from model.transformer import Transformer
 from training.saved_run import load_run
 
 
-def cope_model(**cope) -> Transformer:
-    cfg = tiny_config("cope")
-    cfg.pos.cope = CopeConfig(**{"max_pos": 8, "init_std": 1.0, **cope})
-    return Transformer(cfg)
+def cope_model() -> Transformer:
+    """tiny_config's CoPE: cap 8, random tables (init_std 1)."""
+    return Transformer(tiny_config("cope"))
 
 
 def test_bias_by_hand():
