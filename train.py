@@ -304,7 +304,7 @@ class Trainer:
             if self.step % t.log_interval == 0 or last:
                 speed = window_tokens / window_seconds if window_seconds > 0 else 0.0
                 log.train(self.step, self.tokens_seen, loss, self.optimizer.param_groups[0]["lr"],
-                          grad_norm, speed, rt.mfu(flops_per_token * speed))
+                          grad_norm, speed, rt.mfu(flops_per_token * speed), rt.peak_memory_gib())
                 window_seconds, window_tokens = 0.0, 0
             bar.update(1)
             bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",

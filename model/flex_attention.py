@@ -50,6 +50,12 @@ def flex_causal_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, ta
     return kernel(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=True)
 
 
+# The compiled kernel refuses smaller heads ("embedding dimension … must be at least 16",
+# PyTorch 2.11); such models take the SDPA path.
+MIN_HEAD_DIM = 16
+
+
 def usable_for_flex(q: Tensor, table: Tensor, training_dropout: float) -> bool:
     """Whether the FlexAttention path serves this call (see the module docstring)."""
-    return q.is_cuda and not table.requires_grad and training_dropout == 0.0
+    return (q.is_cuda and q.shape[-1] >= MIN_HEAD_DIM and not table.requires_grad
+            and training_dropout == 0.0)

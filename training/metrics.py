@@ -109,13 +109,20 @@ class MetricsLog:
                            step=record["step"])
 
     def train(self, step: int, tokens: int, loss: float, lr: float, grad_norm: float,
-              tokens_per_sec: float, mfu: Optional[float]) -> None:
-        self._write({"step": step, "tokens": tokens, "loss": loss, "lr": lr, "grad_norm": grad_norm,
-                     "tokens_per_sec": round(tokens_per_sec, 1), "mfu": mfu, "time": time.time()})
+              tokens_per_sec: float, mfu: Optional[float], peak_mem_gib: Optional[float] = None) -> None:
+        """One training log line. ``peak_mem_gib``: the GPU allocator's peak over the window
+        the line covers (CUDA only; the key is left out elsewhere)."""
+        record = {"step": step, "tokens": tokens, "loss": loss, "lr": lr, "grad_norm": grad_norm,
+                  "tokens_per_sec": round(tokens_per_sec, 1), "mfu": mfu}
+        if peak_mem_gib is not None:
+            record["peak_mem_gib"] = round(peak_mem_gib, 3)
+        self._write({**record, "time": time.time()})
         if self.lines:
             of = f"/{self.total_steps}" if self.total_steps else ""
             width = len(str(self.total_steps or step))
             efficiency = f" | MFU {mfu:.1%}" if mfu is not None else ""
+            if peak_mem_gib is not None:
+                efficiency += f" | {peak_mem_gib:.1f} GiB peak"
             print(f"step {step:>{width}}{of} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_sec:,.0f} tok/s"
                   f"{efficiency} | {tokens:,} tokens | {_clock(time.perf_counter() - self.started)} elapsed", flush=True)
 

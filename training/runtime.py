@@ -70,6 +70,15 @@ class Runtime:
             return None
         return achieved_flops / (self.peak_flops * self.world_size)
 
+    def peak_memory_gib(self) -> Optional[float]:
+        """The allocator's high-water mark on this rank's GPU since the last call (GiB), or
+        None off CUDA. Each call resets it, so a log line reports its own window's peak."""
+        if self.device.type != "cuda":
+            return None
+        peak = torch.cuda.max_memory_allocated(self.device) / 2**30
+        torch.cuda.reset_peak_memory_stats(self.device)
+        return peak
+
     def print(self, *args, **kwargs) -> None:
         if self.is_main:
             print(*args, **kwargs, flush=True)

@@ -46,7 +46,10 @@ def causal_distance(q_positions: Tensor, k_positions: Tensor) -> Tensor:
     return (q_positions[..., :, None] - k_positions[..., None, :]).clamp(min=0)
 
 
-@dataclass(frozen=True)
+# eq=False here and on the rotations: identity hashing. A generated __hash__ reads the
+# fields, and torch.compile (seen with 2.11 on CUDA) hashes such an object while tracing,
+# before the fields of one built inside the graph exist ("no attribute 'table'").
+@dataclass(frozen=True, eq=False)
 class DistanceBias:
     """A per-forward bias that depends on the causal distance only: ``table[h, i − j]``."""
 
@@ -60,7 +63,7 @@ class DistanceBias:
         return self.table[heads, distance.unsqueeze(-3)]  # (B, H, Tq, Tk)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class PositionContext:
     """What the layers need from the encoding for one forward, prepared once.
 

@@ -80,7 +80,7 @@ def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing, rotar
     return out.to(x.dtype)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class Rotation:
     """cos/sin gathered for one forward's positions; rotates q and k of every layer."""
 

@@ -42,7 +42,7 @@ def xpos_zeta(rotary_dim: int, gamma: float) -> torch.Tensor:
     return (2 * i / rotary_dim + gamma) / (1 + gamma)
 
 
-@dataclass(frozen=True)
+@dataclass(frozen=True, eq=False)
 class ScaledRotation:
     """cos/sin already multiplied by the query's scale and divided by the key's (…, T, r)."""
 
