@@ -129,7 +129,10 @@ def eval_model(cfg, device: torch.device) -> Transformer:
 def section_train(spec, kind: str, compile_: bool) -> dict:
     cfg = bench_config(spec, kind, compile_)
     rt = setup_runtime(cfg.train)
-    peak = measure_matmul_peak(rt.device, rt.dtype, sizes=(512, 1024, 2048), repeats=10)
+    # training/runtime.py's peak_sizes, restated: with --compare this file runs against older
+    # trees, which lack it. A GPU reaches its limit only with large matmuls.
+    sizes = (2048, 4096, 8192) if rt.device.type == "cuda" else (512, 1024, 2048)
+    peak = measure_matmul_peak(rt.device, rt.dtype, sizes=sizes, repeats=10)
     rng = np.random.default_rng(0)
     tokens = rng.integers(0, cfg.model.vocab_size, size=1_000_000, dtype=np.int64)
     data = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=cfg.model.vocab_size),

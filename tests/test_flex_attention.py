@@ -36,10 +36,11 @@ def test_flex_equals_the_chunked_sdpa_path(kind, per_sequence):
 
 
 def test_flex_serves_cuda_tables_without_gradient_only():
-    q = torch.zeros(1, 1, 2, 2)
+    q = torch.zeros(1, 1, 2, 16)
     table = torch.zeros(1, 2)
     assert not usable_for_flex(q, table, 0.0)  # a CPU tensor: the SDPA path
     if torch.cuda.is_available():
         assert usable_for_flex(q.cuda(), table.cuda(), 0.0)
         assert not usable_for_flex(q.cuda(), table.cuda().requires_grad_(), 0.0)
         assert not usable_for_flex(q.cuda(), table.cuda(), 0.1)
+        assert not usable_for_flex(q[..., :8].cuda(), table.cuda(), 0.0)  # below the kernel's 16
