@@ -129,8 +129,8 @@ def eval_model(cfg, device: torch.device) -> Transformer:
 def section_train(spec, kind: str, compile_: bool) -> dict:
     cfg = bench_config(spec, kind, compile_)
     rt = setup_runtime(cfg.train)
-    # training/runtime.py's peak_sizes, restated: with --compare this file runs against older
-    # trees, which lack it. A GPU reaches its limit only with large matmuls.
+    # training/runtime.py's GPU_PEAK_SIZES, restated: with --compare this file runs against
+    # older trees, which lack it. A GPU reaches its limit only on large matmuls.
     sizes = (2048, 4096, 8192) if rt.device.type == "cuda" else (512, 1024, 2048)
     peak = measure_matmul_peak(rt.device, rt.dtype, sizes=sizes, repeats=10)
     rng = np.random.default_rng(0)

@@ -9,6 +9,7 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -17,7 +18,9 @@ import model.transformer
 import train
 from conftest import write_run_config as write_config
 from training.checkpoint import load_state, read_meta
+from training.metrics import MetricsLog
 from training.run_dir import RunDir
+from training.runtime import Runtime
 from training.saved_run import load_run
 
 
@@ -250,3 +253,20 @@ def test_mfu_peak_is_measured_on_cpu_or_taken_from_the_environment(monkeypatch):
     monkeypatch.delenv("ROPELAB_PEAK_FLOPS")
     rt = setup_runtime(TrainConfig(device="cpu", dtype="bfloat16"))
     assert rt.peak_flops is None and rt.mfu(1e9) is None and "not measured" in rt.peak_source
+
+
+def test_training_log_lines_carry_gpu_peak_memory_only_when_given(tmp_path, capsys):
+    cfg = SimpleNamespace(log=SimpleNamespace(progress=False, wandb=False))
+    log = MetricsLog(RunDir(tmp_path / "run"), cfg, is_main=True)
+    log.train(1, 64, 2.5, 1e-3, 0.5, 1000.0, None, peak_mem_gib=1.23456)
+    log.train(2, 128, 2.4, 1e-3, 0.5, 1000.0, None)
+    log.close()
+    first, second = records_of(tmp_path / "run" / "metrics.jsonl")
+    assert first["peak_mem_gib"] == 1.235 and "peak_mem_gib" not in second
+    lines = capsys.readouterr().out.splitlines()
+    assert "| 1.2 GiB peak |" in lines[0] and "GiB" not in lines[1]
+    assert Runtime(device=torch.device("cpu"), dtype=torch.float32).peak_memory_gib() is None
+
+
+def records_of(path: Path) -> list[dict]:
+    return [json.loads(line) for line in path.read_text().splitlines()]

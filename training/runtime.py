@@ -151,10 +151,9 @@ def time_calls(fn: Callable[[], object], repeats: int, warmup: int, device: torc
     return times
 
 
-def peak_sizes(device: torch.device) -> tuple[int, ...]:
-    """Matmul sizes that reach the device's limit: a GPU needs large ones (an H100's bf16
-    rate is ~430 TFLOP/s at 2048² but ~800 at 8192²), a CPU is there by 1024²."""
-    return (2048, 4096, 8192) if device.type == "cuda" else (512, 1024, 2048)
+# A GPU reaches its matmul limit only on large matrices: an H100's bf16 rate was ~430
+# TFLOP/s at 2048² but ~780 at 8192² (docs/results/gpu-h100). A CPU is there by 1024².
+GPU_PEAK_SIZES = (2048, 4096, 8192)
 
 
 def measure_matmul_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...] = (1024,),
@@ -200,7 +199,7 @@ def _peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[Optional[floa
     if device.type == "cpu" and dtype != torch.float32:
         return None, f"not measured ({dtype} matmuls on a CPU are too slow to time at startup)"
     if device.type in ("cpu", "cuda"):  # no datasheet figure: measure (~0.1 s on a CPU)
-        sizes = peak_sizes(device) if device.type == "cuda" else (1024,)  # a CPU run starts fast
+        sizes = GPU_PEAK_SIZES if device.type == "cuda" else (1024,)
         return measure_matmul_peak(device, dtype, sizes)["flops"], "measured matmul"
     return None, "unknown"
 
