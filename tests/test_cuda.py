@@ -22,7 +22,7 @@ import torch
 import model.attention as attention_module
 from conftest import ALL_KINDS, tiny_config, write_run_config
 from model.config import CONTEXTUAL_KINDS, POS_KINDS, SCORE_BIAS_KINDS
-from model.flex_attention import flex_causal_attention
+from model.flex_attention import flex_causal_attention, trains_tables
 from model.generate import generate
 from model.transformer import Transformer
 
@@ -103,6 +103,30 @@ def test_heads_below_flex_minimum_take_the_sdpa_path(monkeypatch):
         want, got = cpu(idx), gpu(idx.cuda()).cpu()
     assert not calls
     assert torch.allclose(got, want, atol=2e-5, rtol=1e-4), (got - want).abs().max()
+
+
+@pytest.mark.parametrize("kind", ["t5", "kerple", "fire"])
+def test_training_learned_tables_through_flex_equals_the_sdpa_path(kind, monkeypatch):
+    """From torch FLEX_TABLE_GRAD_TORCH on, training a learned table goes through FlexAttention,
+    with the gradient into the captured table; every gradient equals the SDPA path's."""
+    if not trains_tables():
+        pytest.skip(f"torch {torch.__version__} trains tables on the SDPA path")
+    model = Transformer(tiny_config(kind, d_model=64, max_len=256)).cuda().train()
+    idx, targets = tokens(T=128).cuda(), tokens(T=128).cuda()
+    calls = count_flex_calls(monkeypatch)
+    loss, grads = loss_and_grads(model, idx, targets)
+    assert len(calls) == model.cfg.n_layers
+    monkeypatch.setattr(attention_module, "usable_for_flex", lambda *args: False)
+    want_loss, want = loss_and_grads(model, idx, targets)
+    assert len(calls) == model.cfg.n_layers
+    assert torch.allclose(loss, want_loss, atol=1e-5)
+    assert grads.keys() == want.keys() and any(name.startswith("pos.") for name in grads)
+    scale = torch.cat([g.flatten() for g in want.values()]).norm()
+    for name, g in grads.items():
+        # FIRE's output bias shifts all of a head's scores alike: its true gradient is 0, and
+        # both paths give rounding noise there.
+        if name != "pos.mlp.2.bias" and want[name].norm() > 1e-6 * scale:
+            assert relative(g, want[name]) < 1e-4, (name, relative(g, want[name]))
 
 
 @pytest.mark.parametrize("kind", FLEX_KINDS)

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from model.flex_attention import flex_causal_attention, usable_for_flex
+from model.flex_attention import flex_causal_attention, torch_version, trains_tables, usable_for_flex
 from model.transformer import Transformer
 
 
@@ -35,12 +35,20 @@ def test_flex_equals_the_chunked_sdpa_path(kind, per_sequence):
     assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
 
 
-def test_flex_serves_cuda_tables_without_gradient_only():
+def test_trained_tables_use_flex_from_the_checked_torch_version_on():
+    assert torch_version("2.11.0+cu130") == (2, 11) and torch_version("2.5.1") == (2, 5)
+    assert torch_version("2.13.0.dev20261101") == (2, 13)
+    assert trains_tables((2, 11)) and trains_tables((3, 0)) and not trains_tables((2, 10))
+
+
+def test_flex_serves_cuda_calls_it_can_serve():
     q = torch.zeros(1, 1, 2, 16)
     table = torch.zeros(1, 2)
     assert not usable_for_flex(q, table, 0.0)  # a CPU tensor: the SDPA path
     if torch.cuda.is_available():
-        assert usable_for_flex(q.cuda(), table.cuda(), 0.0)
-        assert not usable_for_flex(q.cuda(), table.cuda().requires_grad_(), 0.0)
-        assert not usable_for_flex(q.cuda(), table.cuda(), 0.1)
-        assert not usable_for_flex(q[..., :8].cuda(), table.cuda(), 0.0)  # below the kernel's 16
+        q, table = q.cuda(), table.cuda()
+        assert usable_for_flex(q, table, 0.0)
+        trained = table.clone().requires_grad_()  # a learned table in training
+        assert usable_for_flex(q, trained, 0.0) == trains_tables()
+        assert not usable_for_flex(q, table, 0.1)  # attention dropout
+        assert not usable_for_flex(q[..., :8], table, 0.0)  # below the kernel's 16
