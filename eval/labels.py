@@ -9,8 +9,13 @@ def encoding_label(encoding: str, attention: str = "softmax") -> str:
     return label if attention == "softmax" else f"{label} ({attention} attention)"
 
 
+# "linear" scaling is Position Interpolation (Chen et al. 2023); the name alone reads like
+# linear attention next to rows such as "rope (linear attention)".
+SCALING_NAMES = {"linear": "linear (PI)"}
+
+
 def with_scaling(label: str, scaling: str) -> str:
-    return label if scaling == "none" else f"{label} + {scaling}"
+    return label if scaling == "none" else f"{label} + {SCALING_NAMES.get(scaling, scaling)}"
 
 
 def row_label(row: dict) -> str:

@@ -14,7 +14,7 @@ import train
 from conftest import tiny_config, write_run_config
 from configs.schema import EvalConfig
 from eval.extrapolation import run_extrapolation
-from eval.labels import label_groups
+from eval.labels import label_groups, with_scaling
 from model.config import (ATTENTION_KINDS, CONTEXTUAL_KINDS, POS_KINDS, SCORE_BIAS_KINDS, LinearAttentionConfig,
                           ModelConfig, PosConfig, RopeScalingConfig)
 from model.errors import ConfigError, LengthError
@@ -336,3 +336,7 @@ def test_reports_name_the_attention_kind():
     rows = [{"run": run["run"]} for run in runs]
     label_groups(runs, rows)
     assert [row["label"] for row in rows] == ["rope", "rope (linear attention)", "nope"]
+    # Linear *scaling* (Position Interpolation) must not read like linear attention.
+    assert with_scaling("rope", "linear") == "rope + linear (PI)"
+    assert with_scaling("rope (linear attention)", "yarn") == "rope (linear attention) + yarn"
+    assert with_scaling("rope", "none") == "rope"
