@@ -12,7 +12,6 @@ positions)" and are left out of the plots.
 from __future__ import annotations
 
 import json
-import re
 from itertools import combinations
 from pathlib import Path
 from typing import Optional
@@ -20,10 +19,11 @@ from typing import Optional
 from data.atomic import write_text_atomic
 from data.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
-from eval.labels import label_order, split_step
+from eval.labels import label_order, split_step, with_scaling
 from eval.plots import plot_per_position, plot_perplexity, plot_training
 from eval.tables import (comparison_table, compare, identical_rows, interval_table, ratio_to_train_len,
                          scored_line, summarize)
+from model.config import SCALING_TYPES
 from model.errors import ArgumentError
 from training.cli import check_output_dir
 from training.run_dir import RunDir
@@ -173,8 +173,8 @@ def _comparisons(results: dict, corpus: str, protocol: str, summary: dict, refer
         return compare(results, corpus, protocol, pairs)
     labels = [label for label in labels if label not in (folded or {})]
     pairs = [(label, reference) for label in labels if label != reference and reference in summary]
-    base = re.escape(reference)
-    scalings = [label for label in labels if re.fullmatch(rf"{base}( \+ \w+)?", label)]
+    scaled = {with_scaling(reference, scaling) for scaling in SCALING_TYPES}  # "rope + linear (PI)", …
+    scalings = [label for label in labels if label in scaled]
     pairs += [(a, b) for a, b in combinations(scalings, 2) if (a, b) not in pairs and (b, a) not in pairs]
     return compare(results, corpus, protocol, pairs)
 

@@ -341,12 +341,14 @@ def test_the_report_compares_a_row_identical_to_another_only_once(tiny_runs, tmp
     only NTK is compared; a row that differs in a single unit is never folded."""
     from eval.tables import identical_rows
 
-    ev = EvalConfig(lengths=[16, 32, 64], scalings=["none", "ntk", "dynamic", "yarn"], protocols=["nonoverlap"],
-                    max_tokens=1024)
+    ev = EvalConfig(lengths=[16, 32, 64], scalings=["none", "ntk", "dynamic", "yarn", "linear"],
+                    protocols=["nonoverlap"], max_tokens=1024)
     out = tmp_path / "report"
     results = run_extrapolation([tiny_runs / "rope-a", tiny_runs / "rope-b"], out, lambda cfg: ev, log=lambda *a: None)
     report = (out / "report.md").read_text()
     assert "| rope + dynamic |" in report and "| rope + ntk |" in report  # both rows in the tables
+    # Every scaling is compared with every other, PI (named so) too.
+    assert "| rope + linear (PI) vs rope |" in report and "| rope + linear (PI) vs rope + ntk |" in report
     assert ("`rope + dynamic` equals `rope + ntk` bit for bit at every length (dynamic NTK fitted to a window "
             "of exactly L_eval tokens is NTK") in report
     assert "| rope + ntk vs rope |" in report and "| rope + ntk vs rope + yarn |" in report
