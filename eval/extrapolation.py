@@ -33,7 +33,7 @@ from data.atomic import write_text_atomic
 from eval.cell_store import STORE_DIR, CellStore, address, tokens_digest, weights_digest
 from eval.corpus import CorpusTokens, corpus_settings, load_corpus
 from eval.journal import Cells
-from eval.labels import label_groups
+from eval.labels import label_groups, row_label
 from eval.perplexity import perplexity
 from eval.report import check_report_dir, write_report
 from model.config import SCALING_TYPES, RopeScalingConfig
@@ -287,6 +287,8 @@ def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log,
             # The group hashes the whole config as the schema reads it today: a key added
             # since (e.g. model.attention) must not split a cached seed from a fresh one.
             cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"))
+            # The settings outside the key (the report's reference row, …) are today's.
+            cached["meta"]["eval"] = dataclasses.asdict(ev)
             return cached["meta"], cached["rows"], cached["curves"]
     cells = Cells(path.with_suffix(".partial.jsonl"), ckpt.name if ckpt is not None else None)
     meta, rows, curves = evaluate_run(run.path, ev, device, log, allow_unfinished, cells=cells,
@@ -359,6 +361,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--factor", type=scale_factor,
                    help="eval.factor: fixed RoPE scaling factor >= 1 (default: L_eval / L_train)")
     p.add_argument("--batch-size", type=positive_int, help="eval.batch_size: windows per forward")
+    p.add_argument("--reference", metavar="ROW",
+                   help="eval.reference: the report row every other row is compared with, paired, e.g. "
+                        "'nope (linear attention)' (default rope; cached evaluations are reused)")
     p.add_argument("--no-per-position", dest="per_position", action="store_const", const=False,
                    help="skip the per-position loss curves")
     p.add_argument("--data", nargs="+", metavar="SOURCE",
@@ -382,7 +387,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 EVAL_FLAGS = ("lengths", "scalings", "protocols", "stride", "max_tokens", "split", "factor", "batch_size",
-              "per_position")
+              "per_position", "reference")
 
 
 def corpus_from_flags(args: argparse.Namespace) -> Optional[dict]:
@@ -429,9 +434,26 @@ def main(argv=None) -> int:
             for run in args.runs:
                 cached_evaluation(run, eval_for, device, print, args.allow_unfinished)
             return 0
-        run_extrapolation(args.runs, args.out, eval_for, device=device, allow_unfinished=args.allow_unfinished)
+        results = run_extrapolation(args.runs, args.out, eval_for, device=device,
+                                    allow_unfinished=args.allow_unfinished)
     print(f"wrote {args.out}/report.md, results.json and plots")
+    missing = missing_reference(results)
+    if missing:
+        print(f"warning: {missing}", file=sys.stderr)
     return 0
+
+
+def missing_reference(results: dict) -> Optional[str]:
+    """Why the report has no paired comparisons, when its reference row is none of its rows."""
+    if not results["runs"]:
+        return None
+    reference = results["runs"][0]["eval"].get("reference", "rope")
+    labels = sorted({row_label(row) for row in results["results"]})
+    if reference in labels:
+        return None
+    return (f"the reference row {reference!r} (eval.reference, --reference) is none of the report's rows, so it "
+            f"has no paired comparisons; rows: {', '.join(labels)}. Rerun with --reference ROW: the evaluations "
+            "are cached, so only the report is made again.")
 
 
 def read_eval_file(path: Path) -> dict:

@@ -223,7 +223,10 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
             "Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
             f"perplexity is than the second's, with its 95% interval.{_pairing_note(reference)}"
             f"{_identical_note(folded)} {MARKS}", "",
-            comparison_table(_comparisons(results, corpus, protocol, summary, reference, folded), lengths, train_len), "",
+            (comparison_table(_comparisons(results, corpus, protocol, summary, reference, folded), lengths, train_len)
+             if reference in summary else
+             f"None: the reference row `{reference}` (eval.reference) is none of these rows. Name one with "
+             "`--reference ROW`; the evaluations are cached."), "",
             "Perplexity relative to the same row at L (point estimates; different tokens, so not paired):", "",
             ratio_to_train_len(summary, lengths, train_len), "",
             "Bits per byte (95% interval):", "", interval_table(summary, lengths, train_len, key="bpb"),

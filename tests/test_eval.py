@@ -431,3 +431,18 @@ def test_provenance_names_every_commit_and_says_whether_each_is_clean():
     assert "clean" not in mixed[0]
     assert mixed[1].startswith("**Not reproducible from a clean commit**") and "-dirty" in mixed[1]
     assert "`unknown`" in mixed[1]
+
+
+def test_the_reference_row_is_chosen_on_the_command_line_and_a_missing_one_is_said(tiny_runs, tmp_path, capsys):
+    from eval.extrapolation import main
+    runs = [str(tiny_runs / name) for name in ("rope-a", "learned")]
+    common = ["--lengths", "16", "32", "--protocols", "nonoverlap", "--max-tokens", "512"]
+    assert main([*runs, *common, "--reference", "learned", "--out", str(tmp_path / "a")]) == 0
+    report = (tmp_path / "a" / "report.md").read_text()
+    assert "| rope vs learned |" in report and "learned vs rope" not in report
+    assert "warning" not in capsys.readouterr().err
+    assert main([*runs, *common, "--reference", "alibi", "--out", str(tmp_path / "b")]) == 0
+    report = (tmp_path / "b" / "report.md").read_text()
+    assert "None: the reference row `alibi` (eval.reference) is none of these rows" in report
+    err = capsys.readouterr().err
+    assert "warning: the reference row 'alibi'" in err and "rows: learned, rope" in err
