@@ -33,9 +33,9 @@ from data.atomic import write_text_atomic
 from eval.cell_store import STORE_DIR, CellStore, address, tokens_digest, weights_digest
 from eval.corpus import CorpusTokens, corpus_settings, load_corpus
 from eval.journal import Cells
-from eval.labels import label_groups, row_label
+from eval.labels import label_groups
 from eval.perplexity import perplexity
-from eval.report import check_report_dir, write_report
+from eval.report import check_report_dir, missing_reference, write_report
 from model.config import SCALING_TYPES, RopeScalingConfig
 from model.errors import UserError
 from model.positional.rope import RoPE
@@ -441,19 +441,6 @@ def main(argv=None) -> int:
     if missing:
         print(f"warning: {missing}", file=sys.stderr)
     return 0
-
-
-def missing_reference(results: dict) -> Optional[str]:
-    """Why the report has no paired comparisons, when its reference row is none of its rows."""
-    if not results["runs"]:
-        return None
-    reference = results["runs"][0]["eval"].get("reference", "rope")
-    labels = sorted({row_label(row) for row in results["results"]})
-    if reference in labels:
-        return None
-    return (f"the reference row {reference!r} (eval.reference, --reference) is none of the report's rows, so it "
-            f"has no paired comparisons; rows: {', '.join(labels)}. Rerun with --reference ROW: the evaluations "
-            "are cached, so only the report is made again.")
 
 
 def read_eval_file(path: Path) -> dict:

@@ -19,7 +19,7 @@ from typing import Optional
 from data.atomic import write_text_atomic
 from data.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
-from eval.labels import label_order, split_step, with_scaling
+from eval.labels import label_order, row_label, split_step, with_scaling
 from eval.plots import plot_per_position, plot_perplexity, plot_training
 from eval.tables import (comparison_table, compare, identical_rows, interval_table, ratio_to_train_len,
                          scored_line, summarize)
@@ -258,9 +258,26 @@ def write_report(results: dict, out: Path) -> None:
         raise storage_error(e, f"write the report in {out}") from None
 
 
+def report_reference(results: dict) -> str:
+    """The row the report compares every other row with (eval.reference)."""
+    runs = results["runs"]
+    return runs[0]["eval"].get("reference", "rope") if runs else "rope"
+
+
+def missing_reference(results: dict) -> Optional[str]:
+    """Why the report has no paired comparisons, when its reference row is none of its rows."""
+    reference = report_reference(results)
+    labels = sorted({row_label(row) for row in results["results"]})
+    if not results["runs"] or reference in labels:
+        return None
+    return (f"the reference row {reference!r} (eval.reference, --reference) is none of the report's rows, so it "
+            f"has no paired comparisons; rows: {', '.join(labels)}. Rerun with --reference ROW: the evaluations "
+            "are cached, so only the report is made again.")
+
+
 def _write_markdown(results: dict, out: Path) -> None:
     runs, rows = results["runs"], results["results"]
-    reference = runs[0]["eval"].get("reference", "rope") if runs else "rope"
+    reference = report_reference(results)
     train_lens = sorted({r["train_len"] for r in rows})
     md = ["# Length extrapolation report", "",
           f"Created {results['created']}. Training length L = {', '.join(map(str, train_lens))}. A cell is the "
