@@ -152,7 +152,7 @@ def time_calls(fn: Callable[[], object], repeats: int, warmup: int, device: torc
 
 
 # A GPU reaches its matmul limit only on large matrices: an H100's bf16 rate was ~430
-# TFLOP/s at 2048² but ~780 at 8192² (docs/results/gpu-h100). A CPU is there by 1024².
+# TFLOP/s at 2048² but ~780 at 8192² (measured 2026-11-22). A CPU is there by 1024².
 GPU_PEAK_SIZES = (2048, 4096, 8192)
 
 
