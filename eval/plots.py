@@ -25,14 +25,23 @@ MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
 DASHES = ("-", "--", "-.", ":")
 
 
+# tab20's dark shades first, then its light ones: 20 colours before one repeats.
+COLORS = tuple(plt.get_cmap("tab20").colors[j] for j in (*range(0, 20, 2), *range(1, 20, 2)))
+LEGEND_INSIDE_MAX = 8  # more entries than this go beside the axes, where they hide no line
+
+
 def style(i: int, label: str = "") -> dict:
-    """Row ``i``'s marker, dash pattern and transparency, so coinciding lines stay visible."""
+    """Row ``i``'s colour, marker, dash pattern and transparency, so coinciding lines stay visible."""
     dashes = DASHES[(i // len(MARKERS) + ("+" in label)) % len(DASHES)]
-    return {"marker": MARKERS[i % len(MARKERS)], "linestyle": dashes, "alpha": 0.85}
+    return {"color": COLORS[i % len(COLORS)], "marker": MARKERS[i % len(MARKERS)], "linestyle": dashes,
+            "alpha": 0.85}
 
 
 def plain_number(value: float, _=None) -> str:
-    """128, 1k, 2.5k, 1M: a tick label a person reads at a glance."""
+    """128, 2048, 20k, 2.5M: a tick label a person reads at a glance (whole numbers below
+    10,000 in full, so powers of two read 1024 and 2048, not 1.024k)."""
+    if abs(value) < 1e4 and float(value).is_integer():
+        return f"{int(value)}"
     for scale, suffix in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
         if abs(value) >= scale:
             return f"{value / scale:g}{suffix}"
@@ -58,7 +67,11 @@ def finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    ax.legend(fontsize=7, ncol=2)
+    if len(ax.get_legend_handles_labels()[1]) > LEGEND_INSIDE_MAX:
+        fig.set_size_inches(fig.get_size_inches()[0] + 2.5, fig.get_size_inches()[1])
+        ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
+    else:
+        ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
@@ -82,6 +95,51 @@ def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: P
     ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     plain_ticks(ax, "y")
     finish(fig, ax, "evaluation length (tokens)", "perplexity (95% interval)", title, path)
+
+
+RATIO_CEILING = 2.5  # the paired-ratio figure's top: rows far above it would flatten the rest
+
+
+def plot_paired(comparisons: dict[str, dict[int, tuple]], reference: str, train_len: int, path: Path,
+                title: str) -> list[str]:
+    """Each row's perplexity relative to ``reference`` on the same tokens, against length, with the
+    95% paired interval: the figure of the comparison table, where the perplexity figure's
+    document-level spread hides differences of a few percent.
+
+    The axis stops at ×2.5 so that a row far above it does not flatten the others; such a row
+    is drawn as far as the axis goes and its legend entry says it leaves the chart. Returns the
+    legend entries; none (and no file) when no row is compared with ``reference``.
+    """
+    suffix = f" vs {reference}"
+    series = {name[: -len(suffix)]: cells for name, cells in comparisons.items() if name.endswith(suffix) and cells}
+    if not series:  # the reference is the only row: nothing to draw, no file
+        return []
+    fig, ax = plt.subplots(figsize=(8, 5))
+    lows, highs, entries = [1.0], [1.0], []
+    for i, label in enumerate(sorted(series)):
+        cells = series[label]
+        lengths = sorted(cells)
+        ratio = np.array([cells[n][0] for n in lengths])
+        low = np.array([cells[n][1] for n in lengths])
+        high = np.array([cells[n][2] for n in lengths])
+        off = high.max() > RATIO_CEILING
+        xs = np.array(lengths, dtype=float) * (1 + 0.012 * (i % 5 - 2))  # nudge overlapping bars
+        entries.append(label + (f" (beyond ×{RATIO_CEILING:g})" if off else ""))
+        ax.errorbar(xs, ratio, yerr=[ratio - low, high - ratio], markersize=4, capsize=2, linewidth=1.1,
+                    label=entries[-1], **style(i, label))
+        lows.append(low.min())
+        highs.append(min(high.max(), RATIO_CEILING))
+    ax.axhline(1.0, color="black", linewidth=0.8)
+    mark_train_len(ax, train_len)
+    ax.set_xscale("log", base=2)
+    ax.set_yscale("log")
+    ax.set_ylim(min(lows) / 1.03, max(highs) * 1.03)
+    plain_ticks(ax, "x")
+    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"×{v:.3g}"))
+    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"×{v:.3g}"))
+    finish(fig, ax, "evaluation length (tokens)",
+           f"perplexity / {reference}'s on the same tokens (95% interval)", title, path)
+    return entries
 
 
 def plot_per_position(runs: list[dict], curves: dict[str, dict[str, dict]], train_len: int, path: Path,
@@ -145,16 +203,17 @@ def plot_training(curves: dict[str, dict[str, list]], path: Path) -> None:
     for i, label in enumerate(sorted(curves)):
         curve = curves[label]
         st = style(i)
-        line, = ax.plot(curve["tokens"], curve["loss"], linewidth=0.9, alpha=0.8, linestyle=st["linestyle"],
-                        label=f"{label} (train)")
+        ax.plot(curve["tokens"], curve["loss"], linewidth=0.9, alpha=0.8, linestyle=st["linestyle"],
+                color=st["color"], marker=st["marker"], markevery=[], label=label)  # the marker shows in the legend
         if curve["val_tokens"]:
             ax.plot(curve["val_tokens"], curve["val_loss"], linestyle="none", marker=st["marker"], markersize=4,
-                    color=line.get_color(), alpha=0.9, label=f"{label} (validation)")
+                    color=st["color"], alpha=0.9)
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
     plain_ticks(ax, "y")
     ax.xaxis.set_major_formatter(FuncFormatter(plain_number))
-    finish(fig, ax, "tokens trained", "loss (nats per token)", "Training and validation loss", path)
+    finish(fig, ax, "tokens trained", "loss (nats per token)",
+           "Training loss (lines) and validation loss (markers)", path)
 
 
 def plot_position_bias(panels: list[dict], path: Path) -> None:

@@ -20,7 +20,7 @@ from data.atomic import write_text_atomic
 from data.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
 from eval.labels import label_order, row_label, split_step, with_scaling
-from eval.plots import plot_per_position, plot_perplexity, plot_training
+from eval.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
 from eval.tables import (comparison_table, compare, identical_rows, interval_table, ratio_to_train_len,
                          scored_line, summarize)
 from model.config import SCALING_TYPES
@@ -217,16 +217,23 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
     plot_perplexity(summary, train_len, out / plot, f"{corpus}: {PROTOCOL_TITLES[protocol]}")
     rows = [r for r in results["results"] if r.get("corpus") == corpus and r["protocol"] == protocol]
     folded = _folded(results, corpus, protocol, summary, reference)
+    if reference in summary:
+        comparisons = _comparisons(results, corpus, protocol, summary, reference, folded)
+        paired = [comparison_table(comparisons, lengths, train_len)]
+        if split_step(reference)[1] is None:  # a budget grid pairs by step; its figure is the budget curve
+            figure = f"paired_vs_length_{index}_{protocol}.png"
+            if plot_paired(comparisons, reference, train_len, out / figure,
+                           f"{corpus}: {PROTOCOL_TITLES[protocol]}, relative to {reference}"):
+                paired += ["", f"![perplexity relative to {reference}]({figure})"]
+    else:
+        paired = [f"None: the reference row `{reference}` (eval.reference) is none of these rows. Name one with "
+                  "`--reference ROW`; the evaluations are cached."]
     return ["", f"### {PROTOCOL_TITLES[protocol]}", "", "Perplexity with its 95% interval:", "",
             interval_table(summary, lengths, train_len), "", scored_line(summary, lengths), "",
             f"![perplexity vs length]({plot})", "",
             "Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
             f"perplexity is than the second's, with its 95% interval.{_pairing_note(reference)}"
-            f"{_identical_note(folded)} {MARKS}", "",
-            (comparison_table(_comparisons(results, corpus, protocol, summary, reference, folded), lengths, train_len)
-             if reference in summary else
-             f"None: the reference row `{reference}` (eval.reference) is none of these rows. Name one with "
-             "`--reference ROW`; the evaluations are cached."), "",
+            f"{_identical_note(folded)} {MARKS}", "", *paired, "",
             "Perplexity relative to the same row at L (point estimates; different tokens, so not paired):", "",
             ratio_to_train_len(summary, lengths, train_len), "",
             "Bits per byte (95% interval):", "", interval_table(summary, lengths, train_len, key="bpb"),
