@@ -241,6 +241,11 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
 
 
 REPORT_FILES = ("report.md", "results.json")
+# The figures a report draws (eval/plots.py, eval/budget.py): an earlier report's are removed
+# before a new one is written, so none that the new report no longer draws is left beside it.
+# Files of other names (e.g. scripts/position_bias.py's figure) are kept.
+REPORT_FIGURES = ("training_loss.png", "ppl_vs_length_*.png", "paired_vs_length_*.png", "per_position_*.png",
+                  "budget_*.png")
 
 
 def check_report_dir(out: Path) -> None:
@@ -257,6 +262,9 @@ def write_report(results: dict, out: Path) -> None:
     check_report_dir(out)
     try:
         make_dir(out, "the report directory")
+        for pattern in REPORT_FIGURES:
+            for stale in out.glob(pattern):
+                stale.unlink()
         write_text_atomic(out / "results.json", json.dumps(results, indent=1))
         _write_markdown(results, out)
     except OSError as e:

@@ -16,6 +16,7 @@ from data.tokenizers import ByteTokenizer
 from configs.schema import EvalConfig
 from eval.extrapolation import run_extrapolation, scale_note, scaling_for
 from eval.plots import RATIO_CEILING, plain_number, plot_paired
+from eval.report import write_report
 from eval.perplexity import curve_edges, perplexity, validation_loss
 from eval.tables import summarize
 from model.transformer import Transformer
@@ -150,6 +151,13 @@ def test_report_from_tiny_runs(tiny_runs, tmp_path):
                  "paired_vs_length_0_nonoverlap.png", "paired_vs_length_0_sliding.png"):
         assert (out / name).read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     assert "![perplexity relative to rope](paired_vs_length_0_nonoverlap.png)" in report
+    # Written again over itself: figures it no longer draws go, files of other names stay.
+    (out / "paired_vs_length_7_sliding.png").write_bytes(b"old")
+    (out / "position-bias.png").write_bytes(b"kept")
+    write_report(results, out)
+    assert not (out / "paired_vs_length_7_sliding.png").exists()
+    assert (out / "position-bias.png").read_bytes() == b"kept"
+    assert (out / "paired_vs_length_0_nonoverlap.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     saved = json.loads((out / "results.json").read_text())
     assert saved["results"] == results["results"]
     run = saved["runs"][0]
