@@ -77,6 +77,15 @@ def finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
     plt.close(fig)
 
 
+def length_errorbar(ax, i: int, label: str, lengths, values, lows, highs, entry: str = "") -> None:
+    """Row ``i``'s values against evaluation length with their 95% intervals as error bars,
+    nudged sideways by row so that bars at one length do not hide each other."""
+    xs = np.asarray(lengths, dtype=float) * (1 + 0.012 * (i % 5 - 2))
+    values, lows, highs = (np.asarray(a, dtype=float) for a in (values, lows, highs))
+    ax.errorbar(xs, values, yerr=[values - lows, highs - values], markersize=4, capsize=2, linewidth=1.1,
+                label=entry or label, **style(i, label))
+
+
 def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: Path, title: str) -> None:
     """Perplexity vs evaluation length (log-log), one line per row, 95% intervals as error bars."""
     fig, ax = plt.subplots(figsize=(8, 5))
@@ -84,10 +93,8 @@ def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: P
         points = sorted((n, c) for n, c in summary[label].items() if "ppl" in c)
         if not points:
             continue
-        xs = np.array([n for n, _ in points], dtype=float) * (1 + 0.012 * (i % 5 - 2))  # nudge overlapping bars
-        ys = np.array([c["ppl"] for _, c in points])
-        err = np.array([[c["ppl"] - c["low"] for _, c in points], [c["high"] - c["ppl"] for _, c in points]])
-        ax.errorbar(xs, ys, yerr=err, markersize=4, capsize=2, linewidth=1.1, label=label, **style(i, label))
+        length_errorbar(ax, i, label, [n for n, _ in points], [c["ppl"] for _, c in points],
+                        [c["low"] for _, c in points], [c["high"] for _, c in points])
     mark_train_len(ax, train_len)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -117,26 +124,21 @@ def plot_paired(comparisons: dict[str, dict[int, tuple]], reference: str, train_
     fig, ax = plt.subplots(figsize=(8, 5))
     lows, highs, entries = [1.0], [1.0], []
     for i, label in enumerate(sorted(series)):
-        cells = series[label]
-        lengths = sorted(cells)
-        ratio = np.array([cells[n][0] for n in lengths])
-        low = np.array([cells[n][1] for n in lengths])
-        high = np.array([cells[n][2] for n in lengths])
-        off = high.max() > RATIO_CEILING
-        xs = np.array(lengths, dtype=float) * (1 + 0.012 * (i % 5 - 2))  # nudge overlapping bars
-        entries.append(label + (f" (beyond ×{RATIO_CEILING:g})" if off else ""))
-        ax.errorbar(xs, ratio, yerr=[ratio - low, high - ratio], markersize=4, capsize=2, linewidth=1.1,
-                    label=entries[-1], **style(i, label))
-        lows.append(low.min())
-        highs.append(min(high.max(), RATIO_CEILING))
+        lengths = sorted(series[label])
+        ratio, low, high = zip(*(series[label][n][:3] for n in lengths))
+        entries.append(label + (f" (beyond ×{RATIO_CEILING:g})" if max(high) > RATIO_CEILING else ""))
+        length_errorbar(ax, i, label, lengths, ratio, low, high, entry=entries[-1])
+        lows.append(min(low))
+        highs.append(min(max(high), RATIO_CEILING))
     ax.axhline(1.0, color="black", linewidth=0.8)
     mark_train_len(ax, train_len)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_ylim(min(lows) / 1.03, max(highs) * 1.03)
     plain_ticks(ax, "x")
-    ax.yaxis.set_major_formatter(FuncFormatter(lambda v, _: f"×{v:.3g}"))
-    ax.yaxis.set_minor_formatter(FuncFormatter(lambda v, _: f"×{v:.3g}"))
+    times = FuncFormatter(lambda v, _: f"×{v:.3g}")
+    ax.yaxis.set_major_formatter(times)
+    ax.yaxis.set_minor_formatter(times)
     finish(fig, ax, "evaluation length (tokens)",
            f"perplexity / {reference}'s on the same tokens (95% interval)", title, path)
     return entries

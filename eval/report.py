@@ -241,9 +241,9 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
 
 
 REPORT_FILES = ("report.md", "results.json")
-# The figures a report draws (eval/plots.py, eval/budget.py): an earlier report's are removed
-# before a new one is written, so none that the new report no longer draws is left beside it.
-# Files of other names (e.g. scripts/position_bias.py's figure) are kept.
+# The figures a report draws (eval/plots.py, eval/budget.py): once a new report is written, an
+# earlier report's that it does not link are removed, so none is left beside it. Files of other
+# names (e.g. scripts/position_bias.py's figure) are kept.
 REPORT_FIGURES = ("training_loss.png", "ppl_vs_length_*.png", "paired_vs_length_*.png", "per_position_*.png",
                   "budget_*.png")
 
@@ -262,11 +262,12 @@ def write_report(results: dict, out: Path) -> None:
     check_report_dir(out)
     try:
         make_dir(out, "the report directory")
-        for pattern in REPORT_FIGURES:
-            for stale in out.glob(pattern):
-                stale.unlink()
         write_text_atomic(out / "results.json", json.dumps(results, indent=1))
-        _write_markdown(results, out)
+        markdown = _write_markdown(results, out)
+        for pattern in REPORT_FIGURES:  # only after the new report is whole: a failed write loses nothing
+            for stale in out.glob(pattern):
+                if f"]({stale.name})" not in markdown:
+                    stale.unlink()
     except OSError as e:
         if not is_storage_error(e):
             raise
@@ -290,7 +291,8 @@ def missing_reference(results: dict) -> Optional[str]:
             "are cached, so only the report is made again.")
 
 
-def _write_markdown(results: dict, out: Path) -> None:
+def _write_markdown(results: dict, out: Path) -> str:
+    """Write report.md (and its figures) into ``out``; returns the markdown."""
     runs, rows = results["runs"], results["results"]
     reference = report_reference(results)
     train_lens = sorted({r["train_len"] for r in rows})
@@ -319,5 +321,7 @@ def _write_markdown(results: dict, out: Path) -> None:
             md += ["", "### Loss by position", "",
                    "At each row's longest evaluated length (non-overlapping windows), log-spaced position bins; "
                    "the band is a 95% interval over windows and seeds.", "", f"![loss by position]({name})"]
-    write_text_atomic(out / "report.md", "\n".join(md) + "\n")
+    text = "\n".join(md) + "\n"
+    write_text_atomic(out / "report.md", text)
+    return text
 
