@@ -26,18 +26,18 @@ import torch
 from configs import config_to_yaml, load_config
 from configs.experiment import experiment_differences
 from configs.schema import RunConfig
-from data.atomic import write_text_atomic
+from common.atomic import write_text_atomic
 from data.prepare import prepare_data
-from data.storage import make_dir
+from common.storage import make_dir
 from data.samplers import RandomPositions, TrainSampler
 from data.tasks import TaskData
 from eval.exact_match import answer_loss
 from eval.perplexity import validation_loss
-from model.errors import CheckpointError, UserError
+from common.errors import CheckpointError, UserError
 from model.transformer import Transformer
 from training.checkpoint import (load_newest, load_state, load_weights, read_meta, save_best, save_checkpoint,
                                  set_aside, unwrap)
-from training.cli import entry_point, usage_when_empty
+from common.cli import entry_point, usage_when_empty
 from training.metrics import MetricsLog
 from training.optim import build_optimizer, lr_at, set_learning_rate, upgrade_optimizer_state
 from training.parent import load_parent, parent_record

@@ -31,7 +31,7 @@ from typing import Any, Optional
 
 from configs.loader import load_config, load_config_tree, override_section
 from configs.schema import EvalConfig, RunConfig
-from model.errors import ConfigError
+from common.errors import ConfigError
 
 
 @dataclass

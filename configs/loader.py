@@ -22,7 +22,7 @@ from typing import Any, Iterable, Literal, Sequence, Union
 import yaml
 
 from configs.schema import RandomPositionsConfig, RunConfig
-from model.errors import ConfigError
+from common.errors import ConfigError
 
 # PyYAML follows YAML 1.1, where `3e-4` and `1e6` (no dot) are strings, not numbers.
 # Numeric fields accept exactly these spellings so the usual notation works.

@@ -25,10 +25,10 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from configs.device import check_device_name
+from common.devices import check_device_name
 from configs.tasks import SyntheticConfig, TaskEvalConfig
 from model.config import LEARNED_POS_KINDS, SCALING_TYPES, ModelConfig, ScalingType
-from model.errors import ConfigError
+from common.errors import ConfigError
 
 # Named Hub datasets: (repo, config, text field, train, validation, test split names).
 HUB_PRESETS: dict[str, tuple[str, Optional[str], str, str, str, Optional[str]]] = {
@@ -219,7 +219,7 @@ class TrainConfig:
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
     seed: int = 1337
-    device: str = "auto"  # auto, cpu, cuda, cuda:N or mps (configs/device.py)
+    device: str = "auto"  # auto, cpu, cuda, cuda:N or mps (common/devices.py)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     compile: bool = False
     eval_interval: int = 200

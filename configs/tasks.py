@@ -14,7 +14,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from model.errors import ConfigError
+from common.errors import ConfigError
 
 TaskName = Literal["passkey", "copy", "recall", "addition"]
 TASK_NAMES: tuple[str, ...] = typing.get_args(TaskName)

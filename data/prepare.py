@@ -10,7 +10,7 @@ of the data config parts that determine the tokens plus the source's identity (l
 files: path, size, mtime; built-in: the Python version and stdlib listing; Hub: repo,
 config, revision), so the same config reuses it at once and any change rebuilds.
 A build writes into a temporary directory, writes meta.json last and renames the directory
-into place (data/atomic.py); a directory without meta.json is never used. A lock file
+into place (common/atomic.py); a directory without meta.json is never used. A lock file
 keeps two processes (e.g. two ranks) from building the same thing twice. Evaluation
 prepares only the split it scores, with the run's own tokenizer (``kind: file``).
 """
@@ -35,11 +35,11 @@ import numpy as np
 from tqdm import tqdm
 
 from configs.schema import DataConfig
-from data.atomic import atomic_directory, remove_leftovers
-from data.storage import is_storage_error, make_dir, storage_error
+from common.atomic import atomic_directory, remove_leftovers
+from common.storage import is_storage_error, make_dir, storage_error
 from data.sources import Corpus, open_corpus
 from data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json, train_tokenizer
-from model.errors import DataError
+from common.errors import DataError
 
 FORMAT_VERSION = 1  # bump when the token files' content or layout changes
 CHUNK_CHARS = 1 << 20  # text per worker task: big enough to amortise pickling

@@ -27,7 +27,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from model.errors import DataError
+from common.errors import DataError
 
 
 class TrainSampler:

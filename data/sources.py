@@ -17,7 +17,7 @@ import numpy as np
 
 from configs.schema import DataConfig, HubConfig
 from data.builtin import builtin_documents, builtin_identity, split_of
-from model.errors import DataError
+from common.errors import DataError
 
 SPLITS = ("train", "valid", "test")
 

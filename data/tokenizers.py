@@ -21,7 +21,7 @@ from typing import Iterable, Iterator
 import numpy as np
 
 from configs.schema import TokenizerConfig
-from model.errors import DataError
+from common.errors import DataError
 
 EOT = "<|endoftext|>"
 

@@ -24,7 +24,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from data.atomic import write_text_atomic
+from common.atomic import write_text_atomic
 
 STORE_DIR = ".eval-cells"
 

@@ -16,7 +16,7 @@ import numpy as np
 
 from configs.schema import DataConfig, EvalConfig, EvalCorpus, HubConfig, LocalConfig, TokenizerConfig
 from data.prepare import prepare_data
-from model.errors import DataError
+from common.errors import DataError
 from training.saved_run import SavedRun
 
 

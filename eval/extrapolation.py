@@ -29,7 +29,7 @@ import yaml
 from configs import override_section
 from configs.experiment import seed_group
 from configs.schema import EvalConfig, EvalCorpus, RunConfig
-from data.atomic import write_text_atomic
+from common.atomic import write_text_atomic
 from eval.cell_store import STORE_DIR, CellStore, address, tokens_digest, weights_digest
 from eval.corpus import CorpusTokens, corpus_settings, load_corpus
 from eval.journal import Cells
@@ -37,11 +37,11 @@ from eval.labels import label_groups
 from eval.perplexity import perplexity
 from eval.report import check_report_dir, missing_reference, write_report
 from model.config import SCALING_TYPES, RopeScalingConfig
-from model.errors import UserError
+from common.errors import UserError
 from model.positional.rope import RoPE
 from model.positional.rope_scaling import effective_scale
-from configs.device import DEVICE_NAMES
-from training.cli import device_name, entry_point, positive_int, scale_factor, usage_when_empty
+from common.devices import DEVICE_NAMES
+from common.cli import device_name, entry_point, positive_int, scale_factor, usage_when_empty
 from training.run_dir import RunDir
 from training.runtime import resolve_device
 from training.saved_run import SavedRun, load_run, read_run_config, rescaled, with_scaling

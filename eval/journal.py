@@ -13,7 +13,7 @@ import json
 from pathlib import Path
 from typing import Optional
 
-from data.atomic import write_text_atomic
+from common.atomic import write_text_atomic
 
 
 class Cells:

@@ -29,7 +29,7 @@ import torch
 
 from data.samplers import (EvalWindow, document_spans, document_windows, eval_windows, spread_windows,
                            window_batch)
-from model.errors import DataError
+from common.errors import DataError
 from model.loss import perplexity_of
 
 MIN_DOCUMENTS = 20  # fewer scored documents than this: resample blocks of windows instead

@@ -16,16 +16,16 @@ from itertools import combinations
 from pathlib import Path
 from typing import Optional
 
-from data.atomic import write_text_atomic
-from data.storage import is_storage_error, make_dir, storage_error
+from common.atomic import write_text_atomic
+from common.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
 from eval.labels import label_order, row_label, split_step, with_scaling
 from eval.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
 from eval.tables import (comparison_table, compare, identical_rows, interval_table, ratio_to_train_len,
                          scored_line, summarize)
 from model.config import SCALING_TYPES
-from model.errors import ArgumentError
-from training.cli import check_output_dir
+from common.errors import ArgumentError
+from common.cli import check_output_dir
 from training.run_dir import RunDir
 
 PROTOCOL_TITLES = {

@@ -33,7 +33,7 @@ import torch
 from configs import override_section
 from configs.schema import EvalConfig, RunConfig
 from configs.tasks import TASK_NAMES
-from data.atomic import write_text_atomic
+from common.atomic import write_text_atomic
 from data.tasks import Task, TaskError, build_task, check_readable, check_task_name, eval_instance, task_tokenizer
 from data.tokenizers import load_tokenizer
 from eval.exact_match import exact_match
@@ -43,8 +43,8 @@ from eval.report import check_report_dir
 from eval.stats import wilson_interval
 from eval.task_report import write_task_report
 from model.config import SCALING_TYPES
-from model.errors import LengthError, UserError
-from training.cli import (device_name, entry_point, non_negative_float, non_negative_int, positive_int, probability,
+from common.errors import LengthError, UserError
+from common.cli import (device_name, entry_point, non_negative_float, non_negative_int, positive_int, probability,
                           scale_factor)
 from training.runtime import resolve_device
 from training.run_dir import RunDir

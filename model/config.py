@@ -26,7 +26,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from model.errors import ConfigError
+from common.errors import ConfigError
 
 PosKind = Literal["rope", "sinusoidal", "learned", "alibi", "none", "t5", "kerple", "fire", "xpos", "cope"]
 ScalingType = Literal["none", "linear", "ntk", "dynamic", "yarn", "llama3"]

@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from model.errors import ArgumentError, LengthError
+from common.errors import ArgumentError, LengthError
 from model.transformer import Transformer
 
 

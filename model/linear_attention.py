@@ -54,7 +54,7 @@ import torch.nn.functional as F
 from torch import nn
 
 from model.config import ModelConfig
-from model.errors import ConfigError
+from common.errors import ConfigError
 from model.layers import QKVProjection
 from model.linear_state import LinearState
 from model.positional import PositionContext

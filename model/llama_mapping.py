@@ -31,7 +31,7 @@ import math
 import torch
 
 from model.config import ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
-from model.errors import UserError
+from common.errors import UserError
 from model.layers import fuse_projections, split_projections
 from model.positional.rope_scaling import ntk_base
 

@@ -10,7 +10,7 @@ from torch import nn
 
 from model.attention import Attention
 from model.config import ModelConfig
-from model.errors import ArgumentError
+from common.errors import ArgumentError
 from model.layers import RMSNorm, SwiGLU
 from model.linear_attention import LinearAttention
 from model.loss import linear_cross_entropy

@@ -40,9 +40,9 @@ from configs.schema import EvalConfig, RunConfig
 from eval.extrapolation import run_extrapolation
 from eval.tasks import check_planned, run_task_evaluation, wants_tasks
 from eval.report import check_report_dir
-from model.errors import UserError
+from common.errors import UserError
 from training.checkpoint import read_meta
-from training.cli import device_name, entry_point, positive_int, usage_when_empty
+from common.cli import device_name, entry_point, positive_int, usage_when_empty
 from training.runtime import resolve_device
 from training.run_dir import RunDir
 

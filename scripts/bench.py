@@ -62,11 +62,11 @@ import torch
 import configs
 from configs import load_config
 from model.config import ATTENTION_KINDS, POS_KINDS
-from model.errors import ConfigError, UserError
+from common.errors import ConfigError, UserError
 from eval.stats import median_interval
 from scripts.bench_report import headline, print_comparison, print_shape
 from scripts.bench_worker import bench_config, run_section, variant_name
-from training.cli import check_output_file, entry_point
+from common.cli import check_output_file, entry_point
 from training.provenance import git_commit
 
 SECTIONS = ["train", "compile", "decode", "eval"]

@@ -25,11 +25,11 @@ import torch
 
 from configs import load_config
 from eval.perplexity import perplexity
-from model.errors import ConfigError, UserError
+from common.errors import ConfigError, UserError
 from model.generate import generate
 from model.transformer import Transformer
 from train import Trainer
-from training.cli import entry_point
+from common.cli import entry_point
 from training.runtime import measure_matmul_peak, setup_runtime, synchronize, time_calls
 
 try:  # synthetic tasks; --compare against a commit without them measures text configs only

@@ -18,8 +18,8 @@ from pathlib import Path
 import torch
 
 from model.config import SCALING_TYPES, RopeScalingConfig
-from model.errors import ArgumentError
-from training.cli import check_output_dir, entry_point, positive_int, scale_factor, usage_when_empty
+from common.errors import ArgumentError
+from common.cli import check_output_dir, entry_point, positive_int, scale_factor, usage_when_empty
 from training.hf_directory import check_parity, export_run, import_hf
 from training.run_dir import RunDir
 from training.saved_run import read_run_config

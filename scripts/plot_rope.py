@@ -27,7 +27,7 @@ import torch  # noqa: E402
 from model.config import ModelConfig, PosConfig, RopeConfig  # noqa: E402
 from model.positional.rope import RoPE  # noqa: E402
 from model.positional.rope_scaling import base_inv_freq  # noqa: E402
-from training.cli import check_output_dir, entry_point  # noqa: E402
+from common.cli import check_output_dir, entry_point  # noqa: E402
 
 
 def rope_for(head_dim: int, theta: float = 10000.0) -> RoPE:

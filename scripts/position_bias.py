@@ -25,8 +25,8 @@ from pathlib import Path
 import torch
 
 from eval.plots import plot_position_bias
-from model.errors import ArgumentError
-from training.cli import entry_point, positive_int, usage_when_empty
+from common.errors import ArgumentError
+from common.cli import entry_point, positive_int, usage_when_empty
 from training.saved_run import load_run
 
 

@@ -15,9 +15,9 @@ import torch
 
 from model.config import SCALING_TYPES, RopeScalingConfig
 from model.generate import generate
-from configs.device import DEVICE_NAMES
-from model.errors import ArgumentError
-from training.cli import (device_name, entry_point, non_negative_float, positive_int, probability, scale_factor,
+from common.devices import DEVICE_NAMES
+from common.errors import ArgumentError
+from common.cli import (device_name, entry_point, non_negative_float, positive_int, probability, scale_factor,
                           usage_when_empty)
 from training.runtime import resolve_device
 from training.saved_run import load_run, rescaled

@@ -11,7 +11,7 @@ import train
 from configs.grid import load_grid
 from conftest import write_run_config
 from model.config import POS_KINDS
-from model.errors import ConfigError
+from common.errors import ConfigError
 from scripts import ablate
 from training.checkpoint import read_meta
 from training.run_dir import RunDir

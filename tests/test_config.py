@@ -11,7 +11,7 @@ import yaml
 from configs import config_from_dict, config_to_dict, load_config, save_config
 from configs.schema import RunConfig
 from model.config import POS_KINDS
-from model.errors import ConfigError
+from common.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if p.parent.name != "ablations")  # grids: test_ablate

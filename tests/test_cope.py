@@ -15,7 +15,7 @@ import torch
 import train
 from conftest import tiny_config, write_run_config
 from model.config import CopeConfig, ModelConfig, PosConfig
-from model.errors import ConfigError
+from common.errors import ConfigError
 from model.transformer import Transformer
 from training.saved_run import load_run
 

@@ -20,7 +20,7 @@ from data import EOT, TrainSampler, eval_windows, prepare_data, window_batch
 from data.builtin import builtin_documents, split_of
 from data.prepare import PreparedData
 from data.sources import group_documents, open_corpus
-from model.errors import ConfigError, DataError
+from common.errors import ConfigError, DataError
 
 ROOT = Path(__file__).resolve().parents[1]
 WIKITEXT2 = ROOT.parent / "shared" / "data" / "wikitext-2"
@@ -114,7 +114,7 @@ def test_hub_offline_error_explains_local_files(tmp_path):
     code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
             "from configs.schema import DataConfig, HubConfig\n"
             "from data import prepare_data\n"
-            "from model.errors import DataError\n"
+            "from common.errors import DataError\n"
             "try:\n"
             "    prepare_data(DataConfig(source='hub', hub=HubConfig(name='wikitext-2-raw-v1'),"
             " cache_dir=sys.argv[2], num_proc=1), progress=False)\n"
@@ -215,7 +215,7 @@ def test_incomplete_directories_are_never_used(tmp_path):
     # Simulate an interrupted build: a directory without meta.json plus a stale temp dir.
     (good.dir / "meta.json").unlink()
     (good.dir / "train.bin").write_bytes(b"\x01\x00" * 3)
-    stale = good.dir.parent / f".{good.dir.name}.tmp-999-deadbeef"  # as data/atomic.py names them
+    stale = good.dir.parent / f".{good.dir.name}.tmp-999-deadbeef"  # as common/atomic.py names them
     stale.mkdir()
     (stale / "train.bin").write_bytes(b"junk")
     rebuilt = prepare_data(cfg, progress=False)

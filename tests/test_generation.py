@@ -7,7 +7,7 @@ import torch
 
 from conftest import ALL_KINDS, tiny_config
 from model.config import RopeScalingConfig, XposConfig
-from model.errors import LengthError
+from common.errors import LengthError
 from model.generate import generate, sample_next
 from model.transformer import Transformer
 from reference import cached_logits

@@ -1,6 +1,6 @@
 """Layers only point down, and nothing dodges that rule.
 
-Lowest first: model < configs < data < training < eval < train.py < scripts. A module may
+Lowest first: common < model < configs < data < training < eval < train.py < scripts. A module may
 import its own package or a lower one. No file-level import cycles (within a package
 too), no project import inside a function (the usual way to hide a cycle), and no
 ``sys.path`` edits (the project is installed). Imports are read with ``ast``; nothing is
@@ -13,7 +13,7 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = {"model": 0, "configs": 1, "data": 2, "training": 3, "eval": 4, "train": 5, "scripts": 6}
+LAYERS = {"common": 0, "model": 1, "configs": 2, "data": 3, "training": 4, "eval": 5, "train": 6, "scripts": 7}
 
 
 def project_modules(root: Path) -> dict[str, Path]:
@@ -155,7 +155,7 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
 
 
 def test_every_entry_point_reports_user_errors_through_the_one_helper():
-    """Each module runnable as a command wraps its ``main`` in ``training.cli.entry_point``."""
+    """Each module runnable as a command wraps its ``main`` in ``common.cli.entry_point``."""
     commands = []
     for name, path in project_modules(ROOT).items():
         tree = ast.parse(path.read_text(encoding="utf-8"))

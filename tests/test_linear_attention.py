@@ -17,7 +17,7 @@ from eval.extrapolation import run_extrapolation
 from eval.labels import label_groups, with_scaling
 from model.config import (ATTENTION_KINDS, CONTEXTUAL_KINDS, POS_KINDS, SCORE_BIAS_KINDS, LinearAttentionConfig,
                           ModelConfig, PosConfig, RopeScalingConfig)
-from model.errors import ConfigError, LengthError
+from common.errors import ConfigError, LengthError
 from model.generate import generate
 from model.linear_attention import MIN_COSINE, chunked_linear_attention, recurrent_linear_attention
 from model.llama_mapping import HFConversionError, check_exportable

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from conftest import ALL_KINDS, tiny_config
 from model.config import ModelConfig, PosConfig
-from model.errors import ConfigError
+from common.errors import ConfigError
 from model.transformer import Transformer
 from reference import assert_causal, reference_forward
 

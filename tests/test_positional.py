@@ -9,7 +9,7 @@ import torch
 
 from conftest import ALL_KINDS, tiny_config
 from model.config import CONTEXTUAL_KINDS, LEARNED_POS_KINDS, POS_KINDS, SCORE_BIAS_KINDS
-from model.errors import LengthError
+from common.errors import LengthError
 from model.positional import ENCODINGS, build_positional
 from model.positional.absolute import sinusoid_table
 from model.positional.alibi import alibi_slopes
@@ -74,7 +74,7 @@ def test_sinusoidal_scales_tokens_by_sqrt_d():
 
 def test_token_scale_only_for_additive_encodings():
     from model.config import PosConfig
-    from model.errors import ConfigError
+    from common.errors import ConfigError
     with pytest.raises(ConfigError, match="pos.kind=rope adds none"):
         PosConfig(kind="rope", token_scale=2.0)
     with pytest.raises(ConfigError, match="positive"):

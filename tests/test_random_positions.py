@@ -12,7 +12,7 @@ import train
 from configs import load_config
 from conftest import ALL_KINDS, tiny_config, write_run_config
 from data.samplers import RandomPositions
-from model.errors import ArgumentError
+from common.errors import ArgumentError
 from model.transformer import Transformer
 from test_train import ROOT, records, stop_after
 

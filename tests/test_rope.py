@@ -144,7 +144,7 @@ def test_mixed_pairing_gives_different_logits():
 
 
 def test_config_rejects_odd_rotary_dims():
-    from model.errors import ConfigError
+    from common.errors import ConfigError
     with pytest.raises(ConfigError, match="even whole number"):
         tiny_config(rotary_fraction=0.75, d_model=24, n_heads=4)  # 6 * 0.75 = 4.5
     with pytest.raises(ConfigError, match="even whole number"):
@@ -219,7 +219,7 @@ def test_p_rope_model_is_causal():
 
 
 def test_p_rope_bad_fractions_are_config_errors():
-    from model.errors import ConfigError
+    from common.errors import ConfigError
     for bad in (0.0, -0.5, 1.5):
         with pytest.raises(ConfigError, match=r"frequency_fraction must be in \(0, 1\]"):
             tiny_config(frequency_fraction=bad)

@@ -13,7 +13,7 @@ import pytest
 
 from configs.schema import TokenizerConfig
 from data import EOT, load_tokenizer, train_tokenizer
-from model.errors import DataError
+from common.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the cat sat on a mat while dogs ran past quietly and birds sang loudly".split()

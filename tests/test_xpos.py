@@ -13,7 +13,7 @@ import torch
 
 from conftest import tiny_config
 from model.config import XposConfig
-from model.errors import LengthError
+from common.errors import LengthError
 from model.generate import generate
 from model.positional.xpos import XPos
 from model.transformer import Transformer

@@ -1,7 +1,7 @@
 """Checkpoints in a run directory: atomic, safe to load, free of wrapper prefixes.
 
 Where they live is training/run_dir.py's business. A checkpoint directory is written
-whole and renamed into place (data/atomic.py); ``latest`` is replaced atomically
+whole and renamed into place (common/atomic.py); ``latest`` is replaced atomically
 afterwards, so a crash at any moment leaves the previous checkpoint and pointer intact.
 Weights are safetensors (no code runs on load; older layouts are converted, see
 ``load_weights``); training state is loaded with
@@ -27,9 +27,9 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 from torch import nn
 
-from data.atomic import atomic_directory, write_text_atomic
-from data.storage import CONTINUE_RUN, RecordingWriter, os_error_in, storage_error
-from model.errors import CheckpointError
+from common.atomic import atomic_directory, write_text_atomic
+from common.storage import CONTINUE_RUN, RecordingWriter, os_error_in, storage_error
+from common.errors import CheckpointError
 from model.layers import fuse_projections
 from training.run_dir import META, STATE, WEIGHTS, RunDir
 

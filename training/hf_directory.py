@@ -8,7 +8,7 @@ Importing our own export (``import_hf``) restores that run exactly; a directory 
 ropelab.json, or whose config.json no longer matches it, is read as a foreign Llama
 (half pairing, config from config.json, default data/train/eval settings).
 
-Both directions write into a temporary sibling and rename it into place (data/atomic.py),
+Both directions write into a temporary sibling and rename it into place (common/atomic.py),
 and neither writes into an existing non-empty directory. The mapping itself (names,
 configs, q/k row order) is in model/llama_mapping.py.
 """
@@ -26,7 +26,7 @@ from safetensors.torch import load_file, save_file
 
 from configs import config_from_dict, config_to_dict, save_config
 from configs.schema import DataConfig, RunConfig, TokenizerConfig, TrainConfig
-from data.atomic import atomic_directory
+from common.atomic import atomic_directory
 from data.tokenizers import load_hf_tokenizer, save_hf_tokenizer, tokenizer_from_json
 from model.config import ModelConfig, RopeScalingConfig
 from model.llama_mapping import (ARCH_KEYS, HFConversionError, check_exportable, from_hf_state, hf_config,

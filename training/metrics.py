@@ -23,9 +23,9 @@ from typing import Optional
 from tqdm import tqdm
 
 from configs import config_to_dict
-from data.atomic import write_text_atomic
-from data.storage import CONTINUE_RUN, is_storage_error, storage_error
-from model.errors import UserError
+from common.atomic import write_text_atomic
+from common.storage import CONTINUE_RUN, is_storage_error, storage_error
+from common.errors import UserError
 from model.loss import perplexity_of
 from training.run_dir import RunDir
 

@@ -12,7 +12,7 @@ from pathlib import Path
 from configs import config_to_dict
 from configs.schema import RunConfig
 from data.tokenizers import Tokenizer
-from model.errors import CheckpointError, ConfigError
+from common.errors import CheckpointError, ConfigError
 from training.run_dir import RunDir
 from training.saved_run import SavedRun, load_run
 

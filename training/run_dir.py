@@ -17,7 +17,7 @@ A checkpoint directory holds ``WEIGHTS`` (safetensors), ``STATE`` (optimizer, sc
 RNG and sampler state; absent from best/ and imports) and ``META`` (step, tokens,
 validation loss, commit). training/checkpoint.py reads and writes them.
 
-Interrupted atomic writes (data/atomic.py) leave hidden ``.NAME.tmp-*`` siblings;
+Interrupted atomic writes (common/atomic.py) leave hidden ``.NAME.tmp-*`` siblings;
 ``leftovers`` lists them so a trainer holding the run's lock can remove them.
 """
 

@@ -22,8 +22,8 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from data.storage import make_dir
-from model.errors import RunInUseError
+from common.storage import make_dir
+from common.errors import RunInUseError
 from training.run_dir import RunDir
 
 

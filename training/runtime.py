@@ -20,8 +20,8 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from configs.device import check_device_name
-from model.errors import ConfigError
+from common.devices import check_device_name
+from common.errors import ConfigError
 
 # Dense bf16 peak FLOP/s of common accelerators, for MFU (vendor datasheets).
 PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "A10G": 125e12, "L4": 121e12,
@@ -89,7 +89,7 @@ class Runtime:
 
 
 def resolve_device(choice: str, what: str = "train.device", local_rank: Optional[int] = None) -> torch.device:
-    """The torch device ``choice`` names (configs/device.py), or a ConfigError saying what
+    """The torch device ``choice`` names (common/devices.py), or a ConfigError saying what
     is visible. ``local_rank``: this process's rank on its node under torchrun, whose GPU
     ``cuda`` and ``auto`` then mean."""
     check_device_name(choice, what)

@@ -19,7 +19,7 @@ from configs import load_config
 from configs.schema import RunConfig
 from data.tokenizers import Tokenizer, load_tokenizer
 from model.config import RopeScalingConfig
-from model.errors import CheckpointError, ConfigError, DataError
+from common.errors import CheckpointError, ConfigError, DataError
 from model.transformer import Transformer
 from training.checkpoint import load_newest, load_weights, read_meta
 from training.run_dir import RunDir

@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from model.errors import UserError
+from common.errors import UserError
 
 
 class TaskError(UserError):

@@ -37,7 +37,7 @@ import numpy as np
 
 from data.tasks.base import Instance, Task, TaskError, assemble
 from data.tokenizers import Tokenizer
-from model.errors import DataError
+from common.errors import DataError
 
 Style = Literal["text", "symbolic"]
 

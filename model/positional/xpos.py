@@ -30,7 +30,7 @@ from typing import Optional
 import torch
 
 from model.config import ModelConfig
-from model.errors import LengthError
+from common.errors import LengthError
 from model.positional.rope import RoPE, rotate
 
 FLOAT16_MAX_SCALE = 2.0 ** 8  # keys of |k| ~ 100 still fit float16's 65504

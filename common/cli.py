@@ -3,7 +3,7 @@
 ``train.py``, ``python -m eval.extrapolation`` and every script wrap their ``main`` with
 ``entry_point``; a ``UserError`` (bad config, data, lengths, checkpoints, arguments) or a
 refusal of the file system (full disk, no permission, a file where a directory belongs:
-data/storage.py) becomes a message without a traceback; anything else stays a bug with
+common/storage.py) becomes a message without a traceback; anything else stays a bug with
 its traceback.
 
 Command-line numbers are checked where argparse reads them (``positive_int``,
@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from configs.device import check_device_name
-from data.storage import is_storage_error, storage_error
-from model.errors import ArgumentError, ConfigError, UserError
+from common.devices import check_device_name
+from common.storage import is_storage_error, storage_error
+from common.errors import ArgumentError, ConfigError, UserError
 
 USAGE_ERROR = 2  # the exit code of argparse's own usage errors, for the same kind of mistake
 
@@ -106,7 +106,7 @@ def scale_factor(text: str) -> float:
 
 
 def device_name(text: str) -> str:
-    """auto, cpu, cuda, cuda:N or mps (configs/device.py); availability is checked when used."""
+    """auto, cpu, cuda, cuda:N or mps (common/devices.py); availability is checked when used."""
     try:
         return check_device_name(text, "--device")
     except ConfigError as e:

@@ -1,7 +1,7 @@
 """Errors a user can cause (bad config, data, lengths, checkpoints, arguments).
 
 Every entry point reports ``UserError`` as one ``error: …`` line without a traceback and
-exits 2 (``training.cli.entry_point``); anything else is a bug and keeps its traceback.
+exits 2 (``common.cli.entry_point``); anything else is a bug and keeps its traceback.
 """
 
 

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import re
 
-from model.errors import ConfigError
+from common.errors import ConfigError
 
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N (N = 0, 1, …) or mps"
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")

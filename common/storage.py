@@ -3,7 +3,7 @@
 A full disk, a quota, a read-only mount, a missing permission or a path of the wrong kind
 (a file where a directory belongs, or the reverse) is not a bug: ``storage_error`` turns
 the ``OSError`` into a ``StorageError`` that names the path and says what to do, and
-``training.cli.entry_point`` does the same for any such error that reaches it.
+``common.cli.entry_point`` does the same for any such error that reaches it.
 
 Two writers hide the ``OSError`` behind their own exception: ``torch.save`` (a
 ``RuntimeError`` such as "unexpected pos 704 vs 598") and safetensors (a
@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from model.errors import StorageError
+from common.errors import StorageError
 
 _ADVICE = {
     errno.ENOSPC: "the disk is full: free some space (or point the path elsewhere)",
