@@ -66,7 +66,7 @@ class Trainer:
         e.g. scripts/bench.py's random tokens, or a ``TaskData``); by default ``cfg.data``
         is prepared, or for ``data.source: synthetic`` its task is set up."""
         self.rt = rt
-        self.run_dir = RunDir(Path(cfg.out_dir) / cfg.name)
+        self.run_dir = RunDir.of(cfg)
         resume_from = self._find_resume_point(cfg)
         data = self._prepare(cfg) if data is None else data
         self.cfg = cfg.with_vocab_size(data.tokenizer.vocab_size)
@@ -354,7 +354,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
 
 def check_resume_target(cfg: RunConfig) -> None:
     """``--resume`` must name a run that has something to continue."""
-    run = RunDir(Path(cfg.out_dir) / cfg.name)
+    run = RunDir.of(cfg)
     if run.latest_checkpoint() is not None:
         return
     runs = runs_in(cfg.out_dir)
@@ -386,7 +386,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     rt = setup_runtime(cfg.train)
     try:
         warn_about(cfg, rt)
-        run = RunDir(Path(cfg.out_dir) / cfg.name)
+        run = RunDir.of(cfg)
         if rt.is_main:
             make_dir(cfg.out_dir, "out_dir")
         # One process trains into a run directory at a time (ranks of one torchrun job share it).

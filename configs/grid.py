@@ -38,11 +38,7 @@ from common.errors import ConfigError
 class PlannedRun:
     name: str
     overrides: list[str]  # everything beyond the base file, as train.py arguments
-    cfg: RunConfig
-
-    @property
-    def run_dir(self) -> Path:
-        return Path(self.cfg.out_dir) / self.cfg.name
+    cfg: RunConfig  # its run directory: training.run_dir.RunDir.of(cfg)
 
 
 @dataclass

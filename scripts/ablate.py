@@ -49,7 +49,7 @@ from training.run_dir import RunDir
 
 def status(run: PlannedRun) -> tuple[str, str]:
     """(state, detail): new | partial | done | conflict, as ``train.py --resume`` would see it."""
-    run_dir = RunDir(run.run_dir)
+    run_dir = RunDir.of(run.cfg)
     try:
         ckpt = run_dir.latest_checkpoint() if run_dir.path.exists() else None
     except UserError as e:
@@ -102,22 +102,22 @@ def train_one(grid: Grid, run: PlannedRun, slot: Slot) -> tuple[bool, str]:
     cmd = [sys.executable, "-m", "train", str(grid.base), *run.overrides, "train.resume=auto", "log.progress=false"]
     if slot.device == "cpu":
         cmd.append("train.device=cpu")
-    return _call(cmd, RunDir(run.run_dir).log, slot)
+    return _call(cmd, RunDir.of(run.cfg).log, slot)
 
 
 def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
     """Evaluate one finished run in a subprocess with its planned eval config, filling the
     run's evaluation caches (the grid's reports then read them): perplexity for a run
     trained on text, task accuracy for a synthetic run or one whose eval asks for tasks."""
-    eval_file = RunDir(run.run_dir).path / "eval" / "planned.yaml"
+    eval_file = RunDir.of(run.cfg).planned_eval
     eval_file.parent.mkdir(parents=True, exist_ok=True)
     eval_file.write_text(yaml.safe_dump(dataclasses.asdict(run.cfg.eval), sort_keys=False))
     modules = ([] if is_synthetic(run) else ["eval.extrapolation"]) + (
         ["eval.tasks"] if wants_tasks(run.cfg, run.cfg.eval) else [])
     for module in modules:
-        cmd = [sys.executable, "-m", module, str(run.run_dir), "--eval-file", str(eval_file),
+        cmd = [sys.executable, "-m", module, str(RunDir.of(run.cfg)), "--eval-file", str(eval_file),
                "--cache-only", "--device", slot.device or "cpu"]
-        ok, reason = _call(cmd, RunDir(run.run_dir).log, slot)
+        ok, reason = _call(cmd, RunDir.of(run.cfg).log, slot)
         if not ok:
             return ok, reason
     return True, ""
@@ -221,8 +221,8 @@ def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], fai
         chosen = [r for r in finished if wanted(r)]
         if not chosen:
             continue
-        missing = [{"run": str(r.run_dir), "error": failures[r.name]} for r in runs if r.name in failures and wanted(r)]
-        results = evaluate_runs([r.run_dir for r in chosen], out, eval_for, device=device, missing=missing)
+        missing = [{"run": str(RunDir.of(r.cfg)), "error": failures[r.name]} for r in runs if r.name in failures and wanted(r)]
+        results = evaluate_runs([RunDir.of(r.cfg).path for r in chosen], out, eval_for, device=device, missing=missing)
         print(f"{kind} report: {out / 'report.md'} ({len(results['runs'])} runs)")
         reports[kind] = results["runs"]
     if reports:

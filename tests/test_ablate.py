@@ -44,7 +44,7 @@ def test_plan_names_and_validation(tmp_path, corpus):
     runs = grid.plan()
     assert [r.name for r in runs] == ["kind-rope_seed-1", "kind-rope_seed-2", "kind-alibi_seed-1", "kind-alibi_seed-2"]
     assert runs[2].cfg.model.pos.kind == "alibi" and runs[3].cfg.train.seed == 2
-    assert runs[0].run_dir == tmp_path / "runs" / "tiny-grid" / "kind-rope_seed-1"
+    assert RunDir.of(runs[0].cfg).path == tmp_path / "runs" / "tiny-grid" / "kind-rope_seed-1"
     bad = write_grid(tmp_path, corpus, "  model.pos.knd: [rope]", name="bad")
     with pytest.raises(ConfigError, match="kind"):
         load_grid(bad).plan()
@@ -102,25 +102,25 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
     assert ablate.main([str(grid_path)]) == 0
     out = capsys.readouterr().out
     assert "4/4 runs finished" in out and "grid total" in out and "train min" in out
-    assert "resuming" in RunDir(partial.run_dir).log.read_text()
+    assert "resuming" in RunDir.of(partial.cfg).log.read_text()
     report = (tmp_path / "report" / "report.md").read_text()
     assert "rope" in report and "n/a (trained table: 32 positions)" in report and "95% interval" in report
-    steps = {r.name: read_meta(latest_checkpoint(r.run_dir))["step"] for r in runs}
+    steps = {r.name: read_meta(latest_checkpoint(RunDir.of(r.cfg).path))["step"] for r in runs}
     assert set(steps.values()) == {12}
 
     # Again: nothing is trained again and evaluations come from the cache.
-    mtimes = {r.name: (r.run_dir / "checkpoints" / "latest").stat().st_mtime_ns for r in runs}
+    mtimes = {r.name: RunDir.of(r.cfg).latest_pointer.stat().st_mtime_ns for r in runs}
     assert ablate.main([str(grid_path)]) == 0
     out = capsys.readouterr().out
     assert out.count(" done ") == 4 and out.count("reusing") == 4
-    assert mtimes == {r.name: (r.run_dir / "checkpoints" / "latest").stat().st_mtime_ns for r in runs}
+    assert mtimes == {r.name: RunDir.of(r.cfg).latest_pointer.stat().st_mtime_ns for r in runs}
     # New evaluation settings in the grid: finished runs are evaluated again, never retrained.
     grid_path.write_text(grid_path.read_text().replace("lengths: [16, 32, 64]", "lengths: [16, 48]"))
     assert ablate.main([str(grid_path)]) == 0
     out = capsys.readouterr().out
     assert out.count(" done ") == 4 and "| 48 |" in (tmp_path / "report" / "report.md").read_text()
-    assert all("L=48" in RunDir(r.run_dir).log.read_text() for r in runs if "rope" in r.name)  # each run's job
-    assert mtimes == {r.name: (r.run_dir / "checkpoints" / "latest").stat().st_mtime_ns for r in runs}
+    assert all("L=48" in RunDir.of(r.cfg).log.read_text() for r in runs if "rope" in r.name)  # each run's job
+    assert mtimes == {r.name: RunDir.of(r.cfg).latest_pointer.stat().st_mtime_ns for r in runs}
 
     # A grid where one run cannot work: the others still finish, the summary says why.
     failing = write_grid(tmp_path, corpus, axes.replace("]]", f"], [{empty}]]"), name="tiny-grid")

@@ -12,6 +12,7 @@
         checkpoints/unreadable-step_000300/   a damaged checkpoint set aside on resume
         best/{model.safetensors, meta.json}
         eval/                cached evaluation results, one file per evaluation config
+        eval/planned.yaml    the evaluation a grid planned for the run (scripts/ablate.py)
 
 A checkpoint directory holds ``WEIGHTS`` (safetensors), ``STATE`` (optimizer, schedule,
 RNG and sampler state; absent from best/ and imports) and ``META`` (step, tokens,
@@ -25,7 +26,10 @@ from __future__ import annotations
 
 import shutil
 from pathlib import Path
-from typing import Optional
+from typing import TYPE_CHECKING, Optional
+
+if TYPE_CHECKING:  # annotations only: the run directory does not depend on the config schema
+    from configs.schema import RunConfig
 
 WEIGHTS, STATE, META = "model.safetensors", "state.pt", "meta.json"
 TOKENIZER = "tokenizer.json"
@@ -36,6 +40,11 @@ class RunDir:
 
     def __init__(self, path: str | Path):
         self.path = Path(path)
+
+    @classmethod
+    def of(cls, cfg: "RunConfig") -> "RunDir":
+        """Where the run ``cfg`` describes lives: ``<out_dir>/<name>`` (the one place that says so)."""
+        return cls(Path(cfg.out_dir) / cfg.name)
 
     def __str__(self) -> str:
         return str(self.path)
@@ -121,7 +130,7 @@ class RunDir:
 
     def leftovers(self) -> list[Path]:
         """Temporary siblings of interrupted atomic writes in the run and its checkpoints."""
-        return [p for d in (self.path, self.checkpoints, self.path / "eval")
+        return [p for d in (self.path, self.checkpoints, self.eval_dir)
                 for pattern in (".*.tmp-*", ".*.old-*") for p in d.glob(pattern)]
 
     def remove_leftovers(self) -> None:
@@ -133,8 +142,17 @@ class RunDir:
                 path.unlink(missing_ok=True)
 
     # --- evaluation -----------------------------------------------------------------
+    @property
+    def eval_dir(self) -> Path:
+        return self.path / "eval"
+
     def eval_cache(self, kind: str, key: str) -> Path:
-        return self.path / "eval" / f"{kind}-{key}.json"
+        return self.eval_dir / f"{kind}-{key}.json"
+
+    @property
+    def planned_eval(self) -> Path:
+        """The eval keys a grid planned for this run, as a YAML mapping (``--eval-file``)."""
+        return self.eval_dir / "planned.yaml"
 
     # --- what it is -----------------------------------------------------------------
     def is_run(self) -> bool:
