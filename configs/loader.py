@@ -6,7 +6,8 @@ overrides (``model.pos.kind=alibi``, values parsed as YAML). Mappings merge key 
 everything else (lists included) is replaced. Every leaf remembers which file or override
 set it, so a bad key or value is reported with its origin. Unknown keys are rejected with
 the closest valid key suggested (torchtitan-style strictness, not nanoGPT's silent globals).
-Only ``yaml.safe_load`` is used; nothing is executed.
+A single string where a list of strings is expected (``data.local.train=corpus.txt``) is that
+one-element list. Only ``yaml.safe_load`` is used; nothing is executed.
 """
 
 from __future__ import annotations
@@ -214,6 +215,8 @@ def _coerce(value: Any, tp: Any, key: str, origins: Origins) -> Any:
         if any(value == a and type(value) is type(a) for a in args):
             return value
     elif origin is list:
+        if isinstance(value, str) and args[0] is str:  # one path where a list is expected
+            value = [value]
         if isinstance(value, list):
             return [_coerce(v, args[0], f"{key}[{i}]", origins) for i, v in enumerate(value)]
     elif tp is bool:
