@@ -24,6 +24,7 @@ import yaml
 
 from configs.schema import RandomPositionsConfig, RunConfig
 from common.errors import ConfigError
+from model.encodings import sized_by_max_len
 
 # PyYAML follows YAML 1.1, where `3e-4` and `1e6` (no dot) are strings, not numbers.
 # Numeric fields accept exactly these spellings so the usual notation works.
@@ -281,11 +282,12 @@ def _build(cls: type, data: dict, prefix: str, origins: Origins) -> Any:
 
 
 def _fill_learned_max_len(tree: dict) -> None:
-    """A learned table of null size defaults to the positions training uses (pe/learned.yaml):
-    train.seq_len, or the range of train.random_positions when that is set."""
+    """A learned table of null size (``pos.max_len``, model/encodings.py) defaults to the
+    positions training uses (pe/learned.yaml): train.seq_len, or the range of
+    train.random_positions when that is set."""
     model = tree.get("model")
     pos = model.get("pos") if isinstance(model, dict) else None
-    if isinstance(pos, dict) and pos.get("kind") == "learned" and pos.get("max_len") is None:
+    if isinstance(pos, dict) and sized_by_max_len(pos.get("kind")) and pos.get("max_len") is None:
         train = tree.get("train", {})
         train = train if isinstance(train, dict) else {}
         seq_len = train.get("seq_len")

@@ -22,6 +22,7 @@ from configs import config_to_dict, save_config
 from configs.schema import DataConfig, LocalConfig, RunConfig, TokenizerConfig, TrainConfig
 from data.tokenizers import ByteTokenizer, load_tokenizer, train_tokenizer
 from model.config import POS_KINDS, RopeScalingConfig
+from model.encodings import KINDS
 from model.generate import generate
 from model.llama_mapping import permute_rows
 from model.transformer import Transformer
@@ -234,7 +235,7 @@ def test_autotokenizer_matches_our_tokenizer(kind, tmp_path):
     assert auto.bos_token_id == auto.pad_token_id == tok.eot_id
 
 
-@pytest.mark.parametrize("kind", [k for k in POS_KINDS if k != "rope"])
+@pytest.mark.parametrize("kind", [k for k in POS_KINDS if not KINDS[k].exportable])
 def test_refuses_encodings_llama_cannot_express(kind, tmp_path, capsys):
     make_run(tmp_path / "run", model_config(kind))
     assert cli([str(tmp_path / "run"), str(tmp_path / "hf")]) == 2
