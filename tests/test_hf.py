@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -28,12 +30,13 @@ from model.llama_mapping import permute_rows
 from model.transformer import Transformer
 from scripts.export_hf import main as cli
 from training.checkpoint import save_checkpoint
-from training.hf_directory import SIDE_FILE
+from training.hf_directory import EXPORT_FILES, SIDE_FILE
 from training.run_dir import RunDir
 from training.saved_run import load_run
 
 transformers = pytest.importorskip("transformers")
 
+ROOT = Path(__file__).resolve().parents[1]
 TRAIN_LEN = 32
 TOL = 1e-4
 
@@ -155,6 +158,16 @@ def test_greedy_generation_matches_transformers(exported, case):
     assert theirs.shape == ours.shape == (1, 8 + new)
     assert torch.equal(theirs, ours)
     assert len(set(ours[0, 8:].tolist())) > 3  # a real sequence, not one token repeated
+
+
+def test_the_files_listed_are_the_files_written(exported, tmp_path, capsys):
+    run_dir, out, _ = exported["half-gqa"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(EXPORT_FILES)
+    assert cli([str(run_dir), str(tmp_path / "hf")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path / 'hf'}: {', '.join(EXPORT_FILES)}"
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    listed = readme.split("`OUT_DIR` holds", 1)[1].split("`--which best`", 1)[0]
+    assert set(re.findall(r"`([\w.]+\.(?:json|safetensors))`", listed)) == set(EXPORT_FILES)
 
 
 @pytest.mark.parametrize("case", CASES)
