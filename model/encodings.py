@@ -42,7 +42,7 @@ class Encoding:
     contextual: bool = False
     trained: bool = False  # has trained parameters of its own, under the model's ``pos.``
     rotary: bool = False  # rotates q and k and reads ``pos.rope`` (theta, pairing, fractions)
-    # Accepts ``pos.rope.scaling`` (context extension) in training, evaluation and export.
+    # Accepts ``pos.rope.scaling`` (context extension), in training and at evaluation.
     # xPos does: its rotation is RoPE's, built from the scaled frequencies, and its decay
     # ζ^((n−m)/scale_base) depends on neither the frequencies nor the scaling; dynamic NTK
     # fits both the frequencies and xPos's centre to the same fit_len, so a KV cache stays
