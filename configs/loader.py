@@ -6,7 +6,8 @@ overrides (``model.pos.kind=alibi``, values parsed as YAML). Mappings merge key 
 everything else (lists included) is replaced. Every leaf remembers which file or override
 set it, so a bad key or value is reported with its origin. Unknown keys are rejected with
 the closest valid key suggested (torchtitan-style strictness, not nanoGPT's silent globals).
-Only ``yaml.safe_load`` is used; nothing is executed.
+A single string where a list of strings is expected (``data.local.train=corpus.txt``) is that
+one-element list. Only ``yaml.safe_load`` is used; nothing is executed.
 """
 
 from __future__ import annotations
@@ -23,6 +24,7 @@ import yaml
 
 from configs.schema import RandomPositionsConfig, RunConfig
 from common.errors import ConfigError
+from model.encodings import sized_by_max_len
 
 # PyYAML follows YAML 1.1, where `3e-4` and `1e6` (no dot) are strings, not numbers.
 # Numeric fields accept exactly these spellings so the usual notation works.
@@ -214,6 +216,8 @@ def _coerce(value: Any, tp: Any, key: str, origins: Origins) -> Any:
         if any(value == a and type(value) is type(a) for a in args):
             return value
     elif origin is list:
+        if isinstance(value, str) and args[0] is str:  # one path where a list is expected
+            value = [value]
         if isinstance(value, list):
             return [_coerce(v, args[0], f"{key}[{i}]", origins) for i, v in enumerate(value)]
     elif tp is bool:
@@ -278,11 +282,12 @@ def _build(cls: type, data: dict, prefix: str, origins: Origins) -> Any:
 
 
 def _fill_learned_max_len(tree: dict) -> None:
-    """A learned table of null size defaults to the positions training uses (pe/learned.yaml):
-    train.seq_len, or the range of train.random_positions when that is set."""
+    """A learned table of null size (``pos.max_len``, model/encodings.py) defaults to the
+    positions training uses (pe/learned.yaml): train.seq_len, or the range of
+    train.random_positions when that is set."""
     model = tree.get("model")
     pos = model.get("pos") if isinstance(model, dict) else None
-    if isinstance(pos, dict) and pos.get("kind") == "learned" and pos.get("max_len") is None:
+    if isinstance(pos, dict) and sized_by_max_len(pos.get("kind")) and pos.get("max_len") is None:
         train = tree.get("train", {})
         train = train if isinstance(train, dict) else {}
         seq_len = train.get("seq_len")

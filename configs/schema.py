@@ -27,7 +27,8 @@ from typing import Literal, Optional
 
 from common.devices import check_device_name
 from configs.tasks import SyntheticConfig, TaskEvalConfig
-from model.config import LEARNED_POS_KINDS, SCALING_TYPES, ModelConfig, ScalingType
+from model.config import SCALING_TYPES, ModelConfig, ScalingType
+from model.encodings import DEFAULT_KIND, KINDS, accepts_rope_scaling, kinds_where, served_length
 from common.errors import ConfigError
 
 # Named Hub datasets: (repo, config, text field, train, validation, test split names).
@@ -231,7 +232,7 @@ class TrainConfig:
     # null: positions 0 … seq_len−1; {max_len: N}: randomized positions from [0, N)
     random_positions: Optional[RandomPositionsConfig] = None
     # The positional encoding's own parameters train at lr × this (training/optim.py); only
-    # for encodings that have some (model.config.LEARNED_POS_KINDS).
+    # for encodings that have some (``trained`` in model/encodings.py).
     pos_lr_multiplier: float = 1.0
 
     def __post_init__(self) -> None:
@@ -334,7 +335,7 @@ class EvalConfig:
     split: Literal["valid", "test"] = "valid"
     per_position: bool = True  # the mean loss by position at the longest length (from its windows)
     corpora: list[EvalCorpus] = field(default_factory=lambda: [EvalCorpus()])
-    reference: str = "rope"  # the row the report compares every other row with (paired)
+    reference: str = KINDS[DEFAULT_KIND].label  # the row the report compares every other row with (paired)
     # Training steps whose checkpoints to evaluate (a fine-tuning budget curve; they must
     # be kept: train.keep_last); empty: the latest checkpoint only.
     steps: list[int] = field(default_factory=list)
@@ -367,8 +368,9 @@ class EvalConfig:
         return sorted({max(1, round(m * train_len)) for m in self.length_multipliers})
 
     def resolved_scalings(self, pos_kind: str) -> list[str]:
-        """Distinct scalings in SCALING_TYPES order, ``none`` first; only ``none`` for non-RoPE runs."""
-        if pos_kind != "rope":
+        """Distinct scalings in SCALING_TYPES order, ``none`` first; only ``none`` for encodings
+        that take no RoPE scaling (model/encodings.py)."""
+        if not accepts_rope_scaling(pos_kind):
             return ["none"]
         return sorted(set(self.scalings), key=SCALING_TYPES.index)
 
@@ -420,16 +422,22 @@ class RunConfig:
         if not self.name or "/" in self.name or "\\" in self.name:
             raise ConfigError(f"name must be a non-empty run name without slashes (got {self.name!r})")
         pos = self.model.pos
-        if pos.kind == "learned" and pos.max_len < self.train.seq_len:
-            raise ConfigError(f"model.pos.max_len={pos.max_len} is shorter than train.seq_len="
-                              f"{self.train.seq_len}: a learned table needs a row per trained "
-                              "position; raise model.pos.max_len or set it to null (= seq_len)")
+        self._check_served("train.seq_len", self.train.seq_len, "is shorter than")
         if self.train.random_positions is not None:
             self._check_random_positions(self.train.random_positions.max_len)
-        if self.train.pos_lr_multiplier != 1.0 and pos.kind not in LEARNED_POS_KINDS:
+        if self.train.pos_lr_multiplier != 1.0 and not KINDS[pos.kind].trained:
             raise ConfigError(f"train.pos_lr_multiplier={self.train.pos_lr_multiplier} has nothing to act on: "
                               f"model.pos.kind={pos.kind} has no learned parameters (those that do: "
-                              f"{', '.join(sorted(LEARNED_POS_KINDS))}); remove it or set it to 1")
+                              f"{', '.join(sorted(kinds_where('trained')))}); remove it or set it to 1")
+
+    def _check_served(self, key: str, positions: int, relation: str) -> None:
+        """Refuse training positions 0 … ``positions``−1 that the encoding cannot serve."""
+        pos, limit = self.model.pos, served_length(self.model.pos)
+        if limit is not None and limit < positions:
+            row = KINDS[pos.kind]
+            raise ConfigError(f"model.pos.{row.limit.key}={limit} {relation} {key}={positions}: {key} exceeds "
+                              f"the {limit} positions pos.kind={pos.kind} serves ({row.limit.why}); "
+                              f"{row.limit.fix}, or lower {key}")
 
     def _check_random_positions(self, max_len: int) -> None:
         pos, seq_len = self.model.pos, self.train.seq_len
@@ -438,17 +446,11 @@ class RunConfig:
                               f"{seq_len}: each sequence needs {seq_len} distinct positions from "
                               f"[0, max_len); use a max_len of at least {seq_len} (typically the longest "
                               "evaluation length)")
-        if pos.kind in ("none", "cope"):
-            what = "NoPE takes" if pos.kind == "none" else "CoPE counts positions from the content and takes"
-            raise ConfigError(f"train.random_positions has no effect with model.pos.kind={pos.kind} ({what} "
-                              "no position indices); remove it or choose an encoding that takes positions")
-        if pos.kind == "learned" and pos.max_len < max_len:
-            raise ConfigError(f"model.pos.max_len={pos.max_len} is smaller than train.random_positions."
-                              f"max_len={max_len}: the learned table needs a row for every position "
-                              "drawn; raise model.pos.max_len or set it to null (= the random range)")
-        if pos.kind == "xpos" and pos.xpos.max_len < max_len:
-            raise ConfigError(f"train.random_positions.max_len={max_len} exceeds the {pos.xpos.max_len} "
-                              "positions pos.kind=xpos serves (see model/positional/xpos.py)")
+        if not KINDS[pos.kind].takes_positions:
+            raise ConfigError(f"train.random_positions has no effect with model.pos.kind={pos.kind} "
+                              f"({KINDS[pos.kind].no_positions}: it takes no position indices); remove it or "
+                              f"choose an encoding that takes positions ({', '.join(kinds_where('takes_positions'))})")
+        self._check_served("train.random_positions.max_len", max_len, "is smaller than")
 
     def with_vocab_size(self, vocab_size: int) -> RunConfig:
         """This config with model.vocab_size set from the tokenizer (see module docstring)."""

@@ -301,8 +301,12 @@ def tokenizer_from_json(text: str) -> Tokenizer:
     raise DataError(f"not a ropelab tokenizer (kind={kind!r})")
 
 
+HF_TOKENIZER_FILES = ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json")
+
+
 def save_hf_tokenizer(tokenizer: Tokenizer, directory: str | Path, max_len: int) -> None:
-    """Files that ``transformers.AutoTokenizer.from_pretrained(directory)`` loads as ``tokenizer``.
+    """The files (HF_TOKENIZER_FILES) that ``transformers.AutoTokenizer.from_pretrained(directory)``
+    loads as ``tokenizer``.
 
     <|endoftext|> is the EOS, BOS and pad token: every training document follows one.
     """

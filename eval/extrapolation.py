@@ -37,6 +37,7 @@ from eval.labels import label_groups
 from eval.perplexity import perplexity
 from eval.report import check_report_dir, missing_reference, write_report
 from model.config import SCALING_TYPES, RopeScalingConfig
+from model.encodings import KINDS, accepts_rope_scaling
 from common.errors import UserError
 from model.positional.rope import RoPE
 from model.positional.rope_scaling import effective_scale
@@ -82,7 +83,7 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
     return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind,
             "attention": cfg.model.attention, "group": group,
             "stem": re.sub(r"[_-]?seed[-=]?\d+", "", cfg.name) or cfg.name,
-            "pairing": cfg.model.pos.rope.pairing if cfg.model.pos.kind == "rope" else None,
+            "pairing": cfg.model.pos.rope.pairing if KINDS[cfg.model.pos.kind].rotary else None,
             "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"),
             "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
             "max_len": saved.model.pos.max_len, "git_commit": meta.get("git_commit"),
@@ -242,7 +243,7 @@ def rotary_digest(base: SavedRun, scaling: str, length: int, ev: EvalConfig) -> 
     (None for other encodings). Every window of a cell is exactly ``length`` tokens, so two
     scalings with equal digests give the same numbers bit for bit: a method at scale 1 is plain
     RoPE, and dynamic NTK fitted to L is NTK with s = L / L_train. Such a cell is scored once."""
-    if base.cfg.model.pos.kind != "rope":
+    if not accepts_rope_scaling(base.cfg.model.pos.kind):
         return None
     cos, sin = RoPE(_cell_model_config(base, scaling, length, ev)).cos_sin(torch.arange(length), length)
     return hashlib.sha256(cos.numpy().tobytes() + sin.numpy().tobytes()).hexdigest()

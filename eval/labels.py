@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from model.encodings import report_label
+
 
 def encoding_label(encoding: str, attention: str = "softmax") -> str:
     """``rope``, ``nope``…; a run with another attention kind than softmax says so."""
-    label = "nope" if encoding == "none" else encoding
+    label = report_label(encoding)
     return label if attention == "softmax" else f"{label} ({attention} attention)"
 
 

@@ -24,6 +24,7 @@ from eval.plots import plot_paired, plot_per_position, plot_perplexity, plot_tra
 from eval.tables import (comparison_table, compare, identical_rows, interval_table, ratio_to_train_len,
                          scored_line, summarize)
 from model.config import SCALING_TYPES
+from model.encodings import DEFAULT_KIND, KINDS
 from common.errors import ArgumentError
 from common.cli import check_output_dir
 from training.run_dir import RunDir
@@ -277,7 +278,8 @@ def write_report(results: dict, out: Path) -> None:
 def report_reference(results: dict) -> str:
     """The row the report compares every other row with (eval.reference)."""
     runs = results["runs"]
-    return runs[0]["eval"].get("reference", "rope") if runs else "rope"
+    default = KINDS[DEFAULT_KIND].label  # EvalConfig's default reference
+    return runs[0]["eval"].get("reference", default) if runs else default
 
 
 def missing_reference(results: dict) -> Optional[str]:

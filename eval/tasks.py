@@ -43,6 +43,7 @@ from eval.report import check_report_dir
 from eval.stats import wilson_interval
 from eval.task_report import write_task_report
 from model.config import SCALING_TYPES
+from model.encodings import KINDS, served_length
 from common.errors import LengthError, UserError
 from common.cli import (device_name, entry_point, non_negative_float, non_negative_int, positive_int, probability,
                           scale_factor)
@@ -106,12 +107,12 @@ def check_run(run_dir: Path, eval_for: EvalFor) -> None:
     cfg = read_run_config(run)
     ev = eval_for(cfg)
     run_tasks(cfg, load_tokenizer(run.tokenizer), ev)
-    limit = cfg.model.pos.max_len if cfg.model.pos.kind == "learned" else None
+    limit, served = served_length(cfg.model.pos), KINDS[cfg.model.pos.kind].limit
     lengths = ev.resolved_lengths(cfg.train.seq_len)
     if limit is not None and all(n > limit for n in lengths):
-        raise LengthError(f"{run}: pos.kind=learned has a table of {limit} positions, and every "
-                          f"evaluated length ({', '.join(map(str, lengths))}) is longer; learned positions "
-                          f"cannot extrapolate: evaluate lengths up to {limit}")
+        raise LengthError(f"{run}: pos.kind={cfg.model.pos.kind} {served.what.format(n=limit)}, and every "
+                          f"evaluated length ({', '.join(map(str, lengths))}) is longer; {served.why}: "
+                          f"evaluate lengths up to {limit}")
 
 
 def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalConfig) -> dict:

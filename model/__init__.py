@@ -4,11 +4,14 @@ the pure Llama mapping.
 
 Nothing here reads or writes files or knows about run configs, data or training; those
 layers sit above (configs < data < training < eval).
+
+The package itself imports the configs only, not torch: ``model.config`` and the table of
+encodings (``model.encodings``) load without it, for configs and command lines. The network
+is ``model.transformer.Transformer``.
 """
 
 from model.config import (ATTENTION_KINDS, POS_KINDS, SCALING_TYPES, LinearAttentionConfig, ModelConfig,
                           PosConfig, RopeConfig, RopeScalingConfig)
-from model.transformer import Transformer
 
 __all__ = ["ATTENTION_KINDS", "POS_KINDS", "SCALING_TYPES", "LinearAttentionConfig", "ModelConfig", "PosConfig",
-           "RopeConfig", "RopeScalingConfig", "Transformer"]
+           "RopeConfig", "RopeScalingConfig"]

@@ -27,27 +27,16 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from common.errors import ConfigError
+from model.encodings import DEFAULT_KIND, KINDS, POS_KINDS, PosKind, kinds_where
 
-PosKind = Literal["rope", "sinusoidal", "learned", "alibi", "none", "t5", "kerple", "fire", "xpos", "cope"]
 ScalingType = Literal["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
 AttentionKind = Literal["softmax", "linear"]
 FeatureMap = Literal["elu", "relu"]
-# The one list of each, for every CLI, the benchmark and the tests.
-POS_KINDS: tuple[str, ...] = typing.get_args(PosKind)
+# The one list of each, for every CLI, the benchmark and the tests (the encodings' list,
+# POS_KINDS, and what each encoding is and allows are in model/encodings.py).
 SCALING_TYPES: tuple[str, ...] = typing.get_args(ScalingType)
 ATTENTION_KINDS: tuple[str, ...] = typing.get_args(AttentionKind)
 FEATURE_MAPS: tuple[str, ...] = typing.get_args(FeatureMap)
-# Encodings that add a bias to the attention scores, so attention must form them (the
-# encoding's ``has_bias``; tests/test_positional.py keeps the two in agreement).
-SCORE_BIAS_KINDS: frozenset[str] = frozenset({"alibi", "t5", "kerple", "fire"})
-# Encodings whose score bias depends on the content too (q and k of each layer), so
-# attention forms the scores itself and hands them over (the encoding's ``contextual``).
-CONTEXTUAL_KINDS: frozenset[str] = frozenset({"cope"})
-# Encodings with learned parameters of their own, under the model's ``pos.`` (what
-# train.pos_lr_multiplier acts on; tests/test_positional.py checks it against the modules).
-LEARNED_POS_KINDS: frozenset[str] = frozenset({"learned", "t5", "kerple", "fire", "cope"})
-# Encodings that rotate q and k and read ``pos.rope`` (theta, pairing, fractions, scaling).
-ROTARY_KINDS: frozenset[str] = frozenset({"rope", "xpos"})
 # xPos scales never exceed 2**XPOS_MAX_LOG2 (nor fall below its inverse): float32 and bf16
 # then keep ~2**64 of headroom for q·k, so the served length is fixed (XposConfig.max_len).
 XPOS_MAX_LOG2 = 64
@@ -195,8 +184,8 @@ class CopeConfig:
 class PosConfig:
     """Which positional encoding the model uses; one key, ``kind``, picks it."""
 
-    kind: PosKind = "rope"
-    max_len: Optional[int] = None  # learned: size of the position table (required)
+    kind: PosKind = DEFAULT_KIND
+    max_len: Optional[int] = None  # the size of a learned table (required for one; model/encodings.py)
     rope: RopeConfig = field(default_factory=RopeConfig)  # rope and xpos
     t5: T5BiasConfig = field(default_factory=T5BiasConfig)
     fire: FireConfig = field(default_factory=FireConfig)
@@ -209,13 +198,19 @@ class PosConfig:
     token_scale: Optional[float] = None
 
     def __post_init__(self) -> None:
-        if self.kind == "learned" and (self.max_len is None or self.max_len < 1):
-            raise ConfigError("pos.kind=learned needs pos.max_len (the number of positions "
+        # The loader checks the Literal for YAML; this also covers configs built in Python.
+        if self.kind not in KINDS:
+            raise ConfigError(f"pos.kind={self.kind!r} is not a positional encoding; choose one of "
+                              f"{', '.join(POS_KINDS)}")
+        row = KINDS[self.kind]
+        if row.sized_by_max_len and (self.max_len is None or self.max_len < 1):
+            raise ConfigError(f"pos.kind={self.kind} needs pos.max_len (the number of positions "
                               "in the table, at least the training seq_len)")
         if self.token_scale is not None:
-            if self.kind not in ("sinusoidal", "learned"):
+            if not row.additive:
                 raise ConfigError(f"pos.token_scale scales token embeddings before an absolute encoding is "
-                                  f"added; pos.kind={self.kind} adds none (use sinusoidal or learned, or null)")
+                                  f"added; pos.kind={self.kind} adds none (use "
+                                  f"{' or '.join(kinds_where('additive'))}, or null)")
             if not self.token_scale > 0 or self.token_scale == float("inf"):
                 raise ConfigError(f"pos.token_scale must be a positive number (got {self.token_scale})")
 
@@ -275,13 +270,15 @@ class ModelConfig:
             raise ConfigError(f"model.dropout must be in [0, 1) (got {self.dropout})")
         if self.init_std <= 0:
             raise ConfigError("model.init_std must be positive")
-        if self.pos.kind in ROTARY_KINDS:
+        row = KINDS[self.pos.kind]
+        if row.rotary:
             self._check_rotary()
-        elif self.pos.rope.scaling.type != "none":
+        if not row.rope_scaling and self.pos.rope.scaling.type != "none":
             raise ConfigError(f"pos.rope.scaling.type={self.pos.rope.scaling.type} scales RoPE's frequencies, but "
-                              f"pos.kind={self.pos.kind} has none; use pos.kind=rope (or xpos), or scaling type none")
-        if self.pos.kind == "sinusoidal" and self.d_model % 2:
-            raise ConfigError("pos.kind=sinusoidal needs an even d_model (sin/cos pairs)")
+                              f"pos.kind={self.pos.kind} has none; use pos.kind="
+                              f"{' or '.join(kinds_where('rope_scaling'))}, or scaling type none")
+        if row.pairs_d_model and self.d_model % 2:
+            raise ConfigError(f"pos.kind={self.pos.kind} needs an even d_model (sin/cos pairs)")
         self._check_attention()
 
     def _check_attention(self) -> None:
@@ -291,8 +288,8 @@ class ModelConfig:
                               f"choose one of {', '.join(ATTENTION_KINDS)}")
         if self.attention != "linear":
             return
-        if self.pos.kind in SCORE_BIAS_KINDS | CONTEXTUAL_KINDS:
-            usable = ", ".join(k for k in POS_KINDS if k not in SCORE_BIAS_KINDS | CONTEXTUAL_KINDS)
+        if KINDS[self.pos.kind].forms_scores:
+            usable = ", ".join(k for k in POS_KINDS if not KINDS[k].forms_scores)
             raise ConfigError(
                 f"pos.kind={self.pos.kind} adds a bias to the attention scores, but linear attention "
                 "(model.attention=linear) never forms the score matrix: there is no attention matrix "

@@ -15,9 +15,9 @@ the conversion is a renaming of weights plus three things that need care:
   generation does not: transformers refits the frequencies to the current length at every
   step (keys already cached keep the old ones), ours fits them once to prompt +
   max_new_tokens (see model/positional/rope.py), so greedy outputs part early.
-- What Llama cannot express is refused: linear attention; sinusoidal, learned, ALiBi, T5,
-  KERPLE, FIRE, xPos and NoPE encodings; partial rotary (Llama rotates every dim of a
-  head) and p-RoPE (Llama rotates every frequency).
+- What Llama cannot express is refused: linear attention; every encoding but RoPE (each
+  row of model/encodings.py says why); partial rotary (Llama rotates every dim of a head)
+  and p-RoPE (Llama rotates every frequency).
 
 Pure functions on configs and tensors: no file I/O. Reading and writing transformers
 directories is in training/hf_directory.py. Neither needs ``transformers``; only the
@@ -32,24 +32,13 @@ import torch
 
 from model.config import ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
 from common.errors import UserError
+from model.encodings import KINDS, LLAMA_KIND
 from model.layers import fuse_projections, split_projections
 from model.positional.rope_scaling import ntk_base
 
 # config.json keys that fix the network's shape and numerics (compared on import).
 ARCH_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",
              "num_key_value_heads", "head_dim", "rms_norm_eps", "tie_word_embeddings")
-NOT_LLAMA = {
-    "sinusoidal": "sinusoidal positions are added to the (√d_model-scaled) token embeddings",
-    "learned": "a learned position table is added to the token embeddings",
-    "alibi": "ALiBi adds a per-head linear distance bias to the attention scores",
-    "none": "NoPE has no positional encoding, while Llama always rotates q and k",
-    "t5": "T5's bias adds a learned per-head, per-distance-bucket bias to the attention scores",
-    "kerple": "KERPLE adds a learned per-head logarithmic distance bias to the attention scores",
-    "fire": "FIRE adds a bias computed by a learned MLP of the distance to the attention scores",
-    "xpos": "xPos scales queries and keys by a position-dependent decay on top of the rotation",
-    "cope": "CoPE adds a bias computed from gated counts of q·k, with learned per-layer position "
-            "embeddings, to the attention scores",
-}
 
 
 class HFConversionError(UserError):
@@ -67,10 +56,11 @@ def check_exportable(cfg: ModelConfig) -> None:
             "softmax by a feature map φ(q)ᵀφ(k) with RoPE in the numerator only, which no Llama "
             "config can express. Only softmax-attention runs can be exported.")
     kind = cfg.pos.kind
-    if kind != "rope":
+    if not KINDS[kind].exportable:
         raise HFConversionError(
             f"pos.kind={kind} cannot be exported: transformers' Llama (LlamaForCausalLM) only has "
-            f"rotary position embeddings, and {NOT_LLAMA[kind]}. Only RoPE runs can be exported.")
+            f"rotary position embeddings, and {KINDS[kind].not_llama}. Only {KINDS[LLAMA_KIND].name} runs "
+            "can be exported.")
     if cfg.rotary_dim != cfg.head_dim:
         raise HFConversionError(
             f"partial rotary (pos.rope.rotary_fraction={cfg.pos.rope.rotary_fraction}: {cfg.rotary_dim} of "
@@ -179,7 +169,7 @@ def model_config_from_hf(hf: dict, where: str) -> tuple[ModelConfig, int]:
                       n_heads=heads, n_kv_heads=None if kv == heads else kv, ffn_hidden=hf["intermediate_size"],
                       norm_eps=hf.get("rms_norm_eps", 1e-6), tie_embeddings=bool(hf.get("tie_word_embeddings", False)),
                       init_std=hf.get("initializer_range", 0.02),
-                      pos=PosConfig(kind="rope", rope=RopeConfig(theta=float(rope["rope_theta"]), scaling=scaling)))
+                      pos=PosConfig(kind=LLAMA_KIND, rope=RopeConfig(theta=float(rope["rope_theta"]), scaling=scaling)))
     return cfg, original or max_pos
 
 

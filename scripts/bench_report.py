@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Callable, Optional
 
+from model.encodings import DEFAULT_KIND
+
 
 def fmt(value: Optional[float], spec: str = ",.0f") -> str:
     return "—" if value is None else format(value, spec)
@@ -31,9 +33,9 @@ def _training(train: dict, comp: dict, kinds: list[str]) -> None:
               + ("; the speed-up compares eager and compiled steps taken in turn in one process"
                  if any(c.get("paired") for c in comp.values()) else ""))
     width = name_width(kinds)
-    print(f"{'encoding':<{width}} {'tok/s':>8} {'peak GF/s':>9} {'MFU':>6} {'vs rope':>7} {'RSS MB':>7} │ "
+    print(f"{'encoding':<{width}} {'tok/s':>8} {'peak GF/s':>9} {'MFU':>6} {'vs ' + DEFAULT_KIND:>7} {'RSS MB':>7} │ "
           f"{'compiled':>8} {'MFU':>6} {'speed-up':>8} {'RSS MB':>7}")
-    base = train.get("rope", {}).get("tok_s")
+    base = train.get(DEFAULT_KIND, {}).get("tok_s")
     for kind in kinds:
         r, c = train.get(kind, {}), comp.get(kind, {})
         if "error" in r:

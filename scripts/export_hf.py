@@ -20,7 +20,7 @@ import torch
 from model.config import SCALING_TYPES, RopeScalingConfig
 from common.errors import ArgumentError
 from common.cli import check_output_dir, entry_point, positive_int, scale_factor, usage_when_empty
-from training.hf_directory import check_parity, export_run, import_hf
+from training.hf_directory import EXPORT_FILES, check_parity, export_run, import_hf
 from training.run_dir import RunDir
 from training.saved_run import read_run_config
 
@@ -71,7 +71,7 @@ def main(argv=None) -> int:
         notes = export_run(args.source, args.dest, which=args.which, scaling=scaling)
     for note in notes:
         print(f"note: {note}")
-    print(f"wrote {args.dest}")
+    print(f"wrote {args.dest}" + ("" if args.do_import else f": {', '.join(EXPORT_FILES)}"))
     if args.check and not args.do_import:
         diff, length = check_parity(args.source, args.dest, args.which, scaling, args.check_length)
         print(f"check: max |logit difference| vs transformers over {length} random tokens: {diff:.3g}")

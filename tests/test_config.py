@@ -139,12 +139,27 @@ def test_unknown_section_and_misplaced_key_suggestions():
     ("name=123", "name"),
     ("eval.lengths=128", "eval.lengths"),            # a scalar for a list
     ("eval.lengths=[128,x]", "eval.lengths[1]"),
+    ("eval.protocols=sliding", "eval.protocols"),    # one choice is not a list of choices
+    ("data.local.train=3", "data.local.train"),      # nor a number a list of paths
     ("model.pos=alibi", "model.pos"),                # a scalar for a section
 ])
 def test_wrong_types_rejected(override, key):
     with pytest.raises(ConfigError) as e:
         load_config(CONFIG_DIR / "quickstart.yaml", [override])
     assert f"{key} must be" in str(e.value) and f"override '{override}'" in str(e.value)
+
+
+def test_one_path_where_a_list_of_paths_is_expected(tmp_path):
+    """README: data.local.* take files, directories or globs; one of them needs no brackets."""
+    cfg = load_config(CONFIG_DIR / "quickstart.yaml", ["data.source=local", "data.local.train=corpus/train.txt",
+                                                       "data.local.valid=corpus/valid.txt"])
+    assert cfg.data.local.train == ["corpus/train.txt"] and cfg.data.local.valid == ["corpus/valid.txt"]
+    child = write(tmp_path / "local.yaml", {"inherit": str(CONFIG_DIR / "quickstart.yaml"), "data": {
+        "source": "local", "local": {"train": "books/*.txt", "valid_fraction": 0.1}}})
+    assert load_config(child).data.local.train == ["books/*.txt"]
+    listed = load_config(CONFIG_DIR / "quickstart.yaml", ["data.source=local", "data.local.train=[a.txt, b.txt]",
+                                                           "data.local.valid_fraction=0.1"])
+    assert listed.data.local.train == ["a.txt", "b.txt"]
 
 
 def test_literal_lists_allowed_values():

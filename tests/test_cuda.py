@@ -21,7 +21,8 @@ import torch
 
 import model.attention as attention_module
 from conftest import ALL_KINDS, tiny_config, write_run_config
-from model.config import CONTEXTUAL_KINDS, POS_KINDS, SCORE_BIAS_KINDS
+from model.config import POS_KINDS
+from model.encodings import kinds_where
 from model.flex_attention import flex_causal_attention, trains_tables
 from model.generate import generate
 from model.transformer import Transformer
@@ -29,8 +30,8 @@ from model.transformer import Transformer
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
 ROOT = Path(__file__).resolve().parents[1]
-FLEX_KINDS = ["alibi", "t5", "kerple", "fire"]
-LINEAR_KINDS = [k for k in POS_KINDS if k not in SCORE_BIAS_KINDS | CONTEXTUAL_KINDS]
+FLEX_KINDS = list(kinds_where("score_bias"))  # distance-only biases: FlexAttention adds them in place
+LINEAR_KINDS = [k for k in POS_KINDS if k not in kinds_where("forms_scores")]
 
 
 @pytest.fixture(autouse=True)

@@ -23,6 +23,10 @@ VARIANTS.update({
     "p-rope-dynamic": tiny_config(frequency_fraction=0.5,
                                   scaling=RopeScalingConfig(type="dynamic", factor=4, original_max_len=8)),
     "xpos-interleaved-strong-decay": tiny_config("xpos", pairing="interleaved"),
+    # xPos takes a RoPE scaling (model/encodings.py): dynamic NTK fits the frequencies and
+    # xPos's centre to the same length, so cached keys stay consistent.
+    "xpos-dynamic": tiny_config("xpos", scaling=RopeScalingConfig(type="dynamic", factor=4, original_max_len=8)),
+    "xpos-yarn": tiny_config("xpos", scaling=RopeScalingConfig(type="yarn", factor=4, original_max_len=8)),
     "t5-6-heads": tiny_config("t5", d_model=48, n_heads=6, n_kv_heads=3),
 })
 VARIANTS["xpos-interleaved-strong-decay"].pos.xpos = XposConfig(scale_base=8.0)

@@ -13,6 +13,8 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import re
+from pathlib import Path
 
 import pytest
 import torch
@@ -22,17 +24,19 @@ from configs import config_to_dict, save_config
 from configs.schema import DataConfig, LocalConfig, RunConfig, TokenizerConfig, TrainConfig
 from data.tokenizers import ByteTokenizer, load_tokenizer, train_tokenizer
 from model.config import POS_KINDS, RopeScalingConfig
+from model.encodings import KINDS
 from model.generate import generate
 from model.llama_mapping import permute_rows
 from model.transformer import Transformer
 from scripts.export_hf import main as cli
 from training.checkpoint import save_checkpoint
-from training.hf_directory import SIDE_FILE
+from training.hf_directory import EXPORT_FILES, SIDE_FILE
 from training.run_dir import RunDir
 from training.saved_run import load_run
 
 transformers = pytest.importorskip("transformers")
 
+ROOT = Path(__file__).resolve().parents[1]
 TRAIN_LEN = 32
 TOL = 1e-4
 
@@ -156,6 +160,16 @@ def test_greedy_generation_matches_transformers(exported, case):
     assert len(set(ours[0, 8:].tolist())) > 3  # a real sequence, not one token repeated
 
 
+def test_the_files_listed_are_the_files_written(exported, tmp_path, capsys):
+    run_dir, out, _ = exported["half-gqa"]
+    assert sorted(p.name for p in out.iterdir()) == sorted(EXPORT_FILES)
+    assert cli([str(run_dir), str(tmp_path / "hf")]) == 0
+    assert capsys.readouterr().out.splitlines()[-1] == f"wrote {tmp_path / 'hf'}: {', '.join(EXPORT_FILES)}"
+    page = (ROOT / "docs" / "export.md").read_text(encoding="utf-8")
+    listed = page.split("`OUT_DIR` holds", 1)[1].split("`--which best`", 1)[0]
+    assert set(re.findall(r"`([\w.]+\.(?:json|safetensors))`", listed)) == set(EXPORT_FILES)
+
+
 @pytest.mark.parametrize("case", CASES)
 def test_round_trip_restores_the_run_exactly(exported, case, tmp_path):
     run_dir, out, model = exported[case]
@@ -234,7 +248,7 @@ def test_autotokenizer_matches_our_tokenizer(kind, tmp_path):
     assert auto.bos_token_id == auto.pad_token_id == tok.eot_id
 
 
-@pytest.mark.parametrize("kind", [k for k in POS_KINDS if k != "rope"])
+@pytest.mark.parametrize("kind", [k for k in POS_KINDS if not KINDS[k].exportable])
 def test_refuses_encodings_llama_cannot_express(kind, tmp_path, capsys):
     make_run(tmp_path / "run", model_config(kind))
     assert cli([str(tmp_path / "run"), str(tmp_path / "hf")]) == 2

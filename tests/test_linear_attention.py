@@ -15,8 +15,8 @@ from conftest import tiny_config, write_run_config
 from configs.schema import EvalConfig
 from eval.extrapolation import run_extrapolation
 from eval.labels import label_groups, with_scaling
-from model.config import (ATTENTION_KINDS, CONTEXTUAL_KINDS, POS_KINDS, SCORE_BIAS_KINDS, LinearAttentionConfig,
-                          ModelConfig, PosConfig, RopeScalingConfig)
+from model.config import ATTENTION_KINDS, POS_KINDS, LinearAttentionConfig, ModelConfig, PosConfig, RopeScalingConfig
+from model.encodings import kinds_where
 from common.errors import ConfigError, LengthError
 from model.generate import generate
 from model.linear_attention import MIN_COSINE, chunked_linear_attention, recurrent_linear_attention
@@ -25,7 +25,7 @@ from model.transformer import ATTENTIONS, Transformer
 from reference import assert_causal, cached_logits, project_heads
 from training.saved_run import load_run
 
-USABLE_KINDS = [k for k in POS_KINDS if k not in SCORE_BIAS_KINDS | CONTEXTUAL_KINDS]
+USABLE_KINDS = [k for k in POS_KINDS if k not in kinds_where("forms_scores")]
 
 
 def linear_config(kind: str = "rope", feature_map: str = "elu", **kw) -> ModelConfig:
@@ -281,7 +281,7 @@ def test_flops_by_hand():
 
 # --------------------------------------------------------------------- refused before any work
 
-@pytest.mark.parametrize("kind", sorted(SCORE_BIAS_KINDS | CONTEXTUAL_KINDS))
+@pytest.mark.parametrize("kind", kinds_where("forms_scores"))
 def test_score_bias_encodings_are_refused(kind):
     with pytest.raises(ConfigError, match="no attention matrix to bias"):
         ModelConfig(attention="linear", pos=PosConfig(kind=kind))

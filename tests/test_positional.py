@@ -8,25 +8,65 @@ import pytest
 import torch
 
 from conftest import ALL_KINDS, tiny_config
-from model.config import CONTEXTUAL_KINDS, LEARNED_POS_KINDS, POS_KINDS, SCORE_BIAS_KINDS
-from common.errors import LengthError
+from model.config import POS_KINDS, RopeScalingConfig
+from model.encodings import KINDS, served_length
+from common.errors import ConfigError, LengthError
 from model.positional import ENCODINGS, build_positional
 from model.positional.absolute import sinusoid_table
 from model.positional.alibi import alibi_slopes
+from model.positional.base import PositionalEncoding
 from model.transformer import Transformer
 from reference import reference_forward
 
 
-def test_registry_serves_every_kind_of_the_config():
-    assert set(ENCODINGS) == set(POS_KINDS)
+def test_registry_serves_every_kind_of_the_table():
+    assert list(ENCODINGS) == list(POS_KINDS) == list(KINDS)
     for kind in POS_KINDS:
-        assert isinstance(build_positional(tiny_config(kind)), ENCODINGS[kind])
-        assert ENCODINGS[kind].has_bias == (kind in SCORE_BIAS_KINDS)
-        assert ENCODINGS[kind].contextual == (kind in CONTEXTUAL_KINDS)
-        # train.pos_lr_multiplier is refused for kinds without parameters, and acts on ``pos.``.
-        names = [n for n, _ in Transformer(tiny_config(kind)).named_parameters()]
-        assert any(n.startswith("pos.") for n in names) == (kind in LEARNED_POS_KINDS)
-        assert not any(".pos." in n or n.startswith("blocks.") and "pos" in n for n in names)
+        assert isinstance(build_positional(tiny_config(kind)), ENCODINGS[kind]) and ENCODINGS[kind].kind == kind
+
+
+@pytest.mark.parametrize("kind", POS_KINDS)
+def test_each_row_of_the_table_agrees_with_its_class(kind):
+    """What model/encodings.py says of a kind is what its class does."""
+    row, cfg = KINDS[kind], tiny_config(kind)
+    enc = build_positional(cfg)
+    assert enc.has_bias == row.score_bias and enc.contextual == row.contextual
+    assert (enc.rotation(torch.arange(4), 4) is not None) == row.rotary
+    assert (type(enc).embed is not PositionalEncoding.embed) == row.additive
+    assert enc.max_len == served_length(cfg.pos)
+    # train.pos_lr_multiplier is refused for kinds without parameters, and acts on ``pos.``.
+    names = [n for n, _ in Transformer(cfg).named_parameters()]
+    assert any(n.startswith("pos.") for n in names) == row.trained
+    assert not any(".pos." in n or n.startswith("blocks.") and "pos" in n for n in names)
+    # Spreading the positions apart changes every distance: only kinds that read them notice.
+    model, x = Transformer(cfg).eval(), torch.randint(0, 97, (1, 8))
+    with torch.no_grad():
+        moved = (model(x, positions=torch.arange(8)) - model(x, positions=3 * torch.arange(8))).abs().max()
+    assert (moved > 1e-4) == row.takes_positions, float(moved)
+
+
+@pytest.mark.parametrize("kind", POS_KINDS)
+def test_rope_scaling_is_honoured_exactly_where_the_table_allows_it(kind):
+    scaling = RopeScalingConfig(type="linear", factor=4.0, original_max_len=8)
+    if not KINDS[kind].rope_scaling:
+        with pytest.raises(ConfigError, match="scales RoPE's frequencies"):
+            tiny_config(kind, scaling=scaling)
+        return
+    plain = Transformer(tiny_config(kind)).eval()
+    scaled = Transformer(tiny_config(kind, scaling=scaling)).eval()
+    scaled.load_state_dict(plain.state_dict())
+    x = torch.randint(0, 97, (1, 16))
+    with torch.no_grad():
+        assert (plain(x) - scaled(x)).abs().max() > 1e-4
+
+
+@pytest.mark.parametrize("kind", [k for k in POS_KINDS if not KINDS[k].rotary])  # rotary: odd dims refused anyway
+def test_an_odd_d_model_is_refused_where_dims_pair_up(kind):
+    if KINDS[kind].pairs_d_model:
+        with pytest.raises(ConfigError, match="even d_model"):
+            tiny_config(kind, d_model=33, n_heads=3, n_kv_heads=1)
+    else:
+        tiny_config(kind, d_model=33, n_heads=3, n_kv_heads=1)
 
 
 def test_alibi_slopes_power_of_two():

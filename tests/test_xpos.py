@@ -1,7 +1,9 @@
 """xPos against its formula worked out by hand, its range, and float16's tighter one.
 
 Cached decoding equal to the full forward (keys scaled at their own positions) is checked
-with every encoding in test_generation.py, including a strong-decay xPos variant.
+with every encoding in test_generation.py, including a strong-decay xPos variant and xPos
+with dynamic NTK and YaRN. A RoPE scaling acts on xPos's rotation only (model/encodings.py):
+checked here on the rotation and through evaluation.
 """
 
 from __future__ import annotations
@@ -11,8 +13,11 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_config
-from model.config import XposConfig
+import train
+from conftest import tiny_config, write_run_config
+from configs.schema import EvalConfig
+from eval.extrapolation import run_extrapolation
+from model.config import RopeScalingConfig, XposConfig
 from common.errors import LengthError
 from model.generate import generate
 from model.positional.xpos import XPos
@@ -100,3 +105,32 @@ def test_float16_is_refused_where_its_range_ends():
     out, _ = enc.rotation(torch.arange(8), 8)(q[:, :, :8].half(), q[:, :, :8].half())  # 3.5^4 ≈ 150
     assert out.dtype == torch.float16 and torch.isfinite(out).all()
     enc.rotation(torch.arange(10), 10)(q.bfloat16(), q.bfloat16())  # bf16 has float32's range
+
+
+def test_a_scaling_turns_the_rotation_and_leaves_the_decay():
+    """Position interpolation (s = 4) divides every angle by 4; the scales ζ^((n−c)/B) stay."""
+    plain = xpos()
+    cfg = tiny_config("xpos", pairing="interleaved", d_model=16, n_heads=4, n_kv_heads=4,
+                      scaling=RopeScalingConfig(type="linear", factor=4.0, original_max_len=8))
+    cfg.pos.xpos = XposConfig(scale_base=SCALE_BASE, gamma=0.4)
+    scaled, positions = XPos(cfg), torch.arange(0, 40, 4)
+    ours = scaled.rotation(positions, 40)
+    unscaled, quarter = plain.rotation(positions, 40), plain.rotation(positions // 4, 40)
+    assert torch.allclose(ours.q_cos ** 2 + ours.q_sin ** 2, unscaled.q_cos ** 2 + unscaled.q_sin ** 2, rtol=1e-5)
+    assert not torch.allclose(ours.q_cos, unscaled.q_cos, atol=1e-3)
+    assert torch.allclose(torch.atan2(ours.q_sin, ours.q_cos), torch.atan2(quarter.q_sin, quarter.q_cos), atol=1e-5)
+
+
+def test_an_xpos_run_is_evaluated_under_every_scaling(tmp_path, corpus):
+    cfg = str(write_run_config(tmp_path, corpus))
+    assert train.main([cfg, "train.max_steps=4", "train.eval_interval=4", "train.ckpt_interval=4",
+                       "model.pos.kind=xpos", "name=xpos"]) == 0
+    ev = EvalConfig(lengths=[32, 64], scalings=["none", "ntk", "dynamic"], max_tokens=512, per_position=False)
+    results = run_extrapolation([tmp_path / "runs" / "xpos"], tmp_path / "report", lambda c: ev, log=lambda *a: None)
+    rows = {(r["scaling"], r["length"]): r for r in results["results"]}
+    assert set(rows) == {(s, n) for s in ("none", "ntk", "dynamic") for n in (32, 64)}
+    assert rows[("ntk", 32)]["nll"] == rows[("none", 32)]["nll"]  # at the training length: plain
+    assert rows[("ntk", 64)]["nll"] != rows[("none", 64)]["nll"]
+    # Dynamic NTK fitted to 64 is NTK with s = 2: the same rotation, so scored once.
+    assert rows[("dynamic", 64)]["same_as"] == "ntk" and rows[("dynamic", 64)]["nll"] == rows[("ntk", 64)]["nll"]
+    assert "xpos + ntk" in (tmp_path / "report" / "report.md").read_text()

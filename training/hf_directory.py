@@ -27,7 +27,7 @@ from safetensors.torch import load_file, save_file
 from configs import config_from_dict, config_to_dict, save_config
 from configs.schema import DataConfig, RunConfig, TokenizerConfig, TrainConfig
 from common.atomic import atomic_directory
-from data.tokenizers import load_hf_tokenizer, save_hf_tokenizer, tokenizer_from_json
+from data.tokenizers import HF_TOKENIZER_FILES, load_hf_tokenizer, save_hf_tokenizer, tokenizer_from_json
 from model.config import ModelConfig, RopeScalingConfig
 from model.llama_mapping import (ARCH_KEYS, HFConversionError, check_exportable, from_hf_state, hf_config,
                                  hf_rope_settings, model_config_from_hf, to_hf_state)
@@ -39,6 +39,8 @@ from training.saved_run import load_run, with_scaling
 SIDE_FILE = "ropelab.json"
 FORMAT = "ropelab-hf/1"
 WEIGHTS = "model.safetensors"
+# Everything an export writes (scripts/export_hf.py lists them; tests/test_hf.py checks both).
+EXPORT_FILES = ("config.json", "generation_config.json", WEIGHTS, *HF_TOKENIZER_FILES, SIDE_FILE)
 
 
 def read_hf_weights(hf_dir: Path) -> dict[str, torch.Tensor]:

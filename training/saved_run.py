@@ -19,6 +19,7 @@ from configs import load_config
 from configs.schema import RunConfig
 from data.tokenizers import Tokenizer, load_tokenizer
 from model.config import RopeScalingConfig
+from model.encodings import accepts_rope_scaling, kinds_where
 from common.errors import CheckpointError, ConfigError, DataError
 from model.transformer import Transformer
 from training.checkpoint import load_newest, load_weights, read_meta
@@ -40,14 +41,15 @@ class SavedRun:
 
 
 def with_scaling(cfg: RunConfig, scaling: Optional[RopeScalingConfig]) -> RunConfig:
-    """``cfg`` with model.pos.rope.scaling replaced; RoPE runs only."""
+    """``cfg`` with model.pos.rope.scaling replaced; for encodings that accept one only
+    (model/encodings.py)."""
     if scaling is None:
         return cfg
-    if cfg.model.pos.kind != "rope":
+    if not accepts_rope_scaling(cfg.model.pos.kind):
         if scaling.type == "none":
             return cfg
-        raise ConfigError(f"RoPE scaling '{scaling.type}' needs a RoPE model; this run uses "
-                          f"pos.kind={cfg.model.pos.kind}")
+        raise ConfigError(f"RoPE scaling '{scaling.type}' needs a model with a rotation (pos.kind="
+                          f"{' or '.join(kinds_where('rope_scaling'))}); this run uses pos.kind={cfg.model.pos.kind}")
     pos = cfg.model.pos
     rope = dataclasses.replace(pos.rope, scaling=scaling)
     model_cfg = dataclasses.replace(cfg.model, pos=dataclasses.replace(pos, rope=rope))

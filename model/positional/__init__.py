@@ -9,7 +9,8 @@
   NTK, YaRN and Llama 3 frequencies, and p-RoPE's truncation; xpos.py: xPos
 - cope.py: CoPE, contextual positions from gated counts (a bias that depends on q and k)
 
-The registry's keys are exactly ``model.config.POS_KINDS`` (tests/test_positional.py).
+The registry maps each class's ``kind`` to the class; its keys are exactly the rows of
+model/encodings.py, and each row agrees with its class (tests/test_positional.py).
 """
 
 from model.config import ModelConfig
@@ -24,8 +25,7 @@ from model.positional.t5 import T5Bias
 from model.positional.xpos import XPos
 
 ENCODINGS: dict[str, type[PositionalEncoding]] = {
-    "rope": RoPE, "sinusoidal": Sinusoidal, "learned": Learned, "alibi": ALiBi, "none": NoPE,
-    "t5": T5Bias, "kerple": Kerple, "fire": Fire, "xpos": XPos, "cope": CoPE,
+    cls.kind: cls for cls in (RoPE, Sinusoidal, Learned, ALiBi, NoPE, T5Bias, Kerple, Fire, XPos, CoPE)
 }
 
 

@@ -16,6 +16,7 @@ import math
 import torch
 from torch import nn
 
+from common.errors import LengthError
 from model.config import ModelConfig
 from model.positional.base import PositionalEncoding
 
@@ -31,6 +32,8 @@ def sinusoid_table(positions: torch.Tensor, dim: int) -> torch.Tensor:
 class Sinusoidal(PositionalEncoding):
     """Vaswani et al. (2017) fixed sinusoids added to √d-scaled token embeddings."""
 
+    kind = "sinusoidal"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.dim = cfg.d_model
@@ -43,6 +46,8 @@ class Sinusoidal(PositionalEncoding):
 class Learned(PositionalEncoding):
     """A trained table of ``pos.max_len`` absolute positions (GPT-2 style)."""
 
+    kind = "learned"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.max_len = cfg.pos.max_len
@@ -52,3 +57,11 @@ class Learned(PositionalEncoding):
     def embed(self, x: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         # Transformer.forward has already called check_length for these positions.
         return (x if self.scale == 1.0 else x * self.scale) + self.table(positions)
+
+    def check_length(self, n_positions: int) -> None:
+        if n_positions > self.max_len:
+            raise LengthError(
+                f"pos.kind=learned has a table of {self.max_len} positions "
+                f"(pos.max_len={self.max_len}) but {n_positions} positions were requested. "
+                "Learned absolute positions cannot extrapolate: use at most "
+                f"{self.max_len} tokens, or retrain with a larger pos.max_len.")

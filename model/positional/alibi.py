@@ -39,6 +39,8 @@ class ALiBi(TableBias):
     forward (model/positional/distance.py): the same float32 products, computed once.
     """
 
+    kind = "alibi"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         # A plain float32 attribute, not a buffer, so a bf16 cast of the model keeps the

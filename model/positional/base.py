@@ -112,6 +112,8 @@ class PositionContext:
 class PositionalEncoding(nn.Module):
     """The no-op base: NoPE (``kind: none``) is exactly this."""
 
+    #: the ``pos.kind`` this class computes (its row in model/encodings.py; the registry's key)
+    kind: str
     #: largest number of positions this encoding can serve (None: unbounded)
     max_len: Optional[int] = None
     #: whether ``bias`` is overridden (an explicit score matrix is needed)
@@ -153,15 +155,14 @@ class PositionalEncoding(nn.Module):
     def check_length(self, n_positions: int) -> None:
         """Raise LengthError if positions 0 … n_positions-1 cannot all be served."""
         if self.max_len is not None and n_positions > self.max_len:
-            raise LengthError(
-                f"pos.kind=learned has a table of {self.max_len} positions "
-                f"(pos.max_len={self.max_len}) but {n_positions} positions were requested. "
-                "Learned absolute positions cannot extrapolate: use at most "
-                f"{self.max_len} tokens, or retrain with a larger pos.max_len.")
+            raise LengthError(f"pos.kind={self.kind} serves at most {self.max_len} positions but "
+                              f"{n_positions} were requested; use at most {self.max_len} tokens")
 
 
 class NoPE(PositionalEncoding):
     """No positional information beyond the causal mask (Kazemnejad et al. 2023)."""
+
+    kind = "none"
 
     def __init__(self, cfg=None):
         super().__init__()

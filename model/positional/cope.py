@@ -37,6 +37,7 @@ Tensor = torch.Tensor
 class CoPE(PositionalEncoding):
     """Contextual positions from gated counts; one embedding table per layer (see module doc)."""
 
+    kind = "cope"
     contextual = True
 
     def __init__(self, cfg: ModelConfig):

@@ -45,6 +45,8 @@ def psi(x: torch.Tensor, c: torch.Tensor) -> torch.Tensor:
 class Fire(TableBias):
     """f_θ(ψ(i−j) / ψ(max(L, i))) per head, with θ, c and L learned."""
 
+    kind = "fire"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         fire = cfg.pos.fire

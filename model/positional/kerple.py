@@ -28,6 +28,8 @@ MIN_PARAM = 1e-2  # the lower bound on r₁ and r₂
 class Kerple(TableBias):
     """−r₁·ln(1 + r₂·distance) per head, r₁ and r₂ learned."""
 
+    kind = "kerple"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.r1 = nn.Parameter(torch.empty(cfg.n_heads))

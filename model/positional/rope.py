@@ -97,6 +97,8 @@ class Rotation:
 class RoPE(PositionalEncoding):
     """Rotary embeddings with optional context-extension scaling (rope_scaling.py)."""
 
+    kind = "rope"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         rope = cfg.pos.rope

@@ -41,6 +41,8 @@ def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> to
 class T5Bias(TableBias):
     """A learned bias per head and log-spaced distance bucket, shared by every layer."""
 
+    kind = "t5"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.num_buckets, self.max_distance = cfg.pos.t5.num_buckets, cfg.pos.t5.max_distance

@@ -65,6 +65,8 @@ class ScaledRotation:
 class XPos(RoPE):
     """RoPE whose pair i decays as ζ_i^((n−m)/scale_base) with the query-key distance."""
 
+    kind = "xpos"
+
     def __init__(self, cfg: ModelConfig):
         super().__init__(cfg)
         self.scale_base = cfg.pos.xpos.scale_base
