@@ -454,6 +454,25 @@ def test_the_reference_row_is_chosen_on_the_command_line_and_a_missing_one_is_sa
     assert "warning" not in capsys.readouterr().err
     assert main([*runs, *common, "--reference", "alibi", "--out", str(tmp_path / "b")]) == 0
     report = (tmp_path / "b" / "report.md").read_text()
-    assert "None: the reference row `alibi` (eval.reference) is none of these rows" in report
+    assert "Paired comparisons: none; the reference row `alibi` (eval.reference) is none of these rows" in report
     err = capsys.readouterr().err
     assert "warning: the reference row 'alibi'" in err and "rows: learned, rope" in err
+
+
+def test_a_one_run_report_says_there_is_nothing_to_compare(tiny_runs, tmp_path):
+    ev = EvalConfig(lengths=[16, 32], protocols=["nonoverlap"], max_tokens=512, per_position=False)
+    run_extrapolation([tiny_runs / "rope-a"], tmp_path / "r", lambda cfg: ev, log=lambda *a: None)
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "Paired comparisons: none; `rope` is the only row, so there is nothing to compare." in report
+    assert "| comparison |" not in report
+    wall = next(line for line in report.splitlines() if line.startswith("Wall time"))
+    assert "0.00 h" not in wall and wall.count(" min") + wall.count(" s,") + wall.count(" s.") == 3, wall
+
+
+def test_wall_times_read_in_one_unit_that_is_never_zero():
+    from eval.tables import durations
+
+    assert durations(4680, 1800, 6480) == ["1.30 h", "0.50 h", "1.80 h"]
+    assert durations(6, 36, 42) == ["0.1 min", "0.6 min", "0.7 min"]  # 0.00 h each, as hours
+    assert durations(2, 1, 3) == ["2 s", "1 s", "3 s"]
+    assert durations(0, 600, 600) == ["0.00 h", "0.17 h", "0.17 h"]  # an unrecorded time is no unit's guide
