@@ -1,6 +1,8 @@
 """Turn task results into report.md, results.json and PNG plots.
 
-One table per task: a row per encoding (plus RoPE scaling), a column per length. Runs
+One table per task: a row per encoding (plus RoPE scaling, and checkpoint "@ STEP" with
+eval.steps), a column per length, headed by its multiple of L where every row has one
+training length L, else beside an L column (eval/tables.py: length_table). Runs
 that are the same experiment apart from the seed (configs/experiment.py) are one row;
 their instances are pooled, so a cell is correct / scored over every seed (and, for
 passkey, every depth) with a 95% interval that counts both the instances (Wilson) and the
