@@ -8,7 +8,13 @@ perplexity under each protocol, plus the per-position loss at the longest length
 What is evaluated is each run's own ``eval`` config (configs/schema.py: EvalConfig),
 with the command-line flags (or a grid's ``eval:``) overriding its keys. The corpus is
 tokenized with the run's own tokenizer.json. Lengths a learned table cannot serve are
-recorded as ``n/a`` with the table size, never evaluated (and never a crash).
+recorded as ``n/a`` with the table size, never evaluated (and never a crash). The latest
+checkpoint is evaluated, or those of the training steps ``eval.steps`` (``--steps``; a
+fine-tuning budget curve, eval/budget.py).
+
+The command line, the ``--eval-file`` merge and the per-run cache are eval/driver.py's,
+shared with ``python -m eval.tasks``; this module is the perplexity sweep of one run, its
+cache key, its flags and its report.
 """
 
 from __future__ import annotations
@@ -21,37 +27,26 @@ import re
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
 import torch
-import yaml
 
-from configs import override_section
-from configs.experiment import seed_group
-from configs.schema import EvalConfig, EvalCorpus, RunConfig
-from common.atomic import write_text_atomic
+from configs.schema import EvalConfig, EvalCorpus
+from eval import driver
 from eval.cell_store import STORE_DIR, CellStore, address, tokens_digest, weights_digest
 from eval.corpus import CorpusTokens, corpus_settings, load_corpus
+from eval.driver import EvalFor, Evaluation, evaluate_all, evaluated_checkpoints, mark_step, own_eval, pooling_group
 from eval.journal import Cells
 from eval.labels import label_groups
 from eval.perplexity import perplexity
-from eval.report import check_report_dir, missing_reference, write_report
-from model.config import SCALING_TYPES, RopeScalingConfig
+from eval.report import missing_reference, write_report
+from model.config import RopeScalingConfig
 from model.encodings import KINDS, accepts_rope_scaling
 from common.errors import UserError
 from model.positional.rope import RoPE
 from model.positional.rope_scaling import effective_scale
-from common.devices import DEVICE_NAMES
-from common.cli import device_name, entry_point, positive_int, scale_factor, usage_when_empty
-from training.run_dir import RunDir
-from training.runtime import resolve_device
-from training.saved_run import SavedRun, load_run, read_run_config, rescaled, with_scaling
-
-EvalFor = Callable[[RunConfig], EvalConfig]  # the evaluation config of a run, from its config
-
-
-def own_eval(cfg: RunConfig) -> EvalConfig:
-    return cfg.eval
+from common.cli import entry_point, positive_int
+from training.saved_run import SavedRun, load_run, rescaled, with_scaling
 
 
 def scaling_for(kind: str, length: int, train_len: int, factor: Optional[float]) -> Optional[RopeScalingConfig]:
@@ -99,17 +94,11 @@ def _check_finished(saved: SavedRun, allow_unfinished: bool) -> None:
                     "python train.py CONFIG --resume, or evaluate the checkpoint as it is with --allow-unfinished.")
 
 
-def pooling_group(cfg: RunConfig, tokens: Optional[int]) -> str:
-    """Seeds of one experiment, trained for as many tokens, are pooled into one row."""
-    return f"{seed_group(cfg)}-{tokens}"
-
-
-
 def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
                  allow_unfinished: bool = False, cells: Optional[Cells] = None,
                  store: Optional[CellStore] = None) -> tuple[dict, list[dict], dict]:
     """(metadata, result rows, per-position curves by corpus and scaling) for one run.
-    ``cells``: finished cells to reuse and record (cached_evaluation's journal); ``store``:
+    ``cells``: finished cells to reuse and record (the driver's journal); ``store``:
     cells by content, shared with other runs and evaluation configs (eval/cell_store.py)."""
     started = time.perf_counter()
     cells = cells if cells is not None else Cells()
@@ -117,8 +106,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
     _check_finished(latest, allow_unfinished)
     meta = run_metadata(latest, ev)
     rows, curves = [], {}
-    for step in ev.steps or [None]:  # every asked-for checkpoint (eval.steps), else the latest
-        base = latest if step is None else load_run(run_dir, device=device, step=step)
+    for step, base in evaluated_checkpoints(run_dir, ev, latest, device):
         last = step is None or step == max(ev.steps)  # curves at the last step only
         step_ev = ev if last else dataclasses.replace(ev, per_position=False)
         for corpus in ev.corpora:
@@ -128,8 +116,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
                                                          "split_tokens": int(len(data.tokens))}
             corpus_rows, corpus_curves = _evaluate_corpus(base, step_ev, corpus, data, meta, log, cells,
                                                           prefix=f"{step}|", store=store)
-            for row in corpus_rows if step is not None else ():
-                row.update(eval_step=step, step_tokens=base.meta.get("tokens"))
+            mark_step(corpus_rows, step, base)
             rows += corpus_rows
             if last:
                 curves[data.name] = corpus_curves
@@ -273,34 +260,6 @@ def _cache_key(ev: EvalConfig) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log,
-                      allow_unfinished: bool = False) -> tuple[dict, list[dict], dict]:
-    """evaluate_run, reusing an earlier result for the same checkpoint and evaluation config."""
-    run = RunDir(run_dir)
-    cfg = read_run_config(run)
-    ev = eval_for(cfg)
-    path = run.eval_cache("extrapolation", _cache_key(ev))
-    ckpt = run.latest_checkpoint()
-    if ckpt is not None and path.exists():
-        cached = json.loads(path.read_text())
-        if cached.get("checkpoint") == ckpt.name or ev.steps:  # given steps do not change as a run grows
-            log(f"  reusing {path}")
-            # The group hashes the whole config as the schema reads it today: a key added
-            # since (e.g. model.attention) must not split a cached seed from a fresh one.
-            cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"))
-            # The settings outside the key (the report's reference row, …) are today's.
-            cached["meta"]["eval"] = dataclasses.asdict(ev)
-            return cached["meta"], cached["rows"], cached["curves"]
-    cells = Cells(path.with_suffix(".partial.jsonl"), ckpt.name if ckpt is not None else None)
-    meta, rows, curves = evaluate_run(run.path, ev, device, log, allow_unfinished, cells=cells,
-                                      store=CellStore(run.path.parent / STORE_DIR))
-    path.parent.mkdir(exist_ok=True)
-    write_text_atomic(path, json.dumps({"checkpoint": meta["checkpoint"], "meta": meta, "rows": rows,
-                                        "curves": curves}))
-    cells.discard()
-    return meta, rows, curves
-
-
 def share_window_sets(rows: list[dict]) -> dict[str, dict]:
     """Move each row's per-unit token and byte counts into a table shared by every row
     scored on the same windows (they are identical), keeping results.json small."""
@@ -316,51 +275,40 @@ def share_window_sets(rows: list[dict]) -> dict[str, dict]:
     return sets
 
 
+def _evaluate(run_dir: Path, ev: EvalConfig, device: str, log, cells: Cells,
+              allow_unfinished: bool = False) -> tuple[dict, list[dict], dict]:
+    """evaluate_run as the driver's cache loop calls it: cells shared by the runs of one directory."""
+    return evaluate_run(run_dir, ev, device, log, allow_unfinished, cells=cells,
+                        store=CellStore(Path(run_dir).parent / STORE_DIR))
+
+
 def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = own_eval, device: str = "cpu",
                       log=print, missing: Sequence[dict] = (), allow_unfinished: bool = False) -> dict:
     """Evaluate every run with ``eval_for(its config)`` and write results.json, report.md and plots.
 
     ``missing`` lists runs that should have been there (``{"run", "error"}``) for the report.
     """
-    runs, rows, curves, failures = [], [], {}, list(missing)
-    for run_dir in run_dirs:
-        log(f"evaluating {run_dir}")
-        try:
-            meta, run_rows, run_curves = cached_evaluation(Path(run_dir), eval_for, device, log, allow_unfinished)
-        except UserError as e:
-            failures.append({"run": str(run_dir), "error": str(e)})
-            log(f"  skipped: {e}")
-            continue
-        runs.append(meta)
-        rows.extend(run_rows)
-        curves[meta["run"]] = run_curves
-    if not runs:
-        raise UserError("no run could be evaluated:\n" + "\n".join(f"- {f['run']}: {f['error']}" for f in failures))
-    label_groups(runs, rows)
+    done = evaluate_all(EXTRAPOLATION, run_dirs, eval_for, device, log, missing, allow_unfinished=allow_unfinished)
+    curves = {meta["run"]: run_curves for meta, run_curves in zip(done.runs, done.extras)}
+    label_groups(done.runs, done.rows)
     corpora: dict[str, dict] = {}
-    for run in runs:  # how each corpus was scored (absent from evaluations cached before this was recorded)
+    for run in done.runs:  # how each corpus was scored (absent from evaluations cached before this was recorded)
         for name, settings in run.get("corpora", {}).items():
             corpora.setdefault(name, settings)
-    results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "corpora": corpora, "runs": runs, "results": rows,
-               "window_sets": share_window_sets(rows), "per_position": curves, "missing": failures}
+    results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "corpora": corpora, "runs": done.runs,
+               "results": done.rows, "window_sets": share_window_sets(done.rows), "per_position": curves,
+               "missing": done.failures}
     write_report(results, out)
     return results
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m eval.extrapolation", description=__doc__.split("\n\n")[0],
-                                epilog="Flags override the keys of each run's own eval config (eval.*).")
-    p.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
-    p.add_argument("--lengths", type=positive_int, nargs="+", help="eval.lengths: evaluation lengths")
-    p.add_argument("--scaling", nargs="+", choices=SCALING_TYPES, dest="scalings",
-                   help="eval.scalings: RoPE scalings to compare (RoPE runs only)")
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of the perplexity sweep (the common ones are eval/driver.py's)."""
     p.add_argument("--protocols", nargs="+", choices=["nonoverlap", "sliding"], help="eval.protocols")
     p.add_argument("--stride", type=positive_int, help="eval.stride: sliding-window stride (default: half the length)")
     p.add_argument("--max-tokens", type=positive_int, help="eval.max_tokens: tokens scored per length (spread over the split)")
     p.add_argument("--all-tokens", action="store_true", help="score the whole split (eval.max_tokens: null)")
     p.add_argument("--split", choices=["valid", "test"], help="eval.split: which split of the run's own data")
-    p.add_argument("--factor", type=scale_factor,
-                   help="eval.factor: fixed RoPE scaling factor >= 1 (default: L_eval / L_train)")
     p.add_argument("--batch-size", type=positive_int, help="eval.batch_size: windows per forward")
     p.add_argument("--reference", metavar="ROW",
                    help="eval.reference: the report row every other row is compared with, paired, e.g. "
@@ -376,19 +324,22 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--within-document", action="store_true",
                    help="windows never cross a document boundary (shorter documents are skipped and counted)")
     p.add_argument("--allow-unfinished", action="store_true", help="evaluate runs whose training has not finished")
-    p.add_argument("--eval-file", type=Path, help="a YAML mapping of eval keys applied before the flags "
-                                                 "(the grid runner passes each run's planned evaluation)")
-    p.add_argument("--cache-only", action="store_true",
-                   help="evaluate and cache the results in each run directory, without writing a report")
-    p.add_argument("--device", type=device_name, default="cpu", help=f"torch device for evaluation: {DEVICE_NAMES}")
-    p.add_argument("--out", type=Path, default=Path("reports/extrapolation"),
-                   help="report directory: a new one, or an earlier report's, which is replaced")
-    usage_when_empty(p, argv)
-    return p.parse_args(argv)
 
 
-EVAL_FLAGS = ("lengths", "scalings", "protocols", "stride", "max_tokens", "split", "factor", "batch_size",
-              "per_position", "reference")
+EVAL_FLAGS = ("protocols", "stride", "max_tokens", "split", "batch_size", "per_position", "reference")
+
+
+def flag_tree(args: argparse.Namespace) -> dict:
+    """This command's own flags as a tree of eval keys (only those given)."""
+    tree = {key: getattr(args, key) for key in EVAL_FLAGS if getattr(args, key) is not None}
+    if args.all_tokens:
+        if args.max_tokens is not None:
+            raise UserError("--all-tokens and --max-tokens contradict each other; give one")
+        tree["max_tokens"] = None
+    corpus = corpus_from_flags(args)
+    if corpus is not None:
+        tree["corpora"] = [corpus]
+    return tree
 
 
 def corpus_from_flags(args: argparse.Namespace) -> Optional[dict]:
@@ -410,48 +361,21 @@ def corpus_from_flags(args: argparse.Namespace) -> Optional[dict]:
     return corpus
 
 
+def _warnings(results: dict) -> list[str]:
+    missing = missing_reference(results)
+    return [missing] if missing else []
+
+
+EXTRAPOLATION = Evaluation(
+    name="extrapolation", doc=__doc__, result="curves", default_out=Path("reports/extrapolation"),
+    cache_key=lambda cfg, ev: _cache_key(ev), evaluate=_evaluate, report=run_extrapolation, add_flags=add_flags,
+    flag_tree=flag_tree, options=lambda args: {"allow_unfinished": args.allow_unfinished}, warnings=_warnings,
+    journal=True)
+
+
 @entry_point
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    tree = read_eval_file(args.eval_file) if args.eval_file else {}
-    tree.update({key: getattr(args, key) for key in EVAL_FLAGS if getattr(args, key) is not None})
-    if args.all_tokens:
-        if args.max_tokens is not None:
-            raise UserError("--all-tokens and --max-tokens contradict each other; give one")
-        tree["max_tokens"] = None
-    corpus = corpus_from_flags(args)
-    if corpus is not None:
-        tree["corpora"] = [corpus]
-    override_section(EvalConfig(), tree, "command line", "eval.")  # a bad value fails before any work
-    device = str(resolve_device(args.device, "--device"))
-    if not args.cache_only:
-        check_report_dir(args.out)
-
-    def eval_for(cfg: RunConfig) -> EvalConfig:
-        return override_section(cfg.eval, tree, "command line", "eval.")
-
-    with torch.inference_mode():
-        if args.cache_only:
-            for run in args.runs:
-                cached_evaluation(run, eval_for, device, print, args.allow_unfinished)
-            return 0
-        results = run_extrapolation(args.runs, args.out, eval_for, device=device,
-                                    allow_unfinished=args.allow_unfinished)
-    print(f"wrote {args.out}/report.md, results.json and plots")
-    missing = missing_reference(results)
-    if missing:
-        print(f"warning: {missing}", file=sys.stderr)
-    return 0
-
-
-def read_eval_file(path: Path) -> dict:
-    try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"--eval-file {path}: cannot read it ({e})") from None
-    if not isinstance(tree, dict):
-        raise UserError(f"--eval-file {path}: expected a mapping of eval keys")
-    return tree
+    return driver.command(EXTRAPOLATION, argv)
 
 
 if __name__ == "__main__":

@@ -1,21 +1,23 @@
 """Matplotlib figures for extrapolation reports (headless: the Agg backend).
 
 Lines that coincide (e.g. a RoPE scaling that is plain RoPE up to L_train) stay visible:
-each row gets its own marker and dash pattern, drawn slightly transparent. Log axes are
-labelled in plain numbers (128, 1k, 2M), never powers.
+each row gets its own marker and dash pattern, drawn slightly transparent. Axes are
+labelled in plain numbers (128, 1k, 2M), never powers, in one format per axis (never "5000"
+beside "10k").
 """
 
 from __future__ import annotations
 
 from collections import defaultdict
 from pathlib import Path
+from typing import Optional
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
-from matplotlib.ticker import FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
+from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
 from eval.labels import encoding_label, with_scaling  # noqa: E402
 from eval.stats import pooled_curve  # noqa: E402
@@ -48,17 +50,48 @@ def plain_number(value: float, _=None) -> str:
     return f"{value:g}"
 
 
+UNITS = ((1e9, "G"), (1e6, "M"), (1e3, "k"))
+
+
+def plain_labels(values, largest: Optional[float] = None) -> list[str]:
+    """Tick labels of one axis in one format: every tick in full (plain_number) while all are
+    below 10,000; else every tick from 1,000 up in the unit of the largest (k, M or G), so an
+    axis never reads "5000" beside "10k". ``largest``: the largest tick shown (default: of ``values``)."""
+    largest = max((abs(v) for v in values), default=0.0) if largest is None else abs(largest)
+    if largest < 1e4:
+        return [plain_number(v) for v in values]
+    scale, suffix = next((scale, suffix) for scale, suffix in UNITS if largest >= scale)
+    return [f"{v / scale:g}{suffix}" if abs(v) >= 1e3 else plain_number(v) for v in values]
+
+
+class PlainFormatter(Formatter):
+    """Major tick labels by plain_labels, in the unit of the largest tick inside the view
+    (a locator also places ticks beyond it, which are not drawn)."""
+
+    def __call__(self, value, pos=None) -> str:
+        return plain_number(value)
+
+    def format_ticks(self, values) -> list[str]:
+        low, high = sorted(self.axis.get_view_interval()) if self.axis is not None else (-np.inf, np.inf)
+        shown = [abs(v) for v in values if low <= v <= high] or [abs(v) for v in values]
+        return plain_labels(values, max(shown, default=0.0))
+
+
 def plain_ticks(ax, axis: str) -> None:
     """Log axes labelled 128, 1k, … rather than 2^7, 10^3, …; minor ticks unlabelled."""
     target = ax.xaxis if axis == "x" else ax.yaxis
-    target.set_major_formatter(FuncFormatter(plain_number))
+    target.set_major_formatter(PlainFormatter())
     target.set_minor_formatter(NullFormatter())
 
 
-def mark_train_len(ax, train_len: int) -> None:
-    """A dotted vertical line at the training length, labelled."""
-    ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
-    ax.text(train_len, 0.98, " L_train", transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="grey")
+def mark_train_len(ax, *train_lens: int) -> None:
+    """A dotted vertical line at the training length, labelled; one per length where rows were
+    trained at several (a fine-tune beside its parent), each labelled with its length."""
+    distinct = sorted(set(train_lens))
+    for train_len in distinct:
+        ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
+        label = " L_train" if len(distinct) == 1 else f" L_train={train_len}"
+        ax.text(train_len, 0.98, label, transform=ax.get_xaxis_transform(), va="top", fontsize=8, color="grey")
 
 
 def finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
@@ -86,7 +119,7 @@ def length_errorbar(ax, i: int, label: str, lengths, values, lows, highs, entry:
                 label=entry or label, **style(i, label))
 
 
-def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: Path, title: str) -> None:
+def plot_perplexity(summary: dict[str, dict[int, dict]], train_lens: list[int], path: Path, title: str) -> None:
     """Perplexity vs evaluation length (log-log), one line per row, 95% intervals as error bars."""
     fig, ax = plt.subplots(figsize=(8, 5))
     for i, label in enumerate(sorted(summary)):
@@ -95,7 +128,7 @@ def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: P
             continue
         length_errorbar(ax, i, label, [n for n, _ in points], [c["ppl"] for _, c in points],
                         [c["low"] for _, c in points], [c["high"] for _, c in points])
-    mark_train_len(ax, train_len)
+    mark_train_len(ax, *train_lens)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     plain_ticks(ax, "x")
@@ -107,7 +140,7 @@ def plot_perplexity(summary: dict[str, dict[int, dict]], train_len: int, path: P
 RATIO_CEILING = 2.5  # the paired-ratio figure's top: rows far above it would flatten the rest
 
 
-def plot_paired(comparisons: dict[str, dict[int, tuple]], reference: str, train_len: int, path: Path,
+def plot_paired(comparisons: dict[str, dict[int, tuple]], reference: str, train_lens: list[int], path: Path,
                 title: str) -> list[str]:
     """Each row's perplexity relative to ``reference`` on the same tokens, against length, with the
     95% paired interval: the figure of the comparison table, where the perplexity figure's
@@ -131,7 +164,7 @@ def plot_paired(comparisons: dict[str, dict[int, tuple]], reference: str, train_
         lows.append(min(low))
         highs.append(min(max(high), RATIO_CEILING))
     ax.axhline(1.0, color="black", linewidth=0.8)
-    mark_train_len(ax, train_len)
+    mark_train_len(ax, *train_lens)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
     ax.set_ylim(min(lows) / 1.03, max(highs) * 1.03)
@@ -144,7 +177,7 @@ def plot_paired(comparisons: dict[str, dict[int, tuple]], reference: str, train_
     return entries
 
 
-def plot_per_position(runs: list[dict], curves: dict[str, dict[str, dict]], train_len: int, path: Path,
+def plot_per_position(runs: list[dict], curves: dict[str, dict[str, dict]], train_lens: list[int], path: Path,
                       corpus: str) -> None:
     """Mean loss by position bin, pooled over seeds, one line per row, with a 95% band."""
     labels = {r["run"]: r.get("label") or encoding_label(r["encoding"], r.get("attention", "softmax")) for r in runs}
@@ -161,7 +194,8 @@ def plot_per_position(runs: list[dict], curves: dict[str, dict[str, dict]], trai
         mean, low, high = pooled_curve(same)
         line, = ax.plot(centres, mean, label=label, linewidth=1.1, markersize=3.5, **style(i, label))
         ax.fill_between(centres, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
-    ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
+    for train_len in train_lens:
+        ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
     ax.set_xscale("log", base=2)
     plain_ticks(ax, "x")
     finish(fig, ax, "position in window (1-based; log-spaced bins)", "mean loss (nats), 95% band",
@@ -184,7 +218,7 @@ def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int]
         ax.set_xscale("symlog", linthresh=50)
         ax.set_yscale("log")
         ax.set_xticks(steps)  # the evaluated checkpoints themselves
-        ax.xaxis.set_major_formatter(FuncFormatter(plain_number))
+        ax.xaxis.set_major_formatter(PlainFormatter())
         ax.xaxis.set_minor_locator(NullLocator())
         ax.yaxis.set_major_locator(LogLocator(base=10, subs=(1.0, 1.2, 1.5, 2.0, 3.0, 5.0, 7.0)))
         plain_ticks(ax, "y")
@@ -213,7 +247,7 @@ def plot_training(curves: dict[str, dict[str, list]], path: Path) -> None:
     ax.set_yscale("log")
     ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 1.5, 2.0, 3.0, 5.0, 7.0)))
     plain_ticks(ax, "y")
-    ax.xaxis.set_major_formatter(FuncFormatter(plain_number))
+    ax.xaxis.set_major_formatter(PlainFormatter())
     finish(fig, ax, "tokens trained", "loss (nats per token)",
            "Training loss (lines) and validation loss (markers)", path)
 

@@ -17,14 +17,14 @@ from pathlib import Path
 from typing import Optional
 
 from common.atomic import write_text_atomic
+from configs.schema import EvalConfig
 from common.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
 from eval.labels import label_order, row_label, split_step, with_scaling
 from eval.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
-from eval.tables import (comparison_table, compare, identical_rows, interval_table, ratio_to_train_len,
-                         scored_line, summarize)
+from eval.tables import (comparison_table, compare, durations, identical_rows, interval_table, length_table,
+                         ratio_to_train_len, scored_line, summarize, train_lengths)
 from model.config import SCALING_TYPES
-from model.encodings import DEFAULT_KIND, KINDS
 from common.errors import ArgumentError
 from common.cli import check_output_dir
 from training.run_dir import RunDir
@@ -85,30 +85,35 @@ def _runs_table(runs: list[dict]) -> list[str]:
                      f"| {_minutes(run.get('eval_seconds'))} |")
     train = sum(r.get("train_seconds") or 0 for r in runs)
     evaluation = sum(r.get("eval_seconds") or 0 for r in runs)
-    lines += ["", f"Wall time (this machine): training {train / 3600:.2f} h, evaluation {evaluation / 3600:.2f} h, "
-                  f"together {(train + evaluation) / 3600:.2f} h."]
+    train, evaluation, together = durations(train, evaluation, train + evaluation)
+    lines += ["", f"Wall time (this machine): training {train}, evaluation {evaluation}, together {together}."]
     return lines
 
 
-def _scale_table(rows: list[dict], lengths: list[int], train_len: int) -> list[str]:
-    """What each scaling did at each length: its factor and effective scale."""
+def _scale_table(rows: list[dict], lengths: list[int]) -> list[str]:
+    """What each scaling did at each length, per row (its factor and effective scale): rows
+    trained at different lengths (a fine-tune beside its parent) scale differently."""
     seen: dict[str, dict[int, tuple]] = {}
+    about: dict[str, dict] = {}  # label -> a row of it (its scaling, base row and training length)
     for row in rows:
         if row["scaling"] != "none" and "effective_scale" in row:
-            seen.setdefault(row["scaling"], {})[row["length"]] = (row["scaling_factor"], row["effective_scale"])
+            label = row_label(row)
+            seen.setdefault(label, {})[row["length"]] = (row["scaling_factor"], row["effective_scale"])
+            about[label] = row
     if not seen:
         return []
-    lines = ["", "### What each RoPE scaling did", "",
-             "Cells: factor s in the scaling's config → effective scale at that length. Static methods use "
-             "s = L_eval / L_train (plain RoPE up to L); dynamic NTK keeps s = 1 and scales by "
-             "L_eval / L_train by itself (transformers' semantics). Every window is exactly L_eval tokens, "
-             "so dynamic NTK there is NTK at s = L_eval / L_train: where two scalings give bit-identical "
-             "rotary tables at a length, the cell is scored once and shared (`same_as` in results.json).", "",
-             *[line.replace("| row |", "| scaling |") for line in _header(lengths, train_len)]]
-    for scaling, cells in sorted(seen.items()):
-        text = [f"{cells[n][0]:g} → {cells[n][1]:g}" if n in cells else "–" for n in lengths]
-        lines.append(f"| {scaling} | " + " | ".join(text) + " |")
-    return lines
+    one = len({row.get("label") for row in about.values()}) == 1  # one row scaled: lines named by scaling
+    names = {label: row["scaling"] if one else label for label, row in about.items()}
+    table = [([names[label]], about[label]["train_len"],
+              [f"{cells[n][0]:g} → {cells[n][1]:g}" if n in cells else "–" for n in lengths])
+             for label, cells in sorted(seen.items(), key=lambda item: names[item[0]])]
+    return ["", "### What each RoPE scaling did", "",
+            "Cells: factor s in the scaling's config → effective scale at that length. Static methods use "
+            "s = L_eval / L_train (plain RoPE up to L); dynamic NTK keeps s = 1 and scales by "
+            "L_eval / L_train by itself (transformers' semantics). Every window is exactly L_eval tokens, "
+            "so dynamic NTK there is NTK at s = L_eval / L_train: where two scalings give bit-identical "
+            "rotary tables at a length, the cell is scored once and shared (`same_as` in results.json).", "",
+            length_table(["scaling" if one else "row"], lengths, table)]
 
 
 def _corpus_line(settings: dict) -> str:
@@ -152,11 +157,6 @@ def _training_section(runs: list[dict], out: Path) -> list[str]:
     plot_training(curves, out / "training_loss.png")
     return ["", "## Training", "", "Training loss (lines) and validation loss (markers) against tokens trained, "
             "from each run's metrics.jsonl:", "", "![training loss vs tokens](training_loss.png)"]
-
-
-def _header(lengths: list[int], train_len: int) -> list[str]:
-    return ["| row | " + " | ".join(f"{n}{' (L)' if n == train_len else ''}" for n in lengths) + " |",
-            "|---|" + "---:|" * len(lengths)]
 
 
 def _comparisons(results: dict, corpus: str, protocol: str, summary: dict, reference: str,
@@ -210,35 +210,49 @@ def _pairing_note(reference: str) -> str:
             f"own checkpoints with its step {step}.")
 
 
+def _paired_section(results: dict, corpus: str, protocol: str, summary: dict, reference: str,
+                    out: Path, index: int) -> list[str]:
+    """The paired comparisons with the reference row: the table and its figure, or a sentence
+    saying why there are none."""
+    if reference not in summary:
+        return [f"Paired comparisons: none; the reference row `{reference}` (eval.reference) is none of "
+                f"these rows{_no_default_reference(results)}. Name one with `--reference ROW`; the evaluations "
+                "are cached."]
+    folded = _folded(results, corpus, protocol, summary, reference)
+    comparisons = _comparisons(results, corpus, protocol, summary, reference, folded)
+    if not any(comparisons.values()):
+        why = (f"`{reference}` is the only row" if len(summary) == 1 else
+               "no row was scored on the same tokens as the row it would be compared with")
+        return [f"Paired comparisons: none; {why}, so there is nothing to compare."]
+    lengths = sorted({n for cells in summary.values() for n in cells})
+    train_lens = train_lengths(summary)
+    lines = ["Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
+             f"perplexity is than the second's, with its 95% interval.{_pairing_note(reference)}"
+             f"{_identical_note(folded)} {MARKS}", "", comparison_table(comparisons, lengths, train_lens)]
+    if split_step(reference)[1] is None:  # a budget grid pairs by step; its figure is the budget curve
+        figure = f"paired_vs_length_{index}_{protocol}.png"
+        if plot_paired(comparisons, reference, sorted(set(train_lens.values())), out / figure,
+                       f"{corpus}: {PROTOCOL_TITLES[protocol]}, relative to {reference}"):
+            lines += ["", f"![perplexity relative to {reference}]({figure})"]
+    return lines
+
+
 def _protocol_section(results: dict, corpus: str, protocol: str, reference: str, out: Path, index: int) -> list[str]:
     summary = summarize(results, corpus, protocol)
     lengths = sorted({n for cells in summary.values() for n in cells})
-    train_len = next(c["train_len"] for cells in summary.values() for c in cells.values() if "train_len" in c)
     plot = f"ppl_vs_length_{index}_{protocol}.png"
-    plot_perplexity(summary, train_len, out / plot, f"{corpus}: {PROTOCOL_TITLES[protocol]}")
+    train_lens = sorted(set(train_lengths(summary).values()))
+    several = len(train_lens) > 1
+    plot_perplexity(summary, train_lens, out / plot, f"{corpus}: {PROTOCOL_TITLES[protocol]}")
     rows = [r for r in results["results"] if r.get("corpus") == corpus and r["protocol"] == protocol]
-    folded = _folded(results, corpus, protocol, summary, reference)
-    if reference in summary:
-        comparisons = _comparisons(results, corpus, protocol, summary, reference, folded)
-        paired = [comparison_table(comparisons, lengths, train_len)]
-        if split_step(reference)[1] is None:  # a budget grid pairs by step; its figure is the budget curve
-            figure = f"paired_vs_length_{index}_{protocol}.png"
-            if plot_paired(comparisons, reference, train_len, out / figure,
-                           f"{corpus}: {PROTOCOL_TITLES[protocol]}, relative to {reference}"):
-                paired += ["", f"![perplexity relative to {reference}]({figure})"]
-    else:
-        paired = [f"None: the reference row `{reference}` (eval.reference) is none of these rows. Name one with "
-                  "`--reference ROW`; the evaluations are cached."]
     return ["", f"### {PROTOCOL_TITLES[protocol]}", "", "Perplexity with its 95% interval:", "",
-            interval_table(summary, lengths, train_len), "", scored_line(summary, lengths), "",
+            interval_table(summary, lengths), "", scored_line(summary, lengths), "",
             f"![perplexity vs length]({plot})", "",
-            "Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
-            f"perplexity is than the second's, with its 95% interval.{_pairing_note(reference)}"
-            f"{_identical_note(folded)} {MARKS}", "", *paired, "",
-            "Perplexity relative to the same row at L (point estimates; different tokens, so not paired):", "",
-            ratio_to_train_len(summary, lengths, train_len), "",
-            "Bits per byte (95% interval):", "", interval_table(summary, lengths, train_len, key="bpb"),
-            *_scale_table(rows, lengths, train_len)]
+            *_paired_section(results, corpus, protocol, summary, reference, out, index), "",
+            f"Perplexity relative to the same row at {'its own L' if several else 'L'} (point estimates; "
+            "different tokens, so not paired):", "", ratio_to_train_len(summary, lengths), "",
+            "Bits per byte (95% interval):", "", interval_table(summary, lengths, key="bpb"),
+            *_scale_table(rows, lengths)]
 
 
 REPORT_FILES = ("report.md", "results.json")
@@ -275,16 +289,57 @@ def write_report(results: dict, out: Path) -> None:
         raise storage_error(e, f"write the report in {out}") from None
 
 
-def report_reference(results: dict) -> str:
-    """The row the report compares every other row with (eval.reference)."""
+DEFAULT_REFERENCE = EvalConfig().reference  # "rope"
+
+
+def _started_from(run: dict, parent: dict) -> bool:
+    """Whether ``run`` is the run that ``parent`` (a fine-tune's init.run record) names: the same
+    directory, or one of the same name and training length (the runs moved or copied since)."""
+    if Path(run["run"]).resolve() == Path(parent["run"]).resolve():
+        return True
+    return Path(run["run"]).name == Path(parent["run"]).name and run["train_len"] == parent.get("train_len")
+
+
+def parent_rows(runs: list[dict]) -> set[str]:
+    """The rows holding a run that another run of the report was fine-tuned from (init.run)."""
+    parents = [run["parent"] for run in runs if run.get("parent")]
+    return {run["label"] for run in runs if run.get("label") and any(_started_from(run, p) for p in parents)}
+
+
+def report_reference(results: dict) -> tuple[str, str]:
+    """(the row the report compares every other row with, a sentence saying why when eval.reference
+    did not name it).
+
+    It is eval.reference. Left at its default, ``rope``, where no row is called that (rows are
+    named after runs when one encoding has several experiments, e.g. a fine-tune beside its
+    parent), it is the one row whose runs other runs of the report were fine-tuned from
+    (init.run): fine-tunes are compared with where they started. Where no single row is such a
+    parent, there is no reference and the report says so.
+    """
     runs = results["runs"]
-    default = KINDS[DEFAULT_KIND].label  # EvalConfig's default reference
-    return runs[0]["eval"].get("reference", default) if runs else default
+    asked = runs[0]["eval"].get("reference", DEFAULT_REFERENCE) if runs else DEFAULT_REFERENCE
+    labels = {row_label(row) for row in results["results"]}
+    parents = sorted(parent_rows(runs) & labels)
+    if asked in labels or asked != DEFAULT_REFERENCE or len(parents) != 1:
+        return asked, ""
+    return parents[0], (f"Reference row: `{parents[0]}`. eval.reference is left at `{asked}`, which names no row "
+                        f"here, and `{parents[0]}` is the one row that other runs of this report were fine-tuned "
+                        "from (init.run), so every row is compared with it; name another with `--reference ROW`.")
+
+
+def _no_default_reference(results: dict) -> str:
+    """Why the default reference stood in for no row, when it is the default."""
+    runs = results["runs"]
+    if not runs or runs[0]["eval"].get("reference", DEFAULT_REFERENCE) != DEFAULT_REFERENCE:
+        return ""
+    parents = sorted(parent_rows(runs))
+    return (", and no single row is the one the others were fine-tuned from (init.run), which would stand in "
+            "for it" + (f"; parents: {', '.join(f'`{p}`' for p in parents)}" if parents else ""))
 
 
 def missing_reference(results: dict) -> Optional[str]:
     """Why the report has no paired comparisons, when its reference row is none of its rows."""
-    reference = report_reference(results)
+    reference, _ = report_reference(results)
     labels = sorted({row_label(row) for row in results["results"]})
     if not results["runs"] or reference in labels:
         return None
@@ -296,13 +351,15 @@ def missing_reference(results: dict) -> Optional[str]:
 def _write_markdown(results: dict, out: Path) -> str:
     """Write report.md (and its figures) into ``out``; returns the markdown."""
     runs, rows = results["runs"], results["results"]
-    reference = report_reference(results)
+    reference, why = report_reference(results)
     train_lens = sorted({r["train_len"] for r in rows})
     md = ["# Length extrapolation report", "",
-          f"Created {results['created']}. Training length L = {', '.join(map(str, train_lens))}. A cell is the "
+          f"Created {results['created']}. Training length L = {', '.join(map(str, train_lens))}"
+          f"{' (each row its own: the L column)' if len(train_lens) > 1 else ''}. A cell is the "
           "perplexity exp(mean over seeds of the mean NLL per token) with its 95% interval from a two-stage "
           "bootstrap over seeds and documents (eval/stats.py); rows pool the runs that are the same experiment "
-          "apart from the seed.", "", "## Runs", "", *provenance(runs), "", *_runs_table(runs)]
+          "apart from the seed.", *(["", why] if why else []), "", "## Runs", "", *provenance(runs), "",
+          *_runs_table(runs)]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""]
         md += [f"- {m['run']}: {m['error']}" for m in results["missing"]]
@@ -319,7 +376,7 @@ def _write_markdown(results: dict, out: Path) -> str:
         curves = {run: by_corpus.get(corpus, {}) for run, by_corpus in results["per_position"].items()}
         if any(curves.values()):
             name = f"per_position_{index}.png"
-            plot_per_position(runs, curves, train_lens[0], out / name, corpus)
+            plot_per_position(runs, curves, train_lens, out / name, corpus)
             md += ["", "### Loss by position", "",
                    "At each row's longest evaluated length (non-overlapping windows), log-spaced position bins; "
                    "the band is a 95% interval over windows and seeds.", "", f"![loss by position]({name})"]

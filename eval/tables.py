@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import math
 from collections import defaultdict
-from typing import Optional
+from typing import Callable, Optional
 
 import numpy as np
 
@@ -46,7 +46,7 @@ def summarize(results: dict, corpus: str, protocol: str) -> dict[str, dict[int, 
         for length, rows in by_length.items():
             cell = make_cell(rows, results["window_sets"])
             if cell is None:
-                cells[length] = {"na": rows[0].get("note", "n/a")}
+                cells[length] = {"na": rows[0].get("note", "n/a"), "train_len": rows[0]["train_len"]}
                 continue
             ppl, low, high = cell_interval(cell)
             bpb = cell_interval(cell, per_byte=True) if cell.bytes is not None else None
@@ -111,15 +111,33 @@ def fmt(value: float) -> str:
     return f"{value:.1f}" if value >= 100 else f"{value:.2f}" if value >= 10 else f"{value:.3f}"
 
 
-def _head(first: str, lengths: list[int], train_len: int) -> list[str]:
-    head = f"| {first} | " + " | ".join(f"{n}{' (L)' if n == train_len else ''}" for n in lengths) + " |"
-    return [head, "|---|" + "---:|" * len(lengths)]
+def _mark_l(n: int, train_len) -> str:
+    return f"{n} (L)" if n == train_len else str(n)
 
 
-def interval_table(summary: dict[str, dict[int, dict]], lengths: list[int], train_len: int,
-                   key: str = "ppl") -> str:
+def length_table(heads: list[str], lengths: list[int], rows: list[tuple[list[str], object, list[str]]],
+                 mark: Callable[[int, object], str] = _mark_l) -> str:
+    """A markdown table with a column per length; ``rows`` are (names, the row's training length
+    L, cells). Every row trained at one L: L is marked in the header (``mark(n, L)``, "128 (L)").
+    Rows trained at several (a fine-tune beside its parent): an L column says each row's own."""
+    own = len({train_len for _, train_len, _ in rows}) > 1
+    train_len = None if own or not rows else rows[0][1]
+    head = [*heads, *(["L"] if own else []), *(mark(n, train_len) for n in lengths)]
+    lines = ["| " + " | ".join(head) + " |", "|" + "---|" * len(heads) + "---:|" * (len(head) - len(heads))]
+    for names, row_len, cells in rows:
+        lines.append("| " + " | ".join([*names, *([str(row_len)] if own else []), *cells]) + " |")
+    return "\n".join(lines)
+
+
+def train_lengths(summary: dict[str, dict[int, dict]]) -> dict[str, int]:
+    """label -> the training length L of its runs (a row pools one experiment's seeds: one L)."""
+    return {label: cell["train_len"] for label, cells in summary.items() for cell in cells.values()
+            if "train_len" in cell}
+
+
+def interval_table(summary: dict[str, dict[int, dict]], lengths: list[int], key: str = "ppl") -> str:
     """Cells 'point (low–high)'; bits per byte with ``key="bpb"``."""
-    lines = _head("row", lengths, train_len)
+    rows, train_lens = [], train_lengths(summary)
     for label in sorted(summary, key=label_order):
         cells = []
         for n in lengths:
@@ -132,19 +150,31 @@ def interval_table(summary: dict[str, dict[int, dict]], lengths: list[int], trai
                 cells.append("–" if cell["bpb"] is None else "{:.3f} ({:.3f}–{:.3f})".format(*cell["bpb"]))
             else:
                 cells.append(f"{fmt(cell['ppl'])} ({fmt(cell['low'])}–{fmt(cell['high'])})")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(([label], train_lens.get(label), cells))
+    return length_table(["row"], lengths, rows)
 
 
-def ratio_to_train_len(summary: dict[str, dict[int, dict]], lengths: list[int], train_len: int) -> str:
-    """Each row's perplexity over its own at L (point estimates: different tokens, not paired)."""
-    lines = _head("row", lengths, train_len)
+def ratio_to_train_len(summary: dict[str, dict[int, dict]], lengths: list[int]) -> str:
+    """Each row's perplexity over its own at its own training length L (point estimates:
+    different tokens, not paired)."""
+    rows, train_lens = [], train_lengths(summary)
     for label in sorted(summary, key=label_order):
-        base = summary[label].get(train_len, {}).get("ppl")
+        base = summary[label].get(train_lens.get(label), {}).get("ppl")
         cells = [f"×{summary[label][n]['ppl'] / base:.2f}" if base and "ppl" in summary[label].get(n, {}) else "–"
                  for n in lengths]
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+        rows.append(([label], train_lens.get(label), cells))
+    return length_table(["row"], lengths, rows)
+
+
+def durations(*seconds: float) -> list[str]:
+    """Wall times in one unit: hours ("1.36 h"), or minutes, or seconds, the largest in which
+    none of them (but a zero) reads 0, so a short run is never "0.00 h"."""
+    shortest = min((s for s in seconds if s > 0), default=0.0)
+    if f"{shortest / 3600:.2f}" != "0.00" or not shortest:
+        return [f"{s / 3600:.2f} h" for s in seconds]
+    if f"{shortest / 60:.1f}" != "0.0":
+        return [f"{s / 60:.1f} min" for s in seconds]
+    return [f"{s:.0f} s" for s in seconds]
 
 
 def percent(ratio: float) -> str:
@@ -153,16 +183,19 @@ def percent(ratio: float) -> str:
     return f"{pct:+.3f}" if abs(pct) < 0.1 else f"{pct:+.2f}" if abs(pct) < 10 else f"{pct:+.1f}"
 
 
-def comparison_table(comparisons: dict[str, dict[int, tuple]], lengths: list[int], train_len: int) -> str:
-    """Cells: perplexity difference in percent (a vs b), its 95% interval and the mark."""
-    lines = _head("comparison", lengths, train_len)
+def comparison_table(comparisons: dict[str, dict[int, tuple]], lengths: list[int],
+                     train_lens: dict[str, int]) -> str:
+    """Cells: perplexity difference in percent (a vs b), its 95% interval and the mark;
+    ``train_lens``: each row's training length (train_lengths)."""
+    rows = []
     for name, cells in comparisons.items():
         if not cells:
             continue
+        a, b = (train_lens.get(label) for label in name.split(" vs ", 1))
         row = [f"{percent(cells[n][0])}% ({percent(cells[n][1])} to {percent(cells[n][2])}) {cells[n][3]}"
                if n in cells else "–" for n in lengths]
-        lines.append(f"| {name} | " + " | ".join(row) + " |")
-    return "\n".join(lines)
+        rows.append(([name], a if a == b else f"{a} vs {b}", row))
+    return length_table(["comparison"], lengths, rows)
 
 
 def scored_line(summary: dict[str, dict[int, dict]], lengths: list[int]) -> str:

@@ -1,6 +1,8 @@
 """Turn task results into report.md, results.json and PNG plots.
 
-One table per task: a row per encoding (plus RoPE scaling), a column per length. Runs
+One table per task: a row per encoding (plus RoPE scaling, and checkpoint "@ STEP" with
+eval.steps), a column per length, headed by its multiple of L where every row has one
+training length L, else beside an L column (eval/tables.py: length_table). Runs
 that are the same experiment apart from the seed (configs/experiment.py) are one row;
 their instances are pooled, so a cell is correct / scored over every seed (and, for
 passkey, every depth) with a 95% interval that counts both the instances (Wilson) and the
@@ -14,13 +16,15 @@ from __future__ import annotations
 import json
 from collections import defaultdict
 from pathlib import Path
+from typing import Optional
 
 import numpy as np
 
 from configs.tasks import TASK_NAMES
 from eval.kmax import __doc__ as KMAX_DOC
-from eval.labels import encoding_label, with_scaling
+from eval.labels import encoding_label, label_order, with_scaling
 from eval.stats import pooled_accuracy_interval
+from eval.tables import length_table
 from eval.task_plots import plot_accuracy, plot_heatmaps
 
 
@@ -36,12 +40,19 @@ def label_rows(runs: list[dict], rows: list[dict]) -> dict[str, str]:
             for run in runs if run["run"] in present}
 
 
+def row_name(labels: dict[str, str], row: dict) -> str:
+    """A table row: the run's label, its checkpoint when eval.steps named several ("ROW @ STEP"),
+    and the RoPE scaling."""
+    step = f" @ {row['eval_step']}" if "eval_step" in row else ""
+    return with_scaling(labels[row["run"]] + step, row["scaling"])
+
+
 def pooled(cells: list[dict]) -> dict:
     """Counts of cells pooled (seeds, depths) with a 95% interval over seeds and instances
     (eval/stats.py: pooled_accuracy_interval); n/a if none was scored."""
     ok = [c for c in cells if c["status"] == "ok"]
     if not ok:
-        return {"na": cells[0].get("note", "n/a")}
+        return {"na": cells[0].get("note", "n/a"), "train_len": cells[0]["train_len"]}
     per_run: dict[str, list[int]] = defaultdict(lambda: [0, 0])
     for c in ok:
         per_run[c["run"]][0] += c["correct"]
@@ -50,7 +61,7 @@ def pooled(cells: list[dict]) -> dict:
     correct, total = map(sum, zip(*counts))
     low, high = pooled_accuracy_interval(counts)
     return {"accuracy": correct / total, "ci_low": low, "ci_high": high, "correct": correct, "total": total,
-            "seeds": len(counts)}
+            "seeds": len(counts), "train_len": cells[0]["train_len"]}
 
 
 def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[int, dict]]:
@@ -59,7 +70,7 @@ def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[i
     labels = label_rows(runs, task_rows)
     grouped: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in task_rows:
-        grouped[with_scaling(labels[r["run"]], r["scaling"])][r["length"]].append(r)
+        grouped[row_name(labels, r)][r["length"]].append(r)
     out: dict[str, dict[int, dict]] = {}
     for label, by_length in grouped.items():
         out[label] = {}
@@ -75,33 +86,38 @@ def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[i
     return out
 
 
-def _header(lengths: list[int], train_len: int) -> str:
-    def name(n: int) -> str:
-        return f"{n} ({n / train_len:g}×L)" if train_len else str(n)
-    return "| row | " + " | ".join(map(name, lengths)) + " |\n|---|" + "---:|" * len(lengths)
+def _times_l(n: int, train_len) -> str:
+    return f"{n} ({n / train_len:g}×L)" if train_len else str(n)
 
 
-def accuracy_table(table: dict[str, dict[int, dict]], lengths: list[int], train_len: int) -> str:
-    lines = [_header(lengths, train_len)]
-    for label in sorted(table):
-        cells = []
-        for n in lengths:
-            c = table[label].get(n)
-            cells.append("–" if c is None else f"n/a ({c['na']})" if "na" in c
-                         else f"{c['accuracy']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]")
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def _table(heads: list[str], tables: dict[str, dict[str, dict[int, dict]]], lengths: list[int], cell) -> str:
+    """One row per (table, label) with ``cell(label's cell or None)`` per length; a table's name,
+    where there are several, in the first column. L: eval/tables.py's length_table."""
+    rows = []
+    for name, table in tables.items():
+        for label in sorted(table, key=label_order):
+            row_len = next((c["train_len"] for c in table[label].values() if "train_len" in c), None)
+            rows.append(([name, label] if len(heads) > 1 else [label], row_len,
+                         [cell(table[label].get(n)) for n in lengths]))
+    return length_table(heads, lengths, rows, mark=_times_l)
 
 
-def spread_table(table: dict[str, dict[int, dict]], lengths: list[int], train_len: int) -> str:
-    lines = [_header(lengths, train_len)]
-    for label in sorted(table):
-        cells = []
-        for n in lengths:
-            seeds = table[label].get(n, {}).get("per_seed")
-            cells.append("–" if not seeds else " / ".join(f"{a:.2f}" for a in seeds))
-        lines.append(f"| {label} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
+def _accuracy_cell(c: Optional[dict]) -> str:
+    return ("–" if c is None else f"n/a ({c['na']})" if "na" in c
+            else f"{c['accuracy']:.2f} [{c['ci_low']:.2f}, {c['ci_high']:.2f}]")
+
+
+def _seeds_cell(c: Optional[dict]) -> str:
+    seeds = (c or {}).get("per_seed")
+    return "–" if not seeds else " / ".join(f"{a:.2f}" for a in seeds)
+
+
+def accuracy_table(table: dict[str, dict[int, dict]], lengths: list[int]) -> str:
+    return _table(["row"], {"": table}, lengths, _accuracy_cell)
+
+
+def spread_table(table: dict[str, dict[int, dict]], lengths: list[int]) -> str:
+    return _table(["row"], {"": table}, lengths, _seeds_cell)
 
 
 def heatmap_grids(runs: list[dict], rows: list[dict]) -> dict[str, tuple[list[float], list[int], np.ndarray]]:
@@ -110,7 +126,7 @@ def heatmap_grids(runs: list[dict], rows: list[dict]) -> dict[str, tuple[list[fl
     labels = label_rows(runs, passkey)
     cells: dict[str, dict[tuple[float, int], list[dict]]] = defaultdict(lambda: defaultdict(list))
     for r in passkey:
-        cells[with_scaling(labels[r["run"]], r["scaling"])][(r["depth"], r["length"])].append(r)
+        cells[row_name(labels, r)][(r["depth"], r["length"])].append(r)
     grids = {}
     for label, by_cell in cells.items():
         depths = sorted({d for d, _ in by_cell})
@@ -128,18 +144,14 @@ def kmax_table(runs: list[dict], rows: list[dict], kmax_rows: list[dict]) -> lis
     by_label: dict[str, list[str]] = defaultdict(list)
     for k in kmax_rows:
         value = "< shortest" if k["kmax"] is None else str(k["kmax"])
-        by_label[with_scaling(labels[k["run"]], k["scaling"])].append(f"{value} (seed {seeds[k['run']]})")
-    return ["| row | k_max per run |", "|---|---|"] + [f"| {label} | {', '.join(v)} |" for label, v in sorted(by_label.items())]
+        by_label[row_name(labels, k)].append(f"{value} (seed {seeds[k['run']]})")
+    return ["| row | k_max per run |", "|---|---|"] + [f"| {label} | {', '.join(by_label[label])} |"
+                                                    for label in sorted(by_label, key=label_order)]
 
 
-def summary_table(tables: dict[str, dict[str, dict[int, dict]]], lengths: list[int], train_len: int) -> str:
+def summary_table(tables: dict[str, dict[str, dict[int, dict]]], lengths: list[int]) -> str:
     """Every task's rows in one table (task, row, a cell per length)."""
-    head = _header(lengths, train_len).replace("| row |", "| task | row |", 1).replace("|---|", "|---|---|", 1)
-    lines = [head]
-    for task, table in tables.items():
-        body = accuracy_table(table, lengths, train_len).splitlines()[2:]
-        lines += [f"| {task} {line}" for line in body]
-    return "\n".join(lines)
+    return _table(["task", "row"], tables, lengths, _accuracy_cell)
 
 
 def _runs_table(results: dict) -> list[str]:
@@ -157,7 +169,6 @@ def write_task_report(results: dict, out: Path) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     runs, rows = results["runs"], results["results"]
     lengths = sorted({r["length"] for r in rows})
-    train_len = min(r["train_len"] for r in runs)
     md = ["# Task accuracy report", "", f"Created {results['created']}. Training length L = "
           f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}. A cell is the exact-match accuracy "
           "(an instance counts only if every answer token is the model's most likely next token; "
@@ -169,15 +180,16 @@ def write_task_report(results: dict, out: Path) -> None:
         md += ["", "**Missing runs** (not in the tables):", ""] + [f"- {m['run']}: {m['error']}" for m in results["missing"]]
     tasks = sorted({r["task"] for r in rows}, key=TASK_NAMES.index)
     tables = {task: summarize(runs, rows, task) for task in tasks}
-    md += ["", "## Summary", "", summary_table(tables, lengths, train_len)]
+    md += ["", "## Summary", "", summary_table(tables, lengths)]
     for task, table in tables.items():
         per_cell = sorted({r["total"] for r in rows if r["task"] == task and r["status"] == "ok"})
-        md += ["", f"## {task}", "", accuracy_table(table, lengths, train_len), "",
+        md += ["", f"## {task}", "", accuracy_table(table, lengths), "",
                f"Instances per run and cell: {', '.join(map(str, per_cell))}"
                + (" (per depth)" if task == "passkey" else "") + ".", "",
-               "Per-seed accuracy (one value per run of the row):", "", spread_table(table, lengths, train_len),
+               "Per-seed accuracy (one value per run of the row):", "", spread_table(table, lengths),
                "", f"![{task} accuracy vs length](accuracy_{task}.png)"]
-        plot_accuracy(table, train_len, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy")
+        train_lens = sorted({c["train_len"] for cells in table.values() for c in cells.values()})
+        plot_accuracy(table, train_lens, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy")
     if results.get("kmax"):
         plot_heatmaps(heatmap_grids(runs, rows), out / "passkey_heatmap.png")
         definition = KMAX_DOC.split("\n\n")[1:4]

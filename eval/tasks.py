@@ -14,7 +14,12 @@ EvalConfig and its ``tasks`` section); the flags override its keys, as in
 ``python -m eval.extrapolation``. Every (run, task, length) is checked before anything is
 evaluated, so impossible settings stop the command with a message and nothing written.
 Lengths a learned table cannot serve are "n/a" cells; asking only for such lengths is an
-error. Results are cached per run and checkpoint (RunDir.eval_cache).
+error. The latest checkpoint is scored, or those of the training steps ``eval.steps``
+(``--steps``; rows "ROW @ STEP", e.g. passkey accuracy over a fine-tuning budget).
+
+The command line, the ``--eval-file`` merge and the per-run cache (RunDir.eval_cache, per
+checkpoint and cache key) are eval/driver.py's, shared with ``python -m eval.extrapolation``;
+this module is the scoring of one run, its cache key, its flags and its report.
 """
 
 from __future__ import annotations
@@ -26,36 +31,24 @@ import json
 import sys
 import time
 from pathlib import Path
-from typing import Callable, Optional, Sequence
+from typing import Optional, Sequence
 
-import torch
-
-from configs import override_section
 from configs.schema import EvalConfig, RunConfig
 from configs.tasks import TASK_NAMES
-from common.atomic import write_text_atomic
 from data.tasks import Task, TaskError, build_task, check_readable, check_task_name, eval_instance, task_tokenizer
 from data.tokenizers import load_tokenizer
+from eval import driver
+from eval.driver import EvalFor, Evaluation, evaluate_all, evaluated_checkpoints, mark_step, own_eval
 from eval.exact_match import exact_match
-from eval.extrapolation import model_for, read_eval_file, run_metadata
+from eval.extrapolation import model_for, run_metadata
 from eval.kmax import k_max
-from eval.report import check_report_dir
 from eval.stats import wilson_interval
 from eval.task_report import write_task_report
-from model.config import SCALING_TYPES
 from model.encodings import KINDS, served_length
 from common.errors import LengthError, UserError
-from common.cli import (device_name, entry_point, non_negative_float, non_negative_int, positive_int, probability,
-                          scale_factor)
-from training.runtime import resolve_device
+from common.cli import entry_point, non_negative_float, non_negative_int, positive_int, probability
 from training.run_dir import RunDir
-from training.saved_run import load_run, read_run_config
-
-EvalFor = Callable[[RunConfig], EvalConfig]
-
-
-def own_eval(cfg: RunConfig) -> EvalConfig:
-    return cfg.eval
+from training.saved_run import SavedRun, load_run, read_run_config
 
 
 def is_synthetic(cfg: RunConfig) -> bool:
@@ -125,13 +118,25 @@ def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalC
 
 
 def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) -> tuple[dict, list[dict], list[dict]]:
-    """(metadata, cell rows, k_max rows) for one run."""
+    """(metadata, cell rows, k_max rows) for one run: its latest checkpoint, or each of ``ev.steps``."""
     started = time.perf_counter()
-    base = load_run(run_dir, device=device)
-    tasks = run_tasks(base.cfg, base.tokenizer, ev)
-    meta = {**run_metadata(base, ev),
-            "trained_on": ("+".join(base.cfg.data.synthetic.tasks) if is_synthetic(base.cfg)
-                           else f"text ({base.cfg.data.source})")}
+    latest = load_run(run_dir, device=device)
+    tasks = run_tasks(latest.cfg, latest.tokenizer, ev)
+    meta = {**run_metadata(latest, ev),
+            "trained_on": ("+".join(latest.cfg.data.synthetic.tasks) if is_synthetic(latest.cfg)
+                           else f"text ({latest.cfg.data.source})")}
+    rows, kmax_rows = [], []
+    for step, base in evaluated_checkpoints(run_dir, ev, latest, device):
+        step_rows, step_kmax = _score_run(base, tasks, ev, meta, log)
+        mark_step(step_rows + step_kmax, step, base)
+        rows += step_rows
+        kmax_rows += step_kmax
+    meta["eval_seconds"] = round(time.perf_counter() - started, 1)
+    return meta, rows, kmax_rows
+
+
+def _score_run(base: SavedRun, tasks: list[Task], ev: EvalConfig, meta: dict, log) -> tuple[list[dict], list[dict]]:
+    """(cell rows, k_max rows) of one checkpoint: every task, scaling, length (and passkey depth)."""
     train_len, limit = base.cfg.train.seq_len, base.model.pos.max_len
     rows, kmax_rows = [], []
     for task in tasks:
@@ -155,35 +160,18 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
             if task.name == "passkey":
                 kmax_rows.append({"run": meta["run"], "scaling": scaling, "threshold": ev.tasks.kmax_threshold,
                                   "samples": ev.tasks.samples, "kmax": k_max(cells, ev.tasks.kmax_threshold)})
-    meta["eval_seconds"] = round(time.perf_counter() - started, 1)
-    return meta, rows, kmax_rows
+    return rows, kmax_rows
 
 
 def _cache_key(cfg: RunConfig, ev: EvalConfig) -> str:
-    """What changes the numbers: the tasks and their settings, lengths, scalings, factor."""
+    """What changes the numbers: the tasks and their settings, lengths, scalings, factor, and
+    the checkpoints scored (eval.steps, only when given: keys of the latest are as before)."""
     key = {"tasks": resolved_tasks(cfg, ev), "settings": dataclasses.asdict(ev.tasks),
            "lengths": ev.resolved_lengths(cfg.train.seq_len), "scalings": ev.resolved_scalings(cfg.model.pos.kind),
            "factor": ev.factor}
+    if ev.steps:
+        key["steps"] = list(ev.steps)
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
-
-
-def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log) -> tuple[dict, list[dict], list[dict]]:
-    """evaluate_run, reusing an earlier result for the same checkpoint and settings."""
-    run = RunDir(run_dir)
-    cfg = read_run_config(run)
-    ev = eval_for(cfg)
-    path = run.eval_cache("tasks", _cache_key(cfg, ev))
-    ckpt = run.latest_checkpoint()
-    if ckpt is not None and path.exists():
-        cached = json.loads(path.read_text())
-        if cached.get("checkpoint") == ckpt.name:
-            log(f"  reusing {path}")
-            return cached["meta"], cached["rows"], cached["kmax"]
-    meta, rows, kmax_rows = evaluate_run(run.path, ev, device, log)
-    path.parent.mkdir(exist_ok=True)
-    write_text_atomic(path, json.dumps({"checkpoint": meta["checkpoint"], "meta": meta, "rows": rows,
-                                        "kmax": kmax_rows}))
-    return meta, rows, kmax_rows
 
 
 def run_task_evaluation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = own_eval, device: str = "cpu",
@@ -203,80 +191,42 @@ def run_task_evaluation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor =
             raise TaskError(f"{run_dir}: {e}") from None
         except UserError as e:  # this run cannot be read or served: report it missing
             failures.append({"run": str(run_dir), "error": str(e)})
-    if not usable:
-        raise UserError("no run could be scored:\n" + "\n".join(f"- {f['run']}: {f['error']}" for f in failures))
-    runs, rows, kmax_rows = [], [], []
-    for run_dir in usable:
-        log(f"scoring {run_dir}")
-        meta, run_rows, run_kmax = cached_evaluation(run_dir, eval_for, device, log)
-        runs.append(meta)
-        rows += run_rows
-        kmax_rows += run_kmax
-    results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs, "results": rows,
-               "kmax": kmax_rows, "missing": failures}
+    done = evaluate_all(TASKS, usable, eval_for, device, log, failures)
+    results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": done.runs, "results": done.rows,
+               "kmax": [row for kmax_rows in done.extras for row in kmax_rows], "missing": done.failures}
     write_task_report(results, out)
     return results
 
 
-def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python -m eval.tasks", description=__doc__.split("\n\n")[0],
-                                epilog="Flags override the keys of each run's own eval config.")
-    p.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
+def add_flags(p: argparse.ArgumentParser) -> None:
+    """The flags of task scoring (the common ones are eval/driver.py's)."""
     p.add_argument("--tasks", nargs="+", metavar="TASK",
                    help=f"eval.tasks.tasks: {', '.join(TASK_NAMES)} (default: the run's own task, or passkey)")
-    p.add_argument("--lengths", type=positive_int, nargs="+", help="eval.lengths: evaluated lengths (positions read)")
-    p.add_argument("--scaling", nargs="+", choices=SCALING_TYPES, dest="scalings",
-                   help="eval.scalings: RoPE scalings to compare (RoPE runs only)")
-    p.add_argument("--factor", type=scale_factor, help="eval.factor: fixed RoPE scaling factor (default: L_eval / L_train)")
     p.add_argument("--samples", type=positive_int, help="eval.tasks.samples: instances per length (per depth for passkey)")
     p.add_argument("--depths", type=non_negative_float, nargs="+", help="eval.tasks.depths: passkey depths in [0, 1]")
     p.add_argument("--kmax-threshold", type=probability, help="eval.tasks.kmax_threshold: accuracy that counts as success")
     p.add_argument("--seed", type=non_negative_int, help="eval.tasks.seed: which test instances")
-    p.add_argument("--eval-file", type=Path, help="a YAML mapping of eval keys applied before the flags "
-                   "(what scripts/ablate.py plans for a run)")
-    p.add_argument("--cache-only", action="store_true",
-                   help="score and fill each run's cache, write no report (scripts/ablate.py's jobs)")
-    p.add_argument("--device", type=device_name, default="cpu", help="torch device for scoring (auto, cpu, cuda, cuda:N, mps)")
-    p.add_argument("--out", type=Path, default=Path("reports/tasks"), help="report directory")
-    return p.parse_args(argv)
 
 
-def eval_overrides(args: argparse.Namespace) -> dict:
-    """The flags as a tree of eval keys (only those given)."""
-    tree = {key: getattr(args, key) for key in ("lengths", "scalings", "factor") if getattr(args, key) is not None}
+def flag_tree(args: argparse.Namespace) -> dict:
+    """This command's own flags as a tree of eval keys (only those given)."""
     nested = {"tasks": args.tasks, "samples": args.samples, "depths": args.depths,
               "kmax_threshold": args.kmax_threshold, "seed": args.seed}
     nested = {k: v for k, v in nested.items() if v is not None}
     for name in nested.get("tasks", []):
         check_task_name(name)  # suggests the closest name
-    return {**tree, "tasks": nested} if nested else tree
+    return {"tasks": nested} if nested else {}
+
+
+TASKS = Evaluation(
+    name="tasks", doc=__doc__, result="kmax", default_out=Path("reports/tasks"), cache_key=_cache_key,
+    evaluate=lambda run_dir, ev, device, log, cells: evaluate_run(run_dir, ev, device, log),
+    report=run_task_evaluation, add_flags=add_flags, flag_tree=flag_tree)
 
 
 @entry_point
 def main(argv=None) -> int:
-    args = parse_args(argv)
-    tree = read_eval_file(args.eval_file) if args.eval_file else {}
-    flags = eval_overrides(args)
-    tasks = {**(tree.get("tasks") or {}), **flags.pop("tasks", {})}
-    tree.update(flags)
-    if tasks:
-        tree["tasks"] = tasks
-    override_section(EvalConfig(), tree, "command line", "eval.")  # a bad value fails before any work
-
-    def eval_for(cfg: RunConfig) -> EvalConfig:
-        return override_section(cfg.eval, tree, "command line", "eval.")
-
-    device = str(resolve_device(args.device, "--device"))
-    if not args.cache_only:
-        check_report_dir(args.out)  # before anything is scored
-    with torch.inference_mode():
-        if args.cache_only:
-            for run in args.runs:
-                cached_evaluation(run, eval_for, device, print)
-            return 0
-        run_task_evaluation(args.runs, args.out, eval_for, device=device)
-    print(f"wrote {args.out}/report.md, results.json and plots")
-    return 0
+    return driver.command(TASKS, argv)
 
 
 if __name__ == "__main__":

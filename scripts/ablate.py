@@ -22,6 +22,7 @@ import argparse
 import dataclasses
 import os
 import queue
+import shlex
 import signal
 import subprocess
 import sys
@@ -188,25 +189,25 @@ def planned_eval(runs: list[PlannedRun]):
 
 
 def print_wall_times(reports: dict[str, list[dict]]) -> None:
-    """Each run's training wall time and its evaluation's per report kind (perplexity, tasks),
-    and the grid's totals (seconds are the runs' own records: training over all sessions,
-    the evaluation that produced each report)."""
+    """Each run's wall times in minutes: its training (over all sessions) and the evaluation of
+    each report kind (perplexity, tasks) that produced its numbers (the runs' own records);
+    then the grid's totals in hours."""
     kinds = list(reports)
     per_run: dict[str, dict] = {}
     for kind, runs in reports.items():
         for run in runs:
             entry = per_run.setdefault(run["name"], {"train": run.get("train_seconds")})
             entry[kind] = run.get("eval_seconds")
-    heads = ["train min"] + [f"{kind} eval min" for kind in kinds]
+    heads = ["train (min)"] + [f"{kind} eval (min)" for kind in kinds]
     widths = [max(9, len(h)) for h in heads]
     columns = ["train", *kinds]
-    print(f"\n{'run':<40} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
+    print(f"\n{'wall time of each run':<40} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
     for name, entry in per_run.items():
         print(f"{name:<40} " + " ".join(f"{entry[k] / 60 if entry.get(k) else float('nan'):{w}.1f}"
                                          for k, w in zip(columns, widths)))
     totals = [sum(e.get(k) or 0 for e in per_run.values()) / 3600 for k in columns]
-    print(f"{'grid total (hours)':<40} " + " ".join(f"{t:{w}.2f}" for t, w in zip(totals, widths))
-          + f"   together {sum(totals):.2f} h")
+    print(f"{'grid total (hours, not minutes)':<40} " + " ".join(f"{t:{w}.2f}" for t, w in zip(totals, widths))
+          + f"   together {sum(totals):.2f} hours")
 
 
 def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], failures: dict[str, str],
@@ -263,7 +264,7 @@ def run_grid(args: argparse.Namespace) -> int:
         state, detail = states[run.name]
         print(f"  {run.name:<40} {state:<8} {detail}")
     if args.dry_run:
-        print("train one by hand with: python train.py", base, " ".join(runs[0].overrides))
+        print("train one by hand with:", shlex.join(["python", "train.py", base, *runs[0].overrides]))
         return 0
     failures = {name: detail for name, (state, detail) in states.items() if state == "conflict"}
     todo = [run for run in runs if states[run.name][0] in ("new", "partial", "done")]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import os
+import shlex
 import signal
 from pathlib import Path
 
@@ -76,6 +78,27 @@ def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
     assert not (tmp_path / "runs").exists()
 
 
+def test_the_dry_run_command_pastes_into_a_shell(tmp_path, corpus, capsys):
+    """Overrides such as eval.lengths=[16, 32, 64] hold spaces and brackets: each is quoted, so
+    the printed command is the planned one word for word when pasted."""
+    grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]")
+    assert ablate.main([str(grid), "--dry-run"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("train one by hand with: "))
+    run = load_grid(grid).plan()[0]
+    words = shlex.split(line.removeprefix("train one by hand with: "))
+    assert words == ["python", "train.py", os.path.relpath(load_grid(grid).base.resolve()), *run.overrides]
+    assert "eval.lengths=[16, 32, 64]" in run.overrides
+
+
+def test_wall_times_name_their_units(capsys):
+    ablate.print_wall_times({"perplexity": [{"name": "a", "train_seconds": 7200, "eval_seconds": 90}],
+                             "tasks": [{"name": "a", "train_seconds": 7200, "eval_seconds": 30}]})
+    head, row, total = capsys.readouterr().out.strip().splitlines()
+    assert "train (min)" in head and "perplexity eval (min)" in head and "tasks eval (min)" in head
+    assert row.split() == ["a", "120.0", "1.5", "0.5"]
+    assert "hours" in total and total.split()[-6:] == ["2.00", "0.03", "0.01", "together", "2.03", "hours"]
+
+
 def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, capsys, monkeypatch):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
@@ -101,7 +124,7 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
 
     assert ablate.main([str(grid_path)]) == 0
     out = capsys.readouterr().out
-    assert "4/4 runs finished" in out and "grid total" in out and "train min" in out
+    assert "4/4 runs finished" in out and "grid total" in out and "train (min)" in out
     assert "resuming" in RunDir.of(partial.cfg).log.read_text()
     report = (tmp_path / "report" / "report.md").read_text()
     assert "rope" in report and "n/a (trained table: 32 positions)" in report and "95% interval" in report

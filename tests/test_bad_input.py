@@ -19,7 +19,7 @@ import torch
 
 import train
 from conftest import write_run_config
-from eval import extrapolation
+from eval import driver, extrapolation, tasks
 from scripts import export_hf, sample
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -140,10 +140,12 @@ def test_numbers_out_of_range_on_the_command_line(trained, capsys, argv, fragmen
 
 def test_numbers_out_of_range_for_evaluation(trained):
     _, run = trained
-    for argv in (["--lengths", "0"], ["--max-tokens", "-1"], ["--stride", "0"], ["--batch-size", "0"],
-                 ["--factor", "0.5"], ["--factor", "inf"]):
+    for evaluation, argv in [(extrapolation.EXTRAPOLATION, argv) for argv in (
+            ["--lengths", "0"], ["--max-tokens", "-1"], ["--stride", "0"], ["--batch-size", "0"],
+            ["--factor", "0.5"], ["--factor", "inf"], ["--steps", "-1"])] + [(tasks.TASKS, argv) for argv in (
+            ["--lengths", "0"], ["--samples", "0"], ["--kmax-threshold", "2"], ["--steps", "x"])]:
         with pytest.raises(SystemExit) as e:
-            extrapolation.parse_args([str(run), *argv])
+            driver.parse_args(evaluation, [str(run), *argv])
         assert e.value.code == 2
 
 

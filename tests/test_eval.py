@@ -14,6 +14,7 @@ import train
 from conftest import tiny_config, write_run_config
 from data.tokenizers import ByteTokenizer
 from configs.schema import EvalConfig
+from eval import driver
 from eval.extrapolation import run_extrapolation, scale_note, scaling_for
 from eval.report import write_report
 from eval.perplexity import curve_edges, perplexity, validation_loss
@@ -261,7 +262,7 @@ def test_an_interrupted_evaluation_resumes_after_its_last_finished_cell(tiny_run
     runs = {name: tmp_path / name / "rope-a" for name in ("whole", "cut")}  # apart: no shared cell store
     for path in runs.values():
         shutil.copytree(tiny_runs / "rope-a", path)
-    whole = ex.cached_evaluation(runs["whole"], lambda cfg: ev, "cpu", lambda *a: None)
+    whole = driver.cached_evaluation(ex.EXTRAPOLATION, runs["whole"], lambda cfg: ev, "cpu", lambda *a: None)
 
     calls, real = [], ex.perplexity
 
@@ -273,14 +274,14 @@ def test_an_interrupted_evaluation_resumes_after_its_last_finished_cell(tiny_run
 
     monkeypatch.setattr(ex, "perplexity", dies_on_the_fifth)
     with pytest.raises(KeyboardInterrupt):
-        ex.cached_evaluation(runs["cut"], lambda cfg: ev, "cpu", lambda *a: None)
+        driver.cached_evaluation(ex.EXTRAPOLATION, runs["cut"], lambda cfg: ev, "cpu", lambda *a: None)
     journal = next((runs["cut"] / "eval").glob("*.partial.jsonl"))
     with open(journal, "a") as f:
         f.write('{"cell": "None|cut sh')  # a line the kill left half written
     # Cells: none at 16, 32, 64 (two protocols each), then yarn at 64 (16 and 32 are plain
     # RoPE, copied). Two cells (four perplexities) finished before the fifth call died.
     calls.clear()
-    meta, rows, curves = ex.cached_evaluation(runs["cut"], lambda cfg: ev, "cpu", lambda *a: None)
+    meta, rows, curves = driver.cached_evaluation(ex.EXTRAPOLATION, runs["cut"], lambda cfg: ev, "cpu", lambda *a: None)
     assert calls == [64, 64, 64, 64]  # none at 64, then yarn at 64: the finished cells are not redone
     assert [(r["scaling"], r["length"], r["protocol"], r["nll"]) for r in rows] == \
         [(r["scaling"], r["length"], r["protocol"], r["nll"]) for r in whole[1]]
@@ -392,22 +393,22 @@ def test_cells_are_shared_by_content_between_runs_and_configs(tiny_runs, tmp_pat
     monkeypatch.setattr(ex, "perplexity", counted)
     ev = EvalConfig(lengths=[16, 32], scalings=["none", "yarn"], protocols=["nonoverlap", "sliding"], max_tokens=1024)
     quiet = lambda *a: None  # noqa: E731
-    meta_a, rows_a, curves_a = ex.cached_evaluation(grid / "a", lambda cfg: ev, "cpu", quiet)
+    meta_a, rows_a, curves_a = driver.cached_evaluation(ex.EXTRAPOLATION, grid / "a", lambda cfg: ev, "cpu", quiet)
     assert calls == [16, 16, 32, 32]  # yarn is plain RoPE up to L = 32: shared within the run
     calls.clear()
-    meta_b, rows_b, curves_b = ex.cached_evaluation(grid / "b", lambda cfg: ev, "cpu", quiet)
+    meta_b, rows_b, curves_b = driver.cached_evaluation(ex.EXTRAPOLATION, grid / "b", lambda cfg: ev, "cpu", quiet)
     assert calls == []  # the same weights and tokens: every cell from the store
     assert [{**r, "run": None, "name": None} for r in rows_b] == [{**r, "run": None, "name": None} for r in rows_a]
     assert curves_b == curves_a and {r["run"] for r in rows_b} == {meta_b["run"]} != {meta_a["run"]}
     calls.clear()
     wider = dataclasses.replace(ev, lengths=[16, 32, 64])
-    _, rows, curves = ex.cached_evaluation(grid / "a", lambda cfg: wider, "cpu", quiet)
+    _, rows, curves = driver.cached_evaluation(ex.EXTRAPOLATION, grid / "a", lambda cfg: wider, "cpu", quiet)
     assert calls == [64, 64, 64, 64]  # one more length (none, then yarn at 2L): only its cells are new
     assert [r["nll"] for r in rows if r["length"] <= 32] == [r["nll"] for r in rows_a]
     (curve_corpus,) = curves.values()
     assert curve_corpus["none"]["edges"][-1] == 65  # the curve moved to the longest length
     calls.clear()
-    ex.cached_evaluation(grid / "c", lambda cfg: ev, "cpu", quiet)
+    driver.cached_evaluation(ex.EXTRAPOLATION, grid / "c", lambda cfg: ev, "cpu", quiet)
     assert calls == [16, 16, 32, 32]  # other weights (another seed) are scored
     assert len(list((grid / ".eval-cells").glob("*.json"))) == 2 + 1 + 1 + 2  # a: 16, 32; 64 none, yarn; c
 
@@ -453,6 +454,25 @@ def test_the_reference_row_is_chosen_on_the_command_line_and_a_missing_one_is_sa
     assert "warning" not in capsys.readouterr().err
     assert main([*runs, *common, "--reference", "alibi", "--out", str(tmp_path / "b")]) == 0
     report = (tmp_path / "b" / "report.md").read_text()
-    assert "None: the reference row `alibi` (eval.reference) is none of these rows" in report
+    assert "Paired comparisons: none; the reference row `alibi` (eval.reference) is none of these rows" in report
     err = capsys.readouterr().err
     assert "warning: the reference row 'alibi'" in err and "rows: learned, rope" in err
+
+
+def test_a_one_run_report_says_there_is_nothing_to_compare(tiny_runs, tmp_path):
+    ev = EvalConfig(lengths=[16, 32], protocols=["nonoverlap"], max_tokens=512, per_position=False)
+    run_extrapolation([tiny_runs / "rope-a"], tmp_path / "r", lambda cfg: ev, log=lambda *a: None)
+    report = (tmp_path / "r" / "report.md").read_text()
+    assert "Paired comparisons: none; `rope` is the only row, so there is nothing to compare." in report
+    assert "| comparison |" not in report
+    wall = next(line for line in report.splitlines() if line.startswith("Wall time"))
+    assert "0.00 h" not in wall and wall.count(" min") + wall.count(" s,") + wall.count(" s.") == 3, wall
+
+
+def test_wall_times_read_in_one_unit_that_is_never_zero():
+    from eval.tables import durations
+
+    assert durations(4680, 1800, 6480) == ["1.30 h", "0.50 h", "1.80 h"]
+    assert durations(6, 36, 42) == ["0.1 min", "0.6 min", "0.7 min"]  # 0.00 h each, as hours
+    assert durations(2, 1, 3) == ["2 s", "1 s", "3 s"]
+    assert durations(0, 600, 600) == ["0.00 h", "0.17 h", "0.17 h"]  # an unrecorded time is no unit's guide

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import signal
 
 import pytest
@@ -11,7 +12,9 @@ import torch
 import train
 from configs.schema import EvalConfig
 from conftest import write_run_config
+from eval import extrapolation
 from eval.extrapolation import evaluate_run, run_extrapolation
+from eval.report import missing_reference
 from training.checkpoint import read_meta
 from training.run_dir import RunDir
 from training.saved_run import load_run
@@ -155,3 +158,60 @@ def test_a_fine_tuned_run_exports_with_its_scaling(parent, tmp_path, capsys):
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["rope_parameters"]["rope_type"] == "yarn" and config["rope_parameters"]["factor"] == 4.0
     assert config["rope_parameters"]["original_max_position_embeddings"] == 16
+
+
+def table_after(report: str, title: str) -> list[list[str]]:
+    """The cells of the first markdown table after the line starting with ``title``."""
+    lines = report[report.index(title):].splitlines()
+    start = next(i for i, line in enumerate(lines) if line.startswith("|"))
+    rows = []
+    for line in lines[start:]:
+        if not line.startswith("|"):
+            break
+        rows.append([cell.strip() for cell in line.strip("|").split("|")])
+    return rows
+
+
+def test_a_fine_tune_beside_its_parent_is_reported_at_each_rows_own_length(parent, tmp_path, capsys):
+    """Parent at L = 16, child fine-tuned at 64 with YaRN: no header claims one L, the ratio to
+    L divides each row by its own, the scaling table has both rows' scalings, and the child
+    is compared with its parent (the default reference stands in for no row here)."""
+    tmp, cfg, parent_dir = parent
+    if not (tmp / "runs" / "child").exists():
+        assert train.main(child_args(cfg, parent_dir)) == 0
+    out = tmp_path / "r"
+    assert extrapolation.main([str(parent_dir), str(tmp / "runs" / "child"), "--lengths", "16", "64",
+                               "--scaling", "none", "yarn", "--protocols", "nonoverlap", "--max-tokens", "512",
+                               "--no-per-position", "--out", str(out)]) == 0
+    assert "warning" not in capsys.readouterr().err
+    report = (out / "report.md").read_text()
+    results = json.loads((out / "results.json").read_text())
+    assert "(L)" not in report
+    ppl = table_after(report, "Perplexity with its 95% interval")
+    assert ppl[0] == ["row", "L", "16", "64"]
+    assert {row[0]: row[1] for row in ppl[2:]} == {"child": "64", "child + yarn": "64", "parent": "16",
+                                                    "parent + yarn": "16"}
+    ratios = {row[0]: row[2:] for row in table_after(report, "Perplexity relative to the same row")[2:]}
+    nll = {(r["name"], r["scaling"], r["length"]): r["nll"] for r in results["results"]}
+    assert ratios["parent"] == ["×1.00", f"×{math.exp(nll['parent', 'none', 64] - nll['parent', 'none', 16]):.2f}"]
+    assert ratios["child"] == [f"×{math.exp(nll['child', 'none', 16] - nll['child', 'none', 64]):.2f}", "×1.00"]
+    scalings = {row[0]: row[1:] for row in table_after(report, "### What each RoPE scaling did")[2:]}
+    assert scalings == {"child + yarn": ["64", "1 → 1", "1 → 1"], "parent + yarn": ["16", "1 → 1", "4 → 4"]}
+    assert "Reference row: `parent`" in report and "| child vs parent | 64 vs 16 |" in report
+    assert missing_reference(results) is None
+
+
+def test_steps_on_the_command_line_evaluate_those_checkpoints(parent, tmp_path):
+    tmp, cfg, parent_dir = parent
+    child = tmp / "runs" / "child"
+    if not child.exists():
+        assert train.main(child_args(cfg, parent_dir)) == 0
+    common = ["--lengths", "64", "--protocols", "nonoverlap", "--max-tokens", "512", "--no-per-position"]
+    out = tmp_path / "r"
+    assert extrapolation.main([str(child), "--steps", "0", "6", *common, "--reference", "rope @ 6",
+                               "--out", str(out)]) == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    assert [(r["eval_step"], r["step_tokens"]) for r in rows] == [(0, 0), (6, 6 * 2 * 64)]
+    latest = evaluate_run(child, EvalConfig(lengths=[64], protocols=["nonoverlap"], max_tokens=512,
+                                            per_position=False), log=lambda *a: None)[1]
+    assert rows[1]["nll"] == latest[0]["nll"] != rows[0]["nll"]  # step 6 is the latest checkpoint

@@ -1,8 +1,11 @@
-"""Report figures: tick labels, and the paired-ratio figure's rows and ceiling."""
+"""Report figures: tick labels, the paired-ratio figure's rows and ceiling, the heatmap's colour bar."""
 
 from __future__ import annotations
 
-from eval.plots import RATIO_CEILING, plain_number, plot_paired
+import numpy as np
+
+from eval.plots import RATIO_CEILING, plain_labels, plain_number, plot_paired, plot_training
+from eval.task_plots import plot_heatmaps
 
 
 def test_plot_labels_and_paired_figure(tmp_path):
@@ -15,8 +18,43 @@ def test_plot_labels_and_paired_figure(tmp_path):
                    "rope + ntk vs rope + yarn": {2048: (1.0, 0.99, 1.02, "~")},
                    "learned vs rope": {}}
     out = tmp_path / "paired.png"
-    entries = plot_paired(comparisons, "rope", 128, out, "t")
+    entries = plot_paired(comparisons, "rope", [128], out, "t")
     assert entries == ["alibi", f"sinusoidal (beyond ×{RATIO_CEILING:g})"]
     assert out.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
-    assert plot_paired({"rope + ntk vs rope + yarn": {}}, "rope", 128, tmp_path / "none.png", "t") == []
+    assert plot_paired({"rope + ntk vs rope + yarn": {}}, "rope", [128], tmp_path / "none.png", "t") == []
     assert not (tmp_path / "none.png").exists()
+
+
+def drawn(monkeypatch, plot, *args):
+    """The figure ``plot`` draws (kept open instead of closed) after a draw."""
+    import eval.plots
+
+    figures = []
+    monkeypatch.setattr(eval.plots.plt, "close", figures.append)
+    plot(*args)
+    (fig,) = figures
+    fig.canvas.draw()
+    return fig
+
+
+def test_an_axis_has_one_tick_format(tmp_path, monkeypatch):
+    """Tokens up to 20k read 0, 5k, 10k, … (never "5000" beside "10k"); lengths below 10k in full."""
+    assert plain_labels([0, 5000, 10_000, 15_000]) == ["0", "5k", "10k", "15k"]
+    assert plain_labels([256, 1024, 8192]) == ["256", "1024", "8192"]
+    assert plain_labels([512, 8192, 16_384]) == ["512", "8.192k", "16.384k"]
+    assert plain_labels([0, 500_000, 1_000_000, 1_500_000]) == ["0", "0.5M", "1M", "1.5M"]
+    curves = {"rope": {"tokens": [0, 4000, 8000, 12_000, 16_000, 20_000], "loss": [5.0, 4.0, 3.5, 3.2, 3.0, 2.9],
+                       "val_tokens": [20_000], "val_loss": [3.0]}}
+    fig = drawn(monkeypatch, plot_training, curves, tmp_path / "t.png")
+    ax = fig.axes[0]
+    low, high = ax.get_xlim()
+    labels = [t.get_text() for t, x in zip(ax.get_xticklabels(), ax.get_xticks()) if low <= x <= high]
+    assert labels[-1] == "20k" and all(text == "0" or text.endswith("k") for text in labels), labels
+
+
+def test_the_passkey_heatmap_has_a_colour_bar(tmp_path, monkeypatch):
+    grids = {label: ([0.0, 1.0], [32, 64], np.array([[1.0, 0.5], [np.nan, 0.0]])) for label in ("alibi", "rope")}
+    fig = drawn(monkeypatch, plot_heatmaps, grids, tmp_path / "h.png")
+    bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
+    assert len(bars) == 1 and bars[0].get_ylabel() == "accuracy"
+    assert bars[0].get_ylim() == (0.0, 1.0)  # every panel on one scale

@@ -15,10 +15,12 @@ import pytest
 import torch
 
 import train
-from configs import override_section
+from common.devices import DEVICE_NAMES
+from configs import load_config, override_section
+from configs.schema import EvalConfig
 from conftest import tiny_config, write_run_config
 from data.tasks import Instance, task_tokenizer
-from eval import extrapolation
+from eval import driver, extrapolation
 from eval import tasks as eval_tasks
 from eval.exact_match import answer_loss, exact_match
 from eval.kmax import k_max
@@ -237,3 +239,57 @@ def test_cache_key_ignores_nothing_that_changes_numbers(scored_runs):
 def test_perplexity_sweep_points_synthetic_runs_to_task_scoring(scored_runs, tmp_path, capsys):
     assert extrapolation.main([str(scored_runs / "rope-a"), "--out", str(tmp_path / "ppl")]) == 2
     assert "score it with python -m eval.tasks" in capsys.readouterr().err
+
+
+def test_cache_keys_are_those_of_earlier_versions(tmp_path):
+    """Caches written before stay valid: these keys were computed by the code that wrote them."""
+    cfg = load_config(synthetic_config(tmp_path))
+    assert eval_tasks._cache_key(cfg, cfg.eval) == "5e24cee6f230"
+    assert eval_tasks._cache_key(cfg, eval_tasks_for(tasks={"samples": 7}, scalings=["none", "yarn"])(cfg)) == \
+        "baa56c4d16ed"
+    assert extrapolation._cache_key(EvalConfig()) == "62c61a77cfc5"
+    assert extrapolation._cache_key(EvalConfig(lengths=[16, 32], scalings=["none", "yarn"], steps=[0, 2])) == \
+        "a41097b47c0a"
+    assert extrapolation._cache_key(cfg.eval) == "8204f22dbfc3"
+
+
+def test_tasks_score_each_checkpoint_of_steps(scored_runs, tmp_path):
+    """--steps 12 16: each step's own checkpoint is scored (its tokens are that checkpoint's), a
+    row of its own in the report; step 16 is the latest, so its numbers are the latest's."""
+    out = tmp_path / "rep"
+    assert eval_tasks.main([str(scored_runs / "rope-a"), "--steps", "12", "16", "--samples", "3",
+                            "--out", str(out)]) == 0
+    rows = json.loads((out / "results.json").read_text())["results"]
+    tokens = {r["eval_step"]: r["step_tokens"] for r in rows}
+    assert tokens == {12: 12 * 8 * 24, 16: 16 * 8 * 24}  # batch 8 × seq_len 24 per step
+    latest = eval_tasks.run_task_evaluation([scored_runs / "rope-a"], tmp_path / "latest", eval_tasks_for(
+        tasks={"samples": 3}), log=lambda *a: None)["results"]
+    assert [r["correct"] for r in rows if r["eval_step"] == 16] == [r["correct"] for r in latest]
+    report = (out / "report.md").read_text()
+    assert "| rope @ 12 |" in report and "| rope @ 16 |" in report
+    assert eval_tasks.main([str(scored_runs / "rope-a"), "--steps", "4", "--out", str(tmp_path / "x")]) == 2
+
+
+def test_both_commands_share_one_driver(scored_runs, tmp_path, capsys):
+    """The same common flags, help and --eval-file merge: the file's keys, then the flags over
+    them, a nested mapping (tasks:) merged key by key; a bad key fails before any work."""
+    for module in (extrapolation, eval_tasks):
+        with pytest.raises(SystemExit) as e:  # no arguments: the full help, exit 2
+            module.main([])
+        err = capsys.readouterr().err
+        assert e.value.code == 2 and f"usage: python -m {module.__name__}" in err
+        for flag in ("--lengths", "--scaling", "--factor", "--steps", "--eval-file", "--cache-only", "--out"):
+            assert flag in err, (module, flag)
+        assert DEVICE_NAMES in " ".join(err.split())
+    planned = tmp_path / "planned.yaml"
+    planned.write_text("lengths: [24]\nsteps: [12]\ntasks: {samples: 3, depths: [0.5]}\n")
+    run = str(scored_runs / "rope-a")
+    for spec in (extrapolation.EXTRAPOLATION, eval_tasks.TASKS):
+        args = driver.parse_args(spec, [run, "--eval-file", str(planned), "--lengths", "48"])
+        assert driver.eval_tree(spec, args) == {"lengths": [48], "steps": [12], "tasks": {"samples": 3, "depths": [0.5]}}
+    args = driver.parse_args(eval_tasks.TASKS, [run, "--eval-file", str(planned), "--seed", "5"])
+    assert driver.eval_tree(eval_tasks.TASKS, args)["tasks"] == {"samples": 3, "depths": [0.5], "seed": 5}
+    planned.write_text("lenghts: [24]\n")
+    for module in (extrapolation, eval_tasks):
+        assert module.main([run, "--eval-file", str(planned), "--out", str(tmp_path / "r")]) == 2
+        assert "eval.lenghts" in capsys.readouterr().err and not (tmp_path / "r").exists()

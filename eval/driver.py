@@ -1,0 +1,255 @@
+"""The one evaluation driver behind ``python -m eval.extrapolation`` and ``python -m eval.tasks``.
+
+Both commands evaluate run directories with each run's own ``eval`` config (configs/schema.py:
+EvalConfig), overridden by ``--eval-file`` and then by the flags, and cache each run's result
+in the run (RunDir.eval_cache) for its checkpoint and cache key. What they share is here:
+
+- the common flags and their help (runs, --lengths, --scaling, --factor, --steps,
+  --eval-file, --cache-only, --device, --out), the full help on empty arguments;
+- one tree of eval keys: the file's, then the flags' over them (a nested mapping such as
+  ``tasks:`` merged key by key), checked against EvalConfig before any work;
+- the device choice and the report-directory check, both before any work;
+- the cache loop: per run, the cached result for (checkpoint, cache key), else the
+  evaluation, written atomically; with ``--cache-only`` no report;
+- the command itself (``command``), each module's ``main`` wrapped in ``common.cli.entry_point``.
+
+What each kind of evaluation brings (its evaluation of one run, its cache key, its report
+writer, its own flags) is an ``Evaluation``, defined in its module.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import sys
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Optional, Sequence
+
+import torch
+import yaml
+
+from common.atomic import write_text_atomic
+from common.cli import device_name, non_negative_int, positive_int, scale_factor, usage_when_empty
+from common.devices import DEVICE_NAMES
+from common.errors import UserError
+from configs import override_section
+from configs.experiment import seed_group
+from configs.schema import EvalConfig, RunConfig
+from eval.journal import Cells
+from eval.report import check_report_dir
+from model.config import SCALING_TYPES
+from training.run_dir import RunDir
+from training.runtime import resolve_device
+from training.saved_run import SavedRun, load_run, read_run_config
+
+EvalFor = Callable[[RunConfig], EvalConfig]  # the evaluation config of a run, from its config
+Result = tuple[dict, list, Any]  # (run metadata, result rows, what else the evaluation keeps)
+
+COMMON_KEYS = ("lengths", "scalings", "factor", "steps")  # the eval keys of the common flags
+
+
+def own_eval(cfg: RunConfig) -> EvalConfig:
+    return cfg.eval
+
+
+def pooling_group(cfg: RunConfig, tokens) -> str:
+    """Seeds of one experiment, trained for as many tokens, are pooled into one row."""
+    return f"{seed_group(cfg)}-{tokens}"
+
+
+def _no_options(args: argparse.Namespace) -> dict:
+    return {}
+
+
+def _no_warnings(results: dict) -> list[str]:
+    return []
+
+
+@dataclass(frozen=True)
+class Evaluation:
+    """One kind of evaluation, as the driver runs it: only what is its own."""
+
+    name: str  # python -m eval.NAME; its cache files are RunDir.eval_cache(name, key)
+    doc: str  # the module's docstring: its first paragraph describes the command
+    result: str  # what a cache file calls the third part of a result ("curves", "kmax")
+    default_out: Path
+    cache_key: Callable[[RunConfig, EvalConfig], str]
+    # One run: (run_dir, ev, device, log, cells, **options) -> Result; ``cells`` is a journal of
+    # finished cells, kept beside the cache file (resumable) when ``journal`` is true.
+    evaluate: Callable[..., Result]
+    # Every run and the report: (run_dirs, out, eval_for, device=, **options) -> results.
+    report: Callable[..., dict]
+    add_flags: Callable[[argparse.ArgumentParser], None]  # its own flags
+    flag_tree: Callable[[argparse.Namespace], dict]  # its own flags as eval keys (only those given)
+    options: Callable[[argparse.Namespace], dict] = _no_options  # keyword options of evaluate and report
+    warnings: Callable[[dict], list[str]] = _no_warnings  # printed after the report
+    journal: bool = False
+
+
+# --------------------------------------------------------------- checkpoints of one run
+
+def evaluated_checkpoints(run_dir: Path, ev: EvalConfig, latest: SavedRun,
+                          device: str) -> Iterator[tuple[Optional[int], SavedRun]]:
+    """(step, checkpoint) for every checkpoint an evaluation scores: those of the training
+    steps ``ev.steps``, else the latest alone (step None)."""
+    for step in ev.steps or [None]:
+        yield step, latest if step is None else load_run(run_dir, device=device, step=step)
+
+
+def mark_step(rows: list[dict], step: Optional[int], checkpoint: SavedRun) -> None:
+    """Rows scored at a checkpoint of ``eval.steps`` say which: reports make each step a row
+    of its own ("ROW @ STEP", eval/labels.py)."""
+    for row in rows if step is not None else ():
+        row.update(eval_step=step, step_tokens=checkpoint.meta.get("tokens"))
+
+
+# --------------------------------------------------------------- the cache loop
+
+def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, device: str, log,
+                      **options) -> Result:
+    """``evaluation.evaluate`` of one run, or its earlier result for the same checkpoint and cache key."""
+    run = RunDir(run_dir)
+    cfg = read_run_config(run)
+    ev = eval_for(cfg)
+    path = run.eval_cache(evaluation.name, evaluation.cache_key(cfg, ev))
+    ckpt = run.latest_checkpoint()
+    if ckpt is not None and path.exists():
+        cached = json.loads(path.read_text())
+        if cached.get("checkpoint") == ckpt.name or ev.steps:  # given steps do not change as a run grows
+            log(f"  reusing {path}")
+            # The group hashes the whole config as the schema reads it today: a key added
+            # since (e.g. model.attention) must not split a cached seed from a fresh one.
+            cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"))
+            # The settings outside the key (the report's reference row, …) are today's.
+            cached["meta"]["eval"] = dataclasses.asdict(ev)
+            return cached["meta"], cached["rows"], cached[evaluation.result]
+    cells = Cells(path.with_suffix(".partial.jsonl"), ckpt.name if ckpt is not None else None) \
+        if evaluation.journal else Cells()
+    meta, rows, extra = evaluation.evaluate(run.path, ev, device, log, cells, **options)
+    path.parent.mkdir(exist_ok=True)
+    write_text_atomic(path, json.dumps({"checkpoint": meta["checkpoint"], "meta": meta, "rows": rows,
+                                        evaluation.result: extra}))
+    cells.discard()
+    return meta, rows, extra
+
+
+@dataclass
+class Evaluated:
+    """What every run's evaluation gave, in the order of the runs, and the runs that gave nothing."""
+
+    runs: list[dict] = field(default_factory=list)  # metadata
+    rows: list[dict] = field(default_factory=list)
+    extras: list = field(default_factory=list)  # each run's third part of its result
+    failures: list[dict] = field(default_factory=list)  # {"run", "error"}
+
+
+def evaluate_all(evaluation: Evaluation, run_dirs: Sequence[Path], eval_for: EvalFor, device: str, log,
+                 missing: Sequence[dict] = (), **options) -> Evaluated:
+    """Every run's cached evaluation. A run that cannot be evaluated (a UserError) is listed
+    with ``missing`` (runs that should have been there) for the report; none at all is an error."""
+    done = Evaluated(failures=list(missing))
+    for run_dir in run_dirs:
+        log(f"evaluating {run_dir}")
+        try:
+            meta, rows, extra = cached_evaluation(evaluation, Path(run_dir), eval_for, device, log, **options)
+        except UserError as e:
+            done.failures.append({"run": str(run_dir), "error": str(e)})
+            log(f"  skipped: {e}")
+            continue
+        done.runs.append(meta)
+        done.rows.extend(rows)
+        done.extras.append(extra)
+    if not done.runs:
+        raise UserError("no run could be evaluated:\n" + "\n".join(f"- {f['run']}: {f['error']}"
+                                                                 for f in done.failures))
+    return done
+
+
+# --------------------------------------------------------------- the command line
+
+def parser(evaluation: Evaluation) -> argparse.ArgumentParser:
+    """The common flags around the evaluation's own (``evaluation.add_flags``)."""
+    p = argparse.ArgumentParser(prog=f"python -m eval.{evaluation.name}",
+                                description=evaluation.doc.split("\n\n")[0],
+                                epilog="Flags override the keys of each run's own eval config (eval.*).")
+    p.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
+    p.add_argument("--lengths", type=positive_int, nargs="+",
+                   help="eval.lengths: evaluated lengths (default: eval.length_multipliers × the training length)")
+    p.add_argument("--scaling", nargs="+", choices=SCALING_TYPES, dest="scalings",
+                   help="eval.scalings: RoPE scalings to compare (RoPE runs only)")
+    p.add_argument("--factor", type=scale_factor,
+                   help="eval.factor: fixed RoPE scaling factor >= 1 (default: L_eval / L_train)")
+    p.add_argument("--steps", type=non_negative_int, nargs="+", metavar="N",
+                   help="eval.steps: evaluate the checkpoints of these training steps, e.g. a fine-tuning "
+                        "budget curve (train.keep_last must have kept them; default: the latest checkpoint)")
+    evaluation.add_flags(p)
+    p.add_argument("--eval-file", type=Path, help="a YAML mapping of eval keys applied before the flags "
+                                                 "(scripts/ablate.py passes each run's planned evaluation)")
+    p.add_argument("--cache-only", action="store_true",
+                   help="evaluate and cache the results in each run directory, without writing a report "
+                        "(scripts/ablate.py's jobs)")
+    p.add_argument("--device", type=device_name, default="cpu", help=f"torch device for evaluation: {DEVICE_NAMES}")
+    p.add_argument("--out", type=Path, default=evaluation.default_out,
+                   help="report directory: a new one, or an earlier report's, which is replaced")
+    return p
+
+
+def parse_args(evaluation: Evaluation, argv=None) -> argparse.Namespace:
+    p = parser(evaluation)
+    usage_when_empty(p, argv)
+    return p.parse_args(argv)
+
+
+def read_eval_file(path: Path) -> dict:
+    try:
+        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError) as e:
+        raise UserError(f"--eval-file {path}: cannot read it ({e})") from None
+    if not isinstance(tree, dict):
+        raise UserError(f"--eval-file {path}: expected a mapping of eval keys")
+    return tree
+
+
+def merged(base: dict, over: dict) -> dict:
+    """``base`` with ``over``'s keys: a mapping in both is merged key by key, anything else replaced."""
+    out = dict(base)
+    for key, value in over.items():
+        both = isinstance(value, dict) and isinstance(out.get(key), dict)
+        out[key] = merged(out[key], value) if both else value
+    return out
+
+
+def eval_tree(evaluation: Evaluation, args: argparse.Namespace) -> dict:
+    """The eval keys to apply to every run: --eval-file's, then the flags', checked against
+    EvalConfig now, so a bad value fails before any work."""
+    tree = read_eval_file(args.eval_file) if args.eval_file else {}
+    flags = {key: getattr(args, key) for key in COMMON_KEYS if getattr(args, key) is not None}
+    tree = merged(tree, merged(flags, evaluation.flag_tree(args)))
+    override_section(EvalConfig(), tree, "command line", "eval.")
+    return tree
+
+
+def command(evaluation: Evaluation, argv=None) -> int:
+    """The command ``python -m eval.NAME``: each module's ``main``, wrapped in ``entry_point``."""
+    args = parse_args(evaluation, argv)
+    tree = eval_tree(evaluation, args)
+    options = evaluation.options(args)
+    device = str(resolve_device(args.device, "--device"))
+    if not args.cache_only:
+        check_report_dir(args.out)  # before anything is evaluated
+
+    def eval_for(cfg: RunConfig) -> EvalConfig:
+        return override_section(cfg.eval, tree, "command line", "eval.")
+
+    with torch.inference_mode():
+        if args.cache_only:
+            for run in args.runs:
+                cached_evaluation(evaluation, run, eval_for, device, print, **options)
+            return 0
+        results = evaluation.report(args.runs, args.out, eval_for, device=device, **options)
+    print(f"wrote {args.out}/report.md, results.json and plots")
+    for warning in evaluation.warnings(results):
+        print(f"warning: {warning}", file=sys.stderr)
+    return 0
