@@ -272,6 +272,17 @@ def _cache_key(ev: EvalConfig) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def cached_result(run: RunDir, ev: EvalConfig) -> Optional[dict]:
+    """The cached evaluation of ``run``'s newest checkpoint under ``ev``, or None."""
+    path = run.eval_cache("extrapolation", _cache_key(ev))
+    ckpt = run.latest_checkpoint()
+    if ckpt is None or not path.exists():
+        return None
+    cached = json.loads(path.read_text())
+    # Given steps do not change as a run grows.
+    return cached if cached.get("checkpoint") == ckpt.name or ev.steps else None
+
+
 def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log,
                       allow_unfinished: bool = False) -> tuple[dict, list[dict], dict]:
     """evaluate_run, reusing an earlier result for the same checkpoint and evaluation config."""
@@ -280,16 +291,15 @@ def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log,
     ev = eval_for(cfg)
     path = run.eval_cache("extrapolation", _cache_key(ev))
     ckpt = run.latest_checkpoint()
-    if ckpt is not None and path.exists():
-        cached = json.loads(path.read_text())
-        if cached.get("checkpoint") == ckpt.name or ev.steps:  # given steps do not change as a run grows
-            log(f"  reusing {path}")
-            # The group hashes the whole config as the schema reads it today: a key added
-            # since (e.g. model.attention) must not split a cached seed from a fresh one.
-            cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"))
-            # The settings outside the key (the report's reference row, …) are today's.
-            cached["meta"]["eval"] = dataclasses.asdict(ev)
-            return cached["meta"], cached["rows"], cached["curves"]
+    cached = cached_result(run, ev)
+    if cached is not None:
+        log(f"  reusing {path}")
+        # The group hashes the whole config as the schema reads it today: a key added
+        # since (e.g. model.attention) must not split a cached seed from a fresh one.
+        cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"))
+        # The settings outside the key (the report's reference row, …) are today's.
+        cached["meta"]["eval"] = dataclasses.asdict(ev)
+        return cached["meta"], cached["rows"], cached["curves"]
     cells = Cells(path.with_suffix(".partial.jsonl"), ckpt.name if ckpt is not None else None)
     meta, rows, curves = evaluate_run(run.path, ev, device, log, allow_unfinished, cells=cells,
                                       store=CellStore(run.path.parent / STORE_DIR))

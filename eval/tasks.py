@@ -166,18 +166,26 @@ def _cache_key(cfg: RunConfig, ev: EvalConfig) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
+def cached_result(run: RunDir, cfg: RunConfig, ev: EvalConfig) -> Optional[dict]:
+    """The cached task scores of ``run``'s newest checkpoint under ``ev``, or None."""
+    path = run.eval_cache("tasks", _cache_key(cfg, ev))
+    ckpt = run.latest_checkpoint()
+    if ckpt is None or not path.exists():
+        return None
+    cached = json.loads(path.read_text())
+    return cached if cached.get("checkpoint") == ckpt.name else None
+
+
 def cached_evaluation(run_dir: Path, eval_for: EvalFor, device: str, log) -> tuple[dict, list[dict], list[dict]]:
     """evaluate_run, reusing an earlier result for the same checkpoint and settings."""
     run = RunDir(run_dir)
     cfg = read_run_config(run)
     ev = eval_for(cfg)
     path = run.eval_cache("tasks", _cache_key(cfg, ev))
-    ckpt = run.latest_checkpoint()
-    if ckpt is not None and path.exists():
-        cached = json.loads(path.read_text())
-        if cached.get("checkpoint") == ckpt.name:
-            log(f"  reusing {path}")
-            return cached["meta"], cached["rows"], cached["kmax"]
+    cached = cached_result(run, cfg, ev)
+    if cached is not None:
+        log(f"  reusing {path}")
+        return cached["meta"], cached["rows"], cached["kmax"]
     meta, rows, kmax_rows = evaluate_run(run.path, ev, device, log)
     path.parent.mkdir(exist_ok=True)
     write_text_atomic(path, json.dumps({"checkpoint": meta["checkpoint"], "meta": meta, "rows": rows,
