@@ -84,7 +84,7 @@ def print_status(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str
     if record and known is None:
         print("  (squeue is not on PATH here: the jobs' states are unknown; run --status on the cluster)")
     rows = {run.name: run_row(run, *states[run.name], record.get(run.name, {}), known or {}) for run in runs}
-    width = max(40, *(len(name) for name in rows))
+    width = max([40, *(len(name) for name in rows)])
     print(f"  {'run':<{width}} {'state':<12} {'job':<12} detail")
     for name, row in rows.items():
         print(f"  {name:<{width}} {row.state:<12} {row.job:<12} {row.detail}")
