@@ -12,11 +12,13 @@ resolved relative to the file that sets it::
       model.pos.kind: [rope, sinusoidal, learned, alibi, none]
       train.seed: [0, 1]
     eval: {lengths: [64, 128, 2048], protocols: [nonoverlap, sliding], scalings: [none, yarn]}
+    slurm: {gpus_per_run: 1, time: "4:00:00", partition: gpu}   # optional: configs/slurm.py
 
 ``eval`` holds keys of the runs' ``EvalConfig``: it is checked like any config section
 when the grid loads and becomes ``eval.*`` overrides of every run, so each planned run's
 ``cfg.eval`` is what the grid evaluates it with. Every planned run is built and validated
 (``load_config``) before anything trains, so a typo in an axis fails at once, naming the key.
+``slurm`` holds what each run asks a cluster for (``--launcher slurm``; configs/slurm.py).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ from typing import Any, Optional
 
 from configs.loader import load_config, load_config_tree, override_section
 from configs.schema import EvalConfig, RunConfig
+from configs.slurm import SlurmConfig, slurm_config
 from common.errors import ConfigError
 
 
@@ -53,7 +56,13 @@ class Grid:
     variants: dict[str, list[str]] = field(default_factory=dict)
     eval_overrides: list[str] = field(default_factory=list)  # the grid's eval section, as eval.* overrides
     report: Optional[str] = None
+    slurm: Optional[SlurmConfig] = None  # None: the file has no slurm section
     source: Optional[Path] = None
+
+    @property
+    def runs_dir(self) -> Path:
+        """Where the grid's run directories live: ``<out_dir>/<name>``."""
+        return Path(self.out_dir) / self.name
 
     @property
     def report_dir(self) -> Path:
@@ -128,4 +137,5 @@ def load_grid(path: str | Path) -> Grid:
                 overrides=[str(o) for o in tree.get("overrides", [])], axes=axes,
                 variants={k: [str(o) for o in v] for k, v in variants.items()},
                 eval_overrides=[f"eval.{k}={_text(v)}" for k, v in evaluation.items()],
-                report=tree.get("report"), source=path)
+                report=tree.get("report"), source=path,
+                slurm=slurm_config(tree["slurm"], str(origins.get("slurm", path))) if "slurm" in tree else None)

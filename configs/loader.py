@@ -7,7 +7,9 @@ everything else (lists included) is replaced. Every leaf remembers which file or
 set it, so a bad key or value is reported with its origin. Unknown keys are rejected with
 the closest valid key suggested (torchtitan-style strictness, not nanoGPT's silent globals).
 A single string where a list of strings is expected (``data.local.train=corpus.txt``) is that
-one-element list. Only ``yaml.safe_load`` is used; nothing is executed.
+one-element list. Only YAML's safe loader is used; nothing is executed. It reads numbers as
+YAML 1.2 does: ``4:00:00`` (a Slurm time limit) stays text instead of YAML 1.1's base-60
+integer 14400.
 """
 
 from __future__ import annotations
@@ -30,6 +32,30 @@ from model.encodings import sized_by_max_len
 # Numeric fields accept exactly these spellings so the usual notation works.
 _EXPONENT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
+
+
+class _Loader(yaml.SafeLoader):
+    """PyYAML's safe loader without YAML 1.1's base-60 numbers (``1:30`` is text, not 90)."""
+
+
+_Loader.yaml_implicit_resolvers = {
+    first: [(tag, regexp) for tag, regexp in resolvers if not tag.endswith((":int", ":float"))]
+    for first, resolvers in yaml.SafeLoader.yaml_implicit_resolvers.items()}
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:int",
+    re.compile(r"^(?:[-+]?0b[0-1_]+|[-+]?0[0-7_]+|[-+]?(?:0|[1-9][0-9_]*)|[-+]?0x[0-9a-fA-F_]+)$"),
+    list("-+0123456789"))
+_Loader.add_implicit_resolver(
+    "tag:yaml.org,2002:float",
+    re.compile(r"^(?:[-+]?(?:[0-9][0-9_]*)\.[0-9_]*(?:[eE][-+][0-9]+)?|\.[0-9_]+(?:[eE][-+][0-9]+)?"
+               r"|[-+]?\.(?:inf|Inf|INF)|\.(?:nan|NaN|NAN))$"),
+    list("-+0123456789."))
+
+
+def load_yaml(text: str):
+    """``text`` as YAML, read safely (see the module doc for numbers)."""
+    return yaml.load(text, Loader=_Loader)
+
 
 Origins = dict[str, str]  # dotted key -> file or override that set it last
 PathOrPaths = Union[str, Path, Sequence[Union[str, Path]]]
@@ -61,7 +87,7 @@ def _read_yaml(path: Path) -> dict:
     except OSError as e:
         raise ConfigError(f"cannot read the config file {path}: {e.strerror}") from None
     try:
-        data = yaml.safe_load(text)
+        data = load_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from None
     if data is None:
@@ -137,7 +163,7 @@ def parse_override(text: str) -> tuple[str, Any]:
     if key.split(".")[0] == "inherit":
         raise ConfigError(f"override '{text}': inherit only works inside YAML files")
     try:
-        return key, yaml.safe_load(value)
+        return key, load_yaml(value)
     except yaml.YAMLError as e:
         raise ConfigError(f"override '{text}': value is not valid YAML: {e}") from None
 

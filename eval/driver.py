@@ -107,6 +107,18 @@ def mark_step(rows: list[dict], step: Optional[int], checkpoint: SavedRun) -> No
 
 # --------------------------------------------------------------- the cache loop
 
+def cached_result(evaluation: Evaluation, run: RunDir, cfg: RunConfig, ev: EvalConfig) -> Optional[dict]:
+    """The cached ``evaluation`` of ``run``'s newest checkpoint under ``ev``, or None (a
+    launcher asks this before it submits an evaluation job)."""
+    path = run.eval_cache(evaluation.name, evaluation.cache_key(cfg, ev))
+    ckpt = run.latest_checkpoint()
+    if ckpt is None or not path.exists():
+        return None
+    cached = json.loads(path.read_text())
+    # Given steps do not change as a run grows.
+    return cached if cached.get("checkpoint") == ckpt.name or ev.steps else None
+
+
 def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, device: str, log,
                       **options) -> Result:
     """``evaluation.evaluate`` of one run, or its earlier result for the same checkpoint and cache key."""
@@ -115,16 +127,15 @@ def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, 
     ev = eval_for(cfg)
     path = run.eval_cache(evaluation.name, evaluation.cache_key(cfg, ev))
     ckpt = run.latest_checkpoint()
-    if ckpt is not None and path.exists():
-        cached = json.loads(path.read_text())
-        if cached.get("checkpoint") == ckpt.name or ev.steps:  # given steps do not change as a run grows
-            log(f"  reusing {path}")
-            # The group hashes the whole config as the schema reads it today: a key added
-            # since (e.g. model.attention) must not split a cached seed from a fresh one.
-            cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"))
-            # The settings outside the key (the report's reference row, …) are today's.
-            cached["meta"]["eval"] = dataclasses.asdict(ev)
-            return cached["meta"], cached["rows"], cached[evaluation.result]
+    cached = cached_result(evaluation, run, cfg, ev)
+    if cached is not None:
+        log(f"  reusing {path}")
+        # The group hashes the whole config as the schema reads it today: a key added
+        # since (e.g. model.attention) must not split a cached seed from a fresh one.
+        cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"))
+        # The settings outside the key (the report's reference row, …) are today's.
+        cached["meta"]["eval"] = dataclasses.asdict(ev)
+        return cached["meta"], cached["rows"], cached[evaluation.result]
     cells = Cells(path.with_suffix(".partial.jsonl"), ckpt.name if ckpt is not None else None) \
         if evaluation.journal else Cells()
     meta, rows, extra = evaluation.evaluate(run.path, ev, device, log, cells, **options)

@@ -14,12 +14,16 @@ perplexity sweep (eval/extrapolation.py, report in the grid's report directory);
 trained on synthetic tasks, and text runs whose ``eval.tasks.tasks`` names tasks (passkey),
 get task accuracy (eval/tasks.py, report in its ``tasks/`` subdirectory). Task settings
 that cannot work (a task longer than a length) stop the grid before anything trains.
+
+On a cluster, ``--launcher slurm`` submits each run as a Slurm job instead, with the grid's
+``slurm:`` resources (scripts/slurm_launcher.py, docs/cluster.md); ``--status`` shows where
+every run stands, ``--cancel`` stops the grid's jobs, ``--report`` writes the reports once
+they have ended.
 """
 
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import os
 import queue
 import shlex
@@ -31,13 +35,13 @@ from pathlib import Path
 from dataclasses import dataclass
 from typing import Optional
 
-import yaml
 from tqdm import tqdm
 
 from configs import load_config
 from configs.experiment import experiment_differences
 from configs.grid import Grid, PlannedRun, load_grid
 from configs.schema import EvalConfig, RunConfig
+from configs.slurm import SlurmConfig
 from eval.extrapolation import run_extrapolation
 from eval.tasks import check_planned, run_task_evaluation, wants_tasks
 from eval.report import check_report_dir
@@ -46,6 +50,10 @@ from training.checkpoint import read_meta
 from common.cli import device_name, entry_point, positive_int, usage_when_empty
 from training.runtime import resolve_device
 from training.run_dir import RunDir
+from scripts.grid_jobs import eval_commands, planned_eval_file, train_command
+from scripts.job_files import failure_reason, write_files
+from scripts.grid_status import print_status
+from scripts.slurm_launcher import cancel_grid, check_slurm, resources, submit_grid, wait_for_grid
 
 
 def status(run: PlannedRun) -> tuple[str, str]:
@@ -90,34 +98,19 @@ def _call(cmd: list[str], log_path: Path, slot: Slot) -> tuple[bool, str]:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
         code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=slot.env(), cwd=os.getcwd())
-    if code == 0:
-        return True, ""
-    lines = [line for line in log_path.read_text().splitlines() if line.strip()]
-    errors = [line for line in lines if line.startswith("error:")]
-    reason = (errors[-1] if errors else (lines[-1] if lines else "no output"))[:300]
-    return False, f"exit {code}: {reason} (log: {log_path})"
+    return (True, "") if code == 0 else (False, failure_reason(log_path, code))
 
 
 def train_one(grid: Grid, run: PlannedRun, slot: Slot) -> tuple[bool, str]:
     """Train (or resume) one run in a subprocess, its output in the run's log; (ok, reason)."""
-    cmd = [sys.executable, "-m", "train", str(grid.base), *run.overrides, "train.resume=auto", "log.progress=false"]
-    if slot.device == "cpu":
-        cmd.append("train.device=cpu")
-    return _call(cmd, RunDir.of(run.cfg).log, slot)
+    return _call(train_command(grid, run, slot.device), RunDir.of(run.cfg).log, slot)
 
 
 def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
-    """Evaluate one finished run in a subprocess with its planned eval config, filling the
-    run's evaluation caches (the grid's reports then read them): perplexity for a run
-    trained on text, task accuracy for a synthetic run or one whose eval asks for tasks."""
-    eval_file = RunDir.of(run.cfg).planned_eval
-    eval_file.parent.mkdir(parents=True, exist_ok=True)
-    eval_file.write_text(yaml.safe_dump(dataclasses.asdict(run.cfg.eval), sort_keys=False))
-    modules = ([] if is_synthetic(run) else ["eval.extrapolation"]) + (
-        ["eval.tasks"] if wants_tasks(run.cfg, run.cfg.eval) else [])
-    for module in modules:
-        cmd = [sys.executable, "-m", module, str(RunDir.of(run.cfg)), "--eval-file", str(eval_file),
-               "--cache-only", "--device", slot.device or "cpu"]
+    """Evaluate one finished run in subprocesses with its planned eval config, filling the
+    run's evaluation caches (the grid's reports then read them; scripts/grid_jobs.py)."""
+    write_files(planned_eval_file(run))
+    for cmd in eval_commands(run, slot.device or "cpu"):
         ok, reason = _call(cmd, RunDir.of(run.cfg).log, slot)
         if not ok:
             return ok, reason
@@ -243,8 +236,32 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="overrides for every run (part of the runs' identity)")
     p.add_argument("--skip-eval", action="store_true", help="train only")
+    p.add_argument("--launcher", choices=["local", "slurm"], default="local",
+                   help="local: train here (--jobs, --devices); slurm: submit each run as a Slurm job through "
+                        "submitit, with the grid's slurm: resources (docs/cluster.md)")
+    p.add_argument("--slurm", nargs="+", default=[], metavar="KEY=VALUE",
+                   help="override the grid's slurm: resources, e.g. time=8:00:00 partition=gpu sbatch.qos=high")
+    p.add_argument("--status", action="store_true", help="show each run's state and Slurm job, do nothing else")
+    p.add_argument("--cancel", action="store_true", help="cancel the grid's queued and running Slurm jobs")
+    p.add_argument("--report", action="store_true",
+                   help="train nothing here: wait for the grid's Slurm jobs to end, then write its reports "
+                        "(with --launcher slurm: after submitting)")
     usage_when_empty(p, argv)
     return p.parse_args(argv)
+
+
+def on_cluster(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]],
+               slurm: Optional[SlurmConfig], args: argparse.Namespace) -> bool:
+    """Submit the grid to Slurm (--launcher slurm) and/or wait for its jobs (--report);
+    whether the reports are to be written now."""
+    if slurm is not None:
+        submit_grid(grid, runs, states, slurm, evaluate=not args.skip_eval)
+        if not args.report:
+            print(f"follow it with: python scripts/ablate.py {args.grid} --status; once it is done, write the "
+                  f"reports with: python scripts/ablate.py {args.grid} --report")
+            return False
+    wait_for_grid(grid)
+    return True
 
 
 def run_grid(args: argparse.Namespace) -> int:
@@ -258,6 +275,11 @@ def run_grid(args: argparse.Namespace) -> int:
         if any(wants_tasks(run.cfg, run.cfg.eval) for run in runs):
             check_report_dir(grid.report_dir / "tasks")
     states = {run.name: status(run) for run in runs}
+    if args.status:
+        return print_status(grid, runs, states)
+    if args.cancel:
+        return cancel_grid(grid)
+    slurm = resources(grid, args.slurm) if args.launcher == "slurm" else None
     base = os.path.relpath(grid.base.resolve())
     print(f"grid {grid.name}: {len(runs)} runs from {base} → {Path(grid.out_dir) / grid.name}")
     for run in runs:
@@ -268,7 +290,10 @@ def run_grid(args: argparse.Namespace) -> int:
         return 0
     failures = {name: detail for name, (state, detail) in states.items() if state == "conflict"}
     todo = [run for run in runs if states[run.name][0] in ("new", "partial", "done")]
-    if todo:
+    if slurm is not None or args.report:
+        if not on_cluster(grid, runs, states, slurm, args):
+            return 0
+    elif todo:
         failures.update(run_all(grid, todo, slots_for(args), evaluate=not args.skip_eval))
     finished = [run for run in runs if run.name not in failures and status(run)[0] == "done"]
     for run in runs:
@@ -285,6 +310,8 @@ def run_grid(args: argparse.Namespace) -> int:
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.launcher == "slurm" and not (args.status or args.cancel):
+        check_slurm()  # before anything is planned
     for device in args.devices or ():  # before any run starts, not in each run's log
         resolve_device(device, "--devices")
     try:

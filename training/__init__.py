@@ -1,6 +1,8 @@
 """What a run needs besides the network and the data.
 
 - run_dir.py: the run directory, the one owner of every path inside a run
+- run_lock.py: one training per run directory, on one machine or across a cluster's hosts
+- slurm.py: this process's Slurm job, and the state of jobs by id (squeue, sacct)
 - checkpoint.py: atomic checkpoints, safe loading
 - saved_run.py: a trained model, its config and tokenizer, rebuilt from a run directory
 - runtime.py: device, precision, the data-parallel group, MFU peaks and timing
