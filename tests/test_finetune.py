@@ -15,6 +15,7 @@ from eval.extrapolation import evaluate_run, run_extrapolation
 from training.checkpoint import read_meta
 from training.run_dir import RunDir
 from training.saved_run import load_run
+from training.trainer import Trainer
 
 YARN = ["model.pos.rope.scaling.type=yarn", "model.pos.rope.scaling.factor=4",
         "model.pos.rope.scaling.original_max_len=16"]
@@ -60,7 +61,7 @@ def test_a_child_starts_from_its_parent_and_says_so(parent):
 def test_an_interrupted_child_resumes_like_any_run(parent, monkeypatch):
     tmp, cfg, parent_dir = parent
     assert train.main(child_args(cfg, parent_dir, "straight")) == 0
-    original = train.Trainer.train_step
+    original = Trainer.train_step
 
     def stop_at_3(self):
         out = original(self)
@@ -69,7 +70,7 @@ def test_an_interrupted_child_resumes_like_any_run(parent, monkeypatch):
         return out
 
     with monkeypatch.context() as m:
-        m.setattr(train.Trainer, "train_step", stop_at_3)
+        m.setattr(Trainer, "train_step", stop_at_3)
         assert train.main(child_args(cfg, parent_dir, "broken")) == 128 + signal.SIGTERM
     assert train.main(child_args(cfg, parent_dir, "broken", "--resume")) == 0
     losses = {name: [json.loads(line).get("loss") for line in RunDir(tmp / "runs" / name).metrics.read_text().splitlines()]
@@ -126,7 +127,7 @@ def test_bad_parents_are_refused_before_anything_is_written(parent, capsys, extr
 
 def test_a_parent_still_training_is_refused(parent, capsys, monkeypatch):
     tmp, cfg, _ = parent
-    original = train.Trainer.train_step
+    original = Trainer.train_step
 
     def stop_at_2(self):
         out = original(self)
@@ -135,7 +136,7 @@ def test_a_parent_still_training_is_refused(parent, capsys, monkeypatch):
         return out
 
     with monkeypatch.context() as m:
-        m.setattr(train.Trainer, "train_step", stop_at_2)
+        m.setattr(Trainer, "train_step", stop_at_2)
         assert train.main([cfg, "name=unfinished", "train.seq_len=16", "train.max_steps=12"]) == 128 + signal.SIGTERM
     assert train.main(child_args(cfg, tmp / "runs" / "unfinished", "orphan")) == 2
     assert "is still training (step 2 of 12)" in capsys.readouterr().err
