@@ -16,6 +16,7 @@ import torch
 
 import model.transformer
 import train
+import training.trainer
 from configs import load_config
 from conftest import write_run_config as write_config
 from training.checkpoint import load_state, read_meta
@@ -77,18 +78,35 @@ def stop_after(step: int, monkeypatch):
     monkeypatch.setattr(Trainer, "train_step", train_step)
 
 
+def tick_per_step(monkeypatch, seconds: float) -> None:
+    """Give the trainer a clock that advances ``seconds`` per training step and stands still
+    otherwise, so the wall time it records is known exactly."""
+    now = [0.0]
+    monkeypatch.setattr(training.trainer, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    original = Trainer.train_step
+
+    def train_step(self):
+        now[0] += seconds
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+
+
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, corpus, monkeypatch):
     cfg = write_config(tmp_path, corpus)
     assert train.main([str(cfg), "name=straight"]) == 0
     with monkeypatch.context() as m:
+        tick_per_step(m, 0.25)
         stop_after(13, m)
         assert train.main([str(cfg), "name=broken"]) == 128 + signal.SIGTERM
     run_dir = tmp_path / "runs" / "broken"
     assert read_meta(latest_checkpoint(run_dir))["step"] == 13
     assert max(records(run_dir)) == 13
-    interrupted_seconds = read_meta(latest_checkpoint(run_dir))["train_seconds"]
-    assert train.main([str(cfg), "name=broken", "--resume"]) == 0
-    assert read_meta(latest_checkpoint(run_dir))["train_seconds"] > interrupted_seconds > 0  # summed over sessions
+    assert read_meta(latest_checkpoint(run_dir))["train_seconds"] == 13 * 0.25  # recorded unrounded
+    with monkeypatch.context() as m:
+        tick_per_step(m, 0.25)  # a new session's clock starts again at 0
+        assert train.main([str(cfg), "name=broken", "--resume"]) == 0
+    assert read_meta(latest_checkpoint(run_dir))["train_seconds"] == 30 * 0.25  # the sum of both sessions
     straight, resumed = records(tmp_path / "runs" / "straight"), records(run_dir)
     assert sorted(resumed) == list(range(1, 31))
     assert resumed == straight  # bitwise: every logged loss identical

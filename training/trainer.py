@@ -220,7 +220,7 @@ class Trainer:
             meta = {"tokens": self.tokens_seen, "val_loss": val_loss,
                     "finished": self.step >= self.total_steps, "total_steps": self.total_steps,
                     "params": self.model.num_params(), "git_commit": self.git_commit,
-                    "train_seconds": round(self.train_seconds, 1), "parent": self.parent}
+                    "train_seconds": self.train_seconds, "parent": self.parent}
             save_checkpoint(self.run_dir, self.step, self.model, self.state_dict(), meta, self.cfg.train.keep_last)
         self.rt.barrier()
 
