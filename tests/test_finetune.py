@@ -58,6 +58,17 @@ def test_a_child_starts_from_its_parent_and_says_so(parent):
     assert child_rows[0]["nll"] == yarn_row["nll"] and child_rows[0]["eval_step"] == 0
 
 
+def test_a_child_keeps_its_start_whatever_keep_last(parent):
+    """Step 0 (the parent's weights) starts the budget curve, so pruning never removes it."""
+    tmp, cfg, parent_dir = parent
+    assert train.main(child_args(cfg, parent_dir, "pruned", "train.keep_last=2")) == 0
+    child = RunDir(tmp / "runs" / "pruned")
+    assert [p.name for p in child.complete_checkpoints()] == [f"step_{s:06d}" for s in (0, 4, 6)]
+    ev = EvalConfig(lengths=[64], protocols=["nonoverlap"], max_tokens=512, per_position=False, steps=[0, 6])
+    rows = evaluate_run(child.path, ev, log=lambda *a: None)[1]
+    assert sorted(r["eval_step"] for r in rows) == [0, 6]
+
+
 def test_an_interrupted_child_resumes_like_any_run(parent, monkeypatch):
     tmp, cfg, parent_dir = parent
     assert train.main(child_args(cfg, parent_dir, "straight")) == 0

@@ -221,7 +221,10 @@ class Trainer:
                     "finished": self.step >= self.total_steps, "total_steps": self.total_steps,
                     "params": self.model.num_params(), "git_commit": self.git_commit,
                     "train_seconds": self.train_seconds, "parent": self.parent}
-            save_checkpoint(self.run_dir, self.step, self.model, self.state_dict(), meta, self.cfg.train.keep_last)
+            # A fine-tuned run's step 0 is its parent's weights: the budget curve starts there.
+            pinned = (0,) if self.parent is not None else ()
+            save_checkpoint(self.run_dir, self.step, self.model, self.state_dict(), meta, self.cfg.train.keep_last,
+                            pinned)
         self.rt.barrier()
 
     def _validate_and_save(self, log: MetricsLog) -> None:
