@@ -35,10 +35,12 @@ def child_args(cfg, parent_dir, name="child", *extra):
             "train.warmup_steps=2", "train.min_lr_ratio=1.0", *YARN, *extra]
 
 
-def test_a_child_starts_from_its_parent_and_says_so(parent):
+def test_a_child_starts_from_its_parent_and_says_so(parent, capsys):
     tmp, cfg, parent_dir = parent
     assert train.main(child_args(cfg, parent_dir)) == 0
     child = RunDir(tmp / "runs" / "child")
+    # The start-up line names the weights it starts from: 12 parent steps of 8 × 16 tokens.
+    assert f"training {child} from {parent_dir} step_000012 (step 12, 1,536 tokens): " in capsys.readouterr().out
     assert [p.name for p in child.complete_checkpoints()] == [f"step_{s:06d}" for s in (0, 2, 4, 6)]
     start, dad = load_run(child.path, step=0), load_run(parent_dir)
     assert all(torch.equal(a, b) for a, b in zip(start.model.state_dict().values(), dad.model.state_dict().values()))

@@ -52,6 +52,13 @@ def check_resumable(saved: RunConfig, current: RunConfig, run: RunDir) -> None:
                         "start a new run with another name=... instead.")
 
 
+def parent_origin(parent: dict) -> str:
+    """Where a fine-tuned run's starting weights came from, for its start-up line."""
+    tokens = parent.get("tokens")
+    trained = f"{tokens:,} tokens" if tokens is not None else "tokens not recorded"
+    return f"from {parent['run']} {parent['checkpoint']} (step {parent.get('step')}, {trained})"
+
+
 class Trainer:
     def __init__(self, cfg: RunConfig, rt: Runtime, data: Optional[TrainingData] = None):
         """``data``: already prepared data (training/data.py's interface, e.g. scripts/bench.py's
@@ -252,7 +259,8 @@ class Trainer:
         self.wandb_id = log.wandb_id
         flops_per_token = unwrap(self.model).flops_per_token(t.seq_len)
         peak = f"{rt.peak_flops / 1e9:,.0f} GFLOP/s per device" if rt.peak_flops else "no peak"
-        rt.print(f"training {self.run_dir}: {self.model.num_params():,} parameters, "
+        origin = f" {parent_origin(self.parent)}" if self.parent is not None else ""
+        rt.print(f"training {self.run_dir}{origin}: {self.model.num_params():,} parameters, "
                  f"{t.tokens_per_step(rt.world_size):,} tokens/step, {rt.device.type} {str(rt.dtype)[6:]} "
                  f"× {rt.world_size}; MFU against {peak} ({rt.peak_source})")
         old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
