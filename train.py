@@ -1,4 +1,4 @@
-"""Train a model: ``python train.py CONFIG [key=value ...] [--resume]``.
+"""Train a model: ``python train.py CONFIG [key=value ...] [--resume] [--device DEVICE]``.
 
 The command line only: it resolves one RunConfig, sets up the runtime (device, precision,
 the torchrun group), takes the run's lock and hands over to training/trainer.py, which
@@ -14,7 +14,8 @@ import dataclasses
 import sys
 from typing import Optional
 
-from common.cli import entry_point, usage_when_empty
+from common.cli import device_name, entry_point, usage_when_empty
+from common.devices import DEVICE_NAMES
 from common.errors import UserError
 from common.storage import make_dir
 from configs import config_to_yaml, load_config
@@ -32,6 +33,7 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
                                             "  python train.py configs/quickstart.yaml\n"
                                             "  python train.py configs/quickstart.yaml model.pos.kind=alibi "
                                             "train.max_steps=200 name=alibi\n"
+                                            "  python train.py configs/quickstart.yaml --device cuda:1\n"
                                             "  python train.py configs/quickstart.yaml --resume   "
                                             "# continue an interrupted run")
     parser.add_argument("config", help="a YAML file under configs/ (or your own)")
@@ -39,6 +41,8 @@ def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
     parser.add_argument("--resume", action="store_true",
                         help="continue the run (out_dir/name) from its newest intact checkpoint; "
                              "refused when there is no such run")
+    parser.add_argument("--device", type=device_name,
+                        help=f"torch device, short for train.device=DEVICE: {DEVICE_NAMES}")
     parser.add_argument("--print-config", action="store_true",
                         help="print the resolved config (YAML, overrides applied) and exit without training")
     usage_when_empty(parser, argv)
@@ -69,7 +73,8 @@ def warn_about(cfg: RunConfig, rt: Runtime) -> None:
 @entry_point
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
-    cfg = load_config(args.config, args.overrides)
+    device = [f"train.device={args.device}"] if args.device else []
+    cfg = load_config(args.config, [*args.overrides, *device])
     if args.print_config:
         print(config_to_yaml(cfg), end="")
         return 0

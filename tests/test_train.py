@@ -334,3 +334,15 @@ def test_a_state_file_of_another_layout_is_refused_clearly(tmp_path, corpus, cap
     assert "state.pt does not match this run (KeyError: 'sampler')" in err and "Traceback" not in err
     assert read_meta(latest_checkpoint(tmp_path / "runs" / "tiny"))["step"] == 10  # nothing was changed
 
+
+def test_device_flag_is_short_for_the_override(tmp_path, corpus, capsys):
+    cfg = write_config(tmp_path, corpus)
+    assert train.main([str(cfg), "train.device=cpu", "--print-config"]) == 0
+    with_override = capsys.readouterr().out
+    assert train.main([str(cfg), "--print-config", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == with_override and "device: cpu" in with_override
+    assert train.main([str(cfg), "--device", "cuda:1", "--print-config"]) == 0
+    assert "device: cuda:1" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        train.main([str(cfg), "--device", "gpu"])
+    assert exc.value.code == 2 and "'gpu' is not a device" in capsys.readouterr().err
