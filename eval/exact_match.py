@@ -1,4 +1,5 @@
-"""Scoring task instances: exact match of every answer token, and the answer-only loss.
+"""Scoring task instances: exact match of every answer token (the answer-only loss the
+trainer logs is training/validation.py's ``answer_loss``).
 
 An instance is correct when, at every answer position, the model's most likely next token
 (the argmax of its logits given all earlier tokens of the instance) is the answer token:
@@ -19,7 +20,6 @@ import numpy as np
 import torch
 
 from data.tasks import Instance
-from model.loss import IGNORE_INDEX
 
 LOGIT_BUDGET = 1 << 24  # logits held per forward (64 MB of float32): batches shrink with length × vocab
 
@@ -52,20 +52,3 @@ def exact_match(model, instances: Sequence[Instance], max_batch_tokens: int = 16
     finally:
         model.train(was_training)
     return np.concatenate(out)
-
-
-@torch.no_grad()
-def answer_loss(model, batches: Iterable[tuple[torch.Tensor, torch.Tensor]]) -> float:
-    """Mean NLL over the answer targets of (x, y) batches (other targets are IGNORE_INDEX)."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    total, count = 0.0, 0
-    try:
-        for x, y in batches:
-            nll = model(x.to(device), targets=y.to(device), reduction="none")  # 0 where ignored
-            total += float(nll.double().sum())
-            count += int((y != IGNORE_INDEX).sum())
-    finally:
-        model.train(was_training)
-    return total / count

@@ -1,6 +1,7 @@
 """Perplexity of a model on a token stream, with what the statistics need.
 
-Protocols (windows from data/samplers.py):
+Protocols (windows from data/samplers.py, scored by training/validation.py's
+``window_losses``, the computation the trainer's validation loss uses too):
 - non-overlapping windows of the evaluation length — the default of Press et al. (2022,
   ALiBi), where early tokens of every window have little context;
 - sliding windows with stride S, scoring only the last S targets of each window, so
@@ -22,15 +23,15 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
-from typing import Iterator, Optional, Sequence
+from typing import Optional
 
 import numpy as np
 import torch
 
-from data.samplers import (EvalWindow, document_spans, document_windows, eval_windows, spread_windows,
-                           window_batch)
+from data.samplers import EvalWindow, document_spans, document_windows, eval_windows, spread_windows
 from common.errors import DataError
 from model.loss import perplexity_of
+from training.validation import window_losses
 
 MIN_DOCUMENTS = 20  # fewer scored documents than this: resample blocks of windows instead
 MAX_UNITS = 100  # documents beyond this are grouped (consecutive) so results stay small
@@ -58,42 +59,6 @@ class Perplexity:
 
     def to_dict(self) -> dict:
         return dict(vars(self))
-
-
-def _batches(windows: Sequence[EvalWindow], length: int, batch_size: int,
-             max_batch_tokens: int) -> Iterator[list[EvalWindow]]:
-    size = max(1, min(batch_size, max_batch_tokens // length))
-    for i in range(0, len(windows), size):
-        yield list(windows[i:i + size])
-
-
-@torch.no_grad()
-def window_losses(model, tokens: np.ndarray, windows: Sequence[EvalWindow], batch_size: int = 8,
-                  max_batch_tokens: int = 16384) -> Iterator[tuple[list[EvalWindow], torch.Tensor, torch.Tensor,
-                                                                  torch.Tensor]]:
-    """Per batch of windows: (windows, NLL (B, T), targets (B, T), score mask (B, T))."""
-    was_training = model.training
-    model.eval()
-    device = next(model.parameters()).device
-    try:
-        for group in _batches(windows, windows[0].length, batch_size, max_batch_tokens):
-            x, y, mask = window_batch(tokens, group)
-            # Per-target NLL (B, T) straight from the model: the logits are never all held.
-            nll = model(x.to(device), targets=y.to(device), reduction="none")
-            yield group, nll.float().cpu(), y, mask
-    finally:
-        model.train(was_training)
-
-
-def validation_loss(model, tokens: np.ndarray, length: int, batch_size: int,
-                    max_windows: Optional[int] = None) -> float:
-    """Mean NLL over the first ``max_windows`` non-overlapping windows (the training-time check)."""
-    windows = eval_windows(len(tokens), length, max_windows=max_windows)
-    total, count = 0.0, 0
-    for _, nll, _, mask in window_losses(model, tokens, windows, batch_size):
-        total += float(nll[mask].double().sum())
-        count += int(mask.sum())
-    return total / count
 
 
 def curve_edges(length: int, bins: int = CURVE_BINS) -> np.ndarray:

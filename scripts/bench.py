@@ -8,7 +8,7 @@ kind asked for (``--attention softmax linear``; rows named ``rope``, ``linear+ro
 pairs the model refuses, such as linear attention with a score bias, are skipped with the
 reason), measures
 
-- training: steady-state tokens/s of ``train.Trainer.train_step`` (the training loop's own
+- training: steady-state tokens/s of ``training.trainer.Trainer.train_step`` (the training loop's own
   step: sampler, forward, loss, backward, clipping, AdamW) and model FLOPs utilisation,
   where the peak is the matmul rate this script measures on this machine just before
   (float32 on CPU, the autocast dtype on GPU), so MFU is a ratio to the machine's own limit;

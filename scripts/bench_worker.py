@@ -28,7 +28,6 @@ from eval.perplexity import perplexity
 from common.errors import ConfigError, UserError
 from model.generate import generate
 from model.transformer import Transformer
-from train import Trainer
 from common.cli import entry_point
 from training.runtime import measure_matmul_peak, setup_runtime, synchronize, time_calls
 
@@ -36,6 +35,12 @@ try:  # synthetic tasks; --compare against a commit without them measures text c
     from data.tasks import TaskData, task_tokenizer
 except ImportError:
     TaskData = task_tokenizer = None
+try:
+    from training.data import TaskTraining, TextData
+    from training.trainer import Trainer
+except ImportError:  # --compare against a commit whose trainer was train.py's and read data.split(name)
+    from train import Trainer
+    TaskTraining = TextData = None
 
 PROMPT = 16  # prompt tokens before decoding
 LATENCY_WINDOW = 64  # decode steps averaged for the start/end latency
@@ -122,6 +127,18 @@ def bench_config(spec, variant: str, compile_: bool = False):
     return cfg.with_vocab_size(vocab)
 
 
+def step_data(cfg):
+    """What the training step draws from: random tokens of the config's vocabulary, or for a
+    synthetic config the real instances, made as training makes them."""
+    if cfg.data.source == "synthetic":
+        return TaskTraining(cfg.data.synthetic) if TaskTraining else TaskData(cfg.data.synthetic)
+    tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, size=1_000_000, dtype=np.int64)
+    tokenizer = SimpleNamespace(vocab_size=cfg.model.vocab_size)
+    if TextData is None:  # an older tree's trainer read the splits itself
+        return SimpleNamespace(tokenizer=tokenizer, split=lambda name: tokens)
+    return TextData(tokenizer, train=tokens, valid=tokens)
+
+
 def eval_model(cfg, device: torch.device) -> Transformer:
     torch.manual_seed(0)
     return Transformer(cfg.model).to(device).eval()
@@ -135,12 +152,7 @@ def section_train(spec, kind: str, compile_: bool) -> dict:
     # older trees, which lack it. A GPU reaches its limit only on large matmuls.
     sizes = (2048, 4096, 8192) if rt.device.type == "cuda" else (512, 1024, 2048)
     peak = measure_matmul_peak(rt.device, rt.dtype, sizes=sizes, repeats=10)
-    rng = np.random.default_rng(0)
-    tokens = rng.integers(0, cfg.model.vocab_size, size=1_000_000, dtype=np.int64)
-    data = SimpleNamespace(tokenizer=SimpleNamespace(vocab_size=cfg.model.vocab_size),
-                           split=lambda name: tokens)
-    if cfg.data.source == "synthetic":  # the real step: instances are made as training makes them
-        data = TaskData(cfg.data.synthetic)
+    data = step_data(cfg)
     trainer = Trainer(cfg, rt, data=data)
     memory = PeakMemory(rt.device)
     memory.reset()

@@ -17,6 +17,7 @@ from common.errors import ConfigError
 from scripts import ablate
 from training.checkpoint import read_meta
 from training.run_dir import RunDir
+from training.trainer import Trainer
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -109,7 +110,7 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
     runs = grid.plan()
     # One run was interrupted earlier: it must resume, not restart.
     partial = runs[1]
-    original = train.Trainer.train_step
+    original = Trainer.train_step
 
     def stop_at_8(self):
         out = original(self)
@@ -117,7 +118,7 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
             self.stop_signal = signal.SIGTERM
         return out
 
-    monkeypatch.setattr(train.Trainer, "train_step", stop_at_8)
+    monkeypatch.setattr(Trainer, "train_step", stop_at_8)
     assert train.main([str(grid.base), *partial.overrides]) == 128 + signal.SIGTERM
     monkeypatch.undo()
     assert ablate.status(partial) == ("partial", "step 8/12")

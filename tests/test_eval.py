@@ -17,9 +17,10 @@ from configs.schema import EvalConfig
 from eval import driver
 from eval.extrapolation import run_extrapolation, scale_note, scaling_for
 from eval.report import write_report
-from eval.perplexity import curve_edges, perplexity, validation_loss
+from eval.perplexity import curve_edges, perplexity
 from eval.tables import summarize
 from model.transformer import Transformer
+from training.validation import validation_loss
 
 
 @pytest.fixture(scope="module")

@@ -10,6 +10,7 @@ import pytest
 import train
 from conftest import write_run_config
 from eval.extrapolation import main as extrapolation
+from training.trainer import Trainer
 
 BOOK = "It was a dark and stormy night; the rain fell in torrents. " * 12  # ~700 bytes
 
@@ -84,7 +85,7 @@ def test_a_char_tokenizer_that_cannot_encode_the_corpus(tmp_path, corpus, capsys
 
 def test_an_unfinished_run_is_refused_unless_asked(tmp_path, corpus, capsys, monkeypatch):
     cfg = str(write_run_config(tmp_path, corpus))
-    original = train.Trainer.train_step
+    original = Trainer.train_step
 
     def stop_at_5(self):
         out = original(self)
@@ -92,7 +93,7 @@ def test_an_unfinished_run_is_refused_unless_asked(tmp_path, corpus, capsys, mon
             self.stop_signal = signal.SIGTERM
         return out
 
-    monkeypatch.setattr(train.Trainer, "train_step", stop_at_5)
+    monkeypatch.setattr(Trainer, "train_step", stop_at_5)
     assert train.main([cfg, "train.max_steps=10"]) == 128 + signal.SIGTERM
     monkeypatch.undo()
     run = str(tmp_path / "runs" / "tiny")

@@ -18,6 +18,7 @@ from eval.report import missing_reference
 from training.checkpoint import read_meta
 from training.run_dir import RunDir
 from training.saved_run import load_run
+from training.trainer import Trainer
 
 YARN = ["model.pos.rope.scaling.type=yarn", "model.pos.rope.scaling.factor=4",
         "model.pos.rope.scaling.original_max_len=16"]
@@ -37,10 +38,12 @@ def child_args(cfg, parent_dir, name="child", *extra):
             "train.warmup_steps=2", "train.min_lr_ratio=1.0", *YARN, *extra]
 
 
-def test_a_child_starts_from_its_parent_and_says_so(parent):
+def test_a_child_starts_from_its_parent_and_says_so(parent, capsys):
     tmp, cfg, parent_dir = parent
     assert train.main(child_args(cfg, parent_dir)) == 0
     child = RunDir(tmp / "runs" / "child")
+    # The start-up line names the weights it starts from: 12 parent steps of 8 × 16 tokens.
+    assert f"training {child} from {parent_dir} step_000012 (step 12, 1,536 tokens): " in capsys.readouterr().out
     assert [p.name for p in child.complete_checkpoints()] == [f"step_{s:06d}" for s in (0, 2, 4, 6)]
     start, dad = load_run(child.path, step=0), load_run(parent_dir)
     assert all(torch.equal(a, b) for a, b in zip(start.model.state_dict().values(), dad.model.state_dict().values()))
@@ -60,10 +63,21 @@ def test_a_child_starts_from_its_parent_and_says_so(parent):
     assert child_rows[0]["nll"] == yarn_row["nll"] and child_rows[0]["eval_step"] == 0
 
 
+def test_a_child_keeps_its_start_whatever_keep_last(parent):
+    """Step 0 (the parent's weights) starts the budget curve, so pruning never removes it."""
+    tmp, cfg, parent_dir = parent
+    assert train.main(child_args(cfg, parent_dir, "pruned", "train.keep_last=2")) == 0
+    child = RunDir(tmp / "runs" / "pruned")
+    assert [p.name for p in child.complete_checkpoints()] == [f"step_{s:06d}" for s in (0, 4, 6)]
+    ev = EvalConfig(lengths=[64], protocols=["nonoverlap"], max_tokens=512, per_position=False, steps=[0, 6])
+    rows = evaluate_run(child.path, ev, log=lambda *a: None)[1]
+    assert sorted(r["eval_step"] for r in rows) == [0, 6]
+
+
 def test_an_interrupted_child_resumes_like_any_run(parent, monkeypatch):
     tmp, cfg, parent_dir = parent
     assert train.main(child_args(cfg, parent_dir, "straight")) == 0
-    original = train.Trainer.train_step
+    original = Trainer.train_step
 
     def stop_at_3(self):
         out = original(self)
@@ -72,7 +86,7 @@ def test_an_interrupted_child_resumes_like_any_run(parent, monkeypatch):
         return out
 
     with monkeypatch.context() as m:
-        m.setattr(train.Trainer, "train_step", stop_at_3)
+        m.setattr(Trainer, "train_step", stop_at_3)
         assert train.main(child_args(cfg, parent_dir, "broken")) == 128 + signal.SIGTERM
     assert train.main(child_args(cfg, parent_dir, "broken", "--resume")) == 0
     losses = {name: [json.loads(line).get("loss") for line in RunDir(tmp / "runs" / name).metrics.read_text().splitlines()]
@@ -129,7 +143,7 @@ def test_bad_parents_are_refused_before_anything_is_written(parent, capsys, extr
 
 def test_a_parent_still_training_is_refused(parent, capsys, monkeypatch):
     tmp, cfg, _ = parent
-    original = train.Trainer.train_step
+    original = Trainer.train_step
 
     def stop_at_2(self):
         out = original(self)
@@ -138,7 +152,7 @@ def test_a_parent_still_training_is_refused(parent, capsys, monkeypatch):
         return out
 
     with monkeypatch.context() as m:
-        m.setattr(train.Trainer, "train_step", stop_at_2)
+        m.setattr(Trainer, "train_step", stop_at_2)
         assert train.main([cfg, "name=unfinished", "train.seq_len=16", "train.max_steps=12"]) == 128 + signal.SIGTERM
     assert train.main(child_args(cfg, tmp / "runs" / "unfinished", "orphan")) == 2
     assert "is still training (step 2 of 12)" in capsys.readouterr().err

@@ -22,12 +22,14 @@ from conftest import tiny_config, write_run_config
 from data.tasks import Instance, task_tokenizer
 from eval import driver, extrapolation
 from eval import tasks as eval_tasks
-from eval.exact_match import answer_loss, exact_match
+from eval.exact_match import exact_match
 from eval.kmax import k_max
 from eval.stats import pooled_accuracy_interval, wilson_interval
 from model.generate import generate
 from model.transformer import Transformer
 from training.run_dir import RunDir
+from training.trainer import Trainer
+from training.validation import answer_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -126,7 +128,7 @@ def losses(run_dir: Path) -> dict[int, float]:
 def test_synthetic_run_trains_resumes_exactly_and_saves_the_task_tokenizer(tmp_path, monkeypatch):
     cfg = str(synthetic_config(tmp_path))
     assert train.main([cfg, "name=straight"]) == 0
-    original = train.Trainer.train_step
+    original = Trainer.train_step
 
     def interrupted(self):
         out = original(self)
@@ -134,7 +136,7 @@ def test_synthetic_run_trains_resumes_exactly_and_saves_the_task_tokenizer(tmp_p
             self.stop_signal = signal.SIGTERM
         return out
     with monkeypatch.context() as m:
-        m.setattr(train.Trainer, "train_step", interrupted)
+        m.setattr(Trainer, "train_step", interrupted)
         assert train.main([cfg, "name=broken"]) == 128 + signal.SIGTERM
     assert train.main([cfg, "name=broken", "--resume"]) == 0
     straight, broken = losses(tmp_path / "runs" / "straight"), losses(tmp_path / "runs" / "broken")

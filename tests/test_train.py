@@ -16,12 +16,15 @@ import torch
 
 import model.transformer
 import train
+import training.trainer
+from configs import load_config
 from conftest import write_run_config as write_config
 from training.checkpoint import load_state, read_meta
 from training.metrics import MetricsLog
 from training.run_dir import RunDir
 from training.runtime import Runtime
 from training.saved_run import load_run
+from training.trainer import Trainer
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -64,7 +67,7 @@ def test_short_run_lowers_loss_and_writes_run_dir(tmp_path, corpus):
 
 def stop_after(step: int, monkeypatch):
     """Make the trainer behave as if SIGTERM arrived during step ``step``."""
-    original = train.Trainer.train_step
+    original = Trainer.train_step
 
     def train_step(self):
         out = original(self)
@@ -72,21 +75,38 @@ def stop_after(step: int, monkeypatch):
             self.stop_signal = signal.SIGTERM
         return out
 
-    monkeypatch.setattr(train.Trainer, "train_step", train_step)
+    monkeypatch.setattr(Trainer, "train_step", train_step)
+
+
+def tick_per_step(monkeypatch, seconds: float) -> None:
+    """Give the trainer a clock that advances ``seconds`` per training step and stands still
+    otherwise, so the wall time it records is known exactly."""
+    now = [0.0]
+    monkeypatch.setattr(training.trainer, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    original = Trainer.train_step
+
+    def train_step(self):
+        now[0] += seconds
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "train_step", train_step)
 
 
 def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, corpus, monkeypatch):
     cfg = write_config(tmp_path, corpus)
     assert train.main([str(cfg), "name=straight"]) == 0
     with monkeypatch.context() as m:
+        tick_per_step(m, 0.25)
         stop_after(13, m)
         assert train.main([str(cfg), "name=broken"]) == 128 + signal.SIGTERM
     run_dir = tmp_path / "runs" / "broken"
     assert read_meta(latest_checkpoint(run_dir))["step"] == 13
     assert max(records(run_dir)) == 13
-    interrupted_seconds = read_meta(latest_checkpoint(run_dir))["train_seconds"]
-    assert train.main([str(cfg), "name=broken", "--resume"]) == 0
-    assert read_meta(latest_checkpoint(run_dir))["train_seconds"] > interrupted_seconds > 0  # summed over sessions
+    assert read_meta(latest_checkpoint(run_dir))["train_seconds"] == 13 * 0.25  # recorded unrounded
+    with monkeypatch.context() as m:
+        tick_per_step(m, 0.25)  # a new session's clock starts again at 0
+        assert train.main([str(cfg), "name=broken", "--resume"]) == 0
+    assert read_meta(latest_checkpoint(run_dir))["train_seconds"] == 30 * 0.25  # the sum of both sessions
     straight, resumed = records(tmp_path / "runs" / "straight"), records(run_dir)
     assert sorted(resumed) == list(range(1, 31))
     assert resumed == straight  # bitwise: every logged loss identical
@@ -270,3 +290,59 @@ def test_training_log_lines_carry_gpu_peak_memory_only_when_given(tmp_path, caps
 
 def records_of(path: Path) -> list[dict]:
     return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def same(a, b) -> bool:
+    """Equal nested state: tensors element for element, everything else by ==."""
+    if isinstance(a, dict):
+        return isinstance(b, dict) and a.keys() == b.keys() and all(same(a[k], b[k]) for k in a)
+    if isinstance(a, (list, tuple)):
+        return isinstance(b, (list, tuple)) and len(a) == len(b) and all(same(x, y) for x, y in zip(a, b))
+    if isinstance(a, torch.Tensor):
+        return isinstance(b, torch.Tensor) and torch.equal(a, b)
+    return a == b
+
+
+def test_the_checkpoint_state_is_read_back_whole(tmp_path, corpus):
+    """Every field state_dict writes, load_state_dict restores; older state without
+    train_seconds still loads."""
+    cfg = load_config(write_config(tmp_path, corpus))
+    rt = Runtime(device=torch.device("cpu"), dtype=torch.float32)
+    trained = Trainer(cfg, rt)
+    for _ in range(3):
+        trained.train_step()
+    trained.best_val, trained.wandb_id, trained.train_seconds = 2.5, "abc", 12.345
+    torch.manual_seed(1234)  # an RNG state that building another trainer (seed 7) does not give
+    state = trained.state_dict()
+    fresh = Trainer(cfg, rt)
+    fresh.load_state_dict(state)
+    assert same(fresh.state_dict(), state)
+    assert (fresh.step, fresh.sampler.batches_drawn, fresh.train_seconds) == (3, 3, 12.345)
+    older = Trainer(cfg, rt)
+    older.load_state_dict({k: v for k, v in state.items() if k != "train_seconds"})
+    assert older.train_seconds == 0.0 and older.step == 3
+
+
+def test_a_state_file_of_another_layout_is_refused_clearly(tmp_path, corpus, capsys):
+    cfg = write_config(tmp_path, corpus)
+    assert train.main([str(cfg), "train.max_steps=10"]) == 0
+    ckpt = latest_checkpoint(tmp_path / "runs" / "tiny")
+    state = load_state(ckpt)
+    torch.save({k: v for k, v in state.items() if k != "sampler"}, ckpt / "state.pt")
+    assert train.main([str(cfg), "train.max_steps=20", "--resume"]) == 2
+    err = capsys.readouterr().err
+    assert "state.pt does not match this run (KeyError: 'sampler')" in err and "Traceback" not in err
+    assert read_meta(latest_checkpoint(tmp_path / "runs" / "tiny"))["step"] == 10  # nothing was changed
+
+
+def test_device_flag_is_short_for_the_override(tmp_path, corpus, capsys):
+    cfg = write_config(tmp_path, corpus)
+    assert train.main([str(cfg), "train.device=cpu", "--print-config"]) == 0
+    with_override = capsys.readouterr().out
+    assert train.main([str(cfg), "--print-config", "--device", "cpu"]) == 0
+    assert capsys.readouterr().out == with_override and "device: cpu" in with_override
+    assert train.main([str(cfg), "--device", "cuda:1", "--print-config"]) == 0
+    assert "device: cuda:1" in capsys.readouterr().out
+    with pytest.raises(SystemExit) as exc:
+        train.main([str(cfg), "--device", "gpu"])
+    assert exc.value.code == 2 and "'gpu' is not a device" in capsys.readouterr().err

@@ -20,7 +20,7 @@ from __future__ import annotations
 import json
 import shutil
 from pathlib import Path
-from typing import Any, Callable, Optional, TypeVar
+from typing import Any, Callable, Collection, Optional, TypeVar
 
 import torch
 from safetensors import SafetensorError
@@ -71,16 +71,18 @@ def _write_dir(final: Path, model: nn.Module, state: Optional[dict], meta: dict)
 
 
 def save_checkpoint(run: RunDir, step: int, model: nn.Module, state: Optional[dict], meta: dict,
-                    keep_last: int) -> Path:
+                    keep_last: int, pinned: Collection[int] = ()) -> Path:
     """Write the step's checkpoint atomically, point ``latest`` at it, prune to ``keep_last``.
 
     Only checkpoints up to this step count for pruning: one from beyond it can only be
     left from a session that was rolled back, and must not push out an earlier good one.
+    The steps in ``pinned`` are never pruned and do not count towards ``keep_last``.
     """
     final = run.step_dir(step)
     _write_dir(final, model, state, {"step": step, **meta})
     write_text_atomic(run.latest_pointer, final.name)
-    kept = [p for p in run.complete_checkpoints() if p.name <= final.name]
+    kept_always = {run.step_dir(s).name for s in pinned}
+    kept = [p for p in run.complete_checkpoints() if p.name <= final.name and p.name not in kept_always]
     for old in kept[:-keep_last]:
         shutil.rmtree(old, ignore_errors=True)
     return final

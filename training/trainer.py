@@ -1,0 +1,317 @@
+"""The training loop: one run, from its config to a run directory (training/run_dir.py).
+
+The same loop runs data-parallel under ``torchrun`` (NCCL on CUDA, gloo on CPU); rank 0
+alone writes files. A checkpoint is the weights, ``meta.json`` (what evaluation reads) and
+``state.pt``, which is ``Trainer.state_dict()`` and is read back by ``load_state_dict``.
+
+Exactness: a resumed run restores weights, optimizer, schedule position, RNG states and
+the sampler, so every later logged loss equals the uninterrupted run's (bitwise on CPU
+with the same settings and thread count).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import math
+import signal
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from common.atomic import write_text_atomic
+from common.errors import CheckpointError, UserError
+from configs import config_to_yaml, load_config
+from configs.experiment import experiment_differences
+from configs.schema import RunConfig
+from data.samplers import RandomPositions
+from model.transformer import Transformer
+from training.checkpoint import (load_newest, load_state, load_weights, read_meta, save_best, save_checkpoint,
+                                 set_aside, unwrap)
+from training.data import TrainingData, prepare
+from training.metrics import MetricsLog
+from training.optim import build_optimizer, lr_at, set_learning_rate, upgrade_optimizer_state
+from training.parent import load_parent, parent_record
+from training.provenance import git_commit
+from training.run_dir import RunDir
+from training.runtime import Runtime
+
+
+class TrainingError(UserError):
+    """The run cannot continue (e.g. a non-finite loss); checkpoints already saved are kept."""
+
+
+def check_resumable(saved: RunConfig, current: RunConfig, run: RunDir) -> None:
+    """Refuse a resume that would silently turn into a different experiment."""
+    changed = experiment_differences(saved, current)
+    if changed:
+        raise UserError(f"cannot resume {run}: these settings differ from the saved run: "
+                        f"{', '.join(changed)}. A resumed run must be the same experiment; "
+                        "start a new run with another name=... instead.")
+
+
+def parent_origin(parent: dict) -> str:
+    """Where a fine-tuned run's starting weights came from, for its start-up line."""
+    tokens = parent.get("tokens")
+    trained = f"{tokens:,} tokens" if tokens is not None else "tokens not recorded"
+    return f"from {parent['run']} {parent['checkpoint']} (step {parent.get('step')}, {trained})"
+
+
+class Trainer:
+    def __init__(self, cfg: RunConfig, rt: Runtime, data: Optional[TrainingData] = None):
+        """``data``: already prepared data (training/data.py's interface, e.g. scripts/bench.py's
+        random tokens); by default ``cfg.data`` is prepared, or its synthetic tasks set up."""
+        self.rt = rt
+        self.run_dir = RunDir.of(cfg)
+        resume_from = self._find_resume_point(cfg)
+        data = prepare(cfg, rt) if data is None else data
+        self.cfg = cfg.with_vocab_size(data.tokenizer.vocab_size)
+        self.tokenizer = data.tokenizer
+        t = self.cfg.train
+        self.total_steps = t.total_steps(rt.world_size)
+        torch.manual_seed(t.seed)
+        self.model = Transformer(self.cfg.model).to(rt.device)
+        self.optimizer = build_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2), rt.device.type,
+                                         t.pos_lr_multiplier)
+        self.sampler = data.train_sampler(t.seq_len, t.batch_size, t.seed, rt.rank, rt.world_size)
+        self.validation_loss = data.validation(t.seq_len, t.batch_size, t.eval_batches, rt.world_size)
+        self.positions = None if t.random_positions is None else RandomPositions(
+            t.random_positions.max_len, t.seq_len, t.batch_size, seed=t.seed, rank=rt.rank,
+            world_size=rt.world_size)
+        self.scaler = torch.amp.GradScaler(rt.device.type) if rt.dtype == torch.float16 else None
+        self.step, self.tokens_seen, self.best_val, self.wandb_id = 0, 0, math.inf, None
+        self.parent: Optional[dict] = None  # where the starting weights came from (init.run)
+        if resume_from is None and self.cfg.init.run:
+            parent = load_parent(self.cfg, self.tokenizer)
+            self.model.load_state_dict(parent.model.state_dict())
+            self.parent = parent_record(parent)
+        # Wall seconds of the training loop over every session of this run (steps, validation,
+        # checkpoints), for the ablation runner's accounting.
+        self.train_seconds, self._session_start = 0.0, time.perf_counter()
+        if resume_from is not None:
+            self._restore()
+        self.forward_model = self._wrap(self.model)
+        self.stop_signal: Optional[int] = None
+        self.git_commit = git_commit()
+
+    # --- setup ----------------------------------------------------------------------
+    def _warn(self, message: str) -> None:
+        self.rt.print(message, file=sys.stderr)
+
+    def _find_resume_point(self, cfg: RunConfig) -> Optional[Path]:
+        ckpt = self.run_dir.latest_checkpoint() if self.run_dir.path.exists() else None
+        if ckpt is not None and cfg.train.resume == "never":
+            raise UserError(f"{self.run_dir} already has a checkpoint ({ckpt.name}). Continue it with "
+                            "--resume (or train.resume=auto), or start a new run with name=... ; "
+                            "nothing was changed.")
+        return ckpt
+
+    def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
+        if self.cfg.train.compile:
+            model = torch.compile(model)
+        if self.rt.world_size > 1:
+            ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
+            model = torch.nn.parallel.DistributedDataParallel(model, device_ids=ids)
+        return model
+
+    # --- the checkpoint state -------------------------------------------------------
+    def state_dict(self) -> dict:
+        """Everything besides the weights that continuing exactly needs: a checkpoint's state.pt."""
+        return {"optimizer": self.optimizer.state_dict(), "sampler": self.sampler.state_dict(),
+                "rng_cpu": torch.get_rng_state(),
+                "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
+                "scaler": self.scaler.state_dict() if self.scaler else None,
+                "step": self.step, "tokens": self.tokens_seen, "best_val": self.best_val,
+                "wandb_id": self.wandb_id, "train_seconds": self.train_seconds}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Continue from ``state_dict()``'s output; keys added since a checkpoint was written
+        (``train_seconds``, ``wandb_id``) may be absent from it."""
+        self.optimizer.load_state_dict(upgrade_optimizer_state(state["optimizer"], self.model,
+                                                             self.cfg.train.pos_lr_multiplier))
+        self.sampler.load_state_dict(state["sampler"])
+        torch.set_rng_state(state["rng_cpu"])
+        if torch.cuda.is_available() and state.get("rng_cuda") is not None:
+            torch.cuda.set_rng_state(state["rng_cuda"])
+        if self.scaler is not None and state.get("scaler"):
+            self.scaler.load_state_dict(state["scaler"])
+        self.step, self.tokens_seen = int(state["step"]), int(state["tokens"])
+        self.best_val, self.wandb_id = float(state["best_val"]), state.get("wandb_id")
+        self.train_seconds = float(state.get("train_seconds", 0.0))
+
+    def _restore(self) -> None:
+        """Continue from the newest checkpoint that reads; damaged newer ones are set aside."""
+        saved = load_config(self.run_dir.config)
+        check_resumable(saved, self.cfg, self.run_dir)
+        found = load_newest(self.run_dir, self._restore_from, self._warn)
+        if found is None:  # the checkpoint seen at start-up has gone since
+            raise CheckpointError(f"{self.run_dir} has no checkpoint any more; nothing was changed")
+        ckpt, meta, skipped = found
+        if self.rt.is_main:
+            for bad in skipped:
+                set_aside(self.run_dir, bad, self._warn)
+            if skipped or self.run_dir.pointer_target() != ckpt.name:
+                write_text_atomic(self.run_dir.latest_pointer, ckpt.name)
+        self.rt.barrier()
+        self.rt.print(f"resuming {self.run_dir} from {ckpt.name} (step {meta['step']})")
+
+    def _restore_from(self, ckpt: Path) -> dict:
+        """Load ``ckpt`` into the model and the training state; its meta. Every file is read
+        before anything is set, so an unreadable one leaves the state as it was."""
+        meta = read_meta(ckpt)
+        state = load_state(ckpt)
+        load_weights(self.model, ckpt)
+        self.parent = meta.get("parent")
+        try:
+            self.load_state_dict(state)
+        except (KeyError, ValueError, RuntimeError, TypeError) as e:
+            raise CheckpointError(f"{ckpt}/state.pt does not match this run ({type(e).__name__}: {e}); "
+                                  "it may come from another version or config. Nothing was changed; start a "
+                                  "new run with another name=... instead") from None
+        return meta
+
+    # --- one optimisation step ------------------------------------------------------
+    def train_step(self) -> tuple[float, float]:
+        """Forward/backward over grad_accum micro-batches, clip, step; returns (loss, grad norm)."""
+        t, rt = self.cfg.train, self.rt
+        lr = lr_at(self.step, t.lr, t.warmup_steps, self.total_steps, t.min_lr_ratio)
+        set_learning_rate(self.optimizer, lr)
+        loss_sum = torch.zeros((), device=rt.device)
+        for micro in range(t.grad_accum):
+            positions = self._positions(self.sampler.batches_drawn)
+            x, y = (b.to(rt.device, non_blocking=True) for b in self.sampler.next_batch())
+            last = micro == t.grad_accum - 1
+            sync = contextlib.nullcontext() if last or rt.world_size == 1 else self.forward_model.no_sync()
+            with sync, rt.autocast():
+                loss = self.forward_model(x, positions, targets=y) / t.grad_accum
+            (self.scaler.scale(loss) if self.scaler else loss).backward()
+            loss_sum += loss.detach()
+        loss_value = rt.mean_across_ranks(loss_sum)
+        if not math.isfinite(loss_value):
+            raise TrainingError(
+                f"the loss became {loss_value} at step {self.step + 1}; the run stopped before the "
+                "update, and checkpoints already saved are intact. Lower train.lr, lengthen "
+                "train.warmup_steps or keep train.grad_clip on, then resume with --resume.")
+        if self.scaler:
+            self.scaler.unscale_(self.optimizer)
+        clip = t.grad_clip if t.grad_clip > 0 else float("inf")
+        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if self.scaler:
+            self.scaler.step(self.optimizer)
+            self.scaler.update()
+        else:
+            self.optimizer.step()
+        self.optimizer.zero_grad(set_to_none=True)
+        self.step += 1
+        self.tokens_seen += t.tokens_per_step(rt.world_size)
+        return loss_value, grad_norm
+
+    def _positions(self, batch_index: int) -> Optional[torch.Tensor]:
+        """Batch ``batch_index``'s randomized positions (B, T), or None for 0 … T−1."""
+        if self.positions is None:
+            return None
+        return self.positions.batch(batch_index).to(self.rt.device, non_blocking=True)
+
+    # --- evaluation and checkpoints -------------------------------------------------
+    def evaluate(self) -> float:
+        with self.rt.autocast():
+            return self.validation_loss(unwrap(self.model))
+
+    def save(self, val_loss: Optional[float] = None) -> None:
+        now = time.perf_counter()
+        self.train_seconds += now - self._session_start
+        self._session_start = now
+        if self.rt.is_main:
+            meta = {"tokens": self.tokens_seen, "val_loss": val_loss,
+                    "finished": self.step >= self.total_steps, "total_steps": self.total_steps,
+                    "params": self.model.num_params(), "git_commit": self.git_commit,
+                    "train_seconds": self.train_seconds, "parent": self.parent}
+            # A fine-tuned run's step 0 is its parent's weights: the budget curve starts there.
+            pinned = (0,) if self.parent is not None else ()
+            save_checkpoint(self.run_dir, self.step, self.model, self.state_dict(), meta, self.cfg.train.keep_last,
+                            pinned)
+        self.rt.barrier()
+
+    def _validate_and_save(self, log: MetricsLog) -> None:
+        """Step 0 of a run started from a parent: its validation loss and a checkpoint."""
+        val_loss = self.evaluate() if self.rt.is_main else None
+        self.model.train()
+        if self.rt.is_main:
+            log.validation(self.step, self.tokens_seen, val_loss)
+        self.save(val_loss)
+
+    def _handle_signal(self, signum, frame) -> None:
+        self.stop_signal = signum
+
+    # --- the loop -------------------------------------------------------------------
+    def run(self) -> int:
+        t, rt = self.cfg.train, self.rt
+        if self.step >= self.total_steps:
+            rt.print(f"{self.run_dir} is already complete ({self.step}/{self.total_steps} steps)")
+            return 0
+        log = MetricsLog(self.run_dir, self.cfg, rt.is_main, start_step=self.step, wandb_id=self.wandb_id)
+        if rt.is_main:
+            self.run_dir.path.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(self.run_dir.config, config_to_yaml(self.cfg))
+            write_text_atomic(self.run_dir.tokenizer, self.tokenizer.to_json())
+        self.wandb_id = log.wandb_id
+        flops_per_token = unwrap(self.model).flops_per_token(t.seq_len)
+        peak = f"{rt.peak_flops / 1e9:,.0f} GFLOP/s per device" if rt.peak_flops else "no peak"
+        origin = f" {parent_origin(self.parent)}" if self.parent is not None else ""
+        rt.print(f"training {self.run_dir}{origin}: {self.model.num_params():,} parameters, "
+                 f"{t.tokens_per_step(rt.world_size):,} tokens/step, {rt.device.type} {str(rt.dtype)[6:]} "
+                 f"× {rt.world_size}; MFU against {peak} ({rt.peak_source})")
+        old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
+        self._session_start = time.perf_counter()  # data preparation and setup are not training
+        try:
+            if self.parent is not None and self.step == 0:  # the starting point is step 0 of the budget
+                self._validate_and_save(log)
+            return self._loop(log, flops_per_token)
+        finally:
+            for s, h in old_handlers.items():
+                signal.signal(s, h)
+            log.close()
+
+    def _loop(self, log: MetricsLog, flops_per_token: float) -> int:
+        t, rt = self.cfg.train, self.rt
+        self.model.train()
+        bar = log.progress(self.total_steps, self.step)
+        window_seconds, window_tokens = 0.0, 0  # training time only, not eval or saving
+        while self.step < self.total_steps:
+            started = time.perf_counter()
+            loss, grad_norm = self.train_step()
+            step_seconds = time.perf_counter() - started
+            window_seconds += step_seconds
+            window_tokens += t.tokens_per_step(rt.world_size)
+            last = self.step >= self.total_steps
+            if self.step % t.log_interval == 0 or last:
+                speed = window_tokens / window_seconds if window_seconds > 0 else 0.0
+                log.train(self.step, self.tokens_seen, loss, self.optimizer.param_groups[0]["lr"],
+                          grad_norm, speed, rt.mfu(flops_per_token * speed), rt.peak_memory_gib())
+                window_seconds, window_tokens = 0.0, 0
+            bar.update(1)
+            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
+                            tok_s=f"{t.tokens_per_step(rt.world_size) / step_seconds:,.0f}", refresh=False)
+            val_loss = None
+            if self.step % t.eval_interval == 0 or last:
+                val_loss = self.evaluate() if rt.is_main else None
+                self.model.train()
+                if rt.is_main:
+                    log.validation(self.step, self.tokens_seen, val_loss)
+                    if val_loss < self.best_val:
+                        self.best_val = val_loss
+                        save_best(self.run_dir, self.model, {"step": self.step, "val_loss": val_loss})
+            stop = rt.any_rank(self.stop_signal is not None)
+            if self.step % t.ckpt_interval == 0 or last or stop:
+                self.save(val_loss)
+            if stop and not last:
+                name = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal"
+                rt.print(f"\nstopped by {name} at step {self.step}; checkpoint saved in {self.run_dir}. "
+                         "Continue with --resume.")
+                return 128 + (self.stop_signal or signal.SIGTERM)
+        bar.close()
+        rt.print(f"done: {self.step} steps, {self.tokens_seen:,} tokens, best val loss {self.best_val:.4f} "
+                 f"→ {self.run_dir}")
+        return 0
