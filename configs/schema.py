@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from common.devices import check_device_name
+from configs.diagnostics import DiagnosticsConfig
 from configs.tasks import SyntheticConfig, TaskEvalConfig
 from model.config import LEARNED_POS_KINDS, SCALING_TYPES, ModelConfig, ScalingType
 from common.errors import ConfigError
@@ -339,6 +340,7 @@ class EvalConfig:
     # be kept: train.keep_last); empty: the latest checkpoint only.
     steps: list[int] = field(default_factory=list)
     tasks: TaskEvalConfig = field(default_factory=TaskEvalConfig)  # python -m eval.tasks
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)  # scripts/diagnose.py
 
     def __post_init__(self) -> None:
         _positive("eval", self, "batch_size")
