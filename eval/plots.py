@@ -244,3 +244,17 @@ def plot_position_bias(panels: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+# One colour per encoding (``model.pos.kind``), the same in every figure that draws rows by
+# encoding (the attention diagnostics: eval/diagnostic_plots.py): tab10's ten colours, the
+# RoPE family in blues, score biases in warm colours, absolute encodings in greens.
+ENCODING_COLORS = {
+    "rope": "#1f77b4", "xpos": "#17becf", "alibi": "#d62728", "t5": "#ff7f0e", "kerple": "#8c564b",
+    "fire": "#e377c2", "sinusoidal": "#2ca02c", "learned": "#bcbd22", "none": "#7f7f7f", "cope": "#9467bd",
+}
+
+
+def encoding_color(encoding: str) -> str:
+    """The colour of ``encoding`` (a ``pos.kind``); black for a kind the map does not know."""
+    return ENCODING_COLORS.get(encoding, "#000000")
