@@ -296,7 +296,8 @@ def test_user_errors_are_one_line_and_exit_2(diag_runs, tmp_path, capsys):
     assert "is a file" in capsys.readouterr().err
 
 
-def test_a_synthetic_run_is_diagnosed_on_its_task_instances(tmp_path):
+def passkey_config(tmp_path):
+    """A tiny run config trained on passkey (4 steps, L = 32), its runs under tmp_path/runs."""
     config = tmp_path / "syn.yaml"
     config.write_text(f"""
 name: syn
@@ -307,7 +308,11 @@ train: {{seq_len: 32, batch_size: 8, max_steps: 4, warmup_steps: 1, eval_interva
         ckpt_interval: 4}}
 log: {{progress: false}}
 """)
-    assert train.main([str(config)]) == 0
+    return config
+
+
+def test_a_synthetic_run_is_diagnosed_on_its_task_instances(tmp_path):
+    assert train.main([str(passkey_config(tmp_path))]) == 0
     out = tmp_path / "report"
     assert diagnose.main([str(tmp_path / "runs" / "syn"), "--lengths", "64", "--windows", "2", "--out", str(out)]) == 0
     results = json.loads((out / "results.json").read_text())
@@ -317,18 +322,10 @@ log: {{progress: false}}
 
 
 def test_a_grid_with_diagnostics_writes_them_into_its_report(tmp_path, capsys):
-    (tmp_path / "syn.yaml").write_text("""
-name: syn
-model: {d_model: 32, n_layers: 2, n_heads: 4}
-data: {source: synthetic, tokenizer: {kind: char}, synthetic: {tasks: [passkey]}}
-train: {seq_len: 32, batch_size: 8, max_steps: 4, warmup_steps: 1, eval_interval: 4, eval_batches: 1,
-        ckpt_interval: 4}
-log: {progress: false}
-""")
     grid = tmp_path / "grid.yaml"
     grid.write_text(f"""
 name: syn-grid
-base: syn.yaml
+base: {passkey_config(tmp_path).name}
 out_dir: {tmp_path / 'runs'}
 axes:
   model.pos.kind: [rope, alibi]
