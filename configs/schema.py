@@ -26,6 +26,7 @@ from dataclasses import dataclass, field
 from typing import Literal, Optional
 
 from common.devices import check_device_name
+from configs.diagnostics import DiagnosticsConfig
 from configs.tasks import SyntheticConfig, TaskEvalConfig
 from model.config import SCALING_TYPES, ModelConfig, ScalingType
 from model.encodings import DEFAULT_KIND, KINDS, accepts_rope_scaling, kinds_where, served_length
@@ -342,6 +343,7 @@ class EvalConfig:
     # be kept: train.keep_last); empty: the latest checkpoint only.
     steps: list[int] = field(default_factory=list)
     tasks: TaskEvalConfig = field(default_factory=TaskEvalConfig)  # python -m eval.tasks
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)  # scripts/diagnose.py
 
     def __post_init__(self) -> None:
         _positive("eval", self, "batch_size")

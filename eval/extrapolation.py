@@ -253,9 +253,10 @@ EVAL_FORMAT = 2
 
 def _cache_key(ev: EvalConfig) -> str:
     """What changes the numbers: every eval key but those that cannot (how many windows go
-    through one forward, the report's reference row, the settings of task scoring), and
-    the evaluation format."""
-    key = {k: v for k, v in dataclasses.asdict(ev).items() if k not in ("batch_size", "reference", "tasks")}
+    through one forward, the report's reference row, the settings of task scoring and of
+    the attention diagnostics), and the evaluation format."""
+    key = {k: v for k, v in dataclasses.asdict(ev).items()
+           if k not in ("batch_size", "reference", "tasks", "diagnostics")}
     key["format"] = EVAL_FORMAT
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 

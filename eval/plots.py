@@ -21,6 +21,7 @@ from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, NullFormatte
 
 from eval.labels import encoding_label, with_scaling  # noqa: E402
 from eval.stats import pooled_curve  # noqa: E402
+from model.encodings import KINDS  # noqa: E402
 
 
 MARKERS = ("o", "s", "^", "D", "v", "P", "X", "<", ">", "*")
@@ -278,3 +279,12 @@ def plot_position_bias(panels: list[dict], path: Path) -> None:
     fig.tight_layout()
     fig.savefig(path, dpi=130)
     plt.close(fig)
+
+
+# One colour per encoding (``model.pos.kind``), the same in every figure that draws rows by
+# encoding (the attention diagnostics: eval/diagnostic_plots.py): tab10's ten colours, the
+# RoPE family in blues, score biases in warm colours, absolute encodings in greens.
+def encoding_color(encoding: str) -> str:
+    """The colour of ``encoding`` (a ``pos.kind``; its row of model/encodings.py); black for a
+    kind the table does not know."""
+    return KINDS[encoding].color if encoding in KINDS else "#000000"

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from itertools import combinations
 from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from common.atomic import write_text_atomic
 from configs.schema import EvalConfig
@@ -274,12 +274,20 @@ def check_report_dir(out: Path) -> None:
 
 
 def write_report(results: dict, out: Path) -> None:
+    write_report_files(out, results, lambda: _write_markdown(results, out), REPORT_FIGURES)
+
+
+def write_report_files(out: Path, results: dict, write_markdown: Callable[[], str], figures: tuple[str, ...]) -> None:
+    """results.json, then ``write_markdown()`` (which draws the figures and writes report.md,
+    returning its text), then an earlier report's figures (glob ``figures``) that it does not link
+    are removed: only after the new report is whole, so a failed write loses nothing. A refusal
+    of the file system is a StorageError naming ``out``."""
     check_report_dir(out)
     try:
         make_dir(out, "the report directory")
         write_text_atomic(out / "results.json", json.dumps(results, indent=1))
-        markdown = _write_markdown(results, out)
-        for pattern in REPORT_FIGURES:  # only after the new report is whole: a failed write loses nothing
+        markdown = write_markdown()
+        for pattern in figures:
             for stale in out.glob(pattern):
                 if f"]({stale.name})" not in markdown:
                     stale.unlink()

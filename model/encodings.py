@@ -58,6 +58,7 @@ class Encoding:
     limit: Optional[Limit] = None  # None: any length
     # Why transformers' Llama cannot express it; None: it can be exported.
     not_llama: Optional[str] = None
+    color: str = "#000000"  # its colour in every figure of the project (eval/plots.py: encoding_color)
 
     @property
     def takes_positions(self) -> bool:
@@ -87,28 +88,28 @@ XPOS_RANGE = Limit(key="xpos.max_len", what="serves at most {n} positions",
                    fix="raise model.pos.xpos.scale_base")
 
 KINDS: dict[str, Encoding] = {
-    "rope": Encoding("RoPE", "rope", rotary=True, rope_scaling=True),
+    "rope": Encoding("RoPE", "rope", rotary=True, rope_scaling=True, color="#1f77b4"),
     "sinusoidal": Encoding(
         "sinusoidal positions", "sinusoidal", additive=True, pairs_d_model=True,
-        not_llama="sinusoidal positions are added to the (√d_model-scaled) token embeddings"),
+        not_llama="sinusoidal positions are added to the (√d_model-scaled) token embeddings", color="#2ca02c"),
     "learned": Encoding("learned absolute positions", "learned", trained=True, additive=True, limit=LEARNED_TABLE,
-                        not_llama="a learned position table is added to the token embeddings"),
+                        not_llama="a learned position table is added to the token embeddings", color="#bcbd22"),
     "alibi": Encoding("ALiBi", "alibi", score_bias=True,
-                      not_llama=f"ALiBi adds a per-head linear distance bias {_BIAS}"),
+                      not_llama=f"ALiBi adds a per-head linear distance bias {_BIAS}", color="#d62728"),
     "none": Encoding("NoPE", "nope", no_positions="NoPE has no positional encoding",
-                     not_llama="NoPE has no positional encoding, while Llama always rotates q and k"),
+                     not_llama="NoPE has no positional encoding, while Llama always rotates q and k", color="#7f7f7f"),
     "t5": Encoding("T5's bias", "t5", score_bias=True, trained=True,
-                   not_llama=f"T5's bias adds a learned per-head, per-distance-bucket bias {_BIAS}"),
+                   not_llama=f"T5's bias adds a learned per-head, per-distance-bucket bias {_BIAS}", color="#ff7f0e"),
     "kerple": Encoding("KERPLE", "kerple", score_bias=True, trained=True,
-                       not_llama=f"KERPLE adds a learned per-head logarithmic distance bias {_BIAS}"),
+                       not_llama=f"KERPLE adds a learned per-head logarithmic distance bias {_BIAS}", color="#8c564b"),
     "fire": Encoding("FIRE", "fire", score_bias=True, trained=True,
-                     not_llama=f"FIRE adds a bias computed by a learned MLP of the distance {_BIAS}"),
+                     not_llama=f"FIRE adds a bias computed by a learned MLP of the distance {_BIAS}", color="#e377c2"),
     "xpos": Encoding("xPos", "xpos", rotary=True, rope_scaling=True, limit=XPOS_RANGE,
-                     not_llama="xPos scales queries and keys by a position-dependent decay on top of the rotation"),
+                     not_llama="xPos scales queries and keys by a position-dependent decay on top of the rotation", color="#17becf"),
     "cope": Encoding("CoPE", "cope", contextual=True, trained=True,
                      no_positions="CoPE counts positions from the content",
                      not_llama="CoPE adds a bias computed from gated counts of q·k, with learned per-layer position "
-                               f"embeddings, {_BIAS}"),
+                               f"embeddings, {_BIAS}", color="#9467bd"),
 }
 
 # The one list of kinds, for the config's Literal (the loader checks values against it),

@@ -12,8 +12,10 @@ run one after another. A run on disk counts as the grid's when it is the same ex
 What is evaluated follows what the runs were trained on: runs trained on text get the
 perplexity sweep (eval/extrapolation.py, report in the grid's report directory); runs
 trained on synthetic tasks, and text runs whose ``eval.tasks.tasks`` names tasks (passkey),
-get task accuracy (eval/tasks.py, report in its ``tasks/`` subdirectory). Task settings
-that cannot work (a task longer than a length) stop the grid before anything trains.
+get task accuracy (eval/tasks.py, report in its ``tasks/`` subdirectory); with
+``eval.diagnostics.enabled``, the attention diagnostics (eval/diagnostics.py) go into its
+``diagnostics/`` subdirectory. Task settings that cannot work (a task longer than a length)
+stop the grid before anything trains.
 
 On a cluster, ``--launcher slurm`` submits each run as a Slurm job instead, with the grid's
 ``slurm:`` resources (scripts/slurm_launcher.py, docs/cluster.md); ``--status`` shows where
@@ -42,6 +44,7 @@ from configs.experiment import experiment_differences
 from configs.grid import Grid, PlannedRun, load_grid
 from configs.schema import EvalConfig, RunConfig
 from configs.slurm import SlurmConfig
+from eval.diagnostics import run_diagnostics
 from eval.extrapolation import run_extrapolation
 from eval.tasks import check_planned, run_task_evaluation, wants_tasks
 from eval.report import check_report_dir
@@ -119,6 +122,11 @@ def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
 
 def is_synthetic(run: PlannedRun) -> bool:
     return run.cfg.data.source == "synthetic"
+
+
+def wants_diagnostics(run: PlannedRun) -> bool:
+    """Whether the grid's report gets the attention diagnostics (``eval.diagnostics.enabled``)."""
+    return run.cfg.eval.diagnostics.enabled
 
 
 def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: bool) -> dict[str, str]:
@@ -211,7 +219,8 @@ def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], fai
     reports = {}
     for kind, wanted, evaluate_runs, out in (
             ("perplexity", lambda r: not is_synthetic(r), run_extrapolation, grid.report_dir),
-            ("tasks", lambda r: wants_tasks(r.cfg, r.cfg.eval), run_task_evaluation, grid.report_dir / "tasks")):
+            ("tasks", lambda r: wants_tasks(r.cfg, r.cfg.eval), run_task_evaluation, grid.report_dir / "tasks"),
+            ("diagnostics", wants_diagnostics, run_diagnostics, grid.report_dir / "diagnostics")):
         chosen = [r for r in finished if wanted(r)]
         if not chosen:
             continue
@@ -274,6 +283,8 @@ def run_grid(args: argparse.Namespace) -> int:
             check_report_dir(grid.report_dir)
         if any(wants_tasks(run.cfg, run.cfg.eval) for run in runs):
             check_report_dir(grid.report_dir / "tasks")
+        if any(wants_diagnostics(run) for run in runs):
+            check_report_dir(grid.report_dir / "diagnostics")
     states = {run.name: status(run) for run in runs}
     if args.status:
         return print_status(grid, runs, states)

@@ -98,6 +98,10 @@ def test_the_readme_links_every_page_of_docs():
               for t in link_targets((ROOT / "README.md").read_text(encoding="utf-8"))}
     pages = sorted((ROOT / "docs").glob("*.md"))
     assert pages and [p.name for p in pages if p not in linked] == []
+    # Each page is a page: a title and some prose under it (an emptied file would still "resolve").
+    thin = [p.name for p in pages if not p.read_text(encoding="utf-8").startswith("# ")
+            or len(p.read_text(encoding="utf-8").splitlines()) < 10]
+    assert thin == []
 
 
 def test_slugs_follow_githubs_rules():

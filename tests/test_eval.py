@@ -302,12 +302,14 @@ def test_a_journal_from_another_checkpoint_is_not_reused(tiny_runs, tmp_path):
 
 
 def test_the_cache_key_ignores_what_cannot_change_a_perplexity():
+    from configs.diagnostics import DiagnosticsConfig
     from configs.tasks import TaskEvalConfig
     from eval.extrapolation import _cache_key
 
     ev = EvalConfig(lengths=[16, 32])
     same = [EvalConfig(lengths=[16, 32], batch_size=3), EvalConfig(lengths=[16, 32], reference="alibi"),
-            EvalConfig(lengths=[16, 32], tasks=TaskEvalConfig(samples=7))]
+            EvalConfig(lengths=[16, 32], tasks=TaskEvalConfig(samples=7)),
+            EvalConfig(lengths=[16, 32], diagnostics=DiagnosticsConfig(enabled=True, windows=3))]
     assert all(_cache_key(other) == _cache_key(ev) for other in same)
     assert _cache_key(EvalConfig(lengths=[16, 64])) != _cache_key(ev)
     assert _cache_key(EvalConfig(lengths=[16, 32], max_tokens=512)) != _cache_key(ev)

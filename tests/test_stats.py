@@ -115,3 +115,21 @@ def test_median_interval_covers_the_median_as_often_as_it_says():
         draws = rng.lognormal(0.0, 0.3, size=(4000, n))
         hits = [low <= 1.0 <= high for low, high in map(median_interval, draws.tolist())]
         assert np.mean(hits) >= 0.94, n
+
+
+def test_t_quantiles_are_the_tables_and_t_intervals_cover_the_mean():
+    from eval.stats import t_interval, t_quantile
+
+    # Two-sided 95% points of Student's t (any statistics table).
+    for df, t in ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (9, 2.262), (10, 2.228), (30, 2.042)):
+        assert t_quantile(0.95, df) == pytest.approx(t, abs=1e-3)
+    assert t_quantile(0.95, 100_000) == pytest.approx(1.95996, abs=1e-4)
+    mean, low, high = t_interval([1.0, 2.0, 3.0])
+    assert mean == 2.0 and (low, high) == pytest.approx((2 - 4.303 / math.sqrt(3), 2 + 4.303 / math.sqrt(3)), abs=1e-3)
+    assert t_interval([5.0])[1:] == (None, None)
+    rng = np.random.default_rng(0)  # coverage of a normal mean at n = 3: 95% in expectation
+    draws = rng.normal(1.0, 2.0, size=(4000, 3))
+    covered = [low <= 1.0 <= high for _, low, high in (t_interval(d) for d in draws)]
+    assert 0.935 < np.mean(covered) < 0.965
+    columns = t_interval(np.stack([draws[:5, 0], draws[:5, 1]], axis=1))  # elementwise along axis 0
+    assert columns[0].shape == (2,) and columns[1][0] == pytest.approx(t_interval(draws[:5, 0])[1])

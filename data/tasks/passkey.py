@@ -142,6 +142,22 @@ class Passkey(Task):
                     *needle, self.sep, self.filler(room - before), self.sep, self.question]
         return assemble([(s, False) for s in segments] + [(answer, True)])
 
+    @staticmethod
+    def needle(instance: Instance) -> np.ndarray:
+        """Where an instance hid its key: a bool mask (n + 1,) of every occurrence of the
+        answer's tokens before the answer. The key sentence writes the key as the answer
+        does (once in the symbolic wording, twice in the paper's), each piece tokenized on
+        its own, and neither the filler nor the description holds a digit, so these are
+        exactly the key's tokens in the key sentence."""
+        first = int(np.flatnonzero(instance.answer)[0])
+        key = instance.tokens[instance.answer]
+        starts = np.flatnonzero((np.lib.stride_tricks.sliding_window_view(instance.tokens[:first], len(key))
+                                 == key).all(axis=1))
+        mask = np.zeros(len(instance.tokens), dtype=bool)
+        for start in starts:
+            mask[start:start + len(key)] = True
+        return mask
+
     def describe(self) -> str:
         return f"passkey ({self.style} wording, {self.digits}-digit keys)"
 

@@ -54,6 +54,11 @@ class HalfPairing:
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((-x2, x1), dim=-1)
 
+    @staticmethod
+    def pairs(x: torch.Tensor) -> torch.Tensor:
+        """x (…, r) as its r/2 rotation pairs (…, r/2, 2); pair i turns at angle frequency i."""
+        return torch.stack(x.chunk(2, dim=-1), dim=-1)
+
 
 class InterleavedPairing:
     """RoFormer/Meta layout: pairs (2i, 2i+1)."""
@@ -66,6 +71,11 @@ class InterleavedPairing:
     def turn(x: torch.Tensor) -> torch.Tensor:
         pairs = x.unflatten(-1, (-1, 2))  # (..., r/2, 2)
         return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
+
+    @staticmethod
+    def pairs(x: torch.Tensor) -> torch.Tensor:
+        """x (…, r) as its r/2 rotation pairs (…, r/2, 2); pair i turns at angle frequency i."""
+        return x.unflatten(-1, (-1, 2))
 
 
 PAIRINGS = {"half": HalfPairing, "interleaved": InterleavedPairing}

@@ -1,0 +1,287 @@
+"""The attention diagnostics' report: seeds pooled into rows, tables with 95% intervals, figures.
+
+A row is one experiment (runs that are the same apart from the seed, eval/labels.py, as in
+the perplexity report). Every measure is first reduced per window (e.g. the mean entropy over
+a window's layers, heads and queries), then pooled: with two or more seeds, the mean of the
+per-seed means with a t-interval across the seeds (what another set of training runs would
+give); with one run, the mean over its windows with a t-interval across the windows (how
+sure we are of this one model's number). The report says which for every row.
+"""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from common.atomic import write_text_atomic
+from eval.diagnostic_plots import (plot_attention_maps, plot_distance_histogram, plot_entropy_distance,
+                                   plot_needle, plot_pair_shares, plot_position_entropy, plot_sink_heatmaps)
+from eval.labels import label_groups
+from eval.report import provenance, write_report_files
+from eval.stats import t_interval
+
+LINEAR = ("linear attention forms no attention matrix (its weights φ(q)ᵀφ(k), rotated in the numerator only, "
+          "are not a distribution), so entropy, distance, sinks and needle mass do not apply; the q·k norm "
+          "per RoPE frequency pair does, on the features its numerator rotates")
+
+
+def window_measures(cell: dict, meta: dict) -> dict[str, np.ndarray]:
+    """Each measure of one run at one length, reduced per window: (W,) or (W, …)."""
+    out = {}
+    for name in ("entropy", "distance", "sink", "needle"):
+        if name in cell:
+            out[name] = np.asarray(cell[name]).mean(axis=(1, 2))
+    for name in ("entropy_by_position", "distance_histogram"):
+        if name in cell:
+            out[name] = np.asarray(cell[name]).mean(axis=(1, 2))
+    if "sink" in cell:
+        heads = np.asarray(cell["sink"])  # (W, layers, H)
+        out["sink_heads"] = heads
+        out["sink_rate"] = (heads > meta["epsilon"]).mean(axis=(1, 2))
+    if "needle" in cell:
+        out["needle_heads"] = np.asarray(cell["needle"])
+    if "qk_pairs" in cell:
+        pairs = np.asarray(cell["qk_pairs"])  # (W, layers, H, P)
+        out["qk_share"] = (pairs / pairs.sum(-1, keepdims=True)).mean(axis=2)  # (W, layers, P)
+    return out
+
+
+# Measures that are fractions of a query's attention (or of the heads), so within [0, 1]; all
+# measures are ≥ 0. An interval is cut to that range: the truth lies in it, so coverage holds.
+FRACTIONS = frozenset({"sink", "sink_rate", "sink_heads", "needle", "needle_heads", "qk_share", "distance_histogram"})
+
+
+def pool(per_run: list[np.ndarray], ceiling: float = np.inf) -> Optional[dict]:
+    """Mean and 95% interval, elementwise, of per-window values of a row's runs (see the module
+    doc), the interval cut to [0, ``ceiling``]."""
+    per_run = [np.asarray(v, dtype=np.float64) for v in per_run if len(v)]
+    if not per_run:
+        return None
+    across_runs = len(per_run) >= 2
+    mean, low, high = t_interval([v.mean(axis=0) for v in per_run] if across_runs else per_run[0])
+    if low is not None:
+        low, high = np.clip(low, 0, ceiling), np.clip(high, 0, ceiling)
+    return {"mean": mean, "low": low, "high": high, "across": "runs" if across_runs else "windows",
+            "n": len(per_run) if across_runs else len(per_run[0])}
+
+
+def pooled_rows(results: dict) -> list[dict]:
+    """One entry per row: its runs, and per length every measure pooled (see ``pool``)."""
+    runs = results["runs"]
+    label_groups(runs, [])
+    rows = []
+    for label in sorted({r["label"] for r in runs}):
+        members = [r for r in runs if r["label"] == label]
+        lengths = sorted({int(n) for r in members for n in results["cells"][r["run"]]})
+        row = {"label": label, "encoding": members[0]["encoding"], "attention": members[0].get("attention", "softmax"),
+               "runs": members, "train_len": members[0]["train_len"], "lengths": {}, "notes": {}, "uniform": {}}
+        for n in lengths:
+            cells = [(results["cells"][r["run"]].get(str(n)), r) for r in members]
+            ok = [(c, r) for c, r in cells if c and c["status"] == "ok"]
+            row["notes"][n] = sorted({c["note"] for c, _ in cells if c and c["status"] != "ok"}
+                                     | {c["needle_note"] for c, _ in ok if "needle_note" in c})
+            if not ok:
+                continue
+            measures = [window_measures(c, r) for c, r in ok]
+            names = {name for m in measures for name in m}
+            row["lengths"][n] = {name: pool([m[name] for m in measures if name in m], 1.0 if name in FRACTIONS else np.inf)
+                                 for name in sorted(names)}
+            needle_uniform = [u for c, _ in ok for u in c.get("needle_uniform", [])]
+            row["uniform"][n] = float(np.mean(needle_uniform)) if needle_uniform else None
+            row.setdefault("map", {})[n] = ok[0][0].get("map")
+        rows.append(row)
+    return rows
+
+
+def uniform_entropy(length: int) -> float:
+    """Mean over queries of ln(i + 1): the entropy of uniform causal attention."""
+    return float(np.mean(np.log(np.arange(1, length + 1))))
+
+
+def uniform_distance(length: int) -> float:
+    """Mean over queries of i/2: the attended distance of uniform causal attention."""
+    return (length - 1) / 4
+
+
+def _cell(p: Optional[dict], fmt: str, index=()) -> str:
+    if p is None:
+        return "–"
+    mean = float(np.asarray(p["mean"])[index])
+    if p["low"] is None:
+        return format(mean, fmt)
+    return f"{mean:{fmt}} [{float(np.asarray(p['low'])[index]):{fmt}}, {float(np.asarray(p['high'])[index]):{fmt}}]"
+
+
+def _table(rows: list[dict], lengths: list[int], name: str, fmt: str, reference=None) -> list[str]:
+    train_len = rows[0]["train_len"]
+    head = [f"{n} (L)" if n == train_len else f"{n} ({n / train_len:g}L)" for n in lengths]
+    lines = ["| row | " + " | ".join(head) + " |", "|---|" + "---:|" * len(lengths)]
+    if reference is not None:
+        lines.append("| *uniform attention* | " + " | ".join(format(reference(n), fmt) for n in lengths) + " |")
+    for row in rows:
+        if any(name in row["lengths"].get(n, {}) for n in lengths):
+            lines.append(f"| {row['label']} | " + " | ".join(_cell(row["lengths"].get(n, {}).get(name), fmt)
+                                                            for n in lengths) + " |")
+    return lines
+
+
+def _intervals(rows: list[dict]) -> list[str]:
+    lines = []
+    for row in rows:
+        pooled = next((p for cells in row["lengths"].values() for p in cells.values() if p), None)
+        if pooled is None:
+            continue
+        how = (f"across {pooled['n']} runs (seeds; t-interval over the per-seed means)" if pooled["across"] == "runs"
+               else f"across the {pooled['n']} windows of one run (t-interval; these trained weights only)")
+        lines.append(f"- `{row['label']}`: {how}.")
+    return lines
+
+
+def _notes(rows: list[dict]) -> list[str]:
+    """What each row did not measure, and why; a reason shared by several lengths is said once."""
+    lines = []
+    for row in rows:
+        if row["attention"] != "softmax":
+            lines.append(f"- `{row['label']}`: {LINEAR}.")
+        at: dict[str, list[int]] = {}
+        for n, notes in row["notes"].items():
+            for note in notes:
+                at.setdefault(note, []).append(n)
+        lines += [f"- `{row['label']}` at {', '.join(map(str, lengths))}: {note}" for note, lengths in at.items()]
+        for note in sorted({r["needle_note"] for r in row["runs"] if "needle_note" in r}):
+            lines.append(f"- `{row['label']}`, needle: {note}.")
+    return lines
+
+
+def _markdown(results: dict, rows: list[dict], out: Path) -> str:
+    lengths = sorted({n for row in rows for n in row["lengths"]})
+    runs = results["runs"]
+    epsilons = sorted({r["epsilon"] for r in runs})
+    sink_tokens = sorted({r["sink_tokens"] for r in runs})
+    first = "the first token" if sink_tokens == [1] else f"the first {'/'.join(map(str, sink_tokens))} tokens"
+    lines = ["# Attention diagnostics", "",
+             "What attention does as the length grows, at the training length L and beyond: entropy, attended "
+             "distance, attention sinks, where RoPE's q·k norm sits across frequencies, and attention on a "
+             "passkey's needle. docs/diagnostics.md defines each measure and its source.", "",
+             *provenance(runs), "", "## Runs", "", "| run | row | encoding | attention | seed | sample | commit | seconds |",
+             "|---|---|---|---|---:|---|---|---:|"]
+    for r in runs:
+        lines.append(f"| {r['name']} | {r['label']} | {r['encoding']} | {r.get('attention', 'softmax')} | {r['seed']} "
+                     f"| {'; '.join(filter(None, (r.get('sample'), r.get('needle_sample'))))} | {(r.get('git_commit') or '')[:10]} | {r['eval_seconds']:.0f} |")
+    lines += ["", "Every number is a mean with its 95% interval in brackets (cut to the range the measure can take: "
+                  "≥ 0, and ≤ 1 for fractions of attention or of heads):", "", *_intervals(rows)]
+    softmax = [r for r in rows if r["lengths"] and any("entropy" in c for c in r["lengths"].values())]
+    if softmax:
+        plot_entropy_distance(softmax, uniform_entropy, uniform_distance, out / "entropy_distance.png")
+        shown = [rows[0]["train_len"], lengths[-1]]
+        plot_position_entropy(softmax, shown, out / "entropy_by_position.png")
+        plot_distance_histogram(softmax, shown, out / "distance_histogram.png")
+        plot_sink_heatmaps(softmax, shown, epsilons[0], out / "sink_heads.png")
+        lines += ["", "## Entropy", "",
+                  "Mean attention entropy (nats) over layers, heads and queries; uniform causal attention has "
+                  "ln(i + 1) at query i.", "", *_table(softmax, lengths, "entropy", ".3f", uniform_entropy), "",
+                  "![entropy and attended distance against length](entropy_distance.png)", "",
+                  "![entropy by query position](entropy_by_position.png)", "",
+                  "## Attended distance", "", "Mean attended distance Σ_j p_ij (i − j) in tokens, over layers, heads "
+                  "and queries; uniform causal attention has (T − 1)/4.", "",
+                  *_table(softmax, lengths, "distance", ".1f", uniform_distance), "",
+                  "![attention mass by distance](distance_histogram.png)", "",
+                  "## Attention sinks", "",
+                  f"Sink mass: the mean attention on {first} over layers and heads. Sink rate (Gu et al. 2025): the "
+                  f"fraction of heads whose mean attention on it exceeds ε = {', '.join(map(str, epsilons))}.", "",
+                  "Sink mass:", "", *_table(softmax, lengths, "sink", ".3f"), "",
+                  "Sink rate (fraction of heads above ε):", "", *_table(softmax, lengths, "sink_rate", ".2f"), "",
+                  "![sink mass by layer and head](sink_heads.png)"]
+    lines += _needle_section(rows, lengths, out) + _pair_section(rows, out) + _map_section(rows, out)
+    notes = _notes(rows)
+    if notes:
+        lines += ["", "## Not measured", "", *notes]
+    if results["missing"]:
+        lines += ["", "## Missing runs", "", *[f"- {m['run']}: {m['error']}" for m in results["missing"]]]
+    return "\n".join(lines) + "\n"
+
+
+def _needle_section(rows: list[dict], lengths: list[int], out: Path) -> list[str]:
+    found = [r for r in rows if any("needle" in c for c in r["lengths"].values())]
+    if not found:
+        return []
+    plot_needle(found, out / "needle_mass.png")
+    lines = ["", "## Attention on the needle (passkey)", "",
+             "The mean attention mass on the key's tokens from the queries that predict the answer, over layers "
+             "and heads; below, what uniform attention would put there.", "", *_table(found, lengths, "needle", ".3f")]
+    lines += ["", "| uniform attention | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
+    for row in found:
+        lines.append(f"| {row['label']} | " + " | ".join("–" if row["uniform"].get(n) is None
+                                                         else f"{row['uniform'][n]:.3f}" for n in lengths) + " |")
+    return lines + ["", "![needle mass against length](needle_mass.png)"]
+
+
+def _pair_section(rows: list[dict], out: Path) -> list[str]:
+    found = [r for r in rows if "qk_share" in r["lengths"].get(r["train_len"], {})]
+    if not found:
+        return []
+    plot_pair_shares(found, out / "qk_by_frequency.png")
+    lines = ["", "## q·k norm by RoPE frequency pair", "",
+             "Each rotation pair i's share of Σ_i E‖q⁽ⁱ⁾‖·E‖k⁽ⁱ⁾‖ per head (Barbero et al. 2025), averaged over heads, "
+             "at L. Pair 0 turns fastest. Below: the share of the lowest- and of the highest-frequency quarter of the "
+             "pairs, mean over layers.", "", "| row | lowest-frequency quarter | highest-frequency quarter |", "|---|---:|---:|"]
+    for row in found:
+        share = row["lengths"][row["train_len"]]["qk_share"]
+        quarter = max(1, np.asarray(share["mean"]).shape[-1] // 4)
+        low = {k: None if share[k] is None else np.asarray(share[k])[:, -quarter:].sum(-1).mean()
+               for k in ("mean", "low", "high")}
+        high = {k: None if share[k] is None else np.asarray(share[k])[:, :quarter].sum(-1).mean()
+                for k in ("mean", "low", "high")}
+        lines.append(f"| {row['label']} | {_cell(low, '.3f')} | {_cell(high, '.3f')} |")
+    return lines + ["", "![q·k norm by frequency pair](qk_by_frequency.png)"]
+
+
+def _map_section(rows: list[dict], out: Path) -> list[str]:
+    lines = []
+    for i, row in enumerate(rows):
+        maps = {n: m for n, m in row.get("map", {}).items() if m is not None}
+        if maps:
+            name = f"attention_map_{i}.png"
+            plot_attention_maps(row, maps, out / name)
+            lines += ["", f"![attention maps of {row['label']}]({name})"]
+    if lines:
+        lines = ["", "## Example attention maps", "",
+                 "One window (the first run of each row), each layer's attention averaged over its heads and over "
+                 "blocks of the map; colour on a log scale."] + lines
+    return lines
+
+
+DIAGNOSTIC_FIGURES = ("entropy_distance.png", "entropy_by_position.png", "distance_histogram.png", "sink_heads.png",
+                      "needle_mass.png", "qk_by_frequency.png", "attention_map_*.png")
+
+
+def _jsonable(value):
+    if isinstance(value, dict):
+        return {str(k): _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    if isinstance(value, np.ndarray):
+        return np.round(value, 6).tolist()
+    if isinstance(value, (np.floating, float)):
+        return None if math.isnan(float(value)) else round(float(value), 6)
+    return value
+
+
+def write_diagnostics_report(results: dict, out: Path) -> None:
+    """report.md, results.json (the runs' cells and the pooled rows) and figures in ``out``."""
+    rows = pooled_rows(results)
+    pooled = [{k: v for k, v in row.items() if k not in ("runs", "map")} | {"runs": [r["run"] for r in row["runs"]]}
+              for row in rows]
+
+    def write_markdown() -> str:
+        markdown = _markdown(results, rows, out)
+        write_text_atomic(out / "report.md", markdown)
+        return markdown
+
+    # The example maps stay in the runs' caches: in results.json they would be most of its size.
+    cells = {run: {n: {k: v for k, v in cell.items() if k != "map"} for n, cell in by_length.items()}
+             for run, by_length in results["cells"].items()}
+    write_report_files(out, _jsonable({**results, "cells": cells, "rows": pooled}), write_markdown, DIAGNOSTIC_FIGURES)

@@ -1,0 +1,236 @@
+"""Attention diagnostics of trained runs: what attention does as the length grows.
+
+``python scripts/diagnose.py RUN... --out DIR``, or a grid whose ``eval.diagnostics.enabled``
+is true (scripts/ablate.py). For each run, at each length of ``eval.diagnostics`` (the
+training length L always among them), on a sample of windows: ``windows`` windows of the
+run's own ``eval.split``, tokenized with its own tokenizer (eval/corpus.py) and spread evenly
+over it; for a run trained on synthetic tasks, test instances of its tasks instead. Each
+window goes through one forward whose attention layers are read by hooks
+(eval/attention_probe.py); for every layer and head the measures of eval/attention_stats.py
+(entropy by query position, attended distance and its distribution, sink mass) and, for
+the RoPE family, the mean q and k norm of every rotation pair (Barbero et al. 2024).
+Passkey retrieval adds the attention mass on the key's tokens from the queries that
+predict the answer: on the run's own passkey instances (synthetic runs trained on it), or
+on instances in the paper's wording written with the run's tokenizer (runs trained on text).
+
+What does not apply is said, not guessed: linear attention forms no attention matrix, so
+only the RoPE pair norms (of the features its numerator rotates) are measured; lengths a
+learned table (or xPos's float range) cannot serve are skipped with a note. Results are
+cached per run and checkpoint; eval/diagnostic_report.py pools seeds and writes the report.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import hashlib
+import json
+import time
+from collections import defaultdict
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+import torch
+
+from common.atomic import write_text_atomic
+from common.errors import DataError, LengthError, UserError
+from configs.schema import EvalConfig, EvalCorpus, RunConfig
+from data.samplers import eval_windows, spread_windows
+from data.tasks import Passkey, Task, TaskError, build_task, eval_instance
+from eval.attention_probe import LayerAttention, attention_inputs, rotary_pair_norms, rotated_vectors
+from eval.attention_stats import example_map, head_stats, needle_mass
+from eval.corpus import load_corpus
+from eval.diagnostic_report import write_diagnostics_report
+from eval.extrapolation import run_metadata
+from eval.tasks import is_synthetic
+from model.encodings import KINDS
+from training.run_dir import RunDir
+from training.saved_run import SavedRun, load_run, read_run_config
+
+EvalFor = Callable[[RunConfig], EvalConfig]
+DIAGNOSTICS_FORMAT = 1  # bumped when a measure changes, so cached diagnostics are computed again
+MAP_MULTIPLE = 8  # the example attention maps: at L and at 8L (else the longest length)
+
+
+@dataclass
+class Window:
+    tokens: np.ndarray  # (T,): the model's input
+    needle: Optional[np.ndarray] = None  # (T,) bool: a passkey's key tokens
+    answer_rows: Optional[np.ndarray] = None  # the queries that predict the answer's tokens
+
+
+def corpus_windows(tokens: np.ndarray, length: int, count: int) -> list[Window]:
+    """``count`` windows of ``length`` tokens spread evenly over the split (all it holds if fewer)."""
+    windows = spread_windows(eval_windows(len(tokens), length), count * length)[:count]
+    return [Window(np.asarray(tokens[w.start:w.start + length], dtype=np.int64)) for w in windows]
+
+
+def task_windows(tasks: Sequence[Task], length: int, count: int, ev: EvalConfig) -> list[Window]:
+    """``count`` test instances of ``length`` positions, the tasks taking turns; a passkey
+    instance's depth cycles through ``eval.tasks.depths`` and it carries its needle."""
+    depths = ev.tasks.resolved_depths()
+    windows = []
+    for i in range(count):
+        task = tasks[i % len(tasks)]
+        is_passkey = isinstance(task, Passkey)
+        instance = eval_instance(task, ev.tasks.seed, length, depths[i % len(depths)] if is_passkey else None, i)
+        window = Window(instance.tokens[:-1].astype(np.int64))
+        if is_passkey:  # the query at a − 1 predicts the answer token at a
+            window.needle = Passkey.needle(instance)[:-1]
+            window.answer_rows = np.flatnonzero(instance.answer) - 1
+        windows.append(window)
+    return windows
+
+
+def diagnose_window(model, window: Window, meta: dict, full: bool, want_map: bool) -> dict[str, np.ndarray]:
+    """The measures of one window, each stacked over layers: (layers, H[, bins])."""
+    idx = torch.from_numpy(window.tokens)[None].to(next(model.parameters()).device)
+    out: dict[str, list] = defaultdict(list)
+    for block, inp in zip(model.blocks, attention_inputs(model, idx)):
+        att = LayerAttention(block.attn, inp) if meta["attention"] == "softmax" else None
+        if meta["rotary"]:
+            q, k = att.unrotated if att is not None else rotated_vectors(block.attn, inp)
+            q_norm, k_norm = rotary_pair_norms(q, k, model.pos.pairing, model.pos.rotary_dim)
+            out["qk_pairs"].append((q_norm * k_norm)[0].double().cpu().numpy())
+        if att is None:
+            continue
+        if full:
+            for name, value in dataclasses.asdict(head_stats(att, meta["sink_tokens"])).items():
+                out[name].append(value)
+        if window.needle is not None:
+            rows = torch.from_numpy(window.answer_rows).to(idx.device)
+            out["needle"].append(needle_mass(att, rows, torch.from_numpy(window.needle).to(idx.device)))
+        if want_map:
+            out["map"].append(example_map(att))
+    return {name: np.stack(values) for name, values in out.items()}
+
+
+def _stack(windows: list[dict[str, np.ndarray]]) -> dict[str, list]:
+    """Per measure, the windows' arrays stacked (W, layers, …) and rounded, as JSON lists."""
+    names = {name for w in windows for name in w}
+    return {name: np.round(np.stack([w[name] for w in windows if name in w]), 6).tolist() for name in sorted(names)}
+
+
+def diagnose_length(saved: SavedRun, meta: dict, length: int, sample: Callable[[int], list[Window]],
+                    needles: Optional[Callable[[int], list[Window]]], map_lengths: set[int]) -> dict:
+    """Every measure at one length, per window; or why the length was skipped."""
+    try:
+        saved.model.pos.check_length(length)
+        windows = sample(length)
+    except (LengthError, TaskError, DataError) as e:  # what this length cannot be: said in the report
+        return {"status": "n/a", "note": str(e)}
+    results = [diagnose_window(saved.model, w, meta, full=True, want_map=i == 0 and length in map_lengths)
+               for i, w in enumerate(windows)]
+    cell = {"status": "ok", "windows": len(windows), **_stack(results)}
+    if "map" in cell:
+        cell["map"] = cell["map"][0]  # the first window's only
+    cell["needle_uniform"] = _uniform_needle(windows)
+    if needles is not None and meta["attention"] == "softmax":
+        try:
+            extra = needles(length)
+        except TaskError as e:
+            cell["needle_note"] = str(e)
+        else:
+            found = [diagnose_window(saved.model, w, meta, full=False, want_map=False) for w in extra]
+            cell["needle"] = _stack(found)["needle"]
+            cell["needle_uniform"] = _uniform_needle(extra)
+    return cell
+
+
+def _uniform_needle(windows: list[Window]) -> list[float]:
+    """Per passkey window, the needle mass of uniform attention: |needle| / (i + 1) over the answer's queries."""
+    return [float(np.mean(w.needle.sum() / (w.answer_rows + 1))) for w in windows if w.needle is not None]
+
+
+def samplers(saved: SavedRun, ev: EvalConfig, meta: dict):
+    """(the windows at a length, the passkey instances at a length or None) for this run, and
+    what each is, for the report."""
+    cfg, count = saved.cfg, ev.diagnostics.windows
+    if is_synthetic(cfg):
+        tasks = [build_task(name, cfg.data.synthetic, saved.tokenizer) for name in cfg.data.synthetic.tasks]
+        meta["sample"] = f"{count} test instances of {'+'.join(cfg.data.synthetic.tasks)} (eval.tasks.seed {ev.tasks.seed})"
+        if "passkey" not in cfg.data.synthetic.tasks:
+            meta["needle_note"] = "not measured: the run was not trained on passkey"
+        return (lambda n: task_windows(tasks, n, count, ev)), None
+    corpus = load_corpus(saved, EvalCorpus(), ev)
+    meta["sample"] = f"{count} windows spread over {corpus.name}"
+    try:
+        passkey = build_task("passkey", cfg.data.synthetic, saved.tokenizer, text=True)
+    except TaskError as e:
+        meta["needle_note"] = f"not measured: {e}"
+        return (lambda n: corpus_windows(corpus.tokens, n, count)), None
+    meta["needle_sample"] = f"{count} passkey instances in the paper's wording (eval.tasks.seed {ev.tasks.seed})"
+    return (lambda n: corpus_windows(corpus.tokens, n, count)), (lambda n: task_windows([passkey], n, count, ev))
+
+
+def diagnose_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) -> tuple[dict, dict]:
+    """(metadata, {length: cell}) for one run (see the module docstring)."""
+    started = time.perf_counter()
+    saved = load_run(run_dir, device=device)
+    settings = ev.diagnostics
+    kind, train_len = saved.cfg.model.pos.kind, saved.cfg.train.seq_len
+    meta = {**run_metadata(saved, ev), "rotary": KINDS[kind].rotary, "sink_tokens": settings.sink_tokens,
+            "epsilon": settings.epsilon, "n_layers": saved.cfg.model.n_layers, "n_heads": saved.cfg.model.n_heads}
+    if meta["rotary"]:
+        meta["frequencies"] = saved.model.pos.inv_freq.tolist()
+    sample, needles = samplers(saved, ev, meta)
+    lengths = settings.resolved_lengths(train_len)
+    longer = [n for n in lengths if n >= MAP_MULTIPLE * train_len]
+    map_lengths = {train_len, longer[0] if longer else lengths[-1]}
+    cells = {}
+    with torch.inference_mode():
+        for length in lengths:
+            cells[str(length)] = diagnose_length(saved, meta, length, sample, needles, map_lengths)
+            log(f"  {meta['name']:<28} L={length:<6} {cells[str(length)].get('note', 'done')}")
+    meta["eval_seconds"] = round(time.perf_counter() - started, 1)
+    return meta, cells
+
+
+def _cache_key(cfg: RunConfig, ev: EvalConfig) -> str:
+    """What changes the measures: the sample, the lengths, the sink's tokens (ε is applied in the report)."""
+    d = ev.diagnostics
+    key = {"windows": d.windows, "lengths": d.resolved_lengths(cfg.train.seq_len), "sink_tokens": d.sink_tokens,
+           "split": ev.split, "seed": ev.tasks.seed, "depths": ev.tasks.resolved_depths(),
+           "format": DIAGNOSTICS_FORMAT}
+    return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
+
+
+def cached_diagnosis(run_dir: Path, eval_for: EvalFor, device: str, log) -> tuple[dict, dict]:
+    """diagnose_run, reusing an earlier result for the same checkpoint and settings."""
+    run = RunDir(run_dir)
+    cfg = read_run_config(run)
+    ev = eval_for(cfg)
+    path = run.eval_cache("diagnostics", _cache_key(cfg, ev))
+    ckpt = run.latest_checkpoint()
+    if ckpt is not None and path.exists():
+        cached = json.loads(path.read_text())
+        if cached.get("checkpoint") == ckpt.name:
+            log(f"  reusing {path}")
+            cached["meta"]["epsilon"] = ev.diagnostics.epsilon  # applied by the report: today's
+            return cached["meta"], cached["cells"]
+    meta, cells = diagnose_run(run.path, ev, device, log)
+    path.parent.mkdir(exist_ok=True)
+    write_text_atomic(path, json.dumps({"checkpoint": meta["checkpoint"], "meta": meta, "cells": cells}))
+    return meta, cells
+
+
+def run_diagnostics(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor, device: str = "cpu", log=print,
+                    missing: Sequence[dict] = ()) -> dict:
+    """Diagnose every run with ``eval_for(its config)`` and write report.md, results.json and figures."""
+    runs, cells, failures = [], {}, list(missing)
+    for run_dir in run_dirs:
+        log(f"diagnosing {run_dir}")
+        try:
+            meta, run_cells = cached_diagnosis(Path(run_dir), eval_for, device, log)
+        except UserError as e:
+            failures.append({"run": str(run_dir), "error": str(e)})
+            log(f"  skipped: {e}")
+            continue
+        runs.append(meta)
+        cells[meta["run"]] = run_cells
+    if not runs:
+        raise UserError("no run could be diagnosed: " + "; ".join(f"{f['run']}: {f['error']}" for f in failures))
+    results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs, "cells": cells, "missing": failures}
+    write_diagnostics_report(results, out)
+    return results
