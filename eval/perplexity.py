@@ -6,7 +6,11 @@ Protocols (windows from data/samplers.py, scored by training/validation.py's
   ALiBi), where early tokens of every window have little context;
 - sliding windows with stride S, scoring only the last S targets of each window, so
   each scored token has at least L−S tokens of context (the "early token curse" of
-  non-overlapping evaluation avoided; Press et al. 2021, "Shortformer", §2.2).
+  non-overlapping evaluation avoided; Press et al. 2021, "Shortformer", §2.2);
+- the same target tokens at every length (``target=(T, longest)``): fixed spans of T
+  targets, each scored from a window of the evaluated length that ends with it, so a
+  longer length only adds context before the same tokens (data/samplers.py:
+  ``target_windows``); the two other protocols score different tokens at each length.
 Windows run over the split as one stream or inside documents only (``within_document``);
 a token budget keeps windows spread evenly over the whole split.
 
@@ -28,7 +32,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from data.samplers import EvalWindow, document_spans, document_windows, eval_windows, spread_windows
+from data.samplers import EvalWindow, document_spans, document_windows, eval_windows, spread_windows, target_windows
 from common.errors import DataError
 from model.loss import perplexity_of
 from training.validation import window_losses
@@ -42,7 +46,7 @@ CURVE_BINS = 48
 @dataclass
 class Perplexity:
     length: int
-    protocol: str  # "nonoverlap" or "sliding"
+    protocol: str  # "nonoverlap", "sliding" or "same-tokens"
     stride: int
     nll: float  # mean negative log-likelihood per scored token, nats
     ppl: float
@@ -91,9 +95,13 @@ class _Units:
 
 
 def layout(n_tokens: int, length: int, stride: int, max_tokens: Optional[int],
-           spans: Optional[list[tuple[int, int]]]) -> tuple[list[EvalWindow], int]:
-    """(windows, documents skipped): over the stream, or inside ``spans`` when given."""
-    if spans is None:
+           spans: Optional[list[tuple[int, int]]],
+           target: Optional[tuple[int, int]] = None) -> tuple[list[EvalWindow], int]:
+    """(windows, documents skipped): over the stream, or inside ``spans`` when given; with
+    ``target=(T, longest)`` the same-token windows (see the module docstring)."""
+    if target is not None:
+        windows, skipped = target_windows(spans if spans is not None else [(0, n_tokens - 1)], length, *target)
+    elif spans is None:
         windows, skipped = eval_windows(n_tokens, length, stride=stride), 0
     else:
         windows, skipped = document_windows(spans, length, stride)
@@ -103,31 +111,37 @@ def layout(n_tokens: int, length: int, stride: int, max_tokens: Optional[int],
 def perplexity(model, tokens: np.ndarray, length: int, *, stride: Optional[int] = None,
                batch_size: int = 8, max_tokens: Optional[int] = None, token_bytes: Optional[np.ndarray] = None,
                eot_id: Optional[int] = None, within_document: bool = False, curve: bool = False,
-               max_batch_tokens: int = 16384) -> Perplexity:
-    """Perplexity at ``length``: non-overlapping windows (``stride`` None or = length) or sliding.
+               max_batch_tokens: int = 16384, target: Optional[tuple[int, int]] = None) -> Perplexity:
+    """Perplexity at ``length``: non-overlapping windows (``stride`` None or = length), sliding,
+    or with ``target=(T, longest)`` the same T-token spans scored at every length.
 
     ``token_bytes[id]`` is the UTF-8 byte length of token ``id`` (for bits per byte);
     ``eot_id`` marks document ends (units, and windows with ``within_document``).
     """
-    stride = length if stride is None else stride
+    stride = length if stride is None or target is not None else stride
     if within_document and eot_id is None:
         raise ValueError("within-document windows need the end-of-text id (eot_id)")
     spans = document_spans(tokens, eot_id) if within_document else None
-    windows, skipped = layout(len(tokens), length, stride, max_tokens, spans)
+    windows, skipped = layout(len(tokens), length, stride, max_tokens, spans, target)
     if not windows:
-        longest = max((b - a for a, b in spans), default=0)
-        raise DataError(f"no document holds a window of {length} tokens (all {skipped} are shorter; the "
+        need = length if target is None else target[1]
+        longest = max((b - a for a, b in spans), default=0) if spans is not None else 0
+        if spans is None:
+            raise DataError(f"the split ({len(tokens)} tokens) is too short for a window of {need} tokens; "
+                            "evaluate shorter lengths or use more text")
+        raise DataError(f"no document holds a window of {need} tokens (all {skipped} are shorter; the "
                         f"longest has {longest} tokens); evaluate shorter lengths or turn within_document off")
     doc_index = np.zeros(len(tokens), dtype=np.int64)
     if eot_id is not None:  # doc_index[p]: the number of end-of-text tokens before position p
         doc_index[1:] = np.cumsum(np.asarray(tokens[:-1]) == eot_id)
     units = _Units(windows, doc_index)
-    sums = _Sums(units.count, length if curve and stride == length else None)
+    sums = _Sums(units.count, length if curve and stride == length and target is None else None)
     byte_len = torch.from_numpy(token_bytes.astype(np.int64)) if token_bytes is not None else None
     for group, nll, y, mask in window_losses(model, tokens, windows, batch_size, max_batch_tokens):
         unit = torch.from_numpy(np.stack([units.of(w) for w in group]))  # (B, T)
         sums.add(nll, mask, unit, byte_len[y] if byte_len is not None else None)
-    return sums.result(length, stride, len(windows), units, skipped)
+    protocol = "same-tokens" if target is not None else "nonoverlap" if stride == length else "sliding"
+    return sums.result(length, stride, protocol, len(windows), units, skipped)
 
 
 class _Sums:
@@ -164,11 +178,12 @@ class _Sums:
         return {"edges": self.edges.tolist(), "mean": [round(float(v), 5) for v in mean],
                 "sd": [round(float(v), 5) for v in np.sqrt(var)], "n": n}
 
-    def result(self, length: int, stride: int, n_windows: int, units: _Units, skipped: int) -> Perplexity:
+    def result(self, length: int, stride: int, protocol: str, n_windows: int, units: _Units,
+               skipped: int) -> Perplexity:
         total, count, n_bytes = float(self.nll.sum()), int(self.tokens.sum()), int(self.bytes.sum())
         nll = total / count
         return Perplexity(
-            length=length, protocol="nonoverlap" if stride == length else "sliding", stride=stride, nll=nll,
+            length=length, protocol=protocol, stride=stride, nll=nll,
             ppl=perplexity_of(nll), bpb=total / math.log(2) / n_bytes if n_bytes else None, tokens=count,
             windows=n_windows, documents=units.documents, skipped_documents=skipped, unit_kind=units.kind,
             unit_nll=[round(float(v), 4) for v in self.nll], unit_tokens=self.tokens.tolist(),
