@@ -98,3 +98,23 @@ def test_a_model_that_ignores_context_gets_the_same_perplexity_at_every_length()
     assert all(r.unit_tokens == same[0].unit_tokens for r in same)  # the same units: paired by unit
     other = [perplexity(model, tokens, n, max_tokens=1600).ppl for n in (16, 256)]
     assert other[0] != pytest.approx(other[1], rel=1e-6)
+
+
+def test_position_bins_split_each_units_sums_by_context_position():
+    """Non-overlapping windows: per-unit sums in bins [0,1), [1,2), [2,4), …, [2^k, length) add
+    up to the unit sums, and each bin holds exactly the windows' targets at those positions."""
+    torch.manual_seed(1)
+    tokens = torch.randint(0, 50, (3000,)).numpy()
+    tokens[::97] = 49  # document ends, so there are several units
+    model = _ContextFree(50)
+    found = perplexity(model, tokens, 24, eot_id=49)
+    assert found.position_edges == [0, 1, 2, 4, 8, 16, 24]
+    nll, count = np.array(found.position_unit_nll), np.array(found.position_unit_tokens)
+    assert np.allclose(nll.sum(axis=0), found.unit_nll, atol=1e-3)
+    assert (count.sum(axis=0) == found.unit_tokens).all()
+    assert count.sum(axis=1).tolist() == [found.windows * w for w in (1, 1, 2, 4, 8, 8)]
+    x = torch.from_numpy(tokens[:-1][: found.windows * 24].astype(np.int64)).view(-1, 24)
+    y = torch.from_numpy(tokens[1:][: found.windows * 24].astype(np.int64)).view(-1, 24)
+    by_hand = model(x, targets=y, reduction="none").detach().double()  # (windows, 24)
+    assert nll.sum(axis=1)[4] == pytest.approx(float(by_hand[:, 8:16].sum()), rel=1e-6)
+    assert perplexity(model, tokens, 24, stride=12).position_edges == []  # sliding: not binned
