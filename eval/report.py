@@ -20,6 +20,7 @@ from common.atomic import write_text_atomic
 from configs.schema import EvalConfig
 from common.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
+from eval.context import breakdown_section, context_section
 from eval.labels import label_order, row_label, split_step, with_scaling
 from eval.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
 from eval.tables import (comparison_table, compare, degradation, degradation_table, durations, holm_marks,
@@ -288,7 +289,7 @@ def _degradation_section(summary: dict, protocol: str, reference: str, lengths: 
         tested = holm_marks(relative)
         if any(relative.values()):
             lines += ["", f"Degradation relative to `{reference}`: how much more (+) or less (−) each row's perplexity "
-                      f"grows from L than `{reference}`'s, 95% interval across training runs; "
+                      f"grows from L than `{reference}`'s, 95% interval across training runs. "
                       + MARKS.format(tested=tested), "", degradation_table(relative, lengths, train_lens, relative=True)]
     return lines
 
@@ -427,9 +428,12 @@ def _write_markdown(results: dict, out: Path) -> str:
         settings = results.get("corpora", {}).get(corpus)
         md += ["", f"## {corpus}", "", *([_corpus_line(settings), ""] if settings else []),
                "Windows stay inside documents." if within else "Windows run over the split as one stream."]
-        for protocol in [p for p in PROTOCOL_TITLES if any(r["corpus"] == corpus and r["protocol"] == p for r in rows)]:
+        protocols = [p for p in PROTOCOL_TITLES if any(r["corpus"] == corpus and r["protocol"] == p for r in rows)]
+        for protocol in protocols:
             md += budget_section(results, corpus, protocol, out, index)
             md += _protocol_section(results, corpus, protocol, reference, out, index)
+        md += context_section(results, corpus)
+        md += breakdown_section({p: summarize(results, corpus, p) for p in protocols})
         curves = {run: by_corpus.get(corpus, {}) for run, by_corpus in results["per_position"].items()}
         if any(curves.values()):
             name = f"per_position_{index}.png"
