@@ -269,6 +269,10 @@ class TrainConfig:
 
 
 DocumentMode = Literal["line", "paragraph", "file", "wikitext"]
+# nonoverlap: windows of the length, every target scored (the ALiBi paper's protocol);
+# sliding: windows eval.stride apart, each scoring its last stride targets; same-tokens: the
+# same target spans at every length, only the context before them grows (eval/perplexity.py).
+Protocol = Literal["nonoverlap", "sliding", "same-tokens"]
 
 
 @dataclass
@@ -292,7 +296,7 @@ class EvalCorpus:
     documents: Optional[DocumentMode] = None  # default: the run's own; file for local; line otherwise
     within_document: bool = False
     lengths: list[int] = field(default_factory=list)  # empty: the evaluation's lengths
-    protocols: list[Literal["nonoverlap", "sliding"]] = field(default_factory=list)  # empty: the evaluation's
+    protocols: list[Protocol] = field(default_factory=list)  # empty: the evaluation's
 
     def __post_init__(self) -> None:
         if (self.source == "local") != bool(self.paths):
@@ -326,7 +330,10 @@ class EvalConfig:
     lengths: list[int] = field(default_factory=list)
     length_multipliers: list[float] = field(default_factory=lambda: [0.5, 1.0, 2.0, 4.0, 8.0, 16.0])
     stride: Optional[int] = None
-    protocols: list[Literal["nonoverlap", "sliding"]] = field(default_factory=lambda: ["nonoverlap"])
+    protocols: list[Protocol] = field(default_factory=lambda: ["nonoverlap"])
+    # same-tokens: targets per span (null: the shortest evaluated length, so every length can
+    # score them; each length's window ends with the span).
+    target_tokens: Optional[int] = None
     scalings: list[ScalingType] = field(default_factory=lambda: ["none"])
     factor: Optional[float] = None  # a fixed RoPE scaling factor instead of length / train.seq_len
     batch_size: int = 8  # windows per forward; never changes a result
@@ -347,7 +354,7 @@ class EvalConfig:
 
     def __post_init__(self) -> None:
         _positive("eval", self, "batch_size")
-        _positive("eval", self, "stride", "max_tokens", allow_none=True)
+        _positive("eval", self, "stride", "max_tokens", "target_tokens", allow_none=True)
         if any(n < 1 for n in self.lengths):
             raise ConfigError(f"eval.lengths must be positive integers (got {self.lengths})")
         if any(not m > 0 for m in self.length_multipliers):
@@ -355,7 +362,7 @@ class EvalConfig:
         if not self.lengths and not self.length_multipliers:
             raise ConfigError("set eval.lengths or eval.length_multipliers (both are empty)")
         if not self.protocols:
-            raise ConfigError("eval.protocols must name at least one of nonoverlap, sliding")
+            raise ConfigError("eval.protocols must name at least one of nonoverlap, sliding, same-tokens")
         if not self.scalings:
             raise ConfigError("eval.scalings must name at least one scaling (none: plain RoPE)")
         if self.factor is not None and not self.factor >= 1.0:
@@ -380,6 +387,15 @@ class EvalConfig:
 
     def sliding_stride(self, length: int) -> int:
         return self.stride if self.stride is not None else max(1, length // 2)
+
+    def target_span(self, lengths: list[int]) -> tuple[int, int]:
+        """(targets per span, the longest length) of the same-token protocol over ``lengths``."""
+        target = self.target_tokens if self.target_tokens is not None else min(lengths)
+        if target > min(lengths):
+            raise ConfigError(f"eval.target_tokens={target} is longer than the shortest evaluated length "
+                              f"{min(lengths)}: every length must hold the scored span; lower it or leave it null "
+                              "(= the shortest length)")
+        return target, max(lengths)
 
 
 @dataclass

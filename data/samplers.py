@@ -15,7 +15,9 @@ run draws exactly the positions of an uninterrupted one.
 Evaluation: contiguous windows over a split, either non-overlapping or sliding; each
 window says which of its targets to score so no target is scored twice. Windows run over
 the whole split as one stream (as in the ALiBi paper's evaluation), or inside each
-document only (``document_windows``), the way long-context papers evaluate on books.
+document only (``document_windows``), the way long-context papers evaluate on books. The
+same-token protocol (``target_windows``) scores one fixed set of target spans at every
+length, so lengths differ only in how much context precedes the scored tokens.
 """
 
 from __future__ import annotations
@@ -160,6 +162,30 @@ def document_windows(spans: list[tuple[int, int]], length: int,
             skipped += 1
             continue
         windows.extend(eval_windows(n, length, stride, offset=start))
+    return windows, skipped
+
+
+def target_windows(regions: list[tuple[int, int]], length: int, target: int,
+                   longest: int) -> tuple[list[EvalWindow], int]:
+    """Windows of ``length`` tokens that each score the same ``target`` tokens whatever the
+    length (the same-token protocol), and how many regions were too short.
+
+    A region ``(start, end)`` is a stretch whose inputs and targets are ``tokens[start:end + 1]``
+    (the whole split, or one document through its end-of-text token). Target spans of
+    ``target`` tokens tile its tail, ending at ``start + longest``, ``+ target``, … ≤ ``end``,
+    so the window of the ``longest`` length before each span still lies inside the region;
+    the window of ``length`` ends where the span ends and scores its last ``target``
+    targets. Every length thus scores exactly the same targets and only the context before
+    them changes. Regions with fewer than ``longest + 1`` tokens hold no span (counted).
+    """
+    if not 1 <= target <= length <= longest:
+        raise ValueError(f"need 1 <= target <= length <= longest (got {target}, {length}, {longest})")
+    windows, skipped = [], 0
+    for start, end in regions:
+        ends = range(start + longest, end + 1, target)
+        if not ends:
+            skipped += 1
+        windows.extend(EvalWindow(e - length, length, length - target) for e in ends)
     return windows, skipped
 
 

@@ -26,12 +26,13 @@ import json
 import re
 import sys
 import time
+import typing
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
-from configs.schema import EvalConfig, EvalCorpus
+from configs.schema import EvalConfig, EvalCorpus, Protocol
 from eval import driver
 from eval.cell_store import STORE_DIR, CellStore, address, tokens_digest, weights_digest
 from eval.corpus import CorpusTokens, corpus_settings, load_corpus
@@ -46,6 +47,7 @@ from common.errors import UserError
 from model.positional.rope import RoPE
 from model.positional.rope_scaling import effective_scale
 from common.cli import entry_point, positive_int
+from training.provenance import git_commit
 from training.saved_run import SavedRun, load_run, rescaled, with_scaling
 
 
@@ -105,6 +107,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
     latest = load_run(run_dir, device=device)
     _check_finished(latest, allow_unfinished)
     meta = run_metadata(latest, ev)
+    meta["eval_commit"] = git_commit()  # the code that scores the cells computed now (cached ones keep theirs)
     rows, curves = [], {}
     for step, base in evaluated_checkpoints(run_dir, ev, latest, device):
         last = step is None or step == max(ev.steps)  # curves at the last step only
@@ -160,7 +163,7 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
             started = time.perf_counter()
             where = None if content is None or (limit is not None and length > limit) else address({
                 **content, "model": dataclasses.asdict(_cell_model_config(base, scaling, length, ev)),
-                "length": length, "protocols": [[p, _stride(p, length, ev)] for p in protocols]})
+                "length": length, "protocols": [[p, *_layout(p, length, lengths, ev).values()] for p in protocols]})
             stored = store.get(where) if where is not None else None
             if stored is not None and length == curve_at and stored["curve"] is None:
                 stored = None  # scored without the per-position curve this evaluation wants
@@ -171,7 +174,7 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
                 log(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} (scored before: "
                     f"{STORE_DIR}/)")
             else:
-                cell_rows, curve = _evaluate_cell(base, ev, corpus, data, meta, log, scaling, length,
+                cell_rows, curve = _evaluate_cell(base, ev, corpus, data, meta, log, scaling, length, lengths,
                                                   curve=length == curve_at, token_bytes=token_bytes)
                 if where is not None:  # stored without the run's identity, which a reader adds back
                     header = _cell_header(meta, data, ev, scaling, length, protocol="")
@@ -185,7 +188,8 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
 
 
 def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: CorpusTokens, meta: dict, log,
-                   scaling: str, length: int, curve: bool, token_bytes) -> tuple[list[dict], Optional[dict]]:
+                   scaling: str, length: int, lengths: list[int], curve: bool,
+                   token_bytes) -> tuple[list[dict], Optional[dict]]:
     """Every protocol at one (scaling, length): its rows and, if asked, the per-position curve."""
     limit = base.model.pos.max_len
     model = model_for(base, scaling, length, ev)
@@ -196,14 +200,15 @@ def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: Cor
             rows.append({**row, "status": "n/a", "note": f"trained table: {limit} positions"})
             continue
         started = time.perf_counter()
-        result = perplexity(model, data.tokens, length, stride=_stride(protocol, length, ev), batch_size=ev.batch_size,
-                            max_tokens=ev.max_tokens, token_bytes=token_bytes,
+        result = perplexity(model, data.tokens, length, **_layout(protocol, length, lengths, ev),
+                            batch_size=ev.batch_size, max_tokens=ev.max_tokens, token_bytes=token_bytes,
                             eot_id=base.tokenizer.eot_id, within_document=data.within_document,
                             curve=curve and protocol == "nonoverlap")
         found = result.to_dict()
         if found.pop("curve") is not None:
             found_curve = result.curve
-        rows.append({**row, "status": "ok", **found, "seconds": round(time.perf_counter() - started, 2)})
+        rows.append({**row, "status": "ok", **found, "seconds": round(time.perf_counter() - started, 2),
+                     "eval_commit": meta.get("eval_commit")})
         log(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} {protocol:<10} "
             f"ppl={result.ppl:10.3f}")
     return rows, found_curve
@@ -216,8 +221,12 @@ def _cell_header(meta: dict, data: CorpusTokens, ev: EvalConfig, scaling: str, l
             **scale_note(scaling, length, meta["train_len"], ev.factor), "length": length, "protocol": protocol}
 
 
-def _stride(protocol: str, length: int, ev: EvalConfig) -> int:
-    return length if protocol == "nonoverlap" else min(ev.sliding_stride(length), length)
+def _layout(protocol: str, length: int, lengths: list[int], ev: EvalConfig) -> dict:
+    """How ``protocol`` lays its windows at ``length`` (perplexity()'s keywords): a stride, or the
+    same-token spans over every length of the corpus."""
+    if protocol == "same-tokens":
+        return {"target": ev.target_span(lengths)}
+    return {"stride": length if protocol == "nonoverlap" else min(ev.sliding_stride(length), length)}
 
 
 def _cell_model_config(base: SavedRun, scaling: str, length: int, ev: EvalConfig):
@@ -248,7 +257,7 @@ def model_for(base: SavedRun, scaling: str, length: int, ev: EvalConfig):
 
 # Bumped whenever the evaluation code changes a number for the same run and settings, so
 # results cached in run directories by an older version are computed again.
-EVAL_FORMAT = 2
+EVAL_FORMAT = 3  # 3: units are documents however few; per-unit sums by context position; same-tokens
 
 
 def _cache_key(ev: EvalConfig) -> str:
@@ -262,14 +271,21 @@ def _cache_key(ev: EvalConfig) -> str:
 
 
 def share_window_sets(rows: list[dict]) -> dict[str, dict]:
-    """Move each row's per-unit token and byte counts into a table shared by every row
-    scored on the same windows (they are identical), keeping results.json small."""
+    """Move each row's per-unit token and byte counts (and per position bin) into a table
+    shared by every row scored on the same windows (they are identical), keeping
+    results.json small."""
     sets = {}
     for row in rows:
         if "unit_tokens" not in row:
             continue
         shared = {"unit_kind": row.pop("unit_kind"), "unit_tokens": row.pop("unit_tokens"),
                   "unit_bytes": row.pop("unit_bytes")}
+        if row.get("position_unit_tokens"):  # per position bin (non-overlapping windows)
+            shared.update(position_edges=row.pop("position_edges"),
+                          position_unit_tokens=row.pop("position_unit_tokens"))
+        else:
+            for key in ("position_edges", "position_unit_tokens", "position_unit_nll"):
+                row.pop(key, None)
         key = hashlib.sha256(json.dumps(shared).encode()).hexdigest()[:12]
         sets[key] = shared
         row["window_set"] = key
@@ -305,7 +321,9 @@ def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = o
 
 def add_flags(p: argparse.ArgumentParser) -> None:
     """The flags of the perplexity sweep (the common ones are eval/driver.py's)."""
-    p.add_argument("--protocols", nargs="+", choices=["nonoverlap", "sliding"], help="eval.protocols")
+    p.add_argument("--protocols", nargs="+", choices=typing.get_args(Protocol), help="eval.protocols")
+    p.add_argument("--target-tokens", type=positive_int,
+                   help="eval.target_tokens: targets per span of the same-tokens protocol (default: the shortest length)")
     p.add_argument("--stride", type=positive_int, help="eval.stride: sliding-window stride (default: half the length)")
     p.add_argument("--max-tokens", type=positive_int, help="eval.max_tokens: tokens scored per length (spread over the split)")
     p.add_argument("--all-tokens", action="store_true", help="score the whole split (eval.max_tokens: null)")
@@ -327,7 +345,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--allow-unfinished", action="store_true", help="evaluate runs whose training has not finished")
 
 
-EVAL_FLAGS = ("protocols", "stride", "max_tokens", "split", "batch_size", "per_position", "reference")
+EVAL_FLAGS = ("protocols", "target_tokens", "stride", "max_tokens", "split", "batch_size", "per_position", "reference")
 
 
 def flag_tree(args: argparse.Namespace) -> dict:

@@ -6,16 +6,22 @@ Protocols (windows from data/samplers.py, scored by training/validation.py's
   ALiBi), where early tokens of every window have little context;
 - sliding windows with stride S, scoring only the last S targets of each window, so
   each scored token has at least L−S tokens of context (the "early token curse" of
-  non-overlapping evaluation avoided; Press et al. 2021, "Shortformer", §2.2).
+  non-overlapping evaluation avoided; Press et al. 2021, "Shortformer", §2.2);
+- the same target tokens at every length (``target=(T, longest)``): fixed spans of T
+  targets, each scored from a window of the evaluated length that ends with it, so a
+  longer length only adds context before the same tokens (data/samplers.py:
+  ``target_windows``); the two other protocols score different tokens at each length.
 Windows run over the split as one stream or inside documents only (``within_document``);
 a token budget keeps windows spread evenly over the whole split.
 
 Reported: mean token NLL (nats), perplexity exp(NLL), bits per byte (NLL_total / ln 2 /
 UTF-8 bytes of the scored tokens, comparable across tokenizers), tokens, windows and
-documents scored. For the bootstrap (eval/stats.py) the NLL, token and byte sums are kept
+documents scored. For the intervals (eval/stats.py) the NLL, token and byte sums are kept
 per *unit*: the documents the scored tokens belong to (grouped into at most MAX_UNITS
-runs of consecutive documents), or, where fewer than MIN_DOCUMENTS documents are scored
-(a few long books), contiguous blocks of windows. Optionally the loss by position
+runs of consecutive documents), however few — five books are five units, since windows
+of one book are not independent draws — or, where a single document is scored (a
+stream without end-of-text tokens), contiguous blocks of windows, which the reports then
+say are not independent. Optionally the loss by position
 (non-overlapping windows), log-binned, with each bin's mean and spread over windows.
 """
 
@@ -28,21 +34,21 @@ from typing import Optional
 import numpy as np
 import torch
 
-from data.samplers import EvalWindow, document_spans, document_windows, eval_windows, spread_windows
+from data.samplers import EvalWindow, document_spans, document_windows, eval_windows, spread_windows, target_windows
 from common.errors import DataError
 from model.loss import perplexity_of
 from training.validation import window_losses
 
-MIN_DOCUMENTS = 20  # fewer scored documents than this: resample blocks of windows instead
+MIN_DOCUMENTS = 2  # fewer scored documents than this (one): blocks of windows instead
 MAX_UNITS = 100  # documents beyond this are grouped (consecutive) so results stay small
-BLOCKS = 50  # blocks of consecutive windows when documents are too few
+BLOCKS = 50  # blocks of consecutive windows when a single document is scored
 CURVE_BINS = 48
 
 
 @dataclass
 class Perplexity:
     length: int
-    protocol: str  # "nonoverlap" or "sliding"
+    protocol: str  # "nonoverlap", "sliding" or "same-tokens"
     stride: int
     nll: float  # mean negative log-likelihood per scored token, nats
     ppl: float
@@ -51,14 +57,26 @@ class Perplexity:
     windows: int
     documents: int  # documents with at least one scored token
     skipped_documents: int = 0  # within-document mode: documents shorter than one window
-    unit_kind: str = "blocks"  # what the bootstrap resamples: "documents" or "blocks"
+    unit_kind: str = "blocks"  # the units of the intervals: "documents" or "blocks"
     unit_nll: list[float] = field(default_factory=list)
     unit_tokens: list[int] = field(default_factory=list)
     unit_bytes: list[int] = field(default_factory=list)
     curve: Optional[dict] = None  # {"edges", "mean", "sd", "n"}: loss by position, binned
+    # Non-overlapping windows: per-unit NLL and token sums in log2 position bins
+    # [0, 1), [1, 2), [2, 4), …, [2^k, length) of the window (position = tokens of context
+    # before the predicted one, minus one), for loss-by-position intervals across runs.
+    position_edges: list[int] = field(default_factory=list)
+    position_unit_nll: list[list[float]] = field(default_factory=list)  # (bins, units)
+    position_unit_tokens: list[list[int]] = field(default_factory=list)  # (bins, units)
 
     def to_dict(self) -> dict:
         return dict(vars(self))
+
+
+def position_edges(length: int) -> np.ndarray:
+    """0-based window position bin edges 0, 1, 2, 4, …, length (powers of two, then the end)."""
+    powers = [0] + [2 ** i for i in range(max(1, length).bit_length()) if 2 ** i < length]
+    return np.array(powers + [length], dtype=np.int64)
 
 
 def curve_edges(length: int, bins: int = CURVE_BINS) -> np.ndarray:
@@ -67,7 +85,7 @@ def curve_edges(length: int, bins: int = CURVE_BINS) -> np.ndarray:
 
 
 class _Units:
-    """Which bootstrap unit each scored target belongs to (see the module docstring)."""
+    """Which unit each scored target belongs to (see the module docstring)."""
 
     def __init__(self, windows: list[EvalWindow], doc_index: np.ndarray):
         self.doc_index = doc_index
@@ -91,9 +109,13 @@ class _Units:
 
 
 def layout(n_tokens: int, length: int, stride: int, max_tokens: Optional[int],
-           spans: Optional[list[tuple[int, int]]]) -> tuple[list[EvalWindow], int]:
-    """(windows, documents skipped): over the stream, or inside ``spans`` when given."""
-    if spans is None:
+           spans: Optional[list[tuple[int, int]]],
+           target: Optional[tuple[int, int]] = None) -> tuple[list[EvalWindow], int]:
+    """(windows, documents skipped): over the stream, or inside ``spans`` when given; with
+    ``target=(T, longest)`` the same-token windows (see the module docstring)."""
+    if target is not None:
+        windows, skipped = target_windows(spans if spans is not None else [(0, n_tokens - 1)], length, *target)
+    elif spans is None:
         windows, skipped = eval_windows(n_tokens, length, stride=stride), 0
     else:
         windows, skipped = document_windows(spans, length, stride)
@@ -103,40 +125,51 @@ def layout(n_tokens: int, length: int, stride: int, max_tokens: Optional[int],
 def perplexity(model, tokens: np.ndarray, length: int, *, stride: Optional[int] = None,
                batch_size: int = 8, max_tokens: Optional[int] = None, token_bytes: Optional[np.ndarray] = None,
                eot_id: Optional[int] = None, within_document: bool = False, curve: bool = False,
-               max_batch_tokens: int = 16384) -> Perplexity:
-    """Perplexity at ``length``: non-overlapping windows (``stride`` None or = length) or sliding.
+               max_batch_tokens: int = 16384, target: Optional[tuple[int, int]] = None) -> Perplexity:
+    """Perplexity at ``length``: non-overlapping windows (``stride`` None or = length), sliding,
+    or with ``target=(T, longest)`` the same T-token spans scored at every length.
 
     ``token_bytes[id]`` is the UTF-8 byte length of token ``id`` (for bits per byte);
     ``eot_id`` marks document ends (units, and windows with ``within_document``).
     """
-    stride = length if stride is None else stride
+    stride = length if stride is None or target is not None else stride
     if within_document and eot_id is None:
         raise ValueError("within-document windows need the end-of-text id (eot_id)")
     spans = document_spans(tokens, eot_id) if within_document else None
-    windows, skipped = layout(len(tokens), length, stride, max_tokens, spans)
+    windows, skipped = layout(len(tokens), length, stride, max_tokens, spans, target)
     if not windows:
-        longest = max((b - a for a, b in spans), default=0)
-        raise DataError(f"no document holds a window of {length} tokens (all {skipped} are shorter; the "
+        need = length if target is None else target[1]
+        longest = max((b - a for a, b in spans), default=0) if spans is not None else 0
+        if spans is None:
+            raise DataError(f"the split ({len(tokens)} tokens) is too short for a window of {need} tokens; "
+                            "evaluate shorter lengths or use more text")
+        raise DataError(f"no document holds a window of {need} tokens (all {skipped} are shorter; the "
                         f"longest has {longest} tokens); evaluate shorter lengths or turn within_document off")
     doc_index = np.zeros(len(tokens), dtype=np.int64)
     if eot_id is not None:  # doc_index[p]: the number of end-of-text tokens before position p
         doc_index[1:] = np.cumsum(np.asarray(tokens[:-1]) == eot_id)
     units = _Units(windows, doc_index)
-    sums = _Sums(units.count, length if curve and stride == length else None)
+    plain = stride == length and target is None  # non-overlapping: every window scores all its targets
+    sums = _Sums(units.count, length if curve and plain else None, position_edges(length) if plain else None)
     byte_len = torch.from_numpy(token_bytes.astype(np.int64)) if token_bytes is not None else None
     for group, nll, y, mask in window_losses(model, tokens, windows, batch_size, max_batch_tokens):
         unit = torch.from_numpy(np.stack([units.of(w) for w in group]))  # (B, T)
         sums.add(nll, mask, unit, byte_len[y] if byte_len is not None else None)
-    return sums.result(length, stride, len(windows), units, skipped)
+    protocol = "same-tokens" if target is not None else "nonoverlap" if stride == length else "sliding"
+    return sums.result(length, stride, protocol, len(windows), units, skipped)
 
 
 class _Sums:
     """Running sums of one evaluation: per unit, and per position bin for the curve."""
 
-    def __init__(self, n_units: int, curve_length: Optional[int]):
+    def __init__(self, n_units: int, curve_length: Optional[int], positions: Optional[np.ndarray] = None):
         self.nll = np.zeros(n_units)
         self.tokens = np.zeros(n_units, dtype=np.int64)
         self.bytes = np.zeros(n_units, dtype=np.int64)
+        self.positions = positions  # log2 position bin edges (non-overlapping windows), or None
+        if positions is not None:
+            self.pos_nll = np.zeros((len(positions) - 1, n_units))
+            self.pos_tokens = np.zeros((len(positions) - 1, n_units), dtype=np.int64)
         self.edges = curve_edges(curve_length) if curve_length else None
         if self.edges is not None:
             n_bins = len(self.edges) - 1
@@ -148,6 +181,11 @@ class _Sums:
         np.add.at(self.tokens, u, 1)
         if nbytes is not None:
             np.add.at(self.bytes, u, nbytes[mask].numpy())
+        if self.positions is not None:  # (bin, unit) of every target, by its index in the window
+            bins = np.searchsorted(self.positions, np.arange(nll.shape[1]), side="right") - 1  # (T,)
+            b = np.broadcast_to(bins, nll.shape)[mask.numpy()]
+            np.add.at(self.pos_nll, (b, u), nll[mask].double().numpy())
+            np.add.at(self.pos_tokens, (b, u), 1)
         if self.edges is not None:  # each window's mean loss per bin: one sample per window
             per_bin = np.stack([nll[:, a - 1:b - 1].double().mean(dim=1).numpy()
                                 for a, b in zip(self.edges[:-1], self.edges[1:])], axis=1)  # (B, bins)
@@ -164,12 +202,17 @@ class _Sums:
         return {"edges": self.edges.tolist(), "mean": [round(float(v), 5) for v in mean],
                 "sd": [round(float(v), 5) for v in np.sqrt(var)], "n": n}
 
-    def result(self, length: int, stride: int, n_windows: int, units: _Units, skipped: int) -> Perplexity:
+    def result(self, length: int, stride: int, protocol: str, n_windows: int, units: _Units,
+               skipped: int) -> Perplexity:
         total, count, n_bytes = float(self.nll.sum()), int(self.tokens.sum()), int(self.bytes.sum())
         nll = total / count
         return Perplexity(
-            length=length, protocol="nonoverlap" if stride == length else "sliding", stride=stride, nll=nll,
+            length=length, protocol=protocol, stride=stride, nll=nll,
             ppl=perplexity_of(nll), bpb=total / math.log(2) / n_bytes if n_bytes else None, tokens=count,
             windows=n_windows, documents=units.documents, skipped_documents=skipped, unit_kind=units.kind,
             unit_nll=[round(float(v), 4) for v in self.nll], unit_tokens=self.tokens.tolist(),
-            unit_bytes=self.bytes.tolist(), curve=self.curve())
+            unit_bytes=self.bytes.tolist(), curve=self.curve(),
+            **({} if self.positions is None else {
+                "position_edges": self.positions.tolist(),
+                "position_unit_nll": [[round(float(v), 4) for v in row] for row in self.pos_nll],
+                "position_unit_tokens": self.pos_tokens.tolist()}))

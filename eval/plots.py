@@ -135,16 +135,17 @@ def plot_perplexity(summary: dict[str, dict[int, dict]], train_lens: list[int], 
     plain_ticks(ax, "x")
     ax.yaxis.set_major_locator(LogLocator(subs=(1.0, 2.0, 5.0)))
     plain_ticks(ax, "y")
-    finish(fig, ax, "evaluation length (tokens)", "perplexity (95% interval)", title, path)
+    finish(fig, ax, "evaluation length (tokens)", "perplexity (95% interval across runs)", title, path)
 
 
 RATIO_CEILING = 2.5  # the paired-ratio figure's top: rows far above it would flatten the rest
 
 
-def plot_paired(comparisons: dict[str, dict[int, tuple]], reference: str, train_lens: list[int], path: Path,
+def plot_paired(comparisons: dict[str, dict], reference: str, train_lens: list[int], path: Path,
                 title: str) -> list[str]:
     """Each row's perplexity relative to ``reference`` on the same tokens, against length, with the
-    95% paired interval: the figure of the comparison table, where the perplexity figure's
+    95% interval across training runs (across documents for a one-seed row; eval/tables.py
+    Comparison): the figure of the comparison table, where the perplexity figure's
     document-level spread hides differences of a few percent.
 
     The axis stops at ×2.5 so that a row far above it does not flatten the others; such a row
@@ -159,7 +160,8 @@ def plot_paired(comparisons: dict[str, dict[int, tuple]], reference: str, train_
     lows, highs, entries = [1.0], [1.0], []
     for i, label in enumerate(sorted(series)):
         lengths = sorted(series[label])
-        ratio, low, high = zip(*(series[label][n][:3] for n in lengths))
+        ratio = [series[label][n].ratio for n in lengths]
+        low, high = zip(*(series[label][n].interval for n in lengths))
         entries.append(label + (f" (beyond ×{RATIO_CEILING:g})" if max(high) > RATIO_CEILING else ""))
         length_errorbar(ax, i, label, lengths, ratio, low, high, entry=entries[-1])
         lows.append(min(low))
@@ -174,7 +176,7 @@ def plot_paired(comparisons: dict[str, dict[int, tuple]], reference: str, train_
     ax.yaxis.set_major_formatter(times)
     ax.yaxis.set_minor_formatter(times)
     finish(fig, ax, "evaluation length (tokens)",
-           f"perplexity / {reference}'s on the same tokens (95% interval)", title, path)
+           f"perplexity / {reference}'s on the same tokens (95% interval across runs)", title, path)
     return entries
 
 

@@ -20,10 +20,12 @@ from common.atomic import write_text_atomic
 from configs.schema import EvalConfig
 from common.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
+from eval.context import breakdown_section, context_section
 from eval.labels import label_order, row_label, split_step, with_scaling
 from eval.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
-from eval.tables import (comparison_table, compare, durations, identical_rows, interval_table, length_table,
-                         ratio_to_train_len, scored_line, summarize, train_lengths)
+from eval.tables import (comparison_table, compare, degradation, degradation_table, durations, holm_marks,
+                         identical_rows, interval_table, length_table, power_table, scored_line, summarize,
+                         train_lengths)
 from model.config import SCALING_TYPES
 from common.errors import ArgumentError
 from common.cli import check_output_dir
@@ -32,9 +34,16 @@ from training.run_dir import RunDir
 PROTOCOL_TITLES = {
     "nonoverlap": "Non-overlapping windows (ALiBi paper protocol)",
     "sliding": "Sliding windows (each scored token has ≥ L−S tokens of context)",
+    "same-tokens": "Same target tokens at every length (only the context before them grows)",
 }
-MARKS = ("Marks: ▼ significantly lower perplexity than the row compared with, ▲ significantly higher, "
-         "~ no significant difference (95% paired bootstrap interval of the ratio excludes 1, or not).")
+MARKS = ("Marks: ▼ lower perplexity than the row compared with, ▲ higher, ~ neither, where the 95% interval "
+         "across training runs excludes no change after Holm's correction over the {tested} comparisons of this "
+         "table that have one (eval/stats.py); each printed interval is the unadjusted 95% one. A row with one "
+         "seed has no interval across training runs and no mark.")
+INTERVALS = ("Intervals across training runs: a t-interval over the seeds' values with the documents' variance added "
+             "(Welch–Satterthwaite degrees of freedom), so they say what another set of training runs would give; "
+             "† marks a row with one seed, whose interval is across documents only. Across documents for these "
+             "trained models: the ratio estimator's variance over the units, the trained models held fixed.")
 
 
 def provenance(runs: list[dict]) -> list[str]:
@@ -210,9 +219,25 @@ def _pairing_note(reference: str) -> str:
             f"own checkpoints with its step {step}.")
 
 
+def _pairing(comparisons: dict) -> str:
+    """How the comparisons were paired across training runs."""
+    welch = sorted(name for name, cells in comparisons.items() if any(c.found.runs is not None and
+                                                                      c.found.runs.pairing == "welch"
+                                                                      for c in cells.values()))
+    single = sorted(name for name, cells in comparisons.items() if any(c.found.runs is None for c in cells.values()))
+    parts = ["Rows trained with the same seeds are paired seed by seed (seed k's rows share its data order, and "
+             "its initialisation where shapes agree)"]
+    if welch:
+        parts.append("rows whose seeds differ are compared unpaired (Welch): " + ", ".join(f"`{n}`" for n in welch))
+    if single:
+        parts.append("comparisons involving a one-seed row have no interval across training runs: "
+                     + ", ".join(f"`{n}`" for n in single))
+    return "; ".join(parts) + "."
+
+
 def _paired_section(results: dict, corpus: str, protocol: str, summary: dict, reference: str,
                     out: Path, index: int) -> list[str]:
-    """The paired comparisons with the reference row: the table and its figure, or a sentence
+    """The paired comparisons with the reference row: the tables and figure, or a sentence
     saying why there are none."""
     if reference not in summary:
         return [f"Paired comparisons: none; the reference row `{reference}` (eval.reference) is none of "
@@ -224,11 +249,20 @@ def _paired_section(results: dict, corpus: str, protocol: str, summary: dict, re
         why = (f"`{reference}` is the only row" if len(summary) == 1 else
                "no row was scored on the same tokens as the row it would be compared with")
         return [f"Paired comparisons: none; {why}, so there is nothing to compare."]
+    tested = holm_marks(comparisons)
     lengths = sorted({n for cells in summary.values() for n in cells})
     train_lens = train_lengths(summary)
     lines = ["Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
-             f"perplexity is than the second's, with its 95% interval.{_pairing_note(reference)}"
-             f"{_identical_note(folded)} {MARKS}", "", comparison_table(comparisons, lengths, train_lens)]
+             f"perplexity is than the second's, with its 95% interval across training runs.{_pairing_note(reference)}"
+             f"{_identical_note(folded)} {_pairing(comparisons)} {MARKS.format(tested=tested)}", "",
+             comparison_table(comparisons, lengths, train_lens), "",
+             "The same comparisons across documents for these trained models (how sure we are of these models' "
+             "difference, not of the method's):", "",
+             comparison_table(comparisons, lengths, train_lens, which="documents"), "",
+             "Power across training runs: the smallest difference each comparison detects with its seeds (80% power, "
+             "two-sided 5%, before the multiplicity correction) · the seeds per row the observed difference would "
+             "need (>100: more documents, not seeds, would decide it):", "",
+             power_table(comparisons, lengths, train_lens)]
     if split_step(reference)[1] is None:  # a budget grid pairs by step; its figure is the budget curve
         figure = f"paired_vs_length_{index}_{protocol}.png"
         if plot_paired(comparisons, reference, sorted(set(train_lens.values())), out / figure,
@@ -237,21 +271,46 @@ def _paired_section(results: dict, corpus: str, protocol: str, summary: dict, re
     return lines
 
 
+def _degradation_section(summary: dict, protocol: str, reference: str, lengths: list[int],
+                         folded: dict[str, str]) -> list[str]:
+    """ppl(kL)/ppl(L) per row with its interval, and its paired difference from the reference's
+    (not for ``folded`` rows, which repeat another, nor in a budget grid, which pairs by step)."""
+    own = degradation(summary)
+    if not any(own.values()):
+        return []
+    train_lens = train_lengths(summary)
+    paired = "the same tokens at both lengths, so also paired by document" if protocol == "same-tokens" else \
+        "different tokens at each length (their document variances add)"
+    lines = ["", f"Degradation: each row's perplexity over its own at its training length L, 95% interval across "
+             f"training runs (paired by seed; {paired}):", "", degradation_table(own, lengths, train_lens)]
+    if reference in summary and split_step(reference)[1] is None:
+        relative = {name: cells for name, cells in degradation(summary, reference).items()
+                    if name.split(" vs ")[0] not in folded}
+        tested = holm_marks(relative)
+        if any(relative.values()):
+            lines += ["", f"Degradation relative to `{reference}`: how much more (+) or less (−) each row's perplexity "
+                      f"grows from L than `{reference}`'s, 95% interval across training runs. "
+                      + MARKS.format(tested=tested), "", degradation_table(relative, lengths, train_lens, relative=True)]
+    return lines
+
+
 def _protocol_section(results: dict, corpus: str, protocol: str, reference: str, out: Path, index: int) -> list[str]:
     summary = summarize(results, corpus, protocol)
     lengths = sorted({n for cells in summary.values() for n in cells})
     plot = f"ppl_vs_length_{index}_{protocol}.png"
     train_lens = sorted(set(train_lengths(summary).values()))
-    several = len(train_lens) > 1
     plot_perplexity(summary, train_lens, out / plot, f"{corpus}: {PROTOCOL_TITLES[protocol]}")
     rows = [r for r in results["results"] if r.get("corpus") == corpus and r["protocol"] == protocol]
-    return ["", f"### {PROTOCOL_TITLES[protocol]}", "", "Perplexity with its 95% interval:", "",
+    return ["", f"### {PROTOCOL_TITLES[protocol]}", "", "Perplexity, 95% interval across training runs:", "",
             interval_table(summary, lengths), "", scored_line(summary, lengths), "",
+            "Perplexity, 95% interval across documents for these trained models:", "",
+            interval_table(summary, lengths, key="documents"), "",
             f"![perplexity vs length]({plot})", "",
-            *_paired_section(results, corpus, protocol, summary, reference, out, index), "",
-            f"Perplexity relative to the same row at {'its own L' if several else 'L'} (point estimates; "
-            "different tokens, so not paired):", "", ratio_to_train_len(summary, lengths), "",
-            "Bits per byte (95% interval):", "", interval_table(summary, lengths, key="bpb"),
+            *_paired_section(results, corpus, protocol, summary, reference, out, index),
+            *_degradation_section(summary, protocol, reference, lengths,
+                                  _folded(results, corpus, protocol, summary, reference)), "",
+            "Bits per byte (95% interval across training runs; † across documents):", "",
+            interval_table(summary, lengths, key="bpb"),
             *_scale_table(rows, lengths)]
 
 
@@ -364,9 +423,8 @@ def _write_markdown(results: dict, out: Path) -> str:
     md = ["# Length extrapolation report", "",
           f"Created {results['created']}. Training length L = {', '.join(map(str, train_lens))}"
           f"{' (each row its own: the L column)' if len(train_lens) > 1 else ''}. A cell is the "
-          "perplexity exp(mean over seeds of the mean NLL per token) with its 95% interval from a two-stage "
-          "bootstrap over seeds and documents (eval/stats.py); rows pool the runs that are the same experiment "
-          "apart from the seed.", *(["", why] if why else []), "", "## Runs", "", *provenance(runs), "",
+          "perplexity exp(mean over seeds of the mean NLL per token); rows pool the runs that are the same "
+          "experiment apart from the seed. " + INTERVALS, *(["", why] if why else []), "", "## Runs", "", *provenance(runs), "",
           *_runs_table(runs)]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""]
@@ -378,9 +436,12 @@ def _write_markdown(results: dict, out: Path) -> str:
         settings = results.get("corpora", {}).get(corpus)
         md += ["", f"## {corpus}", "", *([_corpus_line(settings), ""] if settings else []),
                "Windows stay inside documents." if within else "Windows run over the split as one stream."]
-        for protocol in [p for p in PROTOCOL_TITLES if any(r["corpus"] == corpus and r["protocol"] == p for r in rows)]:
+        protocols = [p for p in PROTOCOL_TITLES if any(r["corpus"] == corpus and r["protocol"] == p for r in rows)]
+        for protocol in protocols:
             md += budget_section(results, corpus, protocol, out, index)
             md += _protocol_section(results, corpus, protocol, reference, out, index)
+        md += context_section(results, corpus)
+        md += breakdown_section({p: summarize(results, corpus, p) for p in protocols})
         curves = {run: by_corpus.get(corpus, {}) for run, by_corpus in results["per_position"].items()}
         if any(curves.values()):
             name = f"per_position_{index}.png"

@@ -1,19 +1,63 @@
-"""Uncertainty for evaluation results: bootstrap intervals and paired comparisons for
-perplexity, binomial intervals for accuracies, bands for per-position curves.
+"""Uncertainty for evaluation results: intervals across documents and across training runs,
+paired comparisons, multiple-comparison marks, power, and binomial intervals.
 
 Every estimate the reports print carries an interval from here, so each method is
 written down once.
+
+Two statements, never mixed
+---------------------------
+A perplexity cell pools the runs of one experiment that differ only in the seed, all
+scored on the same units (documents, or groups of consecutive documents). Its per-unit
+NLL sums form a seeds × units table ``x[k, u]`` with token counts ``t[u]`` shared by the
+seeds; seed k's mean NLL per token is ``m[k] = Σ_u x[k, u] / T``.
+
+- **Across documents, for these trained models** (``Contrast.documents``): the models
+  are held fixed and the units are the sample. The estimate is the mean over seeds of
+  ``m[k]``; its variance is the ratio estimator's (Cochran 1977, §6.4): with
+  ``z[u] = (x̄[u] − m̄·t[u]) / T`` (x̄ the seed-averaged sums), ``V_doc = U/(U−1)·Σ z[u]²``,
+  on U − 1 degrees of freedom. This says how sure we are of *these* models' numbers.
+- **Across training runs** (``Contrast.runs``): what another set of training runs, scored
+  on other documents of the same corpus, would give. The seed part is the spread of the
+  per-seed values, ``V_seed = s²/S`` on S − 1 degrees of freedom; the document part
+  ``V_doc`` is added, and the t quantile uses the Welch–Satterthwaite degrees of freedom
+  of the sum (Satterthwaite 1946; guarded, see ``satterthwaite``). The seed-by-document interaction enters both parts,
+  so the interval errs on the wide side; tests/test_stats.py simulates known seed and
+  document variances at 3, 5 and 10 seeds and checks that it covers the true value at
+  least 93% of the time at a nominal 95% (a percentile bootstrap over 3 seeds covers
+  about 76%). A ranking is a claim about the method, so marks use this interval only.
+
+Comparisons and contrasts
+-------------------------
+A comparison is a contrast Σ wᵢ·cellᵢ of mean log-perplexities (e.g. row − reference,
+or a row at 16L − the same row at L, or a difference of such ratios). Cells whose rows
+share the same seeds are **paired by seed** (rows trained with seed k share seed k's
+data order, and its initialisation where shapes agree): the contrast is formed per seed
+and its spread over seeds is the seed part. Rows with different seed sets are compared
+unpaired (Welch: each row's seed variance over its own seeds). Cells scored on the same
+units are paired by unit in the document part; cells on different units (another length
+under a protocol that scores other tokens there) add their document variances.
+
+A table's marks (▼ lower, ▲ higher perplexity) say the across-runs interval excludes 0
+after Holm's step-down correction (Holm 1979) over the table's comparisons; each printed
+interval is the unadjusted 95% one. ``detectable`` and ``seeds_needed`` give the power
+side: the smallest difference the current seeds detect at 80% power (two-sided 5%), and
+how many seeds a given difference needs.
 """
 
 from __future__ import annotations
 
 import math
 from dataclasses import dataclass
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
+from scipy import stats as sps
 
-Z95 = 1.959963984540054  # the 97.5% quantile of the standard normal
+LEVEL = 0.95
+ALPHA = 1 - LEVEL
+POWER = 0.8
+MAX_SEEDS = 100  # seeds_needed looks no further
+Z95 = float(sps.norm.ppf(0.975))  # the 97.5% quantile of the standard normal
 
 
 def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
@@ -32,25 +76,70 @@ def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float,
     return max(0.0, centre - half), min(1.0, centre + half)
 
 
-# --- perplexity: a two-stage bootstrap over seeds and documents ------------------------------
-#
-# A report cell pools the runs of one experiment that differ only in seed, all scored on
-# the same windows of the same tokens. Each bootstrap replicate draws the seeds with
-# replacement and, independently, the units (documents, or blocks of windows where a
-# corpus has few documents) with replacement; the units drawn are shared by every run of
-# the replicate, because every run scored the same tokens. The statistic is the mean over
-# the drawn seeds of each seed's NLL on the drawn units (total NLL / total tokens); the
-# 95% interval is the 2.5 and 97.5 percentiles, reported as perplexities. With three
-# seeds the seed stage sees only three values, so the between-seed part of the interval
-# is approximate (Davison & Hinkley 1997, §3.8 on two-stage resampling).
-#
-# A paired comparison of two cells draws the units once for both, so it measures the
-# difference on identical tokens; seeds are drawn jointly when both cells come from the
-# same runs (two RoPE scalings of one model) and independently otherwise. A difference
-# is significant at 5% when the interval of the perplexity ratio excludes 1.
+# --- estimates --------------------------------------------------------------------------------
 
-N_BOOT = 2000
-BOOT_SEED = 0  # fixed, so a report regenerates to the same digits
+
+@dataclass(frozen=True)
+class Part:
+    """One variance component: ``per_seed`` is s² (a seed part, variance of one seed's
+    value, divided by ``seeds``) or the variance itself (a document part, seeds = 0)."""
+
+    variance: float
+    df: float
+    per_seed: Optional[float] = None  # s² of a seed part; None for a document part
+    seeds: int = 0
+
+
+@dataclass(frozen=True)
+class Estimate:
+    """A point estimate (mean log-perplexity, a difference of them, or an accuracy) with
+    its standard error from variance ``parts`` and Satterthwaite's degrees of freedom."""
+
+    point: float
+    parts: tuple[Part, ...]
+    seeds: int  # the fewest seeds behind any term
+    pairing: str = "seed"  # "seed": paired by seed; "welch": rows with different seeds
+
+    @property
+    def variance(self) -> float:
+        return sum(p.variance for p in self.parts)
+
+    @property
+    def se(self) -> float:
+        return math.sqrt(self.variance)
+
+    @property
+    def df(self) -> float:
+        return satterthwaite(self.parts)
+
+    def interval(self, level: float = LEVEL) -> tuple[float, float]:
+        half = t_quantile(0.5 + level / 2, self.df) * self.se
+        return self.point - half, self.point + half
+
+    @property
+    def p_value(self) -> float:
+        """Two-sided p-value of 'the true value is 0'."""
+        if self.se == 0:
+            return 1.0 if self.point == 0 else 0.0
+        return float(2 * sps.t.sf(abs(self.point) / self.se, self.df))
+
+
+def satterthwaite(parts: Sequence[Part]) -> float:
+    """Degrees of freedom of a sum of independent variance estimates (Satterthwaite 1946),
+    each seed part taken at its 75% upper confidence bound s²·(S−1)/χ²₀.₂₅(S−1) for this
+    purpose only: with 3 seeds a seed variance that comes out small by chance would
+    otherwise hand the sum the document part's many degrees of freedom exactly when the
+    standard error is already too small (plain Satterthwaite covers ~92% in the mixed
+    regime of tests/test_stats.py; this ≥ 94.5% there, and the same width elsewhere)."""
+    guarded = [(p.variance * (p.df / float(sps.chi2.ppf(0.25, p.df))) if p.per_seed is not None and p.df > 0
+                else p.variance, p.df) for p in parts]
+    total = sum(v for v, _ in guarded)
+    denominator = sum(v ** 2 / df for v, df in guarded if df > 0 and v > 0)
+    return total ** 2 / denominator if denominator > 0 else math.inf
+
+
+def t_quantile(q: float, df: float) -> float:
+    return float(sps.norm.ppf(q)) if math.isinf(df) else float(sps.t.ppf(q, df))
 
 
 @dataclass
@@ -61,50 +150,180 @@ class Cell:
     tokens: np.ndarray  # (U,)
     bytes: Optional[np.ndarray] = None  # (U,)
     runs: tuple[str, ...] = ()  # run directories, in the order of nll's rows
+    seeds: tuple[int, ...] = ()  # each run's train.seed, in the same order (pairing by seed)
+
+    def per(self, per_byte: bool = False) -> np.ndarray:
+        if per_byte and self.bytes is None:
+            raise ValueError("this cell has no byte counts")
+        return self.bytes if per_byte else self.tokens
+
+    def seed_values(self, per_byte: bool = False) -> np.ndarray:
+        """(S,) each seed's mean NLL per token (or per byte)."""
+        return self.nll.sum(axis=1) / self.per(per_byte).sum()
+
+    @property
+    def seed_key(self) -> tuple:
+        return self.seeds or self.runs or tuple(range(self.nll.shape[0]))
 
 
-def _unit_weights(n_units: int, rng: np.random.Generator) -> np.ndarray:
-    """(N_BOOT, U) multiplicities of a resample of the units with replacement."""
-    return rng.multinomial(n_units, np.full(n_units, 1.0 / n_units), size=N_BOOT).astype(np.float64)
+@dataclass(frozen=True)
+class Contrast:
+    """Σ wᵢ·(mean log-perplexity of cell i): the point, and its two intervals."""
+
+    point: float
+    documents: Estimate  # across documents, these trained models held fixed
+    runs: Optional[Estimate]  # across training runs and documents; None with one seed
+    note: str = ""  # why ``runs`` is missing, or how the rows were paired
 
 
-def _seed_means(cell: Cell, weights: np.ndarray, seeds: np.ndarray, per: np.ndarray) -> np.ndarray:
-    """Per replicate: the mean over drawn seeds of NLL per token (or per byte via ``per``)."""
-    per_seed = (weights @ cell.nll.T) / (weights @ per)[:, None]  # (N_BOOT, S)
-    return np.take_along_axis(per_seed, seeds, axis=1).mean(axis=1)
+def _document_parts(terms: Sequence[tuple[float, Cell]], per_byte: bool) -> list[Part]:
+    """One part per distinct set of units: the ratio estimator's variance of the
+    seed-averaged contrast, cells on the same units paired unit by unit."""
+    by_units: dict[bytes, np.ndarray] = {}
+    for weight, cell in terms:
+        per = cell.per(per_byte)
+        z = weight * (cell.nll.mean(axis=0) - cell.seed_values(per_byte).mean() * per) / per.sum()
+        key = per.tobytes() + cell.tokens.tobytes()
+        by_units[key] = by_units[key] + z if key in by_units else z
+    parts = []
+    for z in by_units.values():
+        n = len(z)
+        parts.append(Part(variance=n / (n - 1) * float((z ** 2).sum()) if n > 1 else 0.0, df=n - 1))
+    return parts
 
 
-def cell_interval(cell: Cell, per_byte: bool = False) -> tuple[float, float, float]:
-    """(point, low, high): perplexity (or bits per byte) with its 95% bootstrap interval."""
-    per = cell.bytes if per_byte else cell.tokens
-    rng = np.random.default_rng(BOOT_SEED)
-    weights = _unit_weights(len(per), rng)
-    seeds = rng.integers(0, cell.nll.shape[0], size=(N_BOOT, cell.nll.shape[0]))
-    point = float((cell.nll.sum(axis=1) / per.sum()).mean())
-    boot = _seed_means(cell, weights, seeds, per)
-    low, high = np.percentile(boot, [2.5, 97.5])
-    if per_byte:
-        return point / math.log(2), float(low) / math.log(2), float(high) / math.log(2)
-    return math.exp(point), math.exp(float(low)), math.exp(float(high))
+def _seed_parts(terms: Sequence[tuple[float, Cell]], per_byte: bool) -> tuple[list[Part], str]:
+    """The seed part(s): per-seed contrasts when every term has the same seeds, else one
+    part per seed set (Welch). Empty when some set has a single seed."""
+    groups: dict[tuple, np.ndarray] = {}
+    for weight, cell in terms:
+        values = weight * cell.seed_values(per_byte)
+        key = cell.seed_key
+        groups[key] = groups[key] + values if key in groups else values
+    if any(len(v) < 2 for v in groups.values()):
+        return [], "one seed"
+    parts = []
+    for values in groups.values():
+        s2 = float(np.var(values, ddof=1))
+        parts.append(Part(variance=s2 / len(values), df=len(values) - 1, per_seed=s2, seeds=len(values)))
+    return parts, "seed" if len(groups) == 1 else "welch"
 
 
-def paired_ratio(a: Cell, b: Cell) -> tuple[float, float, float]:
-    """(ratio, low, high): perplexity of ``a`` over ``b`` on the same tokens, 95% interval."""
+def contrast(terms: Sequence[tuple[float, Cell]], per_byte: bool = False) -> Contrast:
+    """The contrast Σ wᵢ·cellᵢ of mean log-perplexities (or log-bits per byte): see the
+    module docstring for both intervals."""
+    point = float(sum(w * c.seed_values(per_byte).mean() for w, c in terms))
+    seeds = min(c.nll.shape[0] for _, c in terms)
+    doc_parts = _document_parts(terms, per_byte)
+    documents = Estimate(point, tuple(doc_parts), seeds)
+    seed_parts, pairing = _seed_parts(terms, per_byte)
+    if not seed_parts:
+        return Contrast(point, documents, None, "one seed: no interval across training runs")
+    runs = Estimate(point, tuple(seed_parts + doc_parts), seeds, pairing)
+    note = "" if pairing == "seed" else "unpaired: the rows were trained with different seeds (Welch)"
+    return Contrast(point, documents, runs, note)
+
+
+def cell_contrast(cell: Cell, per_byte: bool = False) -> Contrast:
+    """One cell: its mean log-perplexity (log of bits·ln2 per byte with ``per_byte``)."""
+    return contrast([(1.0, cell)], per_byte)
+
+
+def paired_contrast(a: Cell, b: Cell) -> Contrast:
+    """log(ppl a / ppl b) on the same tokens."""
     if a.tokens.shape != b.tokens.shape or not np.array_equal(a.tokens, b.tokens):
         raise ValueError("a paired comparison needs both cells scored on the same tokens")
-    rng = np.random.default_rng(BOOT_SEED)
-    weights = _unit_weights(len(a.tokens), rng)
-    seeds_a = rng.integers(0, a.nll.shape[0], size=(N_BOOT, a.nll.shape[0]))
-    seeds_b = seeds_a if a.runs == b.runs else rng.integers(0, b.nll.shape[0], size=(N_BOOT, b.nll.shape[0]))
-    diff = _seed_means(a, weights, seeds_a, a.tokens) - _seed_means(b, weights, seeds_b, b.tokens)
-    point = float((a.nll.sum(axis=1) / a.tokens.sum()).mean() - (b.nll.sum(axis=1) / b.tokens.sum()).mean())
-    low, high = np.percentile(diff, [2.5, 97.5])
-    return math.exp(point), math.exp(float(low)), math.exp(float(high))
+    return contrast([(1.0, a), (-1.0, b)])
 
 
-def significance(low: float, high: float) -> str:
-    """▼ significantly lower (better) perplexity, ▲ significantly higher, ~ neither."""
-    return "▼" if high < 1.0 else "▲" if low > 1.0 else "~"
+# --- marks, multiplicity and power ------------------------------------------------------------
+
+
+def holm(p_values: Sequence[float]) -> list[float]:
+    """Holm's step-down adjusted p-values (Holm 1979), in the input order."""
+    m = len(p_values)
+    order = sorted(range(m), key=lambda i: p_values[i])
+    adjusted, running = [0.0] * m, 0.0
+    for rank, i in enumerate(order):
+        running = max(running, min(1.0, (m - rank) * p_values[i]))
+        adjusted[i] = running
+    return adjusted
+
+
+def mark(point: float, adjusted_p: Optional[float], alpha: float = ALPHA) -> str:
+    """▼ significantly lower (better) perplexity, ▲ significantly higher, ~ neither; '' when
+    there is no across-runs test (one seed)."""
+    if adjusted_p is None:
+        return ""
+    if adjusted_p >= alpha:
+        return "~"
+    return "▼" if point < 0 else "▲"
+
+
+def _power_factor(df: float, alpha: float = ALPHA, power: float = POWER) -> float:
+    return t_quantile(1 - alpha / 2, df) + t_quantile(power, df)
+
+
+def detectable(estimate: Estimate, alpha: float = ALPHA, power: float = POWER) -> float:
+    """The smallest |difference| a two-sided test at ``alpha`` detects with ``power``."""
+    return _power_factor(estimate.df, alpha, power) * estimate.se
+
+
+def with_seeds(estimate: Estimate, seeds: int) -> Estimate:
+    """The estimate's standard error had every row ``seeds`` seeds (same variances)."""
+    parts = tuple(Part(p.per_seed / seeds, seeds - 1, p.per_seed, seeds) if p.per_seed is not None else p
+                  for p in estimate.parts)
+    return Estimate(estimate.point, parts, seeds, estimate.pairing)
+
+
+def seeds_needed(estimate: Estimate, difference: float, alpha: float = ALPHA, power: float = POWER,
+                 most: int = MAX_SEEDS) -> Optional[int]:
+    """Seeds per row for a difference of ``difference`` to be detected with ``power``, or
+    None when even ``most`` seeds would not (the document part alone is too wide)."""
+    if difference == 0:
+        return None
+    for seeds in range(2, most + 1):
+        if detectable(with_seeds(estimate, seeds), alpha, power) <= abs(difference):
+            return seeds
+    return None
+
+
+# --- accuracies pooled over seeds ----------------------------------------------------------
+
+
+def accuracy_estimate(counts: Sequence[tuple[int, int]]) -> Estimate:
+    """The mean over seeds of each seed's accuracy, across training runs and instances.
+
+    Seed part: the spread of the per-seed accuracies (S − 1 df). Instance part: the
+    binomial variance p̄(1 − p̄)/n of an average over the n instances every seed answers
+    (the same instances: eval.tasks.seed), on n − 1 df. Needs ≥ 2 seeds.
+    """
+    acc = np.array([c / n for c, n in counts], dtype=np.float64)
+    n = float(np.mean([n for _, n in counts]))
+    p = float(acc.mean())
+    s2 = float(np.var(acc, ddof=1))
+    parts = (Part(s2 / len(acc), len(acc) - 1, s2, len(acc)), Part(p * (1 - p) / n, n - 1))
+    return Estimate(p, parts, len(acc))
+
+
+def pooled_accuracy_interval(counts: list[tuple[int, int]]) -> tuple[float, float]:
+    """95% interval of an accuracy pooled over seeds, from each seed's (correct, total).
+
+    The Wilson interval of the pooled instances alone treats every instance as
+    independent, but a task is often learned by one seed and not another: three seeds at
+    1.00, 0.00 and 0.00 pool to 0.33 with a Wilson interval of ±0.05. So the interval is
+    the hull of that Wilson interval and the across-runs t-interval of
+    ``accuracy_estimate`` (clipped to [0, 1]): seeds that disagree widen it, and it is
+    never narrower than the instances allow. One seed gets the Wilson interval.
+    """
+    low, high = wilson_interval(sum(c for c, _ in counts), sum(n for _, n in counts))
+    if len(counts) < 2:
+        return low, high
+    t_low, t_high = accuracy_estimate(counts).interval()
+    return max(0.0, min(low, t_low)), min(1.0, max(high, t_high))
+
+
+# --- curves and benchmark ratios ------------------------------------------------------------
 
 
 def pooled_curve(curves: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
@@ -120,34 +339,6 @@ def pooled_curve(curves: list[dict]) -> tuple[np.ndarray, np.ndarray, np.ndarray
     sd = np.sqrt((within + between) / max(n.sum() - 1, 1))
     half = Z95 * sd / np.sqrt(n.sum())
     return mean, mean - half, mean + half
-
-
-# --- accuracies pooled over seeds ----------------------------------------------------------
-
-
-def pooled_accuracy_interval(counts: list[tuple[int, int]]) -> tuple[float, float]:
-    """95% interval of an accuracy pooled over seeds, from each seed's (correct, total).
-
-    The Wilson interval of the pooled instances alone treats every instance as independent,
-    but a task is often learned by one seed and not another: three seeds at 1.00, 0.00 and
-    0.00 pool to 0.33 with a Wilson interval of ±0.05. So the interval is the hull of that
-    Wilson interval and a two-stage bootstrap (seeds drawn with replacement, then each drawn
-    seed's correct count as Binomial(total, its accuracy); the 2.5 and 97.5 percentiles of
-    the pooled accuracy): seeds that disagree widen it, and it never comes out narrower
-    than the instances allow (the bootstrap alone collapses to a point at 0 or 1). One seed
-    gets the Wilson interval.
-    """
-    correct = np.array([c for c, _ in counts], dtype=np.int64)
-    total = np.array([n for _, n in counts], dtype=np.int64)
-    low, high = wilson_interval(int(correct.sum()), int(total.sum()))
-    if len(counts) < 2:
-        return low, high
-    rng = np.random.default_rng(BOOT_SEED)
-    seeds = rng.integers(0, len(counts), size=(N_BOOT, len(counts)))
-    drawn = rng.binomial(total[seeds], correct[seeds] / total[seeds])
-    boot = drawn.sum(axis=1) / total[seeds].sum(axis=1)
-    boot_low, boot_high = np.percentile(boot, [2.5, 97.5])
-    return min(low, float(boot_low)), max(high, float(boot_high))
 
 
 def median_interval(values: list[float], level: float = 0.95) -> Optional[tuple[float, float]]:

@@ -1,20 +1,24 @@
-"""Report tables: result rows → cells with 95% intervals, paired comparisons, markdown.
+"""Report tables: result rows → cells with both intervals, paired comparisons, markdown.
 
 A cell is one row label (encoding, or run-name stem, plus RoPE scaling) at one corpus,
-protocol and length; it pools that label's seeds. Intervals and comparisons come from
-eval/stats.py. A cell a learned table cannot serve reads "n/a (trained table: N …)".
+protocol and length; it pools that label's seeds. Each cell and comparison carries two
+95% intervals from eval/stats.py: across training runs (seeds and documents; what a claim
+about the method needs) and across documents for the models trained. Marks (▼/▲) use the
+first only, after Holm's correction over the comparisons of a table. A cell a learned
+table cannot serve reads "n/a (trained table: N …)".
 """
 
 from __future__ import annotations
 
 import math
 from collections import defaultdict
+from dataclasses import dataclass
 from typing import Callable, Optional
 
 import numpy as np
 
 from eval.labels import label_order, row_label
-from eval.stats import Cell, cell_interval, paired_ratio, significance
+from eval.stats import Cell, Contrast, cell_contrast, contrast, detectable, holm, mark, paired_contrast, seeds_needed
 
 
 def _cells_rows(results: dict, corpus: str, protocol: str) -> dict[str, dict[int, list[dict]]]:
@@ -27,19 +31,37 @@ def _cells_rows(results: dict, corpus: str, protocol: str) -> dict[str, dict[int
 
 
 def make_cell(rows: list[dict], window_sets: dict) -> Optional[Cell]:
-    """The pooled cell of some seeds' rows, or None where any is n/a or they differ in tokens."""
-    rows = sorted(rows, key=lambda r: r["run"])
+    """The pooled cell of some seeds' rows (ordered by seed, so rows trained with the same seeds
+    pair seed by seed), or None where any is n/a or they differ in tokens."""
+    rows = sorted(rows, key=lambda r: (r.get("seed", 0), r["run"]))
     if any(r["status"] != "ok" for r in rows) or len({r["window_set"] for r in rows}) != 1:
         return None
     shared = window_sets[rows[0]["window_set"]]
     return Cell(nll=np.array([r["unit_nll"] for r in rows], dtype=np.float64),
                 tokens=np.asarray(shared["unit_tokens"], dtype=np.float64),
                 bytes=np.asarray(shared["unit_bytes"], dtype=np.float64) if any(shared["unit_bytes"]) else None,
-                runs=tuple(r["run"] for r in rows))
+                runs=tuple(r["run"] for r in rows), seeds=tuple(r.get("seed", 0) for r in rows))
+
+
+def _ppl_interval(found: Contrast) -> dict:
+    """Perplexity with the across-runs interval where there is one (else the documents'), and
+    the documents' interval on its own."""
+    runs = found.runs.interval() if found.runs is not None else None
+    docs = found.documents.interval()
+    low, high = runs or docs
+    return {"ppl": math.exp(found.point), "low": math.exp(low), "high": math.exp(high),
+            "interval": "runs" if runs else "documents", "doc_low": math.exp(docs[0]), "doc_high": math.exp(docs[1])}
+
+
+def _bpb_interval(cell: Cell) -> tuple[float, float, float]:
+    found = contrast([(1.0, cell)], per_byte=True)
+    low, high = (found.runs or found.documents).interval()
+    return found.point / math.log(2), low / math.log(2), high / math.log(2)
 
 
 def summarize(results: dict, corpus: str, protocol: str) -> dict[str, dict[int, dict]]:
-    """label -> length -> {ppl, low, high, bpb, seeds, tokens, documents, unit_kind} or {na}."""
+    """label -> length -> {ppl, low, high, interval, doc_low, doc_high, bpb, seeds, tokens,
+    documents, unit_kind, cell} or {na}."""
     out: dict[str, dict[int, dict]] = {}
     for label, by_length in _cells_rows(results, corpus, protocol).items():
         cells = {}
@@ -48,32 +70,100 @@ def summarize(results: dict, corpus: str, protocol: str) -> dict[str, dict[int, 
             if cell is None:
                 cells[length] = {"na": rows[0].get("note", "n/a"), "train_len": rows[0]["train_len"]}
                 continue
-            ppl, low, high = cell_interval(cell)
-            bpb = cell_interval(cell, per_byte=True) if cell.bytes is not None else None
             shared = results["window_sets"][rows[0]["window_set"]]
-            cells[length] = {"ppl": ppl, "low": low, "high": high, "bpb": bpb, "seeds": len(rows),
+            cells[length] = {**_ppl_interval(cell_contrast(cell)), "seeds": len(rows), "cell": cell,
+                             "bpb": _bpb_interval(cell) if cell.bytes is not None else None,
                              "tokens": rows[0]["tokens"], "documents": rows[0]["documents"],
                              "skipped_documents": rows[0].get("skipped_documents", 0), "unit_kind": shared["unit_kind"],
-                             "train_len": rows[0]["train_len"],
+                             "units": len(shared["unit_tokens"]), "train_len": rows[0]["train_len"],
                              "effective_scale": rows[0].get("effective_scale", 1.0)}
         out[label] = cells
     return out
 
 
-def compare(results: dict, corpus: str, protocol: str, pairs: list[tuple[str, str]]) -> dict[str, dict[int, tuple]]:
-    """"a vs b" -> length -> (ratio, low, high, mark) of perplexity a / b on the same tokens."""
+@dataclass
+class Comparison:
+    """A contrast of mean log-perplexities read as a perplexity ratio, with its mark (set over
+    a whole table by ``holm_marks``)."""
+
+    found: Contrast
+    mark: str = ""
+
+    @property
+    def ratio(self) -> float:
+        return math.exp(self.found.point)
+
+    @property
+    def runs(self) -> Optional[tuple[float, float]]:
+        """The across-runs 95% interval of the ratio, or None with one seed."""
+        if self.found.runs is None:
+            return None
+        low, high = self.found.runs.interval()
+        return math.exp(low), math.exp(high)
+
+    @property
+    def documents(self) -> tuple[float, float]:
+        low, high = self.found.documents.interval()
+        return math.exp(low), math.exp(high)
+
+    @property
+    def interval(self) -> tuple[float, float]:
+        """The interval a figure draws: across runs where there is one."""
+        return self.runs or self.documents
+
+
+def holm_marks(*tables: dict[str, dict[int, Comparison]]) -> int:
+    """Mark every comparison of ``tables`` after Holm's correction over all of them that have an
+    across-runs test; returns how many were tested."""
+    tested = [c for table in tables for cells in table.values() for c in cells.values() if c.found.runs is not None]
+    for comparison, p in zip(tested, holm([c.found.runs.p_value for c in tested])):
+        comparison.mark = mark(comparison.found.point, p)
+    return len(tested)
+
+
+def compare(results: dict, corpus: str, protocol: str, pairs: list[tuple[str, str]]) -> dict[str, dict[int, Comparison]]:
+    """"a vs b" -> length -> the perplexity ratio a / b on the same tokens (marks: holm_marks)."""
     rows = _cells_rows(results, corpus, protocol)
-    out: dict[str, dict[int, tuple]] = {}
+    out: dict[str, dict[int, Comparison]] = {}
     for a, b in pairs:
         cells = {}
         for length in sorted(set(rows.get(a, {})) & set(rows.get(b, {}))):
             ca, cb = make_cell(rows[a][length], results["window_sets"]), make_cell(rows[b][length], results["window_sets"])
             if ca is None or cb is None or not np.array_equal(ca.tokens, cb.tokens):
                 continue
-            ratio, low, high = paired_ratio(ca, cb)
-            cells[length] = (ratio, low, high, significance(low, high))
+            cells[length] = Comparison(paired_contrast(ca, cb))
         out[f"{a} vs {b}"] = cells
     return out
+
+
+def degradation(summary: dict[str, dict[int, dict]], reference: Optional[str] = None) -> dict[str, dict[int, Comparison]]:
+    """label -> length -> ppl(length) / ppl(L), L the row's own training length, paired by seed
+    (and by unit where both lengths scored the same tokens); with ``reference``, each row's
+    ratio over the reference's ("a vs b" keys) instead."""
+    out: dict[str, dict[int, Comparison]] = {}
+    own = {label: _train_len_cell(cells) for label, cells in summary.items()}
+    for label in sorted(summary, key=label_order):
+        if own[label] is None or (reference is not None and (label == reference or own.get(reference) is None)):
+            continue
+        cells = {}
+        for n, cell in summary[label].items():
+            if "cell" not in cell:
+                continue
+            terms = [(1.0, cell["cell"]), (-1.0, own[label])]
+            if reference is not None:
+                ref = summary[reference].get(n, {}).get("cell")
+                if ref is None:
+                    continue
+                terms += [(-1.0, ref), (1.0, own[reference])]
+            cells[n] = Comparison(contrast(terms))
+        out[label if reference is None else f"{label} vs {reference}"] = cells
+    return out
+
+
+def _train_len_cell(cells: dict[int, dict]) -> Optional[Cell]:
+    lengths = {c["train_len"] for c in cells.values() if "train_len" in c}
+    at_l = cells.get(next(iter(lengths))) if len(lengths) == 1 else None
+    return at_l.get("cell") if at_l else None
 
 
 def identical_rows(results: dict, corpus: str, protocol: str, labels: list[str]) -> dict[str, str]:
@@ -136,10 +226,12 @@ def train_lengths(summary: dict[str, dict[int, dict]]) -> dict[str, int]:
 
 
 def interval_table(summary: dict[str, dict[int, dict]], lengths: list[int], key: str = "ppl") -> str:
-    """Cells 'point (low–high)'; bits per byte with ``key="bpb"``."""
+    """Cells 'point (low–high)': perplexity with its across-runs interval (the documents' where a
+    row has one seed, marked †), ``key="documents"`` with the documents' interval, or bits per
+    byte with ``key="bpb"``."""
     rows, train_lens = [], train_lengths(summary)
     for label in sorted(summary, key=label_order):
-        cells = []
+        cells, seeds = [], {c["seeds"] for c in summary[label].values() if "seeds" in c}
         for n in lengths:
             cell = summary[label].get(n)
             if cell is None:
@@ -148,22 +240,13 @@ def interval_table(summary: dict[str, dict[int, dict]], lengths: list[int], key:
                 cells.append(f"n/a ({cell['na']})")
             elif key == "bpb":
                 cells.append("–" if cell["bpb"] is None else "{:.3f} ({:.3f}–{:.3f})".format(*cell["bpb"]))
+            elif key == "documents":
+                cells.append(f"{fmt(cell['ppl'])} ({fmt(cell['doc_low'])}–{fmt(cell['doc_high'])})")
             else:
-                cells.append(f"{fmt(cell['ppl'])} ({fmt(cell['low'])}–{fmt(cell['high'])})")
-        rows.append(([label], train_lens.get(label), cells))
-    return length_table(["row"], lengths, rows)
-
-
-def ratio_to_train_len(summary: dict[str, dict[int, dict]], lengths: list[int]) -> str:
-    """Each row's perplexity over its own at its own training length L (point estimates:
-    different tokens, not paired)."""
-    rows, train_lens = [], train_lengths(summary)
-    for label in sorted(summary, key=label_order):
-        base = summary[label].get(train_lens.get(label), {}).get("ppl")
-        cells = [f"×{summary[label][n]['ppl'] / base:.2f}" if base and "ppl" in summary[label].get(n, {}) else "–"
-                 for n in lengths]
-        rows.append(([label], train_lens.get(label), cells))
-    return length_table(["row"], lengths, rows)
+                dagger = "†" if cell["interval"] == "documents" else ""
+                cells.append(f"{fmt(cell['ppl'])} ({fmt(cell['low'])}–{fmt(cell['high'])}){dagger}")
+        rows.append(([label, ",".join(map(str, sorted(seeds))) or "–"], train_lens.get(label), cells))
+    return length_table(["row", "seeds"], lengths, rows)
 
 
 def durations(*seconds: float) -> list[str]:
@@ -183,19 +266,71 @@ def percent(ratio: float) -> str:
     return f"{pct:+.3f}" if abs(pct) < 0.1 else f"{pct:+.2f}" if abs(pct) < 10 else f"{pct:+.1f}"
 
 
-def comparison_table(comparisons: dict[str, dict[int, tuple]], lengths: list[int],
-                     train_lens: dict[str, int]) -> str:
-    """Cells: perplexity difference in percent (a vs b), its 95% interval and the mark;
-    ``train_lens``: each row's training length (train_lengths)."""
+def _ratio_text(c: Comparison, which: str) -> str:
+    interval = c.documents if which == "documents" else c.runs
+    if interval is None:  # one seed: no test across training runs
+        return f"{percent(c.ratio)}% (one seed)"
+    marked = f" {c.mark}" if which == "runs" and c.mark else ""
+    return f"{percent(c.ratio)}% ({percent(interval[0])} to {percent(interval[1])}){marked}"
+
+
+def _row_lengths(name: str, train_lens: dict[str, int]):
+    """The training length of a comparison's rows ("a vs b"), or of one row."""
+    a, _, b = name.partition(" vs ")
+    la, lb = train_lens.get(a), train_lens.get(b) if b else None
+    return la if la == lb or lb is None else f"{la} vs {lb}"
+
+
+def comparison_table(comparisons: dict[str, dict[int, Comparison]], lengths: list[int],
+                     train_lens: dict[str, int], which: str = "runs") -> str:
+    """Cells: the perplexity difference in percent (a vs b), its 95% interval across training
+    runs with the mark (``which="runs"``), or across documents for the models trained
+    (``which="documents"``); ``train_lens``: each row's training length (train_lengths)."""
     rows = []
     for name, cells in comparisons.items():
         if not cells:
             continue
-        a, b = (train_lens.get(label) for label in name.split(" vs ", 1))
-        row = [f"{percent(cells[n][0])}% ({percent(cells[n][1])} to {percent(cells[n][2])}) {cells[n][3]}"
-               if n in cells else "–" for n in lengths]
-        rows.append(([name], a if a == b else f"{a} vs {b}", row))
+        row = [_ratio_text(cells[n], which) if n in cells else "–" for n in lengths]
+        rows.append(([name], _row_lengths(name, train_lens), row))
     return length_table(["comparison"], lengths, rows)
+
+
+def power_text(c: Comparison) -> str:
+    """'±d% · n': the smallest difference the seeds detect (80% power, two-sided 5%) and the
+    seeds per row the observed difference would need ('–' with one seed)."""
+    if c.found.runs is None:
+        return "–"
+    smallest = math.exp(detectable(c.found.runs)) - 1
+    need = seeds_needed(c.found.runs, c.found.point)
+    seeds = ">100" if need is None else str(need)
+    return f"±{smallest * 100:.2g}% · {seeds}"
+
+
+def power_table(comparisons: dict[str, dict[int, Comparison]], lengths: list[int], train_lens: dict[str, int]) -> str:
+    rows = [([name], _row_lengths(name, train_lens), [power_text(cells[n]) if n in cells else "–" for n in lengths])
+            for name, cells in comparisons.items() if cells]
+    return length_table(["comparison"], lengths, rows)
+
+
+def degradation_table(ratios: dict[str, dict[int, Comparison]], lengths: list[int], train_lens: dict[str, int],
+                      relative: bool = False) -> str:
+    """Cells '×r (low–high)' of ppl(kL)/ppl(L) across training runs; ``relative``: differences
+    of such ratios against the reference, in percent, with marks."""
+    rows = []
+    for name, cells in ratios.items():
+        text = []
+        for n in lengths:
+            c = cells.get(n)
+            if c is None:
+                text.append("–")
+            elif relative:
+                text.append(_ratio_text(c, "runs"))
+            else:
+                low, high = c.interval
+                dagger = "" if c.runs else "†"
+                text.append(f"×{c.ratio:.3f} ({low:.3f}–{high:.3f}){dagger}")
+        rows.append(([name], _row_lengths(name, train_lens), text))
+    return length_table(["comparison" if relative else "row"], lengths, rows)
 
 
 def scored_line(summary: dict[str, dict[int, dict]], lengths: list[int]) -> str:
@@ -211,5 +346,5 @@ def scored_line(summary: dict[str, dict[int, dict]], lengths: list[int]) -> str:
             c = seen[n]
             skipped = f", {c['skipped_documents']} shorter documents skipped" if c["skipped_documents"] else ""
             parts.append(f"{n}: {c['tokens']:,} tokens in {c['documents']:,} documents{skipped}")
-    units = {c["unit_kind"] for c in seen.values()}
-    return ("Scored per length: " + "; ".join(parts) + f". Bootstrap units: {', '.join(sorted(units))}.")
+    units = {f"{c['units']} {c['unit_kind']}" if "units" in c else c["unit_kind"] for c in seen.values()}
+    return "Scored per length: " + "; ".join(parts) + f". Units of the intervals: {', '.join(sorted(units))}."

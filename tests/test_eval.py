@@ -479,3 +479,21 @@ def test_wall_times_read_in_one_unit_that_is_never_zero():
     assert durations(6, 36, 42) == ["0.1 min", "0.6 min", "0.7 min"]  # 0.00 h each, as hours
     assert durations(2, 1, 3) == ["2 s", "1 s", "3 s"]
     assert durations(0, 600, 600) == ["0.00 h", "0.17 h", "0.17 h"]  # an unrecorded time is no unit's guide
+
+
+def test_same_token_protocol_context_use_and_breakdown_in_the_report(tiny_runs, tmp_path):
+    """The same-token protocol scores the same targets at every length (the same window set,
+    every length), and the report adds context use at L and each row's breakdown length."""
+    ev = EvalConfig(lengths=[16, 32, 64], protocols=["nonoverlap", "same-tokens"], max_tokens=1024)
+    out = tmp_path / "same"
+    results = run_extrapolation([tiny_runs / "rope-a", tiny_runs / "rope-b"], out, lambda cfg: ev,
+                                log=lambda *a: None)
+    same = [r for r in results["results"] if r["protocol"] == "same-tokens"]
+    assert {r["length"] for r in same} == {16, 32, 64} and len({r["window_set"] for r in same}) == 1
+    assert {r["tokens"] for r in same} == {1024} and all(r["eval_commit"] for r in same)
+    report = (out / "report.md").read_text()
+    assert "### Same target tokens at every length" in report
+    assert "### Context use" in report and "| rope | 32 |" in report  # the bins at the row's own L
+    assert "### Breakdown length" in report and "(same-tokens protocol" in report
+    assert "Degradation: each row's perplexity over its own" in report
+    assert "also paired by document" in report  # same tokens at both lengths

@@ -46,7 +46,8 @@ def test_local_files_within_documents(run_dir, tmp_path):
     sizes = [len(BOOK) * k for k in (1, 2, 3)]
     assert rows[256]["windows"] == sum(n // 256 for n in sizes)
     assert rows[256]["tokens"] == 256 * rows[256]["windows"]
-    assert saved["window_sets"][rows[256]["window_set"]]["unit_kind"] == "blocks"  # 3 documents are few
+    shared = saved["window_sets"][rows[256]["window_set"]]
+    assert shared["unit_kind"] == "documents" and len(shared["unit_tokens"]) == 3  # each book one unit
     report = (out / "report.md").read_text()
     assert "## books" in report and "Windows stay inside documents." in report
     assert "1 shorter documents skipped" in report

@@ -1,10 +1,14 @@
-"""Evaluation windows: spread budgets, documents, and windows that stay inside documents."""
+"""Evaluation windows: spread budgets, documents, windows that stay inside documents, and the
+same-token protocol."""
 
 from __future__ import annotations
 
 import numpy as np
+import pytest
+import torch
 
-from data.samplers import document_spans, document_windows, eval_windows, spread_windows
+from data.samplers import document_spans, document_windows, eval_windows, spread_windows, target_windows
+from eval.perplexity import perplexity
 
 EOT = 99
 
@@ -42,3 +46,75 @@ def test_windows_never_cross_a_document_and_short_documents_are_counted():
     targets = [w.start + t + 1 for w in sliding for t in range(w.score_from, w.length)]
     assert len(targets) == len(set(targets))  # still no target scored twice
     assert all(w.score_from >= 5 for w in sliding)
+
+
+def _scored_targets(windows) -> list[int]:
+    """Absolute positions of the scored targets (target of input i is token i + 1)."""
+    return sorted(w.start + 1 + i for w in windows for i in range(w.score_from, w.length))
+
+
+def test_same_token_windows_score_the_same_targets_at_every_length():
+    regions = [(0, 200), (201, 230), (231, 400)]  # the middle one is shorter than the longest window
+    by_length = {n: target_windows(regions, n, target=8, longest=64) for n in (8, 16, 32, 64)}
+    assert {skipped for _, skipped in by_length.values()} == {1}
+    targets = {n: _scored_targets(w) for n, (w, _) in by_length.items()}
+    assert all(t == targets[8] for t in targets.values())
+    assert len(targets[8]) == len(set(targets[8]))  # no target twice
+    for n, (windows, _) in by_length.items():
+        for w in windows:
+            assert w.length == n and w.scored == 8
+            region = next((a, b) for a, b in regions if a <= w.start + w.length - 1 < b + 1)
+            # the longest window before the span still lies in its region (inputs and targets)
+            assert region[0] <= w.start + w.length - 64 and w.start + w.length <= region[1]
+    # Spans tile each usable region's tail: ends at start + 64, + 8, … ≤ end.
+    assert [w.start + w.length for w in by_length[64][0]][:3] == [64, 72, 80]
+    # A budget picks the same spans at every length (each scores 8 targets).
+    picked = {n: spread_windows(w, 40) for n, (w, _) in by_length.items()}
+    assert all(_scored_targets(p) == _scored_targets(picked[64]) for p in picked.values())
+
+
+class _ContextFree(torch.nn.Module):
+    """Predicts each next token from the current token alone (a bigram table)."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab, vocab)
+
+    def forward(self, x, targets=None, reduction="mean"):
+        logits = self.table(x)  # (B, T, V)
+        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
+        return nll if reduction == "none" else nll.mean()
+
+
+def test_a_model_that_ignores_context_gets_the_same_perplexity_at_every_length():
+    """Under the same-token protocol only the context changes, so a context-free model scores
+    the same at every length; non-overlapping windows score other tokens at each length."""
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 50, (5000,)).numpy()
+    model = _ContextFree(50)
+    same = [perplexity(model, tokens, n, target=(16, 256), max_tokens=1600) for n in (16, 32, 64, 256)]
+    assert {r.protocol for r in same} == {"same-tokens"} and {r.tokens for r in same} == {1600}
+    assert all(r.ppl == pytest.approx(same[0].ppl, rel=1e-6) for r in same)
+    assert all(r.unit_tokens == same[0].unit_tokens for r in same)  # the same units: paired by unit
+    other = [perplexity(model, tokens, n, max_tokens=1600).ppl for n in (16, 256)]
+    assert other[0] != pytest.approx(other[1], rel=1e-6)
+
+
+def test_position_bins_split_each_units_sums_by_context_position():
+    """Non-overlapping windows: per-unit sums in bins [0,1), [1,2), [2,4), …, [2^k, length) add
+    up to the unit sums, and each bin holds exactly the windows' targets at those positions."""
+    torch.manual_seed(1)
+    tokens = torch.randint(0, 50, (3000,)).numpy()
+    tokens[::97] = 49  # document ends, so there are several units
+    model = _ContextFree(50)
+    found = perplexity(model, tokens, 24, eot_id=49)
+    assert found.position_edges == [0, 1, 2, 4, 8, 16, 24]
+    nll, count = np.array(found.position_unit_nll), np.array(found.position_unit_tokens)
+    assert np.allclose(nll.sum(axis=0), found.unit_nll, atol=1e-3)
+    assert (count.sum(axis=0) == found.unit_tokens).all()
+    assert count.sum(axis=1).tolist() == [found.windows * w for w in (1, 1, 2, 4, 8, 8)]
+    x = torch.from_numpy(tokens[:-1][: found.windows * 24].astype(np.int64)).view(-1, 24)
+    y = torch.from_numpy(tokens[1:][: found.windows * 24].astype(np.int64)).view(-1, 24)
+    by_hand = model(x, targets=y, reduction="none").detach().double()  # (windows, 24)
+    assert nll.sum(axis=1)[4] == pytest.approx(float(by_hand[:, 8:16].sum()), rel=1e-6)
+    assert perplexity(model, tokens, 24, stride=12).position_edges == []  # sliding: not binned

@@ -201,14 +201,14 @@ def test_a_fine_tune_beside_its_parent_is_reported_at_each_rows_own_length(paren
     report = (out / "report.md").read_text()
     results = json.loads((out / "results.json").read_text())
     assert "(L)" not in report
-    ppl = table_after(report, "Perplexity with its 95% interval")
-    assert ppl[0] == ["row", "L", "16", "64"]
-    assert {row[0]: row[1] for row in ppl[2:]} == {"child": "64", "child + yarn": "64", "parent": "16",
+    ppl = table_after(report, "Perplexity, 95% interval across training runs")
+    assert ppl[0] == ["row", "seeds", "L", "16", "64"]
+    assert {row[0]: row[2] for row in ppl[2:]} == {"child": "64", "child + yarn": "64", "parent": "16",
                                                     "parent + yarn": "16"}
-    ratios = {row[0]: row[2:] for row in table_after(report, "Perplexity relative to the same row")[2:]}
+    ratios = {row[0]: [cell.split()[0] for cell in row[2:]] for row in table_after(report, "Degradation:")[2:]}
     nll = {(r["name"], r["scaling"], r["length"]): r["nll"] for r in results["results"]}
-    assert ratios["parent"] == ["×1.00", f"×{math.exp(nll['parent', 'none', 64] - nll['parent', 'none', 16]):.2f}"]
-    assert ratios["child"] == [f"×{math.exp(nll['child', 'none', 16] - nll['child', 'none', 64]):.2f}", "×1.00"]
+    assert ratios["parent"] == ["×1.000", f"×{math.exp(nll['parent', 'none', 64] - nll['parent', 'none', 16]):.3f}"]
+    assert ratios["child"] == [f"×{math.exp(nll['child', 'none', 16] - nll['child', 'none', 64]):.3f}", "×1.000"]
     scalings = {row[0]: row[1:] for row in table_after(report, "### What each RoPE scaling did")[2:]}
     assert scalings == {"child + yarn": ["64", "1 → 1", "1 → 1"], "parent + yarn": ["16", "1 → 1", "4 → 4"]}
     assert "Reference row: `parent`" in report and "| child vs parent | 64 vs 16 |" in report

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 
 from eval.plots import RATIO_CEILING, plain_labels, plain_number, plot_paired, plot_training
@@ -13,9 +15,12 @@ def test_plot_labels_and_paired_figure(tmp_path):
     against the reference only, and says which rows run past its ceiling."""
     assert [plain_number(v) for v in (64, 1024, 2048, 20_000, 2_048_000, 0.5)] == \
         ["64", "1024", "2048", "20k", "2.048M", "0.5"]
-    comparisons = {"alibi vs rope": {128: (0.99, 0.98, 1.0, "▼"), 2048: (0.81, 0.79, 0.83, "▼")},
-                   "sinusoidal vs rope": {128: (1.08, 1.07, 1.09, "▲"), 2048: (2.96, 2.4, 3.5, "▲")},
-                   "rope + ntk vs rope + yarn": {2048: (1.0, 0.99, 1.02, "~")},
+    def ratio(point, low, high):  # what the figure reads of a comparison (eval/tables.py: Comparison)
+        return SimpleNamespace(ratio=point, interval=(low, high))
+
+    comparisons = {"alibi vs rope": {128: ratio(0.99, 0.98, 1.0), 2048: ratio(0.81, 0.79, 0.83)},
+                   "sinusoidal vs rope": {128: ratio(1.08, 1.07, 1.09), 2048: ratio(2.96, 2.4, 3.5)},
+                   "rope + ntk vs rope + yarn": {2048: ratio(1.0, 0.99, 1.02)},
                    "learned vs rope": {}}
     out = tmp_path / "paired.png"
     entries = plot_paired(comparisons, "rope", [128], out, "t")

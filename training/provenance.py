@@ -6,15 +6,23 @@ import subprocess
 from pathlib import Path
 from typing import Optional
 
+ROOT = Path(__file__).resolve().parents[1]
+# The project's code: a change here, committed or not, can change a number. A new file that
+# git does not track yet counts too (a module imported by the code under test), while
+# untracked files elsewhere (notes, a scratch script at the top level) do not.
+CODE = ("common", "model", "configs", "data", "training", "eval", "scripts", "train.py")
 
-def git_commit() -> Optional[str]:
-    """The project's current commit (with "-dirty" if tracked files changed), or None outside git."""
-    root = Path(__file__).resolve().parents[1]
+
+def git_commit(root: Path = ROOT, code: tuple[str, ...] = CODE) -> Optional[str]:
+    """The commit of ``root`` with "-dirty" if a tracked file changed or an untracked one lies
+    inside the ``code`` paths, or None outside git."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
-                               capture_output=True, text=True, timeout=10).stdout.strip()
+        tracked = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                                 capture_output=True, text=True, timeout=10).stdout.strip()
+        untracked = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--", *code], cwd=root,
+                                   capture_output=True, text=True, timeout=10).stdout.strip()
     except (OSError, subprocess.SubprocessError):
         return None
-    return (sha + ("-dirty" if dirty else "")) if sha else None
+    return (sha + ("-dirty" if tracked or untracked else "")) if sha else None

@@ -1,0 +1,86 @@
+"""Context use and breakdown length, against values computed by hand."""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import pytest
+import torch
+
+from eval.context import breakdown, breakdown_text, context_gain, crossing, position_cells
+from eval.extrapolation import share_window_sets
+from eval.perplexity import perplexity
+from eval.stats import Cell
+
+
+def test_crossing_interpolates_in_log_length():
+    # ln 1.05 = 0.04879 is crossed between 256 (0.02) and 512 (0.06): 2^(8 + 0.7198) = 421.6.
+    found = crossing([64, 128, 256, 512, 1024], [0.3, 0.0, 0.02, 0.06, 0.2], 128)
+    assert found == pytest.approx(2 ** (8 + (math.log(1.05) - 0.02) / 0.04), rel=1e-12)
+    assert crossing([128, 256], [0.0, 0.01], 128) is None  # never 5% worse
+    assert crossing([128, 256], [0.0, 0.1], 128) == pytest.approx(2 ** (7 + math.log(1.05) / 0.1))
+
+
+def _summary(per_seed_log_ppl: dict[int, list[float]], train_len: int = 128) -> dict:
+    """A one-row summary whose cells have the given per-seed mean NLLs (one unit, 100 tokens)."""
+    cells = {}
+    for n, values in per_seed_log_ppl.items():
+        cell = Cell(nll=np.array(values)[:, None] * 100, tokens=np.array([100.0]), seeds=tuple(range(len(values))))
+        cells[n] = {"cell": cell, "train_len": train_len, "ppl": math.exp(np.mean(values))}
+    return {"row": cells}
+
+
+def test_breakdown_points_and_interval_over_seeds():
+    s = _summary({128: [4.0, 4.1, 4.2], 256: [4.03, 4.12, 4.21], 512: [4.1, 4.2, 4.3], 1024: [4.4, 4.5, 4.6]})
+    found = breakdown(s, "row")
+    # Mean log-ratios 0.02 at 256 and 0.1 at 512: 2^(8 + (0.04879 − 0.02)/0.08).
+    assert found["point"] == pytest.approx(2 ** (8 + (math.log(1.05) - 0.02) / 0.08), rel=1e-9)
+    seeds = [crossing([256, 512, 1024], [r256, 0.1, 0.4], 128) for r256 in (0.03, 0.02, 0.01)]
+    logs = np.log2(seeds)
+    half = 4.302652729911275 * logs.std(ddof=1) / math.sqrt(3)  # t(0.975, 2)
+    assert (found["low"], found["high"]) == pytest.approx((2 ** (logs.mean() - half), 2 ** (logs.mean() + half)))
+    assert found["beyond"] == 0 and "×" in breakdown_text(found)
+    split = breakdown(_summary({128: [4.0, 4.1], 2048: [4.01, 4.3]}), "row")  # one seed crosses, one does not
+    assert split["point"] is not None and split["beyond"] == 1 and split["low"] is None
+    assert breakdown_text(split).endswith("1 of 2 seeds stay within 5% to 2048")
+    flat = breakdown(_summary({128: [4.0, 4.1], 2048: [4.01, 4.11]}), "row")
+    assert flat["point"] is None and breakdown_text(flat) == "> 2048"
+    mean_flat = breakdown(_summary({128: [4.0, 4.1, 4.0], 2048: [4.0, 4.19, 4.0]}), "row")  # the mean stays within
+    assert breakdown_text(mean_flat) == "> 2048 (1 of 3 seeds cross)"
+
+
+class _ContextFree(torch.nn.Module):
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab, vocab)
+
+    def forward(self, x, targets=None, reduction="mean"):
+        nll = torch.nn.functional.cross_entropy(self.table(x).transpose(1, 2), targets, reduction="none")
+        return nll if reduction == "none" else nll.mean()
+
+
+def test_context_gain_is_the_difference_of_two_position_bins():
+    """Two seeds of a context-free model at L = 64: the gain is mean NLL on [8, 16) minus on
+    [32, 64), computed from the windows by hand, and its interval covers 0 (no context used)."""
+    torch.manual_seed(0)
+    tokens = torch.randint(0, 40, (20_000,)).numpy()
+    tokens[::150] = 39  # documents
+    rows = []
+    for seed in (0, 1):
+        torch.manual_seed(seed)
+        model = _ContextFree(40)
+        found = perplexity(model, tokens, 64, eot_id=39).to_dict()
+        found.pop("curve")
+        rows.append({**found, "run": f"r{seed}", "seed": seed, "status": "ok"})
+        x = torch.from_numpy(tokens[:-1][: found["windows"] * 64].astype(np.int64)).view(-1, 64)
+        y = torch.from_numpy(tokens[1:][: found["windows"] * 64].astype(np.int64)).view(-1, 64)
+        nll = model(x, targets=y, reduction="none").detach().double()
+        rows[-1]["by_hand"] = float(nll[:, 8:16].mean() - nll[:, 32:64].mean())
+    window_sets = share_window_sets(rows)
+    bins = position_cells(rows, window_sets)
+    assert [(a, b) for a, b, _ in bins] == [(0, 1), (1, 2), (2, 4), (4, 8), (8, 16), (16, 32), (32, 64)]
+    gain = context_gain(bins)
+    assert gain.point == pytest.approx(np.mean([r["by_hand"] for r in rows]), abs=1e-4)
+    low, high = gain.runs.interval()
+    assert low < 0 < high
