@@ -369,37 +369,6 @@ def median_interval(values: list[float], level: float = 0.95) -> Optional[tuple[
 # --- a mean with its t-interval ------------------------------------------------------------
 
 
-def _t_central_mass(t: float, df: int) -> float:
-    """P(|T| ≤ t) for Student's t with integer ``df`` degrees of freedom, in closed form
-    (Abramowitz & Stegun 1964, 26.7.3 for odd df, 26.7.4 for even)."""
-    theta = math.atan(t / math.sqrt(df))
-    c2 = math.cos(theta) ** 2
-    if df % 2 == 0:  # sinθ·(1 + ½cos²θ + (1·3)/(2·4)cos⁴θ + … ), df/2 terms
-        term = total = 1.0
-        for k in range(1, df // 2):
-            term *= c2 * (2 * k - 1) / (2 * k)
-            total += term
-        return math.sin(theta) * total
-    term = total = math.cos(theta)  # (2/π)(θ + sinθ·(cosθ + ⅔cos³θ + … )), (df−1)/2 terms
-    for k in range(1, (df - 1) // 2):
-        term *= c2 * (2 * k) / (2 * k + 1)
-        total += term
-    return 2 / math.pi * (theta + (math.sin(theta) * total if df > 1 else 0.0))
-
-
-def t_quantile(level: float, df: int) -> float:
-    """The t with P(|T| ≤ t) = ``level`` (two-sided), e.g. 12.706 at 95% and df = 1, by bisection."""
-    if df < 1:
-        raise ValueError(f"a t quantile needs df >= 1 (got {df})")
-    low, high = 0.0, 1.0
-    while _t_central_mass(high, df) < level:
-        low, high = high, 2 * high
-    for _ in range(100):
-        mid = (low + high) / 2
-        low, high = (mid, high) if _t_central_mass(mid, df) < level else (low, mid)
-    return (low + high) / 2
-
-
 def t_interval(values, level: float = 0.95):
     """(mean, low, high) of independent draws ``values`` along axis 0: mean ± t(n−1)·s/√n, the
     t-interval (exact for normal draws), elementwise for arrays of draws; low and high are
@@ -408,5 +377,5 @@ def t_interval(values, level: float = 0.95):
     mean = x.mean(axis=0)
     if x.shape[0] < 2:
         return mean, None, None
-    half = t_quantile(level, x.shape[0] - 1) * x.std(axis=0, ddof=1) / math.sqrt(x.shape[0])
+    half = t_quantile(0.5 + level / 2, x.shape[0] - 1) * x.std(axis=0, ddof=1) / math.sqrt(x.shape[0])
     return mean, mean - half, mean + half

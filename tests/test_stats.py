@@ -228,10 +228,11 @@ def test_median_interval_covers_the_median_as_often_as_it_says():
 def test_t_quantiles_are_the_tables_and_t_intervals_cover_the_mean():
     from eval.stats import t_interval, t_quantile
 
-    # Two-sided 95% points of Student's t (any statistics table).
+    # The 97.5% points of Student's t, two-sided 95% (any statistics table).
     for df, t in ((1, 12.706), (2, 4.303), (3, 3.182), (4, 2.776), (9, 2.262), (10, 2.228), (30, 2.042)):
-        assert t_quantile(0.95, df) == pytest.approx(t, abs=1e-3)
-    assert t_quantile(0.95, 100_000) == pytest.approx(1.95996, abs=1e-4)
+        assert t_quantile(0.975, df) == pytest.approx(t, abs=1e-3)
+    assert t_quantile(0.975, 100_000) == pytest.approx(1.95996, abs=1e-4)
+    assert t_quantile(0.975, math.inf) == pytest.approx(1.959964, abs=1e-6)
     mean, low, high = t_interval([1.0, 2.0, 3.0])
     assert mean == 2.0 and (low, high) == pytest.approx((2 - 4.303 / math.sqrt(3), 2 + 4.303 / math.sqrt(3)), abs=1e-3)
     assert t_interval([5.0])[1:] == (None, None)

@@ -244,15 +244,17 @@ def test_perplexity_sweep_points_synthetic_runs_to_task_scoring(scored_runs, tmp
 
 
 def test_cache_keys_are_those_of_earlier_versions(tmp_path):
-    """Caches written before stay valid: these keys were computed by the code that wrote them."""
+    """Caches written before stay valid: these keys were computed by the code that wrote them (the
+    perplexity keys since EVAL_FORMAT 3, whose cells have documents as units however few, per-unit
+    sums by context position and the same-token protocol's layout)."""
     cfg = load_config(synthetic_config(tmp_path))
     assert eval_tasks._cache_key(cfg, cfg.eval) == "5e24cee6f230"
     assert eval_tasks._cache_key(cfg, eval_tasks_for(tasks={"samples": 7}, scalings=["none", "yarn"])(cfg)) == \
         "baa56c4d16ed"
-    assert extrapolation._cache_key(EvalConfig()) == "62c61a77cfc5"
+    assert extrapolation._cache_key(EvalConfig()) == "97f62d6922f5"
     assert extrapolation._cache_key(EvalConfig(lengths=[16, 32], scalings=["none", "yarn"], steps=[0, 2])) == \
-        "a41097b47c0a"
-    assert extrapolation._cache_key(cfg.eval) == "8204f22dbfc3"
+        "1ed7f9cb2b4e"
+    assert extrapolation._cache_key(cfg.eval) == "8888bc82dea7"
 
 
 def test_tasks_score_each_checkpoint_of_steps(scored_runs, tmp_path):
