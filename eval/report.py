@@ -46,6 +46,22 @@ INTERVALS = ("Intervals across training runs: a t-interval over the seeds' value
              "trained models: the ratio estimator's variance over the units, the trained models held fixed.")
 
 
+def _remade(results: dict) -> str:
+    return f", made again {results['remade']} from its results.json (python -m eval.remake)" if results.get("remade") else ""
+
+
+def evaluation_provenance(rows: list[dict]) -> list[str]:
+    """Which code computed the evaluations: the commits recorded by each cell."""
+    commits = sorted({r.get("eval_commit") or "unknown" for r in rows if r.get("status") == "ok"})
+    if not commits:
+        return []
+    if commits == ["unknown"]:
+        return ["The evaluations were computed before each cell recorded the commit that scored it."]
+    dirty = [c for c in commits if c == "unknown" or c.endswith("-dirty")]
+    text = "The evaluations were computed at " + ", ".join(f"`{c[:18]}`" for c in commits)
+    return [text + (" (**not all from a clean tree**)." if dirty else ", each a clean tree.")]
+
+
 def provenance(runs: list[dict]) -> list[str]:
     commits = sorted({r.get("git_commit") or "unknown" for r in runs})
     dirty = [c for c in commits if c == "unknown" or c.endswith("-dirty")]
@@ -159,9 +175,15 @@ def training_curves(runs: list[dict]) -> dict[str, dict[str, list]]:
     return curves
 
 
-def _training_section(runs: list[dict], out: Path) -> list[str]:
-    curves = training_curves(runs)
+def _training_section(results: dict, out: Path) -> list[str]:
+    """The training curves, from results.json (written there the first time) or the runs' metrics.
+    A report made again where neither has them keeps the figure drawn when the runs were at hand."""
+    curves = results.get("training_curves")
     if not curves:
+        if (out / "training_loss.png").is_file():
+            return ["", "## Training", "", "Training loss (lines) and validation loss (markers) against tokens "
+                    "trained, drawn from the runs' metrics.jsonl when this report was first made (the runs are "
+                    "not at hand now):", "", "![training loss vs tokens](training_loss.png)"]
         return []
     plot_training(curves, out / "training_loss.png")
     return ["", "## Training", "", "Training loss (lines) and validation loss (markers) against tokens trained, "
@@ -333,6 +355,12 @@ def check_report_dir(out: Path) -> None:
 
 
 def write_report(results: dict, out: Path) -> None:
+    """results.json, report.md and the figures; the runs' training curves are kept in
+    results.json, so a report can be made again from it alone (python -m eval.remake)."""
+    if not results.get("training_curves"):
+        curves = training_curves(results["runs"])
+        if curves:
+            results["training_curves"] = curves
     write_report_files(out, results, lambda: _write_markdown(results, out), REPORT_FIGURES)
 
 
@@ -421,15 +449,15 @@ def _write_markdown(results: dict, out: Path) -> str:
     reference, why = report_reference(results)
     train_lens = sorted({r["train_len"] for r in rows})
     md = ["# Length extrapolation report", "",
-          f"Created {results['created']}. Training length L = {', '.join(map(str, train_lens))}"
+          f"Created {results['created']}{_remade(results)}. Training length L = {', '.join(map(str, train_lens))}"
           f"{' (each row its own: the L column)' if len(train_lens) > 1 else ''}. A cell is the "
           "perplexity exp(mean over seeds of the mean NLL per token); rows pool the runs that are the same "
-          "experiment apart from the seed. " + INTERVALS, *(["", why] if why else []), "", "## Runs", "", *provenance(runs), "",
+          "experiment apart from the seed. " + INTERVALS, *(["", why] if why else []), "", "## Runs", "", *provenance(runs), *evaluation_provenance(rows), "",
           *_runs_table(runs)]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""]
         md += [f"- {m['run']}: {m['error']}" for m in results["missing"]]
-    md += _training_section(runs, out)
+    md += _training_section(results, out)
     corpora = list(dict.fromkeys(r["corpus"] for r in rows))
     for index, corpus in enumerate(corpora):
         within = any(r.get("within_document") for r in rows if r["corpus"] == corpus)

@@ -347,4 +347,7 @@ def scored_line(summary: dict[str, dict[int, dict]], lengths: list[int]) -> str:
             skipped = f", {c['skipped_documents']} shorter documents skipped" if c["skipped_documents"] else ""
             parts.append(f"{n}: {c['tokens']:,} tokens in {c['documents']:,} documents{skipped}")
     units = {f"{c['units']} {c['unit_kind']}" if "units" in c else c["unit_kind"] for c in seen.values()}
-    return "Scored per length: " + "; ".join(parts) + f". Units of the intervals: {', '.join(sorted(units))}."
+    blocks = ("; blocks are runs of consecutive windows, which are not independent draws, so the intervals across "
+              "documents understate the uncertainty there" if any(c["unit_kind"] == "blocks" for c in seen.values())
+              else "")
+    return "Scored per length: " + "; ".join(parts) + f". Units of the intervals: {', '.join(sorted(units))}{blocks}."

@@ -6,7 +6,7 @@ training length L, else beside an L column (eval/tables.py: length_table). Runs
 that are the same experiment apart from the seed (configs/experiment.py) are one row;
 their instances are pooled, so a cell is correct / scored over every seed (and, for
 passkey, every depth) with a 95% interval that counts both the instances (Wilson) and the
-disagreement between seeds (a two-stage bootstrap; eval/stats.py), and a second table
+disagreement between seeds (a t-interval across training runs; eval/stats.py), and a second table
 shows the per-seed accuracies. Passkey adds depth × length heatmaps and
 k_max per seed (eval/kmax.py states the definition).
 """
@@ -169,13 +169,17 @@ def write_task_report(results: dict, out: Path) -> None:
     (out / "results.json").write_text(json.dumps(results, indent=1))
     runs, rows = results["runs"], results["results"]
     lengths = sorted({r["length"] for r in rows})
-    md = ["# Task accuracy report", "", f"Created {results['created']}. Training length L = "
+    remade = (f", made again {results['remade']} from its results.json (python -m eval.remake)"
+              if results.get("remade") else "")
+    md = ["# Task accuracy report", "", f"Created {results['created']}{remade}. Training length L = "
           f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}. A cell is the exact-match accuracy "
           "(an instance counts only if every answer token is the model's most likely next token; "
           "eval/exact_match.py) pooled over the seeds of a row (and, for passkey, over key depths), "
           "with its 95% interval in brackets: the wider of the Wilson interval of the pooled instances and a "
-          "two-stage bootstrap over seeds, then instances (eval/stats.py), so seeds that disagree (a task "
-          "learned by one seed, not another) widen it.", "", "## Runs", "", *_runs_table(results)]
+          "t-interval across training runs (the spread of the seeds' accuracies, plus the instances' binomial "
+          "variance, Satterthwaite's degrees of freedom; eval/stats.py: accuracy_estimate), so seeds that "
+          "disagree (a task learned by one seed, not another) widen it; one seed gets the Wilson interval "
+          "alone, which says nothing about other training runs.", "", "## Runs", "", *_runs_table(results)]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""] + [f"- {m['run']}: {m['error']}" for m in results["missing"]]
     tasks = sorted({r["task"] for r in rows}, key=TASK_NAMES.index)

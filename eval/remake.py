@@ -1,0 +1,83 @@
+"""Make a report again from its results.json alone: ``python -m eval.remake DIR/results.json...``.
+
+A report's results.json holds every number its tables and figures come from (per-unit sums
+of every run and cell, per-position curves, the runs' training curves), so a change of
+method — new intervals, a new section — is applied to a committed report without its runs
+or any evaluation: the report is written again over itself (or into ``--out``). Perplexity
+and task reports are told apart by their contents. ``--reference ROW`` changes the row a
+perplexity report compares every other row with. The numbers in results.json are never
+edited; the report says when it was made again.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+import time
+from pathlib import Path
+from typing import Optional
+
+from common.cli import entry_point, usage_when_empty
+from common.errors import ArgumentError, DataError
+from eval.report import missing_reference, write_report
+from eval.task_report import write_task_report
+
+
+def read_results(path: Path) -> dict:
+    """A report's results.json, or a DataError saying what is wrong with it."""
+    path = Path(path)
+    if path.is_dir():
+        path = path / "results.json"
+    try:
+        results = json.loads(path.read_text(encoding="utf-8"))
+    except FileNotFoundError:
+        raise DataError(f"{path} does not exist; give a report's results.json (or its directory)") from None
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} cannot be read as a report's results.json ({e})") from None
+    if not isinstance(results, dict) or not isinstance(results.get("runs"), list) or "results" not in results:
+        raise DataError(f"{path} is not a report's results.json (it has no runs and results)")
+    return results
+
+
+def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = None) -> Path:
+    """Write the report of ``path`` (a results.json) into ``out`` (default: its own directory)."""
+    results = read_results(path)
+    out = Path(out) if out is not None else (Path(path) if Path(path).is_dir() else Path(path).parent)
+    results["remade"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    if "kmax" in results:  # a task report (eval/tasks.py)
+        if reference is not None:
+            raise ArgumentError("--reference applies to perplexity reports; this is a task report")
+        write_task_report(results, out)
+        return out
+    if reference is not None:
+        for run in results["runs"]:
+            run["eval"]["reference"] = reference
+    write_report(results, out)
+    missing = missing_reference(results)
+    if missing:
+        print(f"warning: {missing}", file=sys.stderr)
+    return out
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python -m eval.remake", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", nargs="+", type=Path, help="results.json files of reports (or their directories)")
+    p.add_argument("--out", type=Path, help="where to write the report (one results.json only; default: beside it)")
+    p.add_argument("--reference", metavar="ROW", help="the row every other row is compared with (perplexity reports)")
+    usage_when_empty(p, argv)
+    return p.parse_args(argv)
+
+
+@entry_point
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    if args.out is not None and len(args.results) > 1:
+        raise ArgumentError("--out takes one results.json; drop it to write each report beside its results.json")
+    for path in args.results:
+        print(f"wrote {remake(path, args.out, args.reference) / 'report.md'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,54 @@
+"""A report made again from its results.json alone: the same numbers, the current method."""
+
+from __future__ import annotations
+
+import json
+import shutil
+
+import pytest
+
+from configs.schema import EvalConfig
+from eval import remake
+from eval.extrapolation import run_extrapolation
+
+
+@pytest.fixture(scope="module")
+def report(tmp_path_factory, corpus):
+    import train
+    from conftest import write_run_config
+    tmp = tmp_path_factory.mktemp("remake")
+    cfg = str(write_run_config(tmp, corpus))
+    for name, seed in (("rope-a", 1), ("rope-b", 2)):
+        assert train.main([cfg, "train.max_steps=6", f"train.seed={seed}", f"name={name}"]) == 0
+    out = tmp / "report"
+    ev = EvalConfig(lengths=[16, 32], max_tokens=512)
+    run_extrapolation([tmp / "runs" / "rope-a", tmp / "runs" / "rope-b"], out, lambda c: ev, log=lambda *a: None)
+    return tmp, out
+
+
+def test_a_report_is_made_again_from_its_results_alone(report, tmp_path):
+    tmp, out = report
+    before = json.loads((out / "results.json").read_text())
+    assert before["training_curves"]  # kept, so the runs are not needed again
+    shutil.rmtree(tmp / "runs")  # the runs are gone
+    moved = tmp_path / "copy"
+    shutil.copytree(out, moved)
+    assert remake.main([str(moved / "results.json")]) == 0
+    after = json.loads((moved / "results.json").read_text())
+    assert after["results"] == before["results"] and after["runs"] == before["runs"]
+    text = (moved / "report.md").read_text()
+    assert "made again" in text and "![training loss vs tokens](training_loss.png)" in text
+    assert (moved / "training_loss.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    body = lambda t: t.split("## Runs", 1)[1]  # noqa: E731  (the header's dates differ)
+    assert body(text) == body((out / "report.md").read_text())
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "does not exist"), ("{", "cannot be read"), ('{"a": 1}', "not a report's results.json")])
+def test_bad_results_are_one_line_errors(tmp_path, capsys, content, message):
+    path = tmp_path / "results.json"
+    if content is not None:
+        path.write_text(content)
+    assert remake.main([str(path)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error:") and message in err and "Traceback" not in err
