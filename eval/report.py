@@ -23,7 +23,7 @@ from eval.budget import budget_section
 from eval.context import breakdown_section, context_section
 from eval.labels import label_order, row_label, split_step, with_scaling
 from eval.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
-from eval.tables import (comparison_table, compare, degradation, degradation_table, durations, holm_marks,
+from eval.tables import (comparison_table, compare, degradation, degradation_table, durations, mark_table,
                          identical_rows, interval_table, length_table, power_table, scored_line, summarize,
                          train_lengths)
 from model.config import SCALING_TYPES
@@ -36,10 +36,10 @@ PROTOCOL_TITLES = {
     "sliding": "Sliding windows (each scored token has ≥ L−S tokens of context)",
     "same-tokens": "Same target tokens at every length (only the context before them grows)",
 }
-MARKS = ("Marks: ▼ lower perplexity than the row compared with, ▲ higher, ~ neither, where the 95% interval "
-         "across training runs excludes no change after Holm's correction over the {tested} comparisons of this "
-         "table that have one (eval/stats.py); each printed interval is the unadjusted 95% one. A row with one "
-         "seed has no interval across training runs and no mark.")
+MARKS = ("Marks: ▼ lower perplexity than the row compared with, ▲ higher, ~ neither, where the test across "
+         "training runs rejects no change after the Benjamini–Hochberg correction over the {tested} comparisons of "
+         "this table that are tests (a 5% false discovery rate among the marks; eval/stats.py); each printed "
+         "interval is the unadjusted 95% one. A row with one seed has no interval across training runs and no mark.")
 INTERVALS = ("Intervals across training runs: a t-interval over the seeds' values with the documents' variance added "
              "(Welch–Satterthwaite degrees of freedom), so they say what another set of training runs would give; "
              "† marks a row with one seed, whose interval is across documents only. Across documents for these "
@@ -271,7 +271,7 @@ def _paired_section(results: dict, corpus: str, protocol: str, summary: dict, re
         why = (f"`{reference}` is the only row" if len(summary) == 1 else
                "no row was scored on the same tokens as the row it would be compared with")
         return [f"Paired comparisons: none; {why}, so there is nothing to compare."]
-    tested = holm_marks(comparisons)
+    tested = mark_table(comparisons)
     lengths = sorted({n for cells in summary.values() for n in cells})
     train_lens = train_lengths(summary)
     lines = ["Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
@@ -308,7 +308,7 @@ def _degradation_section(summary: dict, protocol: str, reference: str, lengths: 
     if reference in summary and split_step(reference)[1] is None:
         relative = {name: cells for name, cells in degradation(summary, reference).items()
                     if name.split(" vs ")[0] not in folded}
-        tested = holm_marks(relative)
+        tested = mark_table(relative)
         if any(relative.values()):
             lines += ["", f"Degradation relative to `{reference}`: how much more (+) or less (−) each row's perplexity "
                       f"grows from L than `{reference}`'s, 95% interval across training runs. "

@@ -4,7 +4,7 @@ A cell is one row label (encoding, or run-name stem, plus RoPE scaling) at one c
 protocol and length; it pools that label's seeds. Each cell and comparison carries two
 95% intervals from eval/stats.py: across training runs (seeds and documents; what a claim
 about the method needs) and across documents for the models trained. Marks (▼/▲) use the
-first only, after Holm's correction over the comparisons of a table. A cell a learned
+first only, after the Benjamini–Hochberg correction over the comparisons of a table. A cell a learned
 table cannot serve reads "n/a (trained table: N …)".
 """
 
@@ -18,7 +18,8 @@ from typing import Callable, Optional
 import numpy as np
 
 from eval.labels import label_order, row_label
-from eval.stats import Cell, Contrast, cell_contrast, contrast, detectable, holm, mark, paired_contrast, seeds_needed
+from eval.stats import (Cell, Contrast, benjamini_hochberg, cell_contrast, contrast, detectable, mark, paired_contrast,
+                        seeds_needed)
 
 
 def _cells_rows(results: dict, corpus: str, protocol: str) -> dict[str, dict[int, list[dict]]]:
@@ -84,7 +85,7 @@ def summarize(results: dict, corpus: str, protocol: str) -> dict[str, dict[int, 
 @dataclass
 class Comparison:
     """A contrast of mean log-perplexities read as a perplexity ratio, with its mark (set over
-    a whole table by ``holm_marks``)."""
+    a whole table by ``mark_table``)."""
 
     found: Contrast
     mark: str = ""
@@ -92,6 +93,11 @@ class Comparison:
     @property
     def ratio(self) -> float:
         return math.exp(self.found.point)
+
+    @property
+    def identical(self) -> bool:
+        """Both sides are the same numbers (no variance and no difference): not a test."""
+        return self.found.point == 0 and self.found.documents.variance == 0
 
     @property
     def runs(self) -> Optional[tuple[float, float]]:
@@ -112,17 +118,19 @@ class Comparison:
         return self.runs or self.documents
 
 
-def holm_marks(*tables: dict[str, dict[int, Comparison]]) -> int:
-    """Mark every comparison of ``tables`` after Holm's correction over all of them that have an
-    across-runs test; returns how many were tested."""
-    tested = [c for table in tables for cells in table.values() for c in cells.values() if c.found.runs is not None]
-    for comparison, p in zip(tested, holm([c.found.runs.p_value for c in tested])):
+def mark_table(*tables: dict[str, dict[int, Comparison]]) -> int:
+    """Mark every comparison of ``tables`` after the Benjamini–Hochberg correction over all of
+    them that are tests: an across-runs estimate, and not the same numbers on both sides (a
+    scaling at a length where it is plain RoPE). Returns how many were tested."""
+    tested = [c for table in tables for cells in table.values() for c in cells.values()
+              if c.found.runs is not None and not c.identical]
+    for comparison, p in zip(tested, benjamini_hochberg([c.found.runs.p_value for c in tested])):
         comparison.mark = mark(comparison.found.point, p)
     return len(tested)
 
 
 def compare(results: dict, corpus: str, protocol: str, pairs: list[tuple[str, str]]) -> dict[str, dict[int, Comparison]]:
-    """"a vs b" -> length -> the perplexity ratio a / b on the same tokens (marks: holm_marks)."""
+    """"a vs b" -> length -> the perplexity ratio a / b on the same tokens (marks: mark_table)."""
     rows = _cells_rows(results, corpus, protocol)
     out: dict[str, dict[int, Comparison]] = {}
     for a, b in pairs:
@@ -267,6 +275,8 @@ def percent(ratio: float) -> str:
 
 
 def _ratio_text(c: Comparison, which: str) -> str:
+    if c.identical:
+        return "= (the same numbers)"
     interval = c.documents if which == "documents" else c.runs
     if interval is None:  # one seed: no test across training runs
         return f"{percent(c.ratio)}% (one seed)"
@@ -298,7 +308,7 @@ def comparison_table(comparisons: dict[str, dict[int, Comparison]], lengths: lis
 def power_text(c: Comparison) -> str:
     """'±d% · n': the smallest difference the seeds detect (80% power, two-sided 5%) and the
     seeds per row the observed difference would need ('–' with one seed)."""
-    if c.found.runs is None:
+    if c.found.runs is None or c.identical:
         return "–"
     smallest = math.exp(detectable(c.found.runs)) - 1
     need = seeds_needed(c.found.runs, c.found.point)

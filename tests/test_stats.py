@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from eval.stats import (Cell, accuracy_estimate, cell_contrast, contrast, detectable, holm, mark, median_interval,
+from eval.stats import (Cell, accuracy_estimate, cell_contrast, contrast, benjamini_hochberg, detectable, mark, median_interval,
                         paired_contrast, pooled_accuracy_interval, pooled_curve, seeds_needed, wilson_interval)
 
 
@@ -90,11 +90,12 @@ def test_rows_with_different_seeds_are_compared_unpaired():
     assert one.runs is None  # a one-seed row has no seed variance to offer
 
 
-def test_holm_by_hand():
-    # p sorted .01, .02, .04 (m = 3): .03, max(.03, .04) = .04, max(.04, .04) = .04.
-    assert holm([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.04])
-    assert holm([0.5, 0.001]) == pytest.approx([0.5, 0.002])
-    assert holm([0.9, 0.8]) == pytest.approx([1.0, 1.0])  # 2·0.8 capped at 1, then monotone
+def test_benjamini_hochberg_by_hand():
+    # p sorted .01, .02, .04 (m = 3): min over j ≥ i of 3·p(j)/j: .03, .03 (3·.02/2), .04.
+    assert benjamini_hochberg([0.04, 0.01, 0.02]) == pytest.approx([0.04, 0.03, 0.03])
+    assert benjamini_hochberg([0.5, 0.001]) == pytest.approx([0.5, 0.002])
+    assert benjamini_hochberg([0.9, 0.8]) == pytest.approx([0.9, 0.9])  # monotone in p
+    assert benjamini_hochberg([0.04] * 5) == pytest.approx([0.04] * 5)  # all marked at 5%, Holm would mark none
     assert mark(-0.1, 0.01) == "▼" and mark(0.1, 0.01) == "▲" and mark(0.1, 0.06) == "~" and mark(0.1, None) == ""
 
 
