@@ -238,6 +238,11 @@ def _coerce(value: Any, tp: Any, key: str, origins: Origins) -> Any:
         options = [a for a in args if a is not type(None)]
         if len(options) == 1:
             return _coerce(value, options[0], key, origins)
+        for option in options:  # e.g. bool | Literal["auto"]: the first that takes the value
+            try:
+                return _coerce(value, option, key, origins)
+            except ConfigError:
+                continue
     elif origin is Literal:
         if any(value == a and type(value) is type(a) for a in args):
             return value

@@ -23,7 +23,7 @@ import codecs
 import dataclasses
 import math
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from common.devices import check_device_name
 from configs.diagnostics import DiagnosticsConfig
@@ -223,7 +223,9 @@ class TrainConfig:
     seed: int = 1337
     device: str = "auto"  # auto, cpu, cuda, cuda:N or mps (common/devices.py)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    compile: bool = False
+    # torch.compile the model: true, false, or auto (training/probe.py decides from timed steps
+    # of this shape whether the compile time pays back over the run's remaining steps).
+    compile: Union[bool, Literal["auto"]] = False
     eval_interval: int = 200
     eval_batches: int = 20
     ckpt_interval: int = 200

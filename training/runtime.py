@@ -46,6 +46,11 @@ class Runtime:
             return contextlib.nullcontext()
         return torch.autocast(device_type=self.device.type, dtype=self.dtype)
 
+    def synchronize(self) -> None:
+        """Wait for this device's queued work (timing on a GPU); nothing on the CPU."""
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
     def barrier(self) -> None:
         if self.world_size > 1:
             dist.barrier()

@@ -34,6 +34,7 @@ from training.data import TrainingData, prepare
 from training.metrics import MetricsLog
 from training.optim import build_optimizer, lr_at, set_learning_rate, upgrade_optimizer_state
 from training.parent import load_parent, parent_record
+from training.probe import compile_decision, use_compile_cache
 from training.provenance import git_commit
 from training.run_dir import RunDir
 from training.runtime import Runtime
@@ -83,6 +84,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(rt.device.type) if rt.dtype == torch.float16 else None
         self.step, self.tokens_seen, self.best_val, self.wandb_id = 0, 0, math.inf, None
         self.parent: Optional[dict] = None  # where the starting weights came from (init.run)
+        self.compiled: Optional[bool] = None  # train.compile=auto's decision, once made
         if resume_from is None and self.cfg.init.run:
             parent = load_parent(self.cfg, self.tokenizer)
             self.model.load_state_dict(parent.model.state_dict())
@@ -108,8 +110,21 @@ class Trainer:
                             "nothing was changed.")
         return ckpt
 
+    def _compiles(self) -> bool:
+        """train.compile, or for ``auto`` the decision (training/probe.py), made once per run: a
+        resumed run keeps the choice its checkpoint recorded, so it continues as it began."""
+        choice = self.cfg.train.compile
+        if choice != "auto":
+            return bool(choice)
+        if self.compiled is None:
+            decided, why = compile_decision(self.cfg, self.rt, self.total_steps - self.step)
+            self.compiled = self.rt.any_rank(decided and self.rt.is_main)  # rank 0's choice, for every rank
+            self.rt.print(f"train.compile=auto: {why}")
+        return self.compiled
+
     def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
-        if self.cfg.train.compile:
+        if self._compiles():
+            use_compile_cache()
             model = torch.compile(model)
         if self.rt.world_size > 1:
             ids = [self.rt.device.index] if self.rt.device.type == "cuda" else None
@@ -124,7 +139,7 @@ class Trainer:
                 "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "step": self.step, "tokens": self.tokens_seen, "best_val": self.best_val,
-                "wandb_id": self.wandb_id, "train_seconds": self.train_seconds}
+                "wandb_id": self.wandb_id, "train_seconds": self.train_seconds, "compiled": self.compiled}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``'s output; keys added since a checkpoint was written
@@ -140,6 +155,7 @@ class Trainer:
         self.step, self.tokens_seen = int(state["step"]), int(state["tokens"])
         self.best_val, self.wandb_id = float(state["best_val"]), state.get("wandb_id")
         self.train_seconds = float(state.get("train_seconds", 0.0))
+        self.compiled = state.get("compiled")  # absent before train.compile=auto existed
 
     def _restore(self) -> None:
         """Continue from the newest checkpoint that reads; damaged newer ones are set aside."""

@@ -1,0 +1,206 @@
+"""Timed steps of a run's shape: what ``train.compile: auto`` decides from, and what a grid's
+time estimate adds up (scripts/ablate.py ``--dry-run``).
+
+A *shape* is what sets the cost of a step: the architecture (with its vocabulary), the
+training length, batch and accumulation, the device, dtype, thread count and torch
+version. For a shape, a probe times on random tokens, on a fresh model, without touching
+any run's state or random numbers:
+
+- a few eager training steps (forward, backward, clipping, AdamW) — the step's wall time;
+- optionally the same steps compiled: the first compiled step of a fresh compile (cold:
+  torch's inductor and FX graph caches as they were) and of a second model compiled the
+  same way (warm: what a run pays once the caches hold this shape), and a compiled step;
+- the forward throughput (tokens/s, inference mode) at each evaluation length asked for.
+
+Records are JSON files under ``$ROPELAB_PROBE_CACHE`` (default ``~/.cache/ropelab/probes``),
+one per shape; torch's inductor cache goes to ``$TORCHINDUCTOR_CACHE_DIR``, set by default
+to ``~/.cache/ropelab/inductor`` so compiled kernels outlive a reboot and are shared by every
+run of a shape. Timings on a shared machine are noisy: the figures are for planning, and
+``compile: auto`` leaves a margin.
+"""
+
+from __future__ import annotations
+
+import copy
+import dataclasses
+import hashlib
+import json
+import os
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from common.atomic import write_text_atomic
+from configs.loader import config_to_dict
+from configs.schema import RunConfig
+from model.transformer import Transformer
+from training.optim import build_optimizer
+from training.runtime import Runtime
+
+PROBE_STEPS = 3  # timed steps of each kind (after one untimed warm-up step)
+COMPILE_MARGIN = 1.25  # compile only when the steps saved exceed the compile time by this factor
+FIRST_COMPILE_GUESS_S = 60.0  # before any probe: what a cold compile may cost at these sizes
+BEST_SPEEDUP_GUESS = 1.3  # before any probe: the most a compiled step has been seen to gain here
+
+
+def cache_dir() -> Path:
+    return Path(os.environ.get("ROPELAB_PROBE_CACHE") or Path.home() / ".cache" / "ropelab" / "probes")
+
+
+def use_compile_cache() -> None:
+    """Keep torch's inductor cache where runs share it (unless the user chose a place)."""
+    os.environ.setdefault("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "ropelab" / "inductor"))
+
+
+@dataclass
+class ShapeTimes:
+    key: str
+    eager_step_s: Optional[float] = None
+    compiled_step_s: Optional[float] = None
+    compile_cold_s: Optional[float] = None  # first compiled step minus a compiled step, caches as they were
+    compile_warm_s: Optional[float] = None  # the same for a second model: what a run pays once caches hold it
+    eval_tok_s: dict[str, float] = field(default_factory=dict)  # evaluation length -> forward tokens/s
+    measured: str = ""
+
+    def save(self) -> None:
+        path = cache_dir() / f"{self.key}.json"
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_text_atomic(path, json.dumps(dataclasses.asdict(self), indent=1))
+
+
+def shape_key(cfg: RunConfig, rt: Runtime) -> str:
+    """A hash of what sets a step's cost (see the module docstring)."""
+    t = cfg.train
+    shape = {"model": config_to_dict(cfg)["model"], "seq_len": t.seq_len, "batch_size": t.batch_size,
+             "grad_accum": t.grad_accum, "random_positions": t.random_positions is not None,
+             "device": rt.device.type, "dtype": str(rt.dtype), "world_size": rt.world_size,
+             "threads": torch.get_num_threads(), "torch": torch.__version__}
+    return hashlib.sha256(json.dumps(shape, sort_keys=True, default=str).encode()).hexdigest()[:16]
+
+
+def load(key: str) -> ShapeTimes:
+    """The shape's record, or an empty one."""
+    path = cache_dir() / f"{key}.json"
+    try:
+        data = json.loads(path.read_text())
+        return ShapeTimes(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(ShapeTimes)}})
+    except (OSError, ValueError, TypeError):
+        return ShapeTimes(key)
+
+
+def _step_fn(model: torch.nn.Module, forward: torch.nn.Module, cfg: RunConfig, rt: Runtime):
+    """One training step of ``model`` (called through ``forward``, maybe compiled) on random tokens."""
+    t = cfg.train
+    optimizer = build_optimizer(model, t.lr, t.weight_decay, (t.beta1, t.beta2), rt.device.type, t.pos_lr_multiplier)
+    gen = torch.Generator().manual_seed(0)
+    x = torch.randint(0, cfg.model.vocab_size, (t.batch_size, t.seq_len), generator=gen).to(rt.device)
+
+    def step() -> None:
+        for _ in range(t.grad_accum):
+            with rt.autocast():
+                loss = forward(x, targets=x) / t.grad_accum
+            loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), t.grad_clip if t.grad_clip > 0 else float("inf"))
+        optimizer.step()
+        optimizer.zero_grad(set_to_none=True)
+        rt.synchronize()
+    return step
+
+
+def _timed(step, n: int) -> float:
+    """Median seconds of ``n`` calls of ``step``."""
+    times = []
+    for _ in range(n):
+        started = time.perf_counter()
+        step()
+        times.append(time.perf_counter() - started)
+    return sorted(times)[len(times) // 2]
+
+
+def _first_compiled(base: torch.nn.Module, cfg: RunConfig, rt: Runtime) -> tuple[float, float]:
+    """(seconds of the first compiled step, of a later one) of a fresh copy of ``base``."""
+    model = copy.deepcopy(base)
+    step = _step_fn(model, torch.compile(model), cfg, rt)
+    first = _timed(step, 1)
+    return first, _timed(step, PROBE_STEPS)
+
+
+def measure_training(cfg: RunConfig, rt: Runtime, compiled: bool) -> ShapeTimes:
+    """Time the shape's eager steps (and compiled ones, with both compile costs) and record them."""
+    times = load(shape_key(cfg, rt))
+    rng = torch.get_rng_state()
+    try:
+        torch.manual_seed(0)
+        base = Transformer(cfg.model).to(rt.device)
+        step = _step_fn(base, base, cfg, rt)
+        step()  # warm-up: allocations, first-call dispatch
+        times.eager_step_s = _timed(step, PROBE_STEPS)
+        if compiled:
+            use_compile_cache()
+            cold, times.compiled_step_s = _first_compiled(base, cfg, rt)
+            warm, _ = _first_compiled(base, cfg, rt)
+            times.compile_cold_s = max(0.0, cold - times.compiled_step_s)
+            times.compile_warm_s = max(0.0, warm - times.compiled_step_s)
+    finally:
+        torch.set_rng_state(rng)
+    times.measured = time.strftime("%Y-%m-%d %H:%M:%S")
+    times.save()
+    return times
+
+
+@torch.inference_mode()
+def measure_evaluation(cfg: RunConfig, rt: Runtime, lengths: list[int], batch_tokens: int = 16384) -> ShapeTimes:
+    """Forward tokens/s at each evaluation length (random tokens, a batch of up to
+    ``batch_tokens`` tokens, as eval/perplexity.py batches windows), recorded with the shape."""
+    times = load(shape_key(cfg, rt))
+    rng = torch.get_rng_state()
+    try:
+        torch.manual_seed(0)
+        model = Transformer(cfg.model).to(rt.device).eval()
+        for n in lengths:
+            if str(n) in times.eval_tok_s or (model.pos.max_len is not None and n > model.pos.max_len):
+                continue
+            rows = max(1, min(8, batch_tokens // n))
+            x = torch.randint(0, cfg.model.vocab_size, (rows, n), device=rt.device)
+
+            def forward() -> None:
+                with rt.autocast():
+                    model(x, targets=x, reduction="none")
+                rt.synchronize()
+            forward()
+            times.eval_tok_s[str(n)] = rows * n / _timed(forward, 2)
+    finally:
+        torch.set_rng_state(rng)
+    times.measured = time.strftime("%Y-%m-%d %H:%M:%S")
+    times.save()
+    return times
+
+
+def compile_decision(cfg: RunConfig, rt: Runtime, remaining_steps: int) -> tuple[bool, str]:
+    """Whether ``train.compile: auto`` compiles a run with ``remaining_steps`` left, and why.
+
+    With a record of the shape's compiled and eager steps: compile when the time saved over
+    the remaining steps exceeds the warm compile time by COMPILE_MARGIN. Without one: time
+    the eager step (a few seconds); if even the best speed-up seen here could not pay a cold
+    compile, stay eager; otherwise probe the compiled steps (which also warms the caches)
+    and decide from what was measured.
+    """
+    times = load(shape_key(cfg, rt))
+    if times.compiled_step_s is None:
+        if times.eager_step_s is None:
+            times = measure_training(cfg, rt, compiled=False)
+        best = remaining_steps * times.eager_step_s * (1 - 1 / BEST_SPEEDUP_GUESS)
+        if best < COMPILE_MARGIN * FIRST_COMPILE_GUESS_S:
+            return False, (f"eager: {remaining_steps} steps of {times.eager_step_s * 1e3:.0f} ms could save at most "
+                           f"{best:.0f} s, less than a first compile costs (~{FIRST_COMPILE_GUESS_S:.0f} s)")
+        times = measure_training(cfg, rt, compiled=True)
+    saved = remaining_steps * (times.eager_step_s - times.compiled_step_s)
+    cost = times.compile_warm_s or 0.0
+    numbers = (f"{remaining_steps} steps × ({times.eager_step_s * 1e3:.0f} → {times.compiled_step_s * 1e3:.0f} ms) "
+               f"save {saved:.0f} s against {cost:.0f} s to compile")
+    if saved > COMPILE_MARGIN * cost:
+        return True, f"compiled: {numbers}"
+    return False, f"eager: {numbers}"
