@@ -44,6 +44,7 @@ from configs.experiment import experiment_differences
 from configs.grid import Grid, PlannedRun, load_grid
 from configs.schema import EvalConfig, RunConfig
 from configs.slurm import SlurmConfig
+from scripts.grid_estimate import estimate_grid, print_estimates, save_estimates, saved_estimates
 from eval.diagnostics import run_diagnostics
 from eval.extrapolation import run_extrapolation
 from eval.tasks import check_planned, run_task_evaluation, wants_tasks
@@ -189,26 +190,32 @@ def planned_eval(runs: list[PlannedRun]):
     return eval_for
 
 
-def print_wall_times(reports: dict[str, list[dict]]) -> None:
+def print_wall_times(reports: dict[str, list[dict]], estimates: Optional[dict[str, dict]] = None) -> None:
     """Each run's wall times in minutes: its training (over all sessions) and the evaluation of
-    each report kind (perplexity, tasks) that produced its numbers (the runs' own records);
-    then the grid's totals in hours."""
+    each report kind (perplexity, tasks) that produced its numbers (the runs' own records),
+    beside the estimate made before it started (scripts/grid_estimate.py); then the grid's
+    totals in hours."""
     kinds = list(reports)
     per_run: dict[str, dict] = {}
     for kind, runs in reports.items():
         for run in runs:
             entry = per_run.setdefault(run["name"], {"train": run.get("train_seconds")})
             entry[kind] = run.get("eval_seconds")
-    heads = ["train (min)"] + [f"{kind} eval (min)" for kind in kinds]
+    for name, entry in per_run.items():
+        planned = (estimates or {}).get(name, {})
+        entry.update(est_train=planned.get("train_s"), est_eval=planned.get("eval_s"))
+    heads = ["train (min)"] + [f"{kind} eval (min)" for kind in kinds] + ["estimated train", "estimated eval"]
     widths = [max(9, len(h)) for h in heads]
-    columns = ["train", *kinds]
+    columns = ["train", *kinds, "est_train", "est_eval"]
     print(f"\n{'wall time of each run':<40} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
     for name, entry in per_run.items():
         print(f"{name:<40} " + " ".join(f"{entry[k] / 60 if entry.get(k) else float('nan'):{w}.1f}"
                                          for k, w in zip(columns, widths)))
     totals = [sum(e.get(k) or 0 for e in per_run.values()) / 3600 for k in columns]
+    actual = sum(totals[:len(kinds) + 1])
     print(f"{'grid total (hours, not minutes)':<40} " + " ".join(f"{t:{w}.2f}" for t, w in zip(totals, widths))
-          + f"   together {sum(totals):.2f} hours")
+          + f"   together {actual:.2f} hours" + (f", estimated {sum(totals[len(kinds) + 1:]):.2f}"
+                                                  if any(totals[len(kinds) + 1:]) else ""))
 
 
 def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], failures: dict[str, str],
@@ -229,7 +236,7 @@ def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], fai
         print(f"{kind} report: {out / 'report.md'} ({len(results['runs'])} runs)")
         reports[kind] = results["runs"]
     if reports:
-        print_wall_times(reports)
+        print_wall_times(reports, saved_estimates(grid))
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -245,6 +252,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="overrides for every run (part of the runs' identity)")
     p.add_argument("--skip-eval", action="store_true", help="train only")
+    p.add_argument("--no-estimate", action="store_true",
+                   help="skip the time estimate (it times each distinct shape once, cached, before training)")
     p.add_argument("--launcher", choices=["local", "slurm"], default="local",
                    help="local: train here (--jobs, --devices); slurm: submit each run as a Slurm job through "
                         "submitit, with the grid's slurm: resources (docs/cluster.md)")
@@ -296,6 +305,13 @@ def run_grid(args: argparse.Namespace) -> int:
     for run in runs:
         state, detail = states[run.name]
         print(f"  {run.name:<40} {state:<8} {detail}")
+    pending = [run for run in runs if states[run.name][0] in ("new", "partial")]
+    if pending and slurm is None and not args.report and not args.no_estimate:
+        # Times each distinct shape once (cached), which also warms the compile caches the runs use.
+        estimates = estimate_grid(grid, pending, slots_for(args)[0].threads)
+        print_estimates(estimates, len(slots_for(args)))
+        if not args.dry_run:
+            save_estimates(grid, estimates)
     if args.dry_run:
         print("train one by hand with:", shlex.join(["python", "train.py", base, *runs[0].overrides]))
         return 0

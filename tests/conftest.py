@@ -31,6 +31,22 @@ def _deterministic():
     yield
 
 
+@pytest.fixture(autouse=True, scope="session")
+def _private_caches(tmp_path_factory):
+    """Shape timings and compiled kernels (training/probe.py) go to the session's own directory,
+    never the user's cache."""
+    import os
+    root = tmp_path_factory.mktemp("caches")
+    saved = {k: os.environ.get(k) for k in ("ROPELAB_PROBE_CACHE", "TORCHINDUCTOR_CACHE_DIR")}
+    os.environ["ROPELAB_PROBE_CACHE"], os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "probes"), str(root / "inductor")
+    yield
+    for key, value in saved.items():
+        if value is None:
+            os.environ.pop(key, None)
+        else:
+            os.environ[key] = value
+
+
 @pytest.fixture(scope="session")
 def corpus(tmp_path_factory) -> Path:
     """A small deterministic text corpus with train/valid files."""

@@ -77,6 +77,28 @@ def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
     out = capsys.readouterr().out
     assert "kind-rope" in out and "new" in out and "python train.py" in out
     assert not (tmp_path / "runs").exists()
+    # The time estimate: each pending run, from its shape's timed steps (now cached).
+    rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines() if line.startswith("kind-")}
+    assert set(rows) == {"kind-rope", "kind-alibi"} and all(float(v) >= 0 for v in sum(rows.values(), []))
+    assert "grid total (hours)" in out and "wall time with 1 job" in out
+    from scripts.grid_estimate import estimate_grid
+    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=lambda *a: None)
+    assert all(e.train_s > 0 and e.eval_s > 0 for e in estimates.values())  # from the cached timings
+
+
+def test_the_evaluation_estimate_counts_the_tokens_each_protocol_feeds():
+    """Scored tokens / rate per length; sliding windows of stride S feed n/S tokens per scored one,
+    the same-token protocol n/T; a RoPE scaling is one more model past L only."""
+    from configs.schema import EvalConfig, RunConfig, TrainConfig
+    from scripts.grid_estimate import _eval_seconds
+    from training.probe import ShapeTimes
+    rates = ShapeTimes("k", eval_tok_s={"16": 100.0, "32": 50.0, "64": 25.0})
+    ev = EvalConfig(lengths=[16, 32, 64], protocols=["nonoverlap", "sliding", "same-tokens"], max_tokens=200,
+                    scalings=["none", "yarn"])
+    cfg = RunConfig(train=TrainConfig(seq_len=16), eval=ev)
+    # nonoverlap 200/r; sliding (stride n/2) 400/r; same-tokens (T = 16) 200·n/16/r; yarn doubles 32 and 64.
+    by_hand = sum(m * (200 + 400 + 200 * n / 16) / rates.eval_tok_s[str(n)] for n, m in ((16, 1), (32, 2), (64, 2)))
+    assert _eval_seconds(cfg, rates, split_tokens=10_000) == pytest.approx(by_hand)
 
 
 def test_the_dry_run_command_pastes_into_a_shell(tmp_path, corpus, capsys):
@@ -91,13 +113,16 @@ def test_the_dry_run_command_pastes_into_a_shell(tmp_path, corpus, capsys):
     assert "eval.lengths=[16, 32, 64]" in run.overrides
 
 
-def test_wall_times_name_their_units(capsys):
+def test_wall_times_name_their_units_beside_the_estimate(capsys):
     ablate.print_wall_times({"perplexity": [{"name": "a", "train_seconds": 7200, "eval_seconds": 90}],
-                             "tasks": [{"name": "a", "train_seconds": 7200, "eval_seconds": 30}]})
+                             "tasks": [{"name": "a", "train_seconds": 7200, "eval_seconds": 30}]},
+                            {"a": {"train_s": 6000, "eval_s": 180}})
     head, row, total = capsys.readouterr().out.strip().splitlines()
     assert "train (min)" in head and "perplexity eval (min)" in head and "tasks eval (min)" in head
-    assert row.split() == ["a", "120.0", "1.5", "0.5"]
-    assert "hours" in total and total.split()[-6:] == ["2.00", "0.03", "0.01", "together", "2.03", "hours"]
+    assert "estimated train" in head and "estimated eval" in head
+    assert row.split() == ["a", "120.0", "1.5", "0.5", "100.0", "3.0"]
+    assert total.split()[-10:] == ["2.00", "0.03", "0.01", "1.67", "0.05", "together", "2.03", "hours,",
+                                   "estimated", "1.72"]
 
 
 def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, capsys, monkeypatch):

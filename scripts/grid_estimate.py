@@ -1,0 +1,176 @@
+"""How long a grid will take on this machine, before it starts, and how that compared after.
+
+For each distinct shape of the grid's pending runs (training/probe.py: architecture with
+its vocabulary, length, batch, thread count, …) a few training steps are timed and the
+forward throughput at every evaluation length measured, once: the records are cached, so
+a second ``--dry-run`` (and the runs' own ``train.compile: auto``) reuse them. The data of
+each distinct corpus is prepared first (cached for training anyway), which gives the exact
+vocabulary and the size of the evaluation split.
+
+A run's estimate:
+- training: its remaining steps × the step time (compiled or eager, as ``train.compile``
+  would choose, plus the warm compile), plus the validations (``eval_batches`` windows
+  every ``eval_interval`` steps, at the forward rate at L);
+- evaluation: for every corpus, scaling, length and protocol, the tokens its windows feed
+  through the model (the scored tokens; × length / stride for sliding windows, × length /
+  target span for the same-token protocol) at the forward rate at that length; task
+  scoring as its instances' tokens at each length.
+
+The grid's wall time divides the sum by the number of parallel jobs. Jobs share the
+machine's memory bandwidth, so parallel runs go somewhat slower than one alone: the
+estimate is a plan, and the grid's summary prints it beside what each run actually took.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from common.atomic import write_text_atomic
+from common.errors import UserError
+from configs.grid import Grid, PlannedRun
+from configs.schema import EvalConfig, RunConfig
+from model.encodings import accepts_rope_scaling
+from training.data import prepare
+from training.probe import COMPILE_MARGIN, ShapeTimes, load, measure_evaluation, measure_training, shape_key
+from training.run_dir import RunDir
+from training.runtime import setup_runtime
+
+
+@dataclass
+class Estimate:
+    train_s: float
+    eval_s: float
+    note: str = ""
+
+
+def _eval_lengths(cfg: RunConfig) -> list[int]:
+    ev = cfg.eval
+    lengths = set(ev.resolved_lengths(cfg.train.seq_len)) | {cfg.train.seq_len}
+    for corpus in ev.corpora:
+        lengths |= set(corpus.lengths)
+    return sorted(lengths)
+
+
+def _rate(times: ShapeTimes, n: int) -> Optional[float]:
+    return times.eval_tok_s.get(str(n))
+
+
+def _train_seconds(cfg: RunConfig, times: ShapeTimes, steps: int) -> tuple[float, str]:
+    t = cfg.train
+    step, note = times.eager_step_s, "eager"
+    compiled = times.compiled_step_s is not None
+    if t.compile is True and compiled:
+        step, note = times.compiled_step_s + (times.compile_warm_s or 0) / max(steps, 1), "compiled"
+    elif t.compile == "auto" and compiled:
+        saved = steps * (times.eager_step_s - times.compiled_step_s)
+        if saved > COMPILE_MARGIN * (times.compile_warm_s or 0):
+            step, note = times.compiled_step_s + (times.compile_warm_s or 0) / max(steps, 1), "compiled (auto)"
+    validations = steps // t.eval_interval + 1
+    rate = _rate(times, t.seq_len) or t.seq_len / times.eager_step_s
+    validation_s = validations * t.eval_batches * t.batch_size * t.seq_len / rate
+    return steps * step + validation_s, note
+
+
+def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float:
+    ev: EvalConfig = cfg.eval
+    train_len = cfg.train.seq_len
+    total = 0.0
+    for corpus in ev.corpora:
+        lengths = sorted(set(corpus.lengths)) or ev.resolved_lengths(train_len)
+        protocols = corpus.protocols or ev.protocols
+        scored = min(ev.max_tokens or split_tokens, split_tokens)
+        scalings = ev.resolved_scalings(cfg.model.pos.kind) if accepts_rope_scaling(cfg.model.pos.kind) else ["none"]
+        for n in lengths:
+            rate = _rate(times, n)
+            if rate is None:  # a length the encoding cannot serve
+                continue
+            models = len(scalings) if n > train_len else 1
+            for protocol in protocols:
+                fed = scored * (n / min(ev.sliding_stride(n), n) if protocol == "sliding" else
+                                n / ev.target_span(lengths)[0] if protocol == "same-tokens" else 1)
+                total += models * fed / rate
+    if cfg.data.source == "synthetic" or ev.tasks.tasks:
+        for n in ev.resolved_lengths(train_len):
+            rate = _rate(times, n)
+            if rate is not None:
+                total += ev.tasks.samples * len(ev.tasks.resolved_depths()) * n / rate
+    return total
+
+
+def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], log=print) -> dict[str, Estimate]:
+    """Each pending run's estimate (runs already finished and evaluated cost nothing more)."""
+    if threads:
+        torch.set_num_threads(threads)
+    prepared: dict[str, tuple[int, int]] = {}  # data config -> (vocabulary, evaluation split tokens)
+    out = {}
+    for run in runs:
+        rt = setup_runtime(run.cfg.train)
+        data_key = json.dumps(run.cfg.data.__dict__, default=str, sort_keys=True)
+        if data_key not in prepared:
+            log(f"  preparing the data of {run.name} for the estimate (cached for training)")
+            try:
+                data = prepare(run.cfg, rt)
+                prepared[data_key] = (data.tokenizer.vocab_size, len(getattr(data, "valid", ())))
+            except UserError as e:  # the run itself will fail with this message; the others go on
+                prepared[data_key] = e
+        if isinstance(prepared[data_key], UserError):
+            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {prepared[data_key]}"[:200])
+            continue
+        vocab, split_tokens = prepared[data_key]
+        cfg = run.cfg.with_vocab_size(vocab)
+        times = load(shape_key(cfg, rt))
+        if times.eager_step_s is None or (cfg.train.compile is not False and times.compiled_step_s is None):
+            log(f"  timing the shape of {run.name} (a few steps{', compiled too' if cfg.train.compile else ''})")
+            times = measure_training(cfg, rt, compiled=cfg.train.compile is not False)
+        lengths = _eval_lengths(cfg)
+        if any(str(n) not in times.eval_tok_s for n in lengths):
+            times = measure_evaluation(cfg, rt, lengths)
+        done = _progress(run)
+        train_s, note = _train_seconds(cfg, times, cfg.train.total_steps() - done)
+        out[run.name] = Estimate(train_s, _eval_seconds(cfg, times, split_tokens), note)
+    return out
+
+
+def _progress(run: PlannedRun) -> int:
+    ckpt = RunDir.of(run.cfg).latest_checkpoint() if RunDir.of(run.cfg).path.exists() else None
+    if ckpt is None:
+        return 0
+    try:
+        return int(json.loads((ckpt / "meta.json").read_text())["step"])
+    except (OSError, ValueError, KeyError):
+        return 0
+
+
+def print_estimates(estimates: dict[str, Estimate], jobs: int) -> None:
+    print(f"\n{'estimated on this machine':<40} {'train (min)':>11} {'eval (min)':>10}")
+    for name, e in estimates.items():
+        print(f"{name:<40} {e.train_s / 60:11.1f} {e.eval_s / 60:10.1f}   {e.note}")
+    train, evaluation = (sum(getattr(e, k) for e in estimates.values()) / 3600 for k in ("train_s", "eval_s"))
+    print(f"{'grid total (hours)':<40} {train:11.2f} {evaluation:10.2f}   about {(train + evaluation) / jobs:.2f} h "
+          f"of wall time with {jobs} job{'s' if jobs > 1 else ''} at once")
+
+
+def estimate_file(grid: Grid) -> Path:
+    return Path(grid.out_dir) / grid.name / "_estimate.json"
+
+
+def save_estimates(grid: Grid, estimates: dict[str, Estimate]) -> None:
+    path = estimate_file(grid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    old.update({name: {"train_s": e.train_s, "eval_s": e.eval_s} for name, e in estimates.items()})
+    write_text_atomic(path, json.dumps(old, indent=1))
+
+
+def saved_estimates(grid: Grid) -> dict[str, dict]:
+    path = estimate_file(grid)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+
