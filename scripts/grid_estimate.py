@@ -36,7 +36,9 @@ from configs.grid import Grid, PlannedRun
 from configs.schema import EvalConfig, RunConfig
 from model.encodings import accepts_rope_scaling
 from training.data import prepare
-from training.probe import COMPILE_MARGIN, ShapeTimes, load, measure_evaluation, measure_training, shape_key
+from model.encodings import served_length
+from training.probe import (COMPILE_MARGIN, ShapeTimes, load, measure_evaluation, measure_training, rate_at,
+                            shape_key)
 from training.run_dir import RunDir
 from training.runtime import setup_runtime
 
@@ -56,8 +58,9 @@ def _eval_lengths(cfg: RunConfig) -> list[int]:
     return sorted(lengths)
 
 
-def _rate(times: ShapeTimes, n: int) -> Optional[float]:
-    return times.eval_tok_s.get(str(n))
+def _rate(times: ShapeTimes, n: int, limit: Optional[int] = None) -> Optional[float]:
+    """Forward tokens/s at ``n``, or None past the encoding's served length ``limit``."""
+    return None if limit is not None and n > limit else rate_at(times, n)
 
 
 def _train_seconds(cfg: RunConfig, times: ShapeTimes, steps: int) -> tuple[float, str]:
@@ -78,7 +81,7 @@ def _train_seconds(cfg: RunConfig, times: ShapeTimes, steps: int) -> tuple[float
 
 def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float:
     ev: EvalConfig = cfg.eval
-    train_len = cfg.train.seq_len
+    train_len, limit = cfg.train.seq_len, served_length(cfg.model.pos)
     total = 0.0
     for corpus in ev.corpora:
         lengths = sorted(set(corpus.lengths)) or ev.resolved_lengths(train_len)
@@ -86,7 +89,7 @@ def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float
         scored = min(ev.max_tokens or split_tokens, split_tokens)
         scalings = ev.resolved_scalings(cfg.model.pos.kind) if accepts_rope_scaling(cfg.model.pos.kind) else ["none"]
         for n in lengths:
-            rate = _rate(times, n)
+            rate = _rate(times, n, limit)
             if rate is None:  # a length the encoding cannot serve
                 continue
             models = len(scalings) if n > train_len else 1
@@ -96,7 +99,7 @@ def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float
                 total += models * fed / rate
     if cfg.data.source == "synthetic" or ev.tasks.tasks:
         for n in ev.resolved_lengths(train_len):
-            rate = _rate(times, n)
+            rate = _rate(times, n, limit)
             if rate is not None:
                 total += ev.tasks.samples * len(ev.tasks.resolved_depths()) * n / rate
     return total
@@ -128,7 +131,7 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
             log(f"  timing the shape of {run.name} (a few steps{', compiled too' if cfg.train.compile else ''})")
             times = measure_training(cfg, rt, compiled=cfg.train.compile is not False)
         lengths = _eval_lengths(cfg)
-        if any(str(n) not in times.eval_tok_s for n in lengths):
+        if not times.eval_tok_s:
             times = measure_evaluation(cfg, rt, lengths)
         done = _progress(run)
         train_s, note = _train_seconds(cfg, times, cfg.train.total_steps() - done)

@@ -25,6 +25,7 @@ import copy
 import dataclasses
 import hashlib
 import json
+import math
 import os
 import time
 from dataclasses import dataclass, field
@@ -151,17 +152,44 @@ def measure_training(cfg: RunConfig, rt: Runtime, compiled: bool) -> ShapeTimes:
     return times
 
 
+def _spread(lengths: list[int]) -> list[int]:
+    """The lengths worth timing: the shortest, the longest, and every ~4× between (rate_at
+    interpolates the rest)."""
+    picked = [lengths[0]]
+    for n in lengths[1:]:
+        if n >= 4 * picked[-1] or n == lengths[-1]:
+            picked.append(n)
+    return picked
+
+
+def rate_at(times: ShapeTimes, n: int) -> Optional[float]:
+    """Forward tokens/s at length ``n``: measured, or interpolated log-log between the measured
+    lengths around it (the nearest one's beyond them); None when none was measured."""
+    measured = sorted((int(k), v) for k, v in times.eval_tok_s.items())
+    if not measured:
+        return None
+    below = [m for m in measured if m[0] <= n] or measured[:1]
+    above = [m for m in measured if m[0] >= n] or measured[-1:]
+    (n0, r0), (n1, r1) = below[-1], above[0]
+    if n0 == n1:
+        return r0
+    w = (math.log(n) - math.log(n0)) / (math.log(n1) - math.log(n0))
+    return math.exp((1 - w) * math.log(r0) + w * math.log(r1))
+
+
 @torch.inference_mode()
 def measure_evaluation(cfg: RunConfig, rt: Runtime, lengths: list[int], batch_tokens: int = 16384) -> ShapeTimes:
-    """Forward tokens/s at each evaluation length (random tokens, a batch of up to
-    ``batch_tokens`` tokens, as eval/perplexity.py batches windows), recorded with the shape."""
+    """Forward tokens/s at the evaluation lengths (random tokens, a batch of up to
+    ``batch_tokens`` tokens, as eval/perplexity.py batches windows): timed at a spread of them
+    (``_spread``), recorded with the shape."""
     times = load(shape_key(cfg, rt))
     rng = torch.get_rng_state()
     try:
         torch.manual_seed(0)
         model = Transformer(cfg.model).to(rt.device).eval()
-        for n in lengths:
-            if str(n) in times.eval_tok_s or (model.pos.max_len is not None and n > model.pos.max_len):
+        served = [n for n in sorted(set(lengths)) if model.pos.max_len is None or n <= model.pos.max_len]
+        for n in _spread(served) if served else []:
+            if str(n) in times.eval_tok_s:
                 continue
             rows = max(1, min(8, batch_tokens // n))
             x = torch.randint(0, cfg.model.vocab_size, (rows, n), device=rt.device)
@@ -171,7 +199,7 @@ def measure_evaluation(cfg: RunConfig, rt: Runtime, lengths: list[int], batch_to
                     model(x, targets=x, reduction="none")
                 rt.synchronize()
             forward()
-            times.eval_tok_s[str(n)] = rows * n / _timed(forward, 2)
+            times.eval_tok_s[str(n)] = rows * n / _timed(forward, 1)
     finally:
         torch.set_rng_state(rng)
     times.measured = time.strftime("%Y-%m-%d %H:%M:%S")
