@@ -87,12 +87,12 @@ def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float
         lengths = sorted(set(corpus.lengths)) or ev.resolved_lengths(train_len)
         protocols = corpus.protocols or ev.protocols
         scored = min(ev.max_tokens or split_tokens, split_tokens)
-        scalings = ev.resolved_scalings(cfg.model.pos.kind) if accepts_rope_scaling(cfg.model.pos.kind) else ["none"]
+        n_scalings = len(ev.resolved_scalings(cfg.model.pos.kind)) if accepts_rope_scaling(cfg.model.pos.kind) else 1
         for n in lengths:
             rate = _rate(times, n, limit)
             if rate is None:  # a length the encoding cannot serve
                 continue
-            models = len(scalings) if n > train_len else 1
+            models = n_scalings if n > train_len else 1
             for protocol in protocols:
                 fed = scored * (n / min(ev.sliding_stride(n), n) if protocol == "sliding" else
                                 n / ev.target_span(lengths)[0] if protocol == "same-tokens" else 1)
