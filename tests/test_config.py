@@ -14,7 +14,7 @@ from model.config import POS_KINDS
 from common.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
-PRESETS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if p.parent.name != "ablations")  # grids: test_ablate
+PRESETS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if "ablations" not in p.relative_to(CONFIG_DIR).parts)  # grids: test_ablate
 
 
 def write(path: Path, data: dict | str) -> Path:
