@@ -209,7 +209,7 @@ def print_wall_times(reports: dict[str, list[dict]], estimates: Optional[dict[st
     columns = ["train", *kinds, "est_train", "est_eval"]
     print(f"\n{'wall time of each run':<40} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
     for name, entry in per_run.items():
-        print(f"{name:<40} " + " ".join(f"{entry[k] / 60 if entry.get(k) else float('nan'):{w}.1f}"
+        print(f"{name:<40} " + " ".join(f"{entry[k] / 60:{w}.1f}" if entry.get(k) else f"{'–':>{w}}"
                                          for k, w in zip(columns, widths)))
     totals = [sum(e.get(k) or 0 for e in per_run.values()) / 3600 for k in columns]
     actual = sum(totals[:len(kinds) + 1])

@@ -1,0 +1,147 @@
+"""Compare training regimes by whether position can matter in them:
+``python -m eval.regimes GRID.yaml... [--out DIR]``.
+
+Each grid is one regime (a corpus, tokenizer, model shape and L; configs/ablations/regime-pilot/)
+and has been run and reported by scripts/ablate.py. From each grid's results.json this table
+sets, for every row of every regime, side by side:
+
+- the **context gain** (eval/context.py): mean NLL on positions [8, 16) minus mean NLL on
+  [L/2, L) at L, with its interval across training runs; also as a share of the [8, 16)
+  loss and in bits per byte of text (the gain in nats per token times the row's bits per
+  byte over nats per token at L), because nats per token do not compare across tokenizers;
+- the **breakdown length** on the same-token protocol, in tokens and in multiples of L;
+- the **degradation** ppl(n) / ppl(L) at 2L and at the longest length, same tokens, with
+  the interval across training runs.
+
+It chooses nothing: which regime a study should use is a judgement made from these numbers
+(docs/results.md says which and why).
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+import sys
+from pathlib import Path
+from typing import Optional
+
+import numpy as np
+
+from common.atomic import write_text_atomic
+from common.cli import entry_point, usage_when_empty
+from common.errors import DataError
+from configs.grid import load_grid
+from eval.context import breakdown, breakdown_text, context_gain, position_bins
+from eval.labels import label_order
+from eval.remake import read_results
+from eval.stats import Contrast
+from eval.tables import Comparison, degradation, percent, summarize, train_lengths
+
+PROTOCOL = "same-tokens"
+
+
+def _corpus(results: dict) -> str:
+    """The regime's corpus: the first one its results scored."""
+    corpora = [r["corpus"] for r in results["results"] if r.get("status") == "ok"]
+    if not corpora:
+        raise DataError("the report has no scored rows; run the grid to the end first (scripts/ablate.py GRID)")
+    return corpora[0]
+
+
+def _gain_text(gain: Optional[Contrast], at_short: float, bits_per_nat: float) -> tuple[str, str, str]:
+    if gain is None:
+        return "–", "–", "–"
+    est = gain.runs or gain.documents
+    low, high = est.interval()
+    one = "" if gain.runs else " (one seed)"
+    return (f"{gain.point:.3f} ({low:.3f} to {high:.3f}){one}", f"{100 * gain.point / at_short:.1f}%",
+            f"{gain.point * bits_per_nat:.3f}")
+
+
+def _ratio(c: Optional[Comparison]) -> str:
+    if c is None:
+        return "–"
+    if c.runs is None:
+        return f"{percent(c.ratio)}% (one seed)"
+    return f"{percent(c.ratio)}% ({percent(c.runs[0])} to {percent(c.runs[1])})"
+
+
+def _bits_per_nat(summary: dict, label: str, train_len: int) -> float:
+    """Bits per byte of text per nat per token for this row at L (its bytes per token)."""
+    cell = summary[label].get(train_len, {})
+    if not cell.get("bpb") or not cell.get("ppl"):
+        return math.nan
+    return cell["bpb"][0] / math.log(cell["ppl"])
+
+
+def regime_rows(name: str, results: dict) -> list[list[str]]:
+    """One table row per row (encoding) of one regime."""
+    corpus = _corpus(results)
+    summary = summarize(results, corpus, PROTOCOL)
+    if not summary:
+        raise DataError(f"{name}: nothing was scored on the same-token protocol; the grid's eval.protocols must "
+                        "include same-tokens")
+    bins, ratios, lens = position_bins(results, corpus), degradation(summary), train_lengths(summary)
+    runs = {r["label"]: r for r in results["runs"]}
+    out = []
+    for label in sorted(summary, key=label_order):
+        train_len = lens[label]
+        longest = max(n for n, c in summary[label].items() if "cell" in c)
+        row_bins = bins.get(label)
+        gain = context_gain(row_bins) if row_bins else None
+        short = next((float(c.seed_values().mean()) for first, end, c in row_bins or [] if (first, end) == (8, 16)), math.nan)
+        seeds = [r for r in results["runs"] if r["label"] == label]
+        minutes = np.mean([r["train_seconds"] for r in seeds]) / 60 if seeds else math.nan
+        found = breakdown(summary, label)
+        cell_l = summary[label].get(train_len, {})
+        out.append([name, label, f"{runs[label]['params'] / 1e6:.2f}M", str(train_len),
+                    f"{runs[label]['steps']} × {runs[label]['tokens_trained'] // runs[label]['steps']}",
+                    f"{minutes:.1f}", str(len(seeds)), f"{cell_l.get('ppl', math.nan):.2f}",
+                    *_gain_text(gain, short, _bits_per_nat(summary, label, train_len)),
+                    breakdown_text(found) if found else "–",
+                    _ratio(ratios.get(label, {}).get(2 * train_len)),
+                    f"{longest // train_len}L: " + _ratio(ratios.get(label, {}).get(longest))])
+    return out
+
+
+HEAD = ["regime", "row", "params", "L", "steps × tokens", "train min", "seeds", "ppl at L",
+        "context gain, nats (95%)", "share of [8,16) loss", "gain, bits/byte", "breakdown length",
+        "ppl 2L / L (95%)", "ppl longest / L (95%)"]
+
+
+def regimes_markdown(grids: list[tuple[str, Path, dict]]) -> str:
+    rows = [row for name, _, results in grids for row in regime_rows(name, results)]
+    lines = ["# Regime pilot: where can positional encodings differ?", "",
+             "Made by `python -m eval.regimes " + " ".join(str(p) for _, p, _ in grids) + "` from each grid's "
+             "results.json. Context gain: mean NLL on positions [8, 16) minus mean NLL on [L/2, L) at L "
+             "(non-overlapping windows), 95% interval across training runs; its share of the [8, 16) loss and its "
+             "size in bits per byte compare across tokenizers, nats per token do not. Breakdown length: where "
+             f"perplexity first exceeds its own at L by 5% ({PROTOCOL} protocol; t-interval over the seeds). "
+             "Ratios: perplexity at n over perplexity at L on the same tokens, paired by seed, with the interval "
+             "across training runs. Press et al. (2022, Figure 1 and Table 2) is the pattern to compare with.", "",
+             "| " + " | ".join(HEAD) + " |", "|" + "---|" * 2 + "---:|" * (len(HEAD) - 2)]
+    lines += ["| " + " | ".join(row) + " |" for row in rows]
+    return "\n".join(lines) + "\n"
+
+
+@entry_point
+def main(argv: Optional[list[str]] = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m eval.regimes", description=__doc__.split("\n\n")[0])
+    parser.add_argument("grids", nargs="+", help="grid files whose reports to compare, one regime each")
+    parser.add_argument("--out", help="write README.md here as well as printing it")
+    usage_when_empty(parser, argv)
+    args = parser.parse_args(argv)
+    grids = []
+    for path in args.grids:
+        grid = load_grid(path)
+        grids.append((grid.name, Path(path), read_results(grid.report_dir / "results.json")))
+    text = regimes_markdown(grids)
+    print(text)
+    if args.out:
+        Path(args.out).mkdir(parents=True, exist_ok=True)
+        write_text_atomic(Path(args.out) / "README.md", text)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,68 @@
+"""eval/regimes.py: one table over several regime grids, each run and reported by ablate."""
+
+from __future__ import annotations
+
+import json
+import math
+from pathlib import Path
+
+import pytest
+
+from conftest import write_run_config
+from eval import regimes
+from eval.context import breakdown, breakdown_text, context_gain, position_bins
+from eval.tables import summarize
+from scripts import ablate
+
+
+def write_regime(tmp: Path, corpus: Path, name: str, seq_len: int) -> Path:
+    base = write_run_config(tmp, corpus)
+    grid = tmp / f"{name}.yaml"
+    grid.write_text(f"""
+name: {name}
+base: {base.name}
+out_dir: {tmp / 'runs'}
+overrides: [train.max_steps=12, train.eval_interval=12, train.ckpt_interval=12, train.seq_len={seq_len}]
+variants:
+  rope: [model.pos.kind=rope]
+axes:
+  train.seed: [0, 1]
+eval: {{length_multipliers: [1, 1.5, 2, 4], protocols: [nonoverlap, same-tokens], scalings: [none], max_tokens: 512}}
+report: {tmp / 'reports' / name}
+""")
+    return grid
+
+
+@pytest.fixture(scope="module")
+def two_regimes(tmp_path_factory, corpus):
+    tmp = tmp_path_factory.mktemp("regimes")
+    grids = [write_regime(tmp, corpus, "regime-short", 32), write_regime(tmp, corpus, "regime-long", 64)]
+    for grid in grids:
+        assert ablate.main([str(grid), "--jobs", "1", "--no-estimate"]) == 0
+    return tmp, grids
+
+
+def test_one_row_per_regime_and_row_with_the_reports_own_numbers(two_regimes, capsys):
+    tmp, grids = two_regimes
+    assert regimes.main([str(g) for g in grids] + ["--out", str(tmp / "pilot")]) == 0
+    table = (tmp / "pilot" / "README.md").read_text()
+    assert table == capsys.readouterr().out.rstrip("\n") + "\n"
+    rows = [line for line in table.splitlines() if line.startswith("| regime-")]
+    assert [r.split(" | ")[0:2] for r in rows] == [["| regime-short", "rope"], ["| regime-long", "rope"]]
+    for grid, row, train_len in zip(grids, rows, (32, 64)):
+        results = json.loads((tmp / "reports" / grid.stem / "results.json").read_text())
+        corpus = results["results"][0]["corpus"]
+        cells = row.split(" | ")
+        assert cells[3] == str(train_len) and cells[6] == "2"  # L, seeds
+        gain = context_gain(position_bins(results, corpus)["rope"])
+        assert cells[8].startswith(f"{gain.point:.3f} (")  # the gain with its interval across the 2 runs
+        found = breakdown(summarize(results, corpus, "same-tokens"), "rope")
+        assert cells[11] == breakdown_text(found)
+        assert cells[13].startswith("4L: ")
+
+
+def test_a_grid_not_yet_reported_is_a_clear_error(two_regimes, tmp_path, corpus, capsys):
+    grid = write_regime(tmp_path, corpus, "regime-unrun", 16)
+    assert regimes.main([str(grid)]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and "results.json does not exist" in err
