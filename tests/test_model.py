@@ -106,3 +106,24 @@ def test_config_rejects_impossible_models(fields, match):
         ModelConfig(**fields)
     with pytest.raises(ConfigError, match="max_len"):
         PosConfig(kind="learned")
+
+
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_rms_norm_is_the_written_out_formula(dtype):
+    """The fused norm gives the values and gradients of x·rsqrt(mean(x²) + eps)·w in float32."""
+    from model.layers import RMSNorm
+
+    torch.manual_seed(0)
+    norm = RMSNorm(48, eps=1e-5)
+    with torch.no_grad():
+        norm.weight.normal_()
+    x = (3 * torch.randn(4, 9, 48)).to(dtype).requires_grad_()
+    x32 = x.float()
+    written = (x32 * torch.rsqrt(x32.pow(2).mean(-1, keepdim=True) + 1e-5)).to(dtype) * norm.weight
+    upstream = torch.randn_like(written)
+    grads_written = torch.autograd.grad((written * upstream).sum(), (x, norm.weight))
+    fused = norm(x)
+    grads_fused = torch.autograd.grad((fused * upstream).sum(), (x, norm.weight))
+    assert fused.dtype == written.dtype and torch.equal(fused, written)
+    for a, b in zip(grads_fused, grads_written):
+        torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
