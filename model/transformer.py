@@ -52,7 +52,7 @@ class Transformer(nn.Module):
 
     def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
                 fit_len: Optional[int] = None, targets: Optional[torch.Tensor] = None,
-                reduction: str = "mean") -> torch.Tensor:
+                reduction: str = "mean", first_target: int = 0) -> torch.Tensor:
         """Logits (B, T, vocab) for tokens ``idx`` (B, T) at ``positions``, default 0 … T-1.
 
         ``positions`` is (T,), shared by the batch, or (B, T), ascending per sequence (the
@@ -62,7 +62,12 @@ class Transformer(nn.Module):
         to it): by default the attached KV cache's size, else this forward's last position
         + 1. With ``targets`` (B, T) the result is the cross-entropy instead (mean, or per
         target with ``reduction="none"``), never materialising the logits (model/loss.py).
+        ``first_target`` (with ``reduction="none"``): only targets from that index on are
+        scored, the earlier ones read 0 and their positions skip the final norm and the head
+        (evaluation windows whose first positions are context only: sliding, same-tokens).
         """
+        if first_target and (targets is None or reduction != "none"):
+            raise ValueError("first_target needs targets and reduction='none'")
         # The positions served are known on the host: no layer reads them back from the
         # device, and the default path has no data-dependent call to split a compiled graph.
         if positions is None:
@@ -78,6 +83,10 @@ class Transformer(nn.Module):
         x = self.drop(self.pos.embed(self.tok_emb(idx), positions))  # (B, T, d)
         for i, block in enumerate(self.blocks):
             x = block(x, ctx.at_layer(i))
+        if first_target:
+            nll = linear_cross_entropy(self.norm(x[:, first_target:]), self.head.weight,
+                                       targets[:, first_target:], reduction)
+            return torch.nn.functional.pad(nll, (first_target, 0))
         x = self.norm(x)
         if targets is not None:
             return linear_cross_entropy(x, self.head.weight, targets, reduction)

@@ -127,3 +127,18 @@ def test_rms_norm_is_the_written_out_formula(dtype):
     assert fused.dtype == written.dtype and torch.equal(fused, written)
     for a, b in zip(grads_fused, grads_written):
         torch.testing.assert_close(a, b, rtol=1e-6, atol=1e-6)
+
+
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_first_target_scores_the_same_targets_and_zeros_the_context(kind):
+    """Evaluation windows skip the head on context-only positions: the scored targets' NLL is
+    the full forward's (to float rounding), the skipped ones read 0 as ignored targets do."""
+    model = Transformer(tiny_config(kind, vocab_size=97)).eval()
+    x, y = torch.randint(0, 97, (3, 24)), torch.randint(0, 97, (3, 24))
+    with torch.no_grad():
+        full = model(x, targets=y, reduction="none")
+        tail = model(x, targets=y, reduction="none", first_target=10)
+    assert tail.shape == full.shape and torch.equal(tail[:, :10], torch.zeros(3, 10))
+    torch.testing.assert_close(tail[:, 10:], full[:, 10:], rtol=1e-6, atol=1e-6)
+    with pytest.raises(ValueError, match="first_target"):
+        model(x, targets=y, first_target=10)  # a mean over part of the window is not what it means

@@ -36,8 +36,10 @@ def window_losses(model, tokens: np.ndarray, windows: Sequence[EvalWindow], batc
     try:
         for group in _window_groups(windows, windows[0].length, batch_size, max_batch_tokens):
             x, y, mask = window_batch(tokens, group)
-            # Per-target NLL (B, T) straight from the model: the logits are never all held.
-            nll = model(x.to(device), targets=y.to(device), reduction="none")
+            # Per-target NLL (B, T) straight from the model: the logits are never all held,
+            # and positions that no window of the batch scores (context only) skip the head.
+            first = min(w.score_from for w in group)
+            nll = model(x.to(device), targets=y.to(device), reduction="none", first_target=first)
             yield group, nll.float().cpu(), y, mask
     finally:
         model.train(was_training)
