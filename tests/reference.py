@@ -101,3 +101,19 @@ def assert_causal(model, vocab: int = 97) -> None:
         a, b = model(x), model(changed)
         assert torch.equal(a[:, : t + 1], b[:, : t + 1])
         assert not torch.allclose(a[:, t + 1:], b[:, t + 1:])
+
+
+class ContextFree(torch.nn.Module):
+    """A bigram table: predicts each next token from the current token alone, so it uses no
+    context. It answers the evaluation's calls as the Transformer does (per-target NLL, and
+    ``first_target`` zeroing the context positions)."""
+
+    def __init__(self, vocab: int):
+        super().__init__()
+        self.table = torch.nn.Embedding(vocab, vocab)
+
+    def forward(self, x, targets=None, reduction="mean", first_target: int = 0):
+        nll = torch.nn.functional.cross_entropy(self.table(x).transpose(1, 2), targets, reduction="none")
+        if first_target:
+            nll = torch.cat((torch.zeros_like(nll[:, :first_target]), nll[:, first_target:]), dim=1)
+        return nll if reduction == "none" else nll.mean()

@@ -12,6 +12,7 @@ from eval.context import breakdown, breakdown_text, context_gain, crossing, posi
 from eval.extrapolation import share_window_sets
 from eval.perplexity import perplexity
 from eval.stats import Cell
+from reference import ContextFree
 
 
 def test_crossing_interpolates_in_log_length():
@@ -50,16 +51,6 @@ def test_breakdown_points_and_interval_over_seeds():
     assert breakdown_text(mean_flat) == "> 2048 (1 of 3 seeds cross)"
 
 
-class _ContextFree(torch.nn.Module):
-    def __init__(self, vocab: int):
-        super().__init__()
-        self.table = torch.nn.Embedding(vocab, vocab)
-
-    def forward(self, x, targets=None, reduction="mean"):
-        nll = torch.nn.functional.cross_entropy(self.table(x).transpose(1, 2), targets, reduction="none")
-        return nll if reduction == "none" else nll.mean()
-
-
 def test_context_gain_is_the_difference_of_two_position_bins():
     """Two seeds of a context-free model at L = 64: the gain is mean NLL on [8, 16) minus on
     [32, 64), computed from the windows by hand, and its interval covers 0 (no context used)."""
@@ -69,7 +60,7 @@ def test_context_gain_is_the_difference_of_two_position_bins():
     rows = []
     for seed in (0, 1):
         torch.manual_seed(seed)
-        model = _ContextFree(40)
+        model = ContextFree(40)
         found = perplexity(model, tokens, 64, eot_id=39).to_dict()
         found.pop("curve")
         rows.append({**found, "run": f"r{seed}", "seed": seed, "status": "ok"})

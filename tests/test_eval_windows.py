@@ -9,6 +9,7 @@ import torch
 
 from data.samplers import document_spans, document_windows, eval_windows, spread_windows, target_windows
 from eval.perplexity import perplexity
+from reference import ContextFree
 
 EOT = 99
 
@@ -73,25 +74,12 @@ def test_same_token_windows_score_the_same_targets_at_every_length():
     assert all(_scored_targets(p) == _scored_targets(picked[64]) for p in picked.values())
 
 
-class _ContextFree(torch.nn.Module):
-    """Predicts each next token from the current token alone (a bigram table)."""
-
-    def __init__(self, vocab: int):
-        super().__init__()
-        self.table = torch.nn.Embedding(vocab, vocab)
-
-    def forward(self, x, targets=None, reduction="mean"):
-        logits = self.table(x)  # (B, T, V)
-        nll = torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none")
-        return nll if reduction == "none" else nll.mean()
-
-
 def test_a_model_that_ignores_context_gets_the_same_perplexity_at_every_length():
     """Under the same-token protocol only the context changes, so a context-free model scores
     the same at every length; non-overlapping windows score other tokens at each length."""
     torch.manual_seed(0)
     tokens = torch.randint(0, 50, (5000,)).numpy()
-    model = _ContextFree(50)
+    model = ContextFree(50)
     same = [perplexity(model, tokens, n, target=(16, 256), max_tokens=1600) for n in (16, 32, 64, 256)]
     assert {r.protocol for r in same} == {"same-tokens"} and {r.tokens for r in same} == {1600}
     assert all(r.ppl == pytest.approx(same[0].ppl, rel=1e-6) for r in same)
@@ -106,7 +94,7 @@ def test_position_bins_split_each_units_sums_by_context_position():
     torch.manual_seed(1)
     tokens = torch.randint(0, 50, (3000,)).numpy()
     tokens[::97] = 49  # document ends, so there are several units
-    model = _ContextFree(50)
+    model = ContextFree(50)
     found = perplexity(model, tokens, 24, eot_id=49)
     assert found.position_edges == [0, 1, 2, 4, 8, 16, 24]
     nll, count = np.array(found.position_unit_nll), np.array(found.position_unit_tokens)

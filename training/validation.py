@@ -39,7 +39,8 @@ def window_losses(model, tokens: np.ndarray, windows: Sequence[EvalWindow], batc
             # Per-target NLL (B, T) straight from the model: the logits are never all held,
             # and positions that no window of the batch scores (context only) skip the head.
             first = min(w.score_from for w in group)
-            nll = model(x.to(device), targets=y.to(device), reduction="none", first_target=first)
+            skip = {"first_target": first} if first else {}
+            nll = model(x.to(device), targets=y.to(device), reduction="none", **skip)
             yield group, nll.float().cpu(), y, mask
     finally:
         model.train(was_training)
