@@ -73,7 +73,13 @@ def status(run: PlannedRun) -> tuple[str, str]:
     if diffs:
         return "conflict", (f"{run_dir} holds a run with other settings ({', '.join(diffs)}); "
                             "move it away or give the grid another name")
-    step, total = read_meta(ckpt)["step"], run.cfg.train.total_steps()
+    meta = read_meta(ckpt)
+    step, budget = meta["step"], run.cfg.train.max_tokens
+    if budget is not None:  # by tokens: N ranks reach it in N times fewer steps than one process
+        if meta.get("tokens", 0) >= budget:
+            return "done", f"step {step}"
+        return "partial", f"{meta.get('tokens', 0):,}/{budget:,} tokens"
+    total = run.cfg.train.total_steps()
     if step >= total:
         return "done", f"step {step}"
     return "partial", f"step {step}/{total}"

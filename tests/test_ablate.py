@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import shlex
 import signal
@@ -274,3 +275,18 @@ def test_cpu_workers_split_the_cores(tmp_path, monkeypatch):
     train, score = calls  # a synthetic run is scored on tasks only
     assert train[1] is None and "train.device=cpu" not in train[0]
     assert score[0][1:3] == ["-m", "eval.tasks"] and "--cache-only" in score[0]
+
+
+def test_a_run_budgeted_by_tokens_is_done_when_its_tokens_are(tmp_path, corpus):
+    """A token budget reached by N data-parallel ranks takes N times fewer steps than one
+    process would plan: the grid reads the tokens the checkpoint saw, not its step."""
+    grid = load_grid(write_grid(tmp_path, corpus, "  train.seed: [0]"))
+    run = grid.plan(["train.max_steps=null", "train.max_tokens=2048"])[0]  # 8 steps of 8 × 32
+    assert train.main([str(grid.base), *run.overrides]) == 0
+    assert ablate.status(run) == ("done", "step 8")
+    meta_path = latest_checkpoint(RunDir.of(run.cfg).path) / "meta.json"
+    meta = json.loads(meta_path.read_text())
+    meta_path.write_text(json.dumps({**meta, "step": 4}))  # two ranks: 4 steps of 2 × 256 tokens
+    assert ablate.status(run) == ("done", "step 4")
+    meta_path.write_text(json.dumps({**meta, "step": 2, "tokens": 1024}))
+    assert ablate.status(run) == ("partial", "1,024/2,048 tokens")
