@@ -33,8 +33,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from common.atomic import write_text_atomic
-from common.errors import DataError, LengthError, UserError
+from common.errors import DataError, LengthError
 from configs.schema import EvalConfig, EvalCorpus, RunConfig
 from data.samplers import eval_windows, spread_windows
 from data.tasks import Passkey, Task, TaskError, build_task, eval_instance
@@ -42,14 +41,13 @@ from eval.attention_probe import LayerAttention, attention_inputs, rotary_pair_n
 from eval.attention_stats import example_map, head_stats, needle_mass
 from eval.corpus import load_corpus
 from eval.diagnostic_report import write_diagnostics_report
+from eval.driver import Evaluation, EvalFor, Result, evaluate_all
 from eval.extrapolation import run_metadata
 from eval.tasks import is_synthetic
 from model.encodings import KINDS
-from training.run_dir import RunDir
-from training.saved_run import SavedRun, load_run, read_run_config
+from training.saved_run import SavedRun, load_run
 
-EvalFor = Callable[[RunConfig], EvalConfig]
-DIAGNOSTICS_FORMAT = 1  # bumped when a measure changes, so cached diagnostics are computed again
+DIAGNOSTICS_FORMAT = 2  # bumped when a measure changes, so cached diagnostics are computed again
 MAP_MULTIPLE = 8  # the example attention maps: at L and at 8L (else the longest length)
 
 
@@ -196,41 +194,23 @@ def _cache_key(cfg: RunConfig, ev: EvalConfig) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def cached_diagnosis(run_dir: Path, eval_for: EvalFor, device: str, log) -> tuple[dict, dict]:
-    """diagnose_run, reusing an earlier result for the same checkpoint and settings."""
-    run = RunDir(run_dir)
-    cfg = read_run_config(run)
-    ev = eval_for(cfg)
-    path = run.eval_cache("diagnostics", _cache_key(cfg, ev))
-    ckpt = run.latest_checkpoint()
-    if ckpt is not None and path.exists():
-        cached = json.loads(path.read_text())
-        if cached.get("checkpoint") == ckpt.name:
-            log(f"  reusing {path}")
-            cached["meta"]["epsilon"] = ev.diagnostics.epsilon  # applied by the report: today's
-            return cached["meta"], cached["cells"]
-    meta, cells = diagnose_run(run.path, ev, device, log)
-    path.parent.mkdir(exist_ok=True)
-    write_text_atomic(path, json.dumps({"checkpoint": meta["checkpoint"], "meta": meta, "cells": cells}))
-    return meta, cells
+def _evaluate(run_dir: Path, ev: EvalConfig, device: str, log, cells, **options) -> Result:
+    """The driver's evaluation of one run: (metadata, no rows, {length: cell})."""
+    meta, found = diagnose_run(run_dir, ev, device, log)
+    return meta, [], found
 
 
 def run_diagnostics(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor, device: str = "cpu", log=print,
                     missing: Sequence[dict] = ()) -> dict:
     """Diagnose every run with ``eval_for(its config)`` and write report.md, results.json and figures."""
-    runs, cells, failures = [], {}, list(missing)
-    for run_dir in run_dirs:
-        log(f"diagnosing {run_dir}")
-        try:
-            meta, run_cells = cached_diagnosis(Path(run_dir), eval_for, device, log)
-        except UserError as e:
-            failures.append({"run": str(run_dir), "error": str(e)})
-            log(f"  skipped: {e}")
-            continue
-        runs.append(meta)
-        cells[meta["run"]] = run_cells
-    if not runs:
-        raise UserError("no run could be diagnosed: " + "; ".join(f"{f['run']}: {f['error']}" for f in failures))
+    done = evaluate_all(DIAGNOSTICS, run_dirs, eval_for, device, log, missing)
+    for meta in done.runs:  # ε is applied by the report: today's setting, cached or not
+        meta["epsilon"] = meta["eval"]["diagnostics"]["epsilon"]
+    runs, cells, failures = done.runs, {m["run"]: c for m, c in zip(done.runs, done.extras)}, done.failures
     results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": runs, "cells": cells, "missing": failures}
     write_diagnostics_report(results, out)
     return results
+
+
+DIAGNOSTICS = Evaluation(name="diagnostics", doc=__doc__, result="cells", default_out=Path("reports/diagnostics"),
+                         cache_key=_cache_key, evaluate=_evaluate, report=run_diagnostics)

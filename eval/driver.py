@@ -81,8 +81,10 @@ class Evaluation:
     evaluate: Callable[..., Result]
     # Every run and the report: (run_dirs, out, eval_for, device=, **options) -> results.
     report: Callable[..., dict]
-    add_flags: Callable[[argparse.ArgumentParser], None]  # its own flags
-    flag_tree: Callable[[argparse.Namespace], dict]  # its own flags as eval keys (only those given)
+    # Its own flags and those flags as eval keys (only those given); an evaluation with a
+    # command line of its own (scripts/diagnose.py) uses only the cache loop and has none here.
+    add_flags: Callable[[argparse.ArgumentParser], None] = lambda parser: None
+    flag_tree: Callable[[argparse.Namespace], dict] = _no_options
     options: Callable[[argparse.Namespace], dict] = _no_options  # keyword options of evaluate and report
     warnings: Callable[[dict], list[str]] = _no_warnings  # printed after the report
     journal: bool = False
@@ -173,8 +175,9 @@ def evaluate_all(evaluation: Evaluation, run_dirs: Sequence[Path], eval_for: Eva
         done.rows.extend(rows)
         done.extras.append(extra)
     if not done.runs:
-        raise UserError("no run could be evaluated:\n" + "\n".join(f"- {f['run']}: {f['error']}"
-                                                                 for f in done.failures))
+        why = [f"{f['run']}: {f['error']}" for f in done.failures]
+        raise UserError("no run could be evaluated: " + (why[0] if len(why) == 1 else
+                                                         "\n" + "\n".join(f"- {w}" for w in why)))
     return done
 
 
