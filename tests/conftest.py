@@ -87,3 +87,28 @@ log: {{progress: false}}
     path = tmp / "tiny.yaml"
     path.write_text(cfg)
     return path
+
+
+@pytest.fixture(scope="session")
+def tiny_runs(tmp_path_factory, corpus) -> Path:
+    """Tiny trained runs the evaluation tests share, trained once per session: ``rope-a`` and
+    ``rope-b`` (seeds 1 and 2 of one experiment) and ``learned`` (a 32-position table), 20
+    steps of the tiny config each. A test that changes or deletes run directories copies
+    them first (``copy_runs``)."""
+    import train  # the command line itself, as a user trains
+
+    tmp = tmp_path_factory.mktemp("runs")
+    cfg = str(write_run_config(tmp, corpus))
+    common = [cfg, "train.max_steps=20", "train.eval_interval=20", "train.ckpt_interval=20"]
+    for name, extra in (("rope-a", ["train.seed=1"]), ("rope-b", ["train.seed=2"]),
+                        ("learned", ["model.pos.kind=learned", "model.pos.max_len=32"])):
+        assert train.main(common + [f"name={name}", *extra]) == 0
+    return tmp / "runs"
+
+
+def copy_runs(runs: Path, names: list[str], to: Path) -> list[Path]:
+    """Private copies of shared runs (their evaluation caches included) under ``to``."""
+    import shutil
+
+    to.mkdir(parents=True, exist_ok=True)
+    return [Path(shutil.copytree(runs / name, to / name)) for name in names]

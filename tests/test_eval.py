@@ -128,17 +128,6 @@ def test_scaling_factor_follows_the_length():
     assert scale_note("dynamic", 512, 128, 2.0) == {"scaling_factor": 2.0, "effective_scale": 7.0}
 
 
-@pytest.fixture(scope="module")
-def tiny_runs(tmp_path_factory, corpus):
-    tmp = tmp_path_factory.mktemp("runs")
-    cfg = str(write_run_config(tmp, corpus))
-    common = [cfg, "train.max_steps=20", "train.eval_interval=20", "train.ckpt_interval=20"]
-    for name, extra in (("rope-a", ["train.seed=1"]), ("rope-b", ["train.seed=2"]),
-                        ("learned", ["model.pos.kind=learned", "model.pos.max_len=32"])):
-        assert train.main(common + [f"name={name}", *extra]) == 0
-    return tmp / "runs"
-
-
 def test_report_from_tiny_runs(tiny_runs, tmp_path):
     ev = EvalConfig(lengths=[16, 32, 64], scalings=["none", "yarn", "llama3"], protocols=["nonoverlap", "sliding"],
                     max_tokens=2048)

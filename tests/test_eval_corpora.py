@@ -8,7 +8,7 @@ import signal
 import pytest
 
 import train
-from conftest import write_run_config
+from conftest import copy_runs, write_run_config
 from eval.extrapolation import main as extrapolation
 from training.trainer import Trainer
 
@@ -16,11 +16,8 @@ BOOK = "It was a dark and stormy night; the rain fell in torrents. " * 12  # ~70
 
 
 @pytest.fixture(scope="module")
-def run_dir(tmp_path_factory, corpus):
-    tmp = tmp_path_factory.mktemp("evalrun")
-    cfg = str(write_run_config(tmp, corpus))
-    assert train.main([cfg, "train.max_steps=10", "train.eval_interval=10", "train.ckpt_interval=10"]) == 0
-    return tmp / "runs" / "tiny"
+def run_dir(tmp_path_factory, tiny_runs):
+    return copy_runs(tiny_runs, ["rope-a"], tmp_path_factory.mktemp("evalrun"))[0]
 
 
 def results(out):

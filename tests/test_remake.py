@@ -13,13 +13,10 @@ from eval.extrapolation import run_extrapolation
 
 
 @pytest.fixture(scope="module")
-def report(tmp_path_factory, corpus):
-    import train
-    from conftest import write_run_config
+def report(tmp_path_factory, tiny_runs):
+    from conftest import copy_runs
     tmp = tmp_path_factory.mktemp("remake")
-    cfg = str(write_run_config(tmp, corpus))
-    for name, seed in (("rope-a", 1), ("rope-b", 2)):
-        assert train.main([cfg, "train.max_steps=6", f"train.seed={seed}", f"name={name}"]) == 0
+    copy_runs(tiny_runs, ["rope-a", "rope-b"], tmp / "runs")  # the test deletes them
     out = tmp / "report"
     ev = EvalConfig(lengths=[16, 32], max_tokens=512)
     run_extrapolation([tmp / "runs" / "rope-a", tmp / "runs" / "rope-b"], out, lambda c: ev, log=lambda *a: None)
