@@ -2,47 +2,24 @@
 ``error: …`` line, never a traceback, and leaves what was there intact.
 
 One case per class runs the real command line in a subprocess; the neighbours of each
-class run in-process through the same ``main`` (the same code path, much faster).
+class run in-process through the same ``main`` (the same code path, much faster). The
+other areas of the suite are tests/test_bad_input_*.py (helpers: tests/bad_input.py).
 """
 
 from __future__ import annotations
 
 import json
-import os
 import shutil
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 import train
+from bad_input import cli, refused, refused_in_process
 from conftest import write_run_config
 from eval import driver, extrapolation, tasks
 from scripts import export_hf, sample
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, *args], capture_output=True, text=True, cwd=ROOT, timeout=120,
-                          env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})})
-
-
-def refused(res: subprocess.CompletedProcess, *fragments: str) -> None:
-    assert res.returncode == 2, (res.returncode, res.stderr)
-    assert "Traceback" not in res.stderr, res.stderr
-    for fragment in fragments:
-        assert fragment in res.stderr, (fragment, res.stderr)
-
-
-def refused_in_process(main, argv: list[str], capsys, *fragments: str) -> None:
-    code = main(argv)
-    err = capsys.readouterr().err
-    assert code == 2, err
-    for fragment in fragments:
-        assert fragment in err, (fragment, err)
 
 
 @pytest.fixture(scope="module")
@@ -66,17 +43,19 @@ def test_a_directory_as_config(trained):
     refused(cli("train.py", str(cfg.parent)), "is a directory; give a YAML config file")
 
 
-def test_non_finite_and_out_of_range_config_values(trained, capsys):
+def test_a_non_finite_config_value(trained):
     cfg, _ = trained
     refused(cli("train.py", str(cfg), "train.lr=.inf"), "train.lr must be a finite number")
-    for override, fragment in (("train.lr=-.inf", "finite"), ("model.pos.rope.theta=.nan", "finite"),
-                               ("train.seq_len=0", "train.seq_len must be a positive"),
-                               ("train.max_tokens=-5", "max_tokens must be a positive"),
-                               ("model.pos.rope.scaling.factor=0.5", "must be >= 1"),
-                               ("eval.factor=0.5", "eval.factor must be >= 1"),
-                               ("train.device=gpu", "'gpu' is not a device"),
-                               ("data.encoding=klingon", "not a text encoding")):
-        refused_in_process(train.main, [str(cfg), override, "name=other"], capsys, fragment)
+
+
+@pytest.mark.parametrize("override, fragment", [
+    ("train.lr=-.inf", "finite"), ("model.pos.rope.theta=.nan", "finite"),
+    ("train.seq_len=0", "train.seq_len must be a positive"), ("train.max_tokens=-5", "max_tokens must be a positive"),
+    ("model.pos.rope.scaling.factor=0.5", "must be >= 1"), ("eval.factor=0.5", "eval.factor must be >= 1"),
+    ("train.device=gpu", "'gpu' is not a device"), ("data.encoding=klingon", "not a text encoding")])
+def test_out_of_range_config_values(trained, capsys, override, fragment):
+    cfg, _ = trained
+    refused_in_process(train.main, [str(cfg), override, "name=other"], capsys, fragment)
 
 
 def test_a_device_that_is_not_there(trained, capsys):
@@ -138,15 +117,16 @@ def test_numbers_out_of_range_on_the_command_line(trained, capsys, argv, fragmen
     assert e.value.code == 2 and fragment in capsys.readouterr().err
 
 
-def test_numbers_out_of_range_for_evaluation(trained):
+@pytest.mark.parametrize("evaluation, argv", [(extrapolation.EXTRAPOLATION, argv) for argv in (
+    ["--lengths", "0"], ["--max-tokens", "-1"], ["--stride", "0"], ["--batch-size", "0"], ["--factor", "0.5"],
+    ["--factor", "inf"], ["--steps", "-1"])] + [(tasks.TASKS, argv) for argv in (
+    ["--lengths", "0"], ["--samples", "0"], ["--kmax-threshold", "2"], ["--steps", "x"])],
+    ids=lambda value: " ".join(value) if isinstance(value, list) else value.name)
+def test_numbers_out_of_range_for_evaluation(trained, evaluation, argv):
     _, run = trained
-    for evaluation, argv in [(extrapolation.EXTRAPOLATION, argv) for argv in (
-            ["--lengths", "0"], ["--max-tokens", "-1"], ["--stride", "0"], ["--batch-size", "0"],
-            ["--factor", "0.5"], ["--factor", "inf"], ["--steps", "-1"])] + [(tasks.TASKS, argv) for argv in (
-            ["--lengths", "0"], ["--samples", "0"], ["--kmax-threshold", "2"], ["--steps", "x"])]:
-        with pytest.raises(SystemExit) as e:
-            driver.parse_args(evaluation, [str(run), *argv])
-        assert e.value.code == 2
+    with pytest.raises(SystemExit) as e:
+        driver.parse_args(evaluation, [str(run), *argv])
+    assert e.value.code == 2
 
 
 # ------------------------------------------------------------------ files that are not what they should be
@@ -172,9 +152,16 @@ def test_a_tokenizer_that_is_not_the_runs(trained, tmp_path, capsys):
     refused(cli("scripts/sample.py", str(copy), "--max-new-tokens", "3"), "does not belong to this run")
     refused_in_process(export_hf.main, [str(copy), str(tmp_path / "hf")], capsys, "does not belong to this run")
     assert not (tmp_path / "hf").exists()
-    for content in (b"\x89PNG\x00", b"[1, 2]", b'{"kind": "sentencepiece"}'):
-        (copy / "tokenizer.json").write_bytes(content)
-        refused_in_process(sample.main, [str(copy)], capsys, "tokenizer.json")
+
+
+@pytest.mark.parametrize("content", [b"\x89PNG\x00", b"[1, 2]", b'{"kind": "sentencepiece"}'],
+                         ids=["binary", "a-list", "unknown-kind"])
+def test_a_tokenizer_file_that_is_no_tokenizer(trained, tmp_path, capsys, content):
+    _, run = trained
+    copy = tmp_path / "run"
+    shutil.copytree(run, copy)
+    (copy / "tokenizer.json").write_bytes(content)
+    refused_in_process(sample.main, [str(copy)], capsys, "tokenizer.json")
 
 
 def test_warmup_as_long_as_the_run_is_warned_about(trained, capsys):
