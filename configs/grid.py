@@ -19,6 +19,13 @@ when the grid loads and becomes ``eval.*`` overrides of every run, so each plann
 ``cfg.eval`` is what the grid evaluates it with. Every planned run is built and validated
 (``load_config``) before anything trains, so a typo in an axis fails at once, naming the key.
 ``slurm`` holds what each run asks a cluster for (``--launcher slurm``; configs/slurm.py).
+
+A grid that contradicts itself is refused when it is planned, naming the contradiction: an
+axis that lists a value twice, an override (``overrides``, a variant, ``--set``) of a key an
+axis sets for every run after it (so it would never be used), two runs that get one name,
+and two runs that would train the same experiment (configs/experiment.py: variants that
+differ only in evaluation settings, values that resolve alike such as 1 and 1.0). Each of
+them would train one run twice, or count one run as two seeds in the report.
 """
 
 from __future__ import annotations
@@ -31,6 +38,7 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Optional
 
+from configs.experiment import MAY_DIFFER, experiment_identity
 from configs.loader import load_config, load_config_tree, override_section
 from configs.schema import EvalConfig, RunConfig
 from configs.slurm import SlurmConfig, slurm_config
@@ -72,6 +80,7 @@ class Grid:
         """Every run of the grid, validated: variants in order, each crossed with the axes
         (the last axis varies fastest)."""
         keys = list(self.axes)
+        self._check_overrides(list(extra_overrides))
         runs = []
         for variant, values in itertools.product(self.variants or {None: []}, itertools.product(
                 *(self.axes[k] for k in keys))):
@@ -85,7 +94,56 @@ class Grid:
             except ConfigError as e:
                 raise ConfigError(f"{self.source}: run {name}: {e}") from None
             runs.append(PlannedRun(name, overrides, cfg))
+        self._check_distinct(runs)
         return runs
+
+    def _check_overrides(self, extra: list[str]) -> None:
+        """Refuse an override of a key that an axis sets after it, for every run."""
+        sources = [("overrides", self.overrides), *((f"variant {v}", o) for v, o in self.variants.items()),
+                   ("--set", extra)]
+        for source, overrides in sources:
+            for text in overrides:
+                key = text.partition("=")[0].strip()
+                axis = next((a for a in self.axes if key == a or key.startswith(a + ".")), None)
+                if axis is not None:
+                    raise ConfigError(f"{self.source}: {source} sets {text}, but the axis {axis} sets it for every "
+                                      "run after the overrides, so that value is never used; remove it, or the "
+                                      "value from the axis")
+
+    def _check_distinct(self, runs: list[PlannedRun]) -> None:
+        """Refuse two runs with one name, or two runs that are the same experiment."""
+        by_name: dict[str, PlannedRun] = {}
+        by_experiment: dict[str, PlannedRun] = {}
+        for run in runs:
+            if run.name in by_name:
+                raise ConfigError(f"{self.source}: two runs get the name {run.name} ({_settings(by_name[run.name])} "
+                                  f"and {_settings(run)}): a name keeps letters, digits, '.', '+' and '-' and the "
+                                  "last 40 characters of each value, so these values cannot be told apart; "
+                                  "change one")
+            by_name[run.name] = run
+            identity = json.dumps(experiment_identity(run.cfg), sort_keys=True, default=str)
+            twin = by_experiment.setdefault(identity, run)
+            if twin is not run:
+                raise ConfigError(f"{self.source}: runs {twin.name} and {run.name} would train the same experiment: "
+                                  f"{_same_experiment(twin, run)}. One of them would be trained twice and counted "
+                                  "as two seeds of one row; remove it")
+
+
+def _settings(run: PlannedRun) -> str:
+    """A run's own settings (everything but where it goes), as overrides."""
+    return ", ".join(o for o in run.overrides if not o.startswith(("out_dir=", "name=")))
+
+
+def _same_experiment(a: PlannedRun, b: PlannedRun) -> str:
+    """Why two planned runs are one experiment: the keys they set differently, and what those are."""
+    ta, tb = ({k.strip(): v for k, _, v in (o.partition("=") for o in run.overrides)} for run in (a, b))
+    differ = sorted(k for k in set(ta) | set(tb) if ta.get(k) != tb.get(k) and k not in ("out_dir", "name"))
+    ignored = [k for k in differ if any(k == m or k.startswith(m + ".") for m in MAY_DIFFER)]
+    if differ and ignored == differ:
+        return (f"they differ only in {', '.join(differ)}, which do not change what is trained (evaluation "
+                "settings belong in the grid's eval: section)")
+    shown = "; ".join(f"{k}={ta.get(k)} and {k}={tb.get(k)}" for k in differ if k not in ignored)
+    return f"{shown} come to the same config" if shown else "their settings are the same"
 
 
 def _text(value: Any) -> str:
@@ -122,6 +180,12 @@ def load_grid(path: str | Path) -> Grid:
     axes = tree.get("axes") or {}
     if not isinstance(axes, dict) or not all(isinstance(v, list) and v for v in axes.values()):
         raise ConfigError(f"{path}: 'axes' must map dotted keys to non-empty lists of values")
+    for key, values in axes.items():
+        texts = [_text(v) for v in values]
+        repeated = next((t for i, t in enumerate(texts) if t in texts[:i]), None)
+        if repeated is not None:
+            raise ConfigError(f"{path}: the axis {key} lists {repeated} twice; each value is one run, so a repeat "
+                              "would train one run twice and count it as two seeds; remove it")
     if not isinstance(tree.get("overrides", []), list):
         raise ConfigError(f"{path}: 'overrides' must be a list of key=value strings")
     variants = tree.get("variants") or {}

@@ -34,8 +34,30 @@ _EXPONENT = re.compile(r"^[-+]?(\d+\.?\d*|\.\d+)[eE][-+]?\d+$")
 _KEY = re.compile(r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$")
 
 
+class DuplicateKey(ConfigError):
+    """A key written twice in one YAML mapping."""
+
+
 class _Loader(yaml.SafeLoader):
-    """PyYAML's safe loader without YAML 1.1's base-60 numbers (``1:30`` is text, not 90)."""
+    """PyYAML's safe loader without YAML 1.1's base-60 numbers (``1:30`` is text, not 90), and
+    without duplicate keys: PyYAML keeps the last of two, so a key written twice in one
+    mapping (a setting, a grid's axis or variant) would silently lose its first value."""
+
+    def construct_mapping(self, node, deep=False):
+        if isinstance(node, yaml.MappingNode):
+            self.flatten_mapping(node)
+            seen: dict = {}
+            for key_node, _ in node.value:
+                key = self.construct_object(key_node, deep=deep)
+                try:
+                    first = seen.setdefault(key, key_node.start_mark.line)
+                except TypeError:  # an unhashable key: PyYAML's own error follows
+                    continue
+                if first != key_node.start_mark.line:
+                    raise DuplicateKey(f"the key {key!r} is written twice in one mapping (lines {first + 1} and "
+                                       f"{key_node.start_mark.line + 1}), and only the second would count; "
+                                       "keep one")
+        return super().construct_mapping(node, deep=deep)
 
 
 _Loader.yaml_implicit_resolvers = {
@@ -90,6 +112,8 @@ def _read_yaml(path: Path) -> dict:
         data = load_yaml(text)
     except yaml.YAMLError as e:
         raise ConfigError(f"{path}: invalid YAML: {e}") from None
+    except DuplicateKey as e:
+        raise ConfigError(f"{path}: {e}") from None
     if data is None:
         return {}
     if not isinstance(data, dict):

@@ -137,6 +137,8 @@ class LocalConfig:
         for key in ("valid_fraction", "test_fraction"):
             if not 0.0 <= getattr(self, key) < 1.0:
                 raise ConfigError(f"data.local.{key} must be in [0, 1) (got {getattr(self, key)})")
+        if self.split_seed < 0:
+            raise ConfigError(f"data.local.split_seed must be 0 or more (got {self.split_seed})")
         carved = (0.0 if self.valid else self.valid_fraction) + (0.0 if self.test else self.test_fraction)
         if carved >= 1.0:
             raise ConfigError("data.local.valid_fraction + test_fraction must leave some "
@@ -243,6 +245,8 @@ class TrainConfig:
                   "eval_batches", "ckpt_interval", "keep_last", "log_interval")
         _positive("train", self, "max_steps", "max_tokens", allow_none=True)
         check_device_name(self.device, "train.device")
+        if self.seed < 0:  # numpy's generators (samplers, tasks) take non-negative seeds only
+            raise ConfigError(f"train.seed must be 0 or more (got {self.seed})")
         if (self.max_steps is None) == (self.max_tokens is None):
             raise ConfigError("set exactly one of train.max_steps and train.max_tokens "
                               f"(got max_steps={self.max_steps}, max_tokens={self.max_tokens}); "
@@ -412,6 +416,19 @@ class InitConfig:
 
     run: Optional[str] = None  # the parent run directory
     which: Literal["latest", "best"] = "latest"
+    # The checkpoint of this training step instead of ``which``; the parent need not have
+    # finished (e.g. carrying on from a diverged run's last good step: training/divergence.py).
+    step: Optional[int] = None
+
+    def __post_init__(self) -> None:
+        if self.step is not None and self.step < 0:
+            raise ConfigError(f"init.step is a training step of the parent, 0 or more (got {self.step})")
+        if self.step is not None and self.which == "best":
+            raise ConfigError(f"init.step={self.step} and init.which=best both choose the parent's checkpoint; "
+                              "give one of them")
+        if self.run is None and (self.step is not None or self.which != "latest"):
+            raise ConfigError("init.step and init.which choose a checkpoint of init.run; set init.run (the parent "
+                              "run directory) too, or remove them")
 
 
 @dataclass

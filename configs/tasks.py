@@ -89,6 +89,8 @@ class TaskEvalConfig:
             raise ConfigError(f"eval.tasks.kmax_threshold must be in (0, 1] (got {self.kmax_threshold})")
         if len(set(self.tasks)) != len(self.tasks):
             raise ConfigError(f"eval.tasks.tasks lists a task twice: {self.tasks}")
+        if self.seed < 0:
+            raise ConfigError(f"eval.tasks.seed must be 0 or more (got {self.seed})")
 
     def resolved_depths(self) -> list[float]:
         return sorted(set(self.depths))

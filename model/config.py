@@ -76,6 +76,12 @@ class RopeScalingConfig:
             raise ConfigError("pos.rope.scaling.beta_fast must be greater than beta_slow")
         if self.high_freq_factor <= self.low_freq_factor:
             raise ConfigError("pos.rope.scaling.high_freq_factor must exceed low_freq_factor")
+        if not self.beta_slow > 0 or not self.low_freq_factor > 0:
+            raise ConfigError(f"pos.rope.scaling.beta_slow and low_freq_factor must be positive (got "
+                              f"{self.beta_slow}, {self.low_freq_factor})")
+        if self.attention_factor is not None and not self.attention_factor > 0:
+            raise ConfigError(f"pos.rope.scaling.attention_factor must be positive, or null for 0.1·ln(s) + 1 "
+                              f"(got {self.attention_factor})")
 
 
 @dataclass
@@ -206,6 +212,8 @@ class PosConfig:
         if row.sized_by_max_len and (self.max_len is None or self.max_len < 1):
             raise ConfigError(f"pos.kind={self.kind} needs pos.max_len (the number of positions "
                               "in the table, at least the training seq_len)")
+        if self.max_len is not None and self.max_len < 1:
+            raise ConfigError(f"pos.max_len must be a positive integer or null (got {self.max_len})")
         if self.token_scale is not None:
             if not row.additive:
                 raise ConfigError(f"pos.token_scale scales token embeddings before an absolute encoding is "
@@ -270,6 +278,9 @@ class ModelConfig:
             raise ConfigError(f"model.dropout must be in [0, 1) (got {self.dropout})")
         if self.init_std <= 0:
             raise ConfigError("model.init_std must be positive")
+        if not self.norm_eps > 0:
+            raise ConfigError(f"model.norm_eps must be positive (got {self.norm_eps}); RMSNorm divides by "
+                              "sqrt(mean(x²) + norm_eps)")
         row = KINDS[self.pos.kind]
         if row.rotary:
             self._check_rotary()

@@ -155,8 +155,10 @@ def test_a_parent_still_training_is_refused(parent, capsys, monkeypatch):
         m.setattr(Trainer, "train_step", stop_at_2)
         assert train.main([cfg, "name=unfinished", "train.seq_len=16", "train.max_steps=12"]) == 128 + signal.SIGTERM
     assert train.main(child_args(cfg, tmp / "runs" / "unfinished", "orphan")) == 2
-    assert "is still training (step 2 of 12)" in capsys.readouterr().err
+    assert "has not finished training (its latest checkpoint is step 2 of 12)" in capsys.readouterr().err
     assert not (tmp / "runs" / "orphan").exists()
+    # The advice works: a deliberate start from that checkpoint (init.step) is accepted.
+    assert train.main(child_args(cfg, tmp / "runs" / "unfinished", "orphan") + ["init.step=2"]) == 0
 
 
 def test_a_fine_tuned_run_exports_with_its_scaling(parent, tmp_path, capsys):

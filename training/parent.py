@@ -37,10 +37,15 @@ def load_parent(cfg: RunConfig, tokenizer: Tokenizer) -> SavedRun:
         siblings = sorted(p.name for p in parent_dir.parent.glob("*") if RunDir(p).is_run())[:10]
         hint = f" Runs in {parent_dir.parent}: {', '.join(siblings)}." if siblings else ""
         raise ConfigError(f"init.run={cfg.init.run} is not a run directory (no config.yaml).{hint}")
-    parent = load_run(parent_dir, which=cfg.init.which)
-    if not parent.meta.get("finished", True):
-        raise CheckpointError(f"init.run={cfg.init.run} is still training (step {parent.meta.get('step')} of "
-                              f"{parent.meta.get('total_steps')}); finish it first, or start from it once it is done")
+    try:
+        parent = load_run(parent_dir, which=cfg.init.which, step=cfg.init.step)
+    except CheckpointError as e:
+        raise CheckpointError(f"init.run={cfg.init.run}: {e}") from None
+    if cfg.init.step is None and not parent.meta.get("finished", True):
+        raise CheckpointError(f"init.run={cfg.init.run} has not finished training (its latest checkpoint is step "
+                              f"{parent.meta.get('step')} of {parent.meta.get('total_steps')}); finish it first "
+                              "(python train.py CONFIG --resume), or start from that checkpoint as it is with "
+                              f"init.step={parent.meta.get('step')}")
     if parent.tokenizer != tokenizer:
         raise ConfigError(f"init.run={cfg.init.run} was trained with another tokenizer than this run's data "
                           "gives; use the parent's data settings (data.*) so the token ids mean the same")
