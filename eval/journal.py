@@ -25,14 +25,14 @@ class Cells:
 
     def __init__(self, path: Optional[Path] = None, checkpoint: Optional[str] = None):
         self.path, self.done, self.seconds = path, {}, 0.0
+        self.checkpoint, self.started = checkpoint, False  # the journal is (re)started at its first cell
         if path is None:
             return
         lines = path.read_text().splitlines() if path.exists() else []
         head = _json_line(lines[0]) if lines else None
         if head is None or head.get("checkpoint") != checkpoint:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(path, json.dumps({"checkpoint": checkpoint}) + "\n")
             return
+        self.started = True
         for line in lines[1:]:
             cell = _json_line(line)  # a line cut short by a kill is simply done again
             if cell is not None:
@@ -46,6 +46,10 @@ class Cells:
         cell = {"cell": key, "rows": rows, "curve": curve, "seconds": round(seconds, 2)}
         self.done[key] = cell
         if self.path is not None:
+            if not self.started:  # a fresh journal, or one left by another checkpoint: replaced now
+                self.path.parent.mkdir(parents=True, exist_ok=True)
+                write_text_atomic(self.path, json.dumps({"checkpoint": self.checkpoint}) + "\n")
+                self.started = True
             with open(self.path, "a") as f:
                 f.write(json.dumps(cell) + "\n")
 

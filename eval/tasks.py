@@ -36,7 +36,6 @@ from typing import Optional, Sequence
 from configs.schema import EvalConfig, RunConfig
 from configs.tasks import TASK_NAMES
 from data.tasks import Task, TaskError, build_task, check_readable, check_task_name, eval_instance, task_tokenizer
-from data.tokenizers import load_tokenizer
 from eval import driver
 from eval.driver import EvalFor, Evaluation, evaluate_all, evaluated_checkpoints, mark_step, own_eval
 from eval.exact_match import exact_match
@@ -48,7 +47,7 @@ from model.encodings import KINDS, served_length
 from common.errors import LengthError, UserError
 from common.cli import entry_point, non_negative_float, non_negative_int, positive_int, probability
 from training.run_dir import RunDir
-from training.saved_run import SavedRun, load_run, read_run_config
+from training.saved_run import SavedRun, checked_tokenizer, load_run, read_run_config
 
 
 def is_synthetic(cfg: RunConfig) -> bool:
@@ -99,7 +98,7 @@ def check_run(run_dir: Path, eval_for: EvalFor) -> None:
     run = RunDir(run_dir)
     cfg = read_run_config(run)
     ev = eval_for(cfg)
-    run_tasks(cfg, load_tokenizer(run.tokenizer), ev)
+    run_tasks(cfg, checked_tokenizer(run, cfg), ev)
     limit, served = served_length(cfg.model.pos), KINDS[cfg.model.pos.kind].limit
     lengths = ev.resolved_lengths(cfg.train.seq_len)
     if limit is not None and all(n > limit for n in lengths):

@@ -287,7 +287,10 @@ def test_a_journal_from_another_checkpoint_is_not_reused(tiny_runs, tmp_path):
     cells.add("None|c|none|16", [{"nll": 1.0}], None, 2.0)
     assert Cells(path, "step_000020").get("None|c|none|16") is not None
     assert Cells(path, "step_000040").get("None|c|none|16") is None  # the run trained on since
-    assert Cells(path, "step_000040").done == {} and Cells(path, "step_000020").done == {}
+    later = Cells(path, "step_000040")
+    assert later.done == {} and Cells(path, "step_000020").done  # kept until the new evaluation has a cell
+    later.add("None|c|none|16", [{"nll": 2.0}], None, 1.0)
+    assert Cells(path, "step_000020").done == {} and Cells(path, "step_000040").done
 
 
 def test_the_cache_key_ignores_what_cannot_change_a_perplexity():

@@ -41,6 +41,22 @@ class UnreadableCheckpoint(CheckpointError):
     """A checkpoint's files are missing, truncated or corrupt: an older one can stand in."""
 
 
+class NonFiniteWeights(CheckpointError):
+    """A checkpoint whose weights hold NaN or infinite values: nothing computed from it means
+    anything. Callers that know the run add what to do (training/divergence.py)."""
+
+    def __init__(self, path: Path, bad: dict[str, int]):
+        self.path, self.bad = path, bad
+        names = ", ".join(sorted(bad)[:3]) + (f" and {len(bad) - 3} more" if len(bad) > 3 else "")
+        super().__init__(f"{path} holds non-finite weights ({sum(bad.values()):,} NaN or infinite values, in {names})")
+
+
+def non_finite(tensors: dict[str, torch.Tensor]) -> dict[str, int]:
+    """Name -> count of NaN or infinite values, for the floating-point tensors that have any."""
+    counts = {name: int((~torch.isfinite(t)).sum()) for name, t in tensors.items() if t.is_floating_point()}
+    return {name: n for name, n in counts.items() if n}
+
+
 def unwrap(model: nn.Module) -> nn.Module:
     """The plain module under DDP (``.module``) and torch.compile (``._orig_mod``) wrappers."""
     while True:
@@ -108,15 +124,14 @@ def load_weights(model: nn.Module, ckpt: Path) -> None:
 
     Checkpoints written before q/k/v and gate/up were fused are converted on load
     (model/layers.py). Tied weights are stored once: a group of names sharing one tensor
-    is complete when any of its names was loaded.
+    is complete when any of its names was loaded. Weights with NaN or infinite values are
+    refused (``NonFiniteWeights``) before anything is loaded.
     """
     path = ckpt / WEIGHTS
-    if not path.exists():
-        raise UnreadableCheckpoint(f"no weights at {path}")
-    try:
-        tensors = fuse_projections(load_file(str(path)))
-    except (SafetensorError, OSError, ValueError) as e:
-        raise UnreadableCheckpoint(f"cannot read {path}: the file is truncated or corrupt ({e})") from None
+    tensors = read_weights(ckpt)
+    bad = non_finite(tensors)
+    if bad:
+        raise NonFiniteWeights(path, bad)
     target = unwrap(model)
     try:
         missing, unexpected = target.load_state_dict(tensors, strict=False)
@@ -127,6 +142,17 @@ def load_weights(model: nn.Module, ckpt: Path) -> None:
     if missing or unexpected:
         raise CheckpointError(f"{path} does not fit this model: missing {sorted(missing)[:5]}, "
                               f"unexpected {sorted(unexpected)[:5]}; it was saved from another config")
+
+
+def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
+    """``ckpt``'s weights by name (fused layout), or UnreadableCheckpoint."""
+    path = ckpt / WEIGHTS
+    if not path.exists():
+        raise UnreadableCheckpoint(f"no weights at {path}")
+    try:
+        return fuse_projections(load_file(str(path)))
+    except (SafetensorError, OSError, ValueError) as e:
+        raise UnreadableCheckpoint(f"cannot read {path}: the file is truncated or corrupt ({e})") from None
 
 
 def _not_loaded_through_a_tied_name(model: nn.Module, missing: set[str]) -> set[str]:
@@ -150,13 +176,19 @@ def load_state(ckpt: Path) -> dict[str, Any]:
                                    f"{str(e).splitlines()[0][:200]}") from None
 
 
-def load_newest(run: RunDir, load: Callable[[Path], T],
-                log: Callable[[str], None]) -> Optional[tuple[Path, T, list[Path]]]:
+# What to do when no checkpoint of a run reads, as train.py --resume meets it.
+RETRAIN_ON_RESUME = ("To train this run again from step 0, move the directory aside (e.g. mv {run} {run}.damaged) "
+                     "and run the same command without --resume.")
+
+
+def load_newest(run: RunDir, load: Callable[[Path], T], log: Callable[[str], None],
+                advice: Optional[str] = None) -> Optional[tuple[Path, T, list[Path]]]:
     """``(checkpoint, load(checkpoint), skipped)`` for the newest checkpoint whose files read.
 
     When ``load`` finds a checkpoint unreadable, the next older one is tried, and ``log``
     says so; ``skipped`` lists the unreadable ones. None when the run has no checkpoint;
-    a CheckpointError, with advice that works, when none of them reads.
+    a CheckpointError when none of them reads, ending with ``advice`` (by default
+    ``RETRAIN_ON_RESUME``), which must work for the command that meets it.
     """
     candidates = run.checkpoint_candidates()
     named = run.pointer_target()
@@ -181,8 +213,7 @@ def load_newest(run: RunDir, load: Callable[[Path], T],
     if not candidates:
         return None
     raise CheckpointError(f"no checkpoint of {run} can be read:\n  " + "\n  ".join(reasons) +
-                          f"\nNothing was changed. To train this run again from step 0, move the directory "
-                          f"aside (e.g. mv {run} {run}.damaged) and run the same command without --resume.")
+                          "\nNothing was changed. " + (advice or RETRAIN_ON_RESUME.format(run=run)))
 
 
 def set_aside(run: RunDir, ckpt: Path, log: Callable[[str], None]) -> None:

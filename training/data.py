@@ -21,6 +21,7 @@ import numpy as np
 from torch import nn
 
 from configs.schema import RunConfig
+from common.errors import DataError
 from data.prepare import PreparedData, prepare_data
 from data.samplers import TrainSampler
 from data.tasks import TaskData, TaskSampler
@@ -56,6 +57,11 @@ class TextData:
         return TrainSampler(self.train, seq_len, batch_size, seed=seed, rank=rank, world_size=world_size)
 
     def validation(self, seq_len: int, batch_size: int, n_batches: int, world_size: int = 1) -> ValidationLoss:
+        if len(self.valid) < seq_len + 1:  # found now, not at the first validation mid-run
+            raise DataError(f"the validation split has {len(self.valid)} tokens, fewer than one window of "
+                            f"train.seq_len + 1 = {seq_len + 1}, so training could not validate; give a longer "
+                            "validation split (more text in data.local.valid, or a larger data.local.valid_fraction) "
+                            "or a shorter train.seq_len")
         # Scored ``batch_size`` windows per forward, as each rank trains.
         return functools.partial(validation_loss, tokens=self.valid, length=seq_len, batch_size=batch_size,
                                  max_windows=n_batches * batch_size * world_size)

@@ -22,7 +22,9 @@ from model.config import RopeScalingConfig
 from model.encodings import accepts_rope_scaling, kinds_where
 from common.errors import CheckpointError, ConfigError, DataError
 from model.transformer import Transformer
-from training.checkpoint import load_newest, load_weights, read_meta
+from training.checkpoint import NonFiniteWeights, load_newest, load_weights, read_meta
+from training.consistency import check_parts
+from training.divergence import non_finite_checkpoint, retrain_advice
 from training.run_dir import RunDir
 
 
@@ -69,30 +71,65 @@ def read_run_config(run: RunDir) -> RunConfig:
 def load_run(run_dir: str | Path, which: str = "latest", device: str | torch.device = "cpu",
              scaling: Optional[RopeScalingConfig] = None, step: Optional[int] = None) -> SavedRun:
     """The run's model in eval mode with ``which`` weights ("latest" or "best"), or the
-    checkpoint of training step ``step``."""
+    checkpoint of training step ``step``; refused when its weights are not finite, or when
+    its config.yaml or tokenizer.json is not what they were trained with
+    (training/consistency.py)."""
     run = RunDir(run_dir)
-    cfg = with_scaling(read_run_config(run), scaling)
+    trained = read_run_config(run)
+    cfg = with_scaling(trained, scaling)
+    tokenizer = run_tokenizer(run, cfg)
+    model = Transformer(cfg.model)
+
+    def load(ckpt: Path) -> dict:
+        meta = read_meta(ckpt)
+        check_parts(run, trained, ckpt, meta)
+        load_weights(model, ckpt)
+        return meta
+
+    try:
+        if step is not None or which == "best":
+            ckpt = _chosen_checkpoint(run, step)
+            meta = load(ckpt)
+        else:
+            found = load_newest(run, load, _warn, advice=f"Train it again: {retrain_advice(run)}")
+            if found is None:
+                raise CheckpointError(f"{run} has no checkpoint yet; train it first")
+            ckpt, meta, _ = found
+    except NonFiniteWeights as e:
+        raise non_finite_checkpoint(e, run, trained) from None
+    return SavedRun(run, cfg, model.to(device).eval(), tokenizer, ckpt, meta)
+
+
+def _chosen_checkpoint(run: RunDir, step: Optional[int]) -> Path:
+    """The checkpoint of training step ``step``, or best/ when ``step`` is None."""
     if step is not None:
         ckpt = run.step_dir(step)
         if not ckpt.is_dir():
             kept = ", ".join(str(int(p.name.split("_")[1])) for p in run.complete_checkpoints()) or "none"
             raise CheckpointError(f"{run} has no checkpoint of step {step} (it keeps steps: {kept}); raise "
                                   "train.keep_last before training to keep more")
-    elif which == "best":
-        ckpt = run.best
-        if not ckpt.is_dir():
-            raise CheckpointError(f"{run} has no best/ checkpoint yet (no validation has run)")
-    else:
-        model = Transformer(cfg.model)
-        found = load_newest(run, lambda c: (read_meta(c), load_weights(model, c))[0], _warn)
-        if found is None:
-            raise CheckpointError(f"{run} has no checkpoint yet; train it first")
-        ckpt, meta, _ = found
-        return SavedRun(run, cfg, model.to(device).eval(), run_tokenizer(run, cfg), ckpt, meta)
-    meta = read_meta(ckpt)
-    model = Transformer(cfg.model)
-    load_weights(model, ckpt)
-    return SavedRun(run, cfg, model.to(device).eval(), run_tokenizer(run, cfg), ckpt, meta)
+        return ckpt
+    if not run.best.is_dir():
+        validated = [meta for meta in _metas(run) if meta.get("val_loss") is not None]
+        if not validated:
+            raise CheckpointError(f"{run} has no best/ checkpoint yet (no validation has run); use its latest "
+                                  "weights (--which latest, or init.which=latest)")
+        raise CheckpointError(f"{run} has no best/ checkpoint, although validation has run (val loss "
+                              f"{validated[-1]['val_loss']:.4f} at step {validated[-1].get('step')}): best/ was "
+                              f"deleted or moved after training. Use its latest weights (--which latest, or "
+                              "init.which=latest), or move best/ back")
+    return run.best
+
+
+def _metas(run: RunDir) -> list[dict]:
+    """The readable meta.json of every complete checkpoint, oldest first."""
+    out = []
+    for ckpt in run.complete_checkpoints():
+        try:
+            out.append(read_meta(ckpt))
+        except CheckpointError:
+            continue
+    return out
 
 
 def _warn(message: str) -> None:
@@ -117,6 +154,21 @@ def run_tokenizer(run: RunDir, cfg: RunConfig) -> Tokenizer:
         raise CheckpointError(f"{path} does not belong to this run: it has {tokenizer.vocab_size} tokens, the "
                               f"model was trained with {cfg.model.vocab_size}; restore the run's own tokenizer.json "
                               "(its prepared data directory under data.cache_dir holds a copy)")
+    return tokenizer
+
+
+def checked_tokenizer(run: RunDir, cfg: RunConfig) -> Tokenizer:
+    """The run's tokenizer.json, checked against its model's vocabulary and, with its
+    config.yaml, against what its newest checkpoint recorded (training/consistency.py),
+    without loading any weights."""
+    tokenizer = run_tokenizer(run, cfg)
+    ckpt = run.latest_checkpoint()
+    if ckpt is not None:
+        try:
+            meta = read_meta(ckpt)
+        except CheckpointError:
+            return tokenizer  # said by whatever loads the checkpoint
+        check_parts(run, cfg, ckpt, meta)
     return tokenizer
 
 

@@ -28,9 +28,11 @@ from configs.experiment import experiment_differences
 from configs.schema import RunConfig
 from data.samplers import RandomPositions
 from model.transformer import Transformer
-from training.checkpoint import (load_newest, load_state, load_weights, read_meta, save_best, save_checkpoint,
-                                 set_aside, unwrap)
+from training.checkpoint import (NonFiniteWeights, load_newest, load_state, load_weights, read_meta, save_best,
+                                 save_checkpoint, set_aside, unwrap)
+from training.consistency import check_continuation, fingerprints
 from training.data import TrainingData, prepare
+from training.divergence import diverged, non_finite_checkpoint
 from training.metrics import MetricsLog
 from training.optim import build_optimizer, lr_at, set_learning_rate, upgrade_optimizer_state
 from training.parent import load_parent, parent_record
@@ -38,10 +40,6 @@ from training.probe import compile_decision, use_compile_cache
 from training.provenance import git_commit
 from training.run_dir import RunDir
 from training.runtime import Runtime
-
-
-class TrainingError(UserError):
-    """The run cannot continue (e.g. a non-finite loss); checkpoints already saved are kept."""
 
 
 def check_resumable(saved: RunConfig, current: RunConfig, run: RunDir) -> None:
@@ -70,6 +68,7 @@ class Trainer:
         data = prepare(cfg, rt) if data is None else data
         self.cfg = cfg.with_vocab_size(data.tokenizer.vocab_size)
         self.tokenizer = data.tokenizer
+        self.fingerprints = fingerprints(self.cfg, self.tokenizer.to_json())  # recorded in every checkpoint
         t = self.cfg.train
         self.total_steps = t.total_steps(rt.world_size)
         torch.manual_seed(t.seed)
@@ -161,7 +160,10 @@ class Trainer:
         """Continue from the newest checkpoint that reads; damaged newer ones are set aside."""
         saved = load_config(self.run_dir.config)
         check_resumable(saved, self.cfg, self.run_dir)
-        found = load_newest(self.run_dir, self._restore_from, self._warn)
+        try:
+            found = load_newest(self.run_dir, self._restore_from, self._warn)
+        except NonFiniteWeights as e:
+            raise non_finite_checkpoint(e, self.run_dir, self.cfg) from None
         if found is None:  # the checkpoint seen at start-up has gone since
             raise CheckpointError(f"{self.run_dir} has no checkpoint any more; nothing was changed")
         ckpt, meta, skipped = found
@@ -177,6 +179,7 @@ class Trainer:
         """Load ``ckpt`` into the model and the training state; its meta. Every file is read
         before anything is set, so an unreadable one leaves the state as it was."""
         meta = read_meta(ckpt)
+        check_continuation(self.run_dir, ckpt, meta, self.cfg, self.tokenizer.to_json(), self.total_steps, self._warn)
         state = load_state(ckpt)
         load_weights(self.model, ckpt)
         self.parent = meta.get("parent")
@@ -206,14 +209,13 @@ class Trainer:
             loss_sum += loss.detach()
         loss_value = rt.mean_across_ranks(loss_sum)
         if not math.isfinite(loss_value):
-            raise TrainingError(
-                f"the loss became {loss_value} at step {self.step + 1}; the run stopped before the "
-                "update, and checkpoints already saved are intact. Lower train.lr, lengthen "
-                "train.warmup_steps or keep train.grad_clip on, then resume with --resume.")
+            raise diverged(f"the loss became {loss_value}", self.step + 1, self.run_dir, self.cfg)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip = t.grad_clip if t.grad_clip > 0 else float("inf")
         grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
+        if self.scaler is None and not math.isfinite(grad_norm):  # a scaler skips such steps itself
+            raise diverged(f"the gradient norm became {grad_norm}", self.step + 1, self.run_dir, self.cfg)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -243,7 +245,7 @@ class Trainer:
             meta = {"tokens": self.tokens_seen, "val_loss": val_loss,
                     "finished": self.step >= self.total_steps, "total_steps": self.total_steps,
                     "params": self.model.num_params(), "git_commit": self.git_commit,
-                    "train_seconds": self.train_seconds, "parent": self.parent}
+                    "train_seconds": self.train_seconds, "parent": self.parent, **self.fingerprints}
             # A fine-tuned run's step 0 is its parent's weights: the budget curve starts there.
             pinned = (0,) if self.parent is not None else ()
             save_checkpoint(self.run_dir, self.step, self.model, self.state_dict(), meta, self.cfg.train.keep_last,
@@ -318,7 +320,8 @@ class Trainer:
                     log.validation(self.step, self.tokens_seen, val_loss)
                     if val_loss < self.best_val:
                         self.best_val = val_loss
-                        save_best(self.run_dir, self.model, {"step": self.step, "val_loss": val_loss})
+                        save_best(self.run_dir, self.model, {"step": self.step, "val_loss": val_loss,
+                                                             **self.fingerprints})
             stop = rt.any_rank(self.stop_signal is not None)
             if self.step % t.ckpt_interval == 0 or last or stop:
                 self.save(val_loss)
