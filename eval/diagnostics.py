@@ -44,7 +44,8 @@ from eval.diagnostic_report import write_diagnostics_report
 from eval.driver import Evaluation, EvalFor, Result, evaluate_all
 from eval.extrapolation import run_metadata
 from eval.tasks import is_synthetic
-from model.encodings import KINDS
+from model.encodings import KINDS, served_length
+from training.memory import Estimate, attention_map_estimate, largest
 from training.saved_run import SavedRun, load_run
 
 DIAGNOSTICS_FORMAT = 2  # bumped when a measure changes, so cached diagnostics are computed again
@@ -200,6 +201,14 @@ def _evaluate(run_dir: Path, ev: EvalConfig, device: str, log, cells, **options)
     return meta, [], found
 
 
+def preflight(cfg: RunConfig, ev: EvalConfig) -> Optional[Estimate]:
+    """The memory of the longest length the run serves (training/memory.py), which the driver
+    checks before any run is diagnosed."""
+    settings, limit = ev.diagnostics, served_length(cfg.model.pos)
+    return largest([attention_map_estimate(cfg.model, n, settings.windows, f"diagnosing {cfg.name} at length {n:,}")
+                    for n in settings.resolved_lengths(cfg.train.seq_len) if limit is None or n <= limit])
+
+
 def run_diagnostics(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor, device: str = "cpu", log=print,
                     missing: Sequence[dict] = ()) -> dict:
     """Diagnose every run with ``eval_for(its config)`` and write report.md, results.json and figures."""
@@ -213,4 +222,5 @@ def run_diagnostics(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor, devi
 
 
 DIAGNOSTICS = Evaluation(name="diagnostics", doc=__doc__, result="cells", default_out=Path("reports/diagnostics"),
-                         cache_key=_cache_key, evaluate=_evaluate, report=run_diagnostics)
+                         cache_key=_cache_key, evaluate=_evaluate, report=run_diagnostics, preflight=preflight,
+                         memory_fix="Diagnose shorter lengths (--lengths), or fewer windows (--windows).")

@@ -9,6 +9,11 @@ in the run (RunDir.eval_cache) for its checkpoint and cache key. What they share
 - one tree of eval keys: the file's, then the flags' over them (a nested mapping such as
   ``tasks:`` merged key by key), checked against EvalConfig before any work;
 - the device choice and the report-directory check, both before any work;
+- the checks of the request before any work (``check_requests``): no run given twice or
+  as a copy (pooled, a copy would count as another seed), each evaluation's own checks of
+  a run's settings (``Evaluation.preflight``) and the memory the largest forward needs
+  (training/memory.py), for the runs whose results are not cached already; a flag asking
+  for what none of the runs has (``--scaling yarn`` for ALiBi runs) is refused;
 - the cache loop: per run, the cached result for (checkpoint, cache key), else the
   evaluation, written atomically; with ``--cache-only`` no report;
 - the command itself (``command``), each module's ``main`` wrapped in ``common.cli.entry_point``.
@@ -22,6 +27,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -33,13 +39,17 @@ import yaml
 from common.atomic import write_text_atomic
 from common.cli import device_name, non_negative_int, positive_int, scale_factor, usage_when_empty
 from common.devices import DEVICE_NAMES
-from common.errors import UserError
+from common.errors import ArgumentError, ConfigError, LengthError, UserError
 from configs import override_section
+from configs.loader import load_yaml
 from configs.experiment import seed_group
 from configs.schema import EvalConfig, RunConfig
 from eval.journal import Cells
 from eval.report import check_report_dir
 from model.config import SCALING_TYPES
+from model.encodings import KINDS, accepts_rope_scaling, kinds_where, served_length
+from training.checkpoint import read_meta
+from training.memory import Estimate, check_fits
 from training.run_dir import RunDir
 from training.runtime import resolve_device
 from training.saved_run import SavedRun, load_run, read_run_config
@@ -67,6 +77,10 @@ def _no_warnings(results: dict) -> list[str]:
     return []
 
 
+def _no_preflight(cfg: RunConfig, ev: EvalConfig) -> Optional[Estimate]:
+    return None
+
+
 @dataclass(frozen=True)
 class Evaluation:
     """One kind of evaluation, as the driver runs it: only what is its own."""
@@ -88,6 +102,10 @@ class Evaluation:
     options: Callable[[argparse.Namespace], dict] = _no_options  # keyword options of evaluate and report
     warnings: Callable[[dict], list[str]] = _no_warnings  # printed after the report
     journal: bool = False
+    # Before any evaluation, per run: raise a UserError for settings that contradict each
+    # other or the run; return the memory its largest forward needs (None: not estimated).
+    preflight: Callable[[RunConfig, EvalConfig], Optional[Estimate]] = _no_preflight
+    memory_fix: str = "Evaluate shorter lengths (--lengths)."  # how to need less memory
 
 
 # --------------------------------------------------------------- checkpoints of one run
@@ -107,6 +125,90 @@ def mark_step(rows: list[dict], step: Optional[int], checkpoint: SavedRun) -> No
         row.update(eval_step=step, step_tokens=checkpoint.meta.get("tokens"))
 
 
+def check_served(run: RunDir, cfg: RunConfig, lengths: Sequence[int]) -> None:
+    """Raise LengthError when the run's encoding serves none of ``lengths`` (a learned table
+    shorter than all of them): there would be nothing to evaluate."""
+    limit, served = served_length(cfg.model.pos), KINDS[cfg.model.pos.kind].limit
+    if limit is not None and lengths and all(n > limit for n in lengths):
+        raise LengthError(f"{run}: pos.kind={cfg.model.pos.kind} {served.what.format(n=limit)}, and every "
+                          f"evaluated length ({', '.join(map(str, lengths))}) is longer; {served.why}: "
+                          f"evaluate lengths up to {limit}")
+
+
+# --------------------------------------------------------------- checks before any work
+
+def _latest_tokens(run: RunDir) -> Optional[int]:
+    try:
+        ckpt = run.latest_checkpoint()
+        return None if ckpt is None else read_meta(ckpt).get("tokens")
+    except UserError:
+        return None
+
+
+def check_distinct(run_dirs: Sequence[Path]) -> None:
+    """Refuse a run given twice, or two runs that are the same training (the same experiment,
+    seed and tokens: a copy): pooled, either would count as two seeds of one row."""
+    seen: dict[Path, Path] = {}
+    trainings: dict[tuple, Path] = {}
+    for run_dir in map(Path, run_dirs):
+        key = run_dir.resolve()
+        if key in seen:
+            raise ArgumentError(f"{run_dir} is given twice (as {str(seen[key])!r} and {str(run_dir)!r}, the same "
+                                "directory); each run counts once, so give it once")
+        seen[key] = run_dir
+        try:
+            cfg = read_run_config(RunDir(run_dir))
+        except UserError:
+            continue  # reported as missing by the evaluation itself
+        training = (seed_group(cfg), cfg.train.seed, _latest_tokens(RunDir(run_dir)))
+        if training in trainings:
+            raise ArgumentError(f"{trainings[training]} and {run_dir} are the same training (the same experiment, "
+                                f"train.seed={cfg.train.seed} and tokens trained): one is a copy of the other, and "
+                                "pooled they would count as two seeds of one row; give one of them")
+        trainings[training] = run_dir
+
+
+def check_requests(evaluation: Evaluation, run_dirs: Sequence[Path], eval_for: EvalFor, device: str) -> None:
+    """Before any evaluation: distinct runs, each run's settings (``evaluation.preflight``),
+    and the memory of the largest forward of every run that is not cached already."""
+    check_distinct(run_dirs)
+    for run_dir in run_dirs:
+        run = RunDir(run_dir)
+        try:
+            cfg = read_run_config(run)
+        except UserError:
+            continue  # reported as missing by the evaluation itself
+        ev = eval_for(cfg)
+        estimate = evaluation.preflight(cfg, ev)
+        if estimate is not None and cached_result(evaluation, run, cfg, ev) is None:
+            check_fits(estimate, device, evaluation.memory_fix)
+
+
+def check_flags(args: argparse.Namespace, run_dirs: Sequence[Path]) -> None:
+    """A RoPE scaling asked for on the command line must apply to some run (it is ignored for
+    the others, which are evaluated as they are, with a note); --factor needs one."""
+    if args.factor is not None and args.scalings is not None and set(args.scalings) == {"none"}:
+        raise ArgumentError("--factor sets the factor of a RoPE scaling, but --scaling asks for none; add one "
+                            "(e.g. --scaling none yarn) or drop --factor")
+    asked = [s for s in args.scalings or () if s != "none"]
+    if not asked:
+        return
+    kinds = {}
+    for run_dir in run_dirs:
+        try:
+            kinds[str(run_dir)] = read_run_config(RunDir(run_dir)).model.pos.kind
+        except UserError:
+            continue
+    without = [run for run, kind in kinds.items() if not accepts_rope_scaling(kind)]
+    if kinds and len(without) == len(kinds):
+        raise ArgumentError(f"--scaling {' '.join(asked)} scales RoPE's frequencies, but no run given has any "
+                            f"({', '.join(sorted(set(kinds.values())))}; scalings apply to pos.kind="
+                            f"{' or '.join(kinds_where('rope_scaling'))}); drop --scaling")
+    for run in without:
+        print(f"note: {run} (pos.kind={kinds[run]}) takes no RoPE scaling: it is evaluated without "
+              f"--scaling {' '.join(asked)}", file=sys.stderr)
+
+
 # --------------------------------------------------------------- the cache loop
 
 def cached_result(evaluation: Evaluation, run: RunDir, cfg: RunConfig, ev: EvalConfig) -> Optional[dict]:
@@ -117,6 +219,8 @@ def cached_result(evaluation: Evaluation, run: RunDir, cfg: RunConfig, ev: EvalC
     if ckpt is None or not path.exists():
         return None
     cached = json.loads(path.read_text())
+    if not all(math.isfinite(row[key]) for row in cached["rows"] for key in ("nll", "ppl") if key in row):
+        return None  # scored before non-finite weights were refused: not a result
     # Given steps do not change as a run grows.
     return cached if cached.get("checkpoint") == ckpt.name or ev.steps else None
 
@@ -162,6 +266,7 @@ def evaluate_all(evaluation: Evaluation, run_dirs: Sequence[Path], eval_for: Eva
                  missing: Sequence[dict] = (), **options) -> Evaluated:
     """Every run's cached evaluation. A run that cannot be evaluated (a UserError) is listed
     with ``missing`` (runs that should have been there) for the report; none at all is an error."""
+    check_requests(evaluation, run_dirs, eval_for, device)
     done = Evaluated(failures=list(missing))
     for run_dir in run_dirs:
         log(f"evaluating {run_dir}")
@@ -218,8 +323,8 @@ def parse_args(evaluation: Evaluation, argv=None) -> argparse.Namespace:
 
 def read_eval_file(path: Path) -> dict:
     try:
-        tree = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, yaml.YAMLError) as e:
+        tree = load_yaml(path.read_text(encoding="utf-8"))
+    except (OSError, yaml.YAMLError, ConfigError) as e:
         raise UserError(f"--eval-file {path}: cannot read it ({e})") from None
     if not isinstance(tree, dict):
         raise UserError(f"--eval-file {path}: expected a mapping of eval keys")
@@ -257,8 +362,10 @@ def command(evaluation: Evaluation, argv=None) -> int:
     def eval_for(cfg: RunConfig) -> EvalConfig:
         return override_section(cfg.eval, tree, "command line", "eval.")
 
+    check_flags(args, args.runs)
     with torch.inference_mode():
         if args.cache_only:
+            check_requests(evaluation, args.runs, eval_for, device)
             for run in args.runs:
                 cached_evaluation(evaluation, run, eval_for, device, print, **options)
             return 0

@@ -19,14 +19,19 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
+from common.errors import UserError
 from data.tasks import Instance
 
 LOGIT_BUDGET = 1 << 24  # logits held per forward (64 MB of float32): batches shrink with length × vocab
 
 
+def instances_per_batch(longest: int, vocab: int, max_batch_tokens: int = 16384) -> int:
+    """Instances of up to ``longest`` positions scored in one forward (its logits are all held)."""
+    return max(1, min(max_batch_tokens // longest, LOGIT_BUDGET // (longest * vocab)))
+
+
 def _batches(instances: Sequence[Instance], vocab: int, max_batch_tokens: int) -> Iterable[list[Instance]]:
-    longest = max(inst.length for inst in instances)
-    size = max(1, min(max_batch_tokens // longest, LOGIT_BUDGET // (longest * vocab)))
+    size = instances_per_batch(max(inst.length for inst in instances), vocab, max_batch_tokens)
     for i in range(0, len(instances), size):
         yield list(instances[i:i + size])
 
@@ -47,7 +52,11 @@ def exact_match(model, instances: Sequence[Instance], max_batch_tokens: int = 16
             for row, inst in enumerate(group):
                 x[row, :inst.length], y[row, :inst.length] = inst.tokens[:-1], inst.tokens[1:]
                 scored[row, :inst.length] = inst.answer[1:]
-            predicted = model(torch.from_numpy(x).to(device)).argmax(dim=-1).cpu().numpy()  # (B, T)
+            logits = model(torch.from_numpy(x).to(device))  # (B, T, vocab)
+            if not bool(torch.isfinite(logits).all()):  # an argmax of NaN would score 0 as if it were a result
+                raise UserError(f"the model's logits are not finite at length {longest} although its weights are: "
+                                "the forward overflows at this length; evaluate shorter lengths")
+            predicted = logits.argmax(dim=-1).cpu().numpy()  # (B, T)
             out.append(((predicted == y) | ~scored).all(axis=1))
     finally:
         model.train(was_training)

@@ -19,24 +19,25 @@ cache key, its flags and its report.
 
 from __future__ import annotations
 
-import argparse
 import dataclasses
 import hashlib
 import json
+import math
 import re
 import sys
 import time
-import typing
 from pathlib import Path
 from typing import Optional, Sequence
 
 import torch
 
-from configs.schema import EvalConfig, EvalCorpus, Protocol
+from configs.schema import EvalConfig, EvalCorpus
 from eval import driver
 from eval.cell_store import STORE_DIR, CellStore, address, tokens_digest, weights_digest
 from eval.corpus import CorpusTokens, corpus_settings, load_corpus
-from eval.driver import EvalFor, Evaluation, evaluate_all, evaluated_checkpoints, mark_step, own_eval, pooling_group
+from eval.driver import (EvalFor, Evaluation, check_served, evaluate_all, evaluated_checkpoints, mark_step, own_eval,
+                         pooling_group)
+from eval.extrapolation_flags import MEMORY_FIX, add_flags, flag_tree, preflight
 from eval.journal import Cells
 from eval.labels import label_groups
 from eval.perplexity import perplexity
@@ -46,7 +47,7 @@ from model.encodings import KINDS, accepts_rope_scaling
 from common.errors import UserError
 from model.positional.rope import RoPE
 from model.positional.rope_scaling import effective_scale
-from common.cli import entry_point, positive_int
+from common.cli import entry_point
 from training.provenance import git_commit
 from training.saved_run import SavedRun, load_run, rescaled, with_scaling
 
@@ -106,6 +107,8 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
     cells = cells if cells is not None else Cells()
     latest = load_run(run_dir, device=device)
     _check_finished(latest, allow_unfinished)
+    check_served(latest.run, latest.cfg, sorted({n for corpus in ev.corpora
+                                                 for n in corpus.lengths or ev.resolved_lengths(latest.cfg.train.seq_len)}))
     meta = run_metadata(latest, ev)
     meta["eval_commit"] = git_commit()  # the code that scores the cells computed now (cached ones keep theirs)
     rows, curves = [], {}
@@ -204,6 +207,10 @@ def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: Cor
                             batch_size=ev.batch_size, max_tokens=ev.max_tokens, token_bytes=token_bytes,
                             eot_id=base.tokenizer.eot_id, within_document=data.within_document,
                             curve=curve and protocol == "nonoverlap")
+        if not math.isfinite(result.nll):
+            raise UserError(f"{meta['run']}: the loss at length {length} ({protocol}, scaling {scaling}) is "
+                            f"{result.nll}, although the weights are finite: the forward overflows at this length; "
+                            "evaluate shorter lengths")
         found = result.to_dict()
         if found.pop("curve") is not None:
             found_curve = result.curve
@@ -319,67 +326,6 @@ def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = o
     return results
 
 
-def add_flags(p: argparse.ArgumentParser) -> None:
-    """The flags of the perplexity sweep (the common ones are eval/driver.py's)."""
-    p.add_argument("--protocols", nargs="+", choices=typing.get_args(Protocol), help="eval.protocols")
-    p.add_argument("--target-tokens", type=positive_int,
-                   help="eval.target_tokens: targets per span of the same-tokens protocol (default: the shortest length)")
-    p.add_argument("--stride", type=positive_int, help="eval.stride: sliding-window stride (default: half the length)")
-    p.add_argument("--max-tokens", type=positive_int, help="eval.max_tokens: tokens scored per length (spread over the split)")
-    p.add_argument("--all-tokens", action="store_true", help="score the whole split (eval.max_tokens: null)")
-    p.add_argument("--split", choices=["valid", "test"], help="eval.split: which split of the run's own data")
-    p.add_argument("--batch-size", type=positive_int, help="eval.batch_size: windows per forward")
-    p.add_argument("--reference", metavar="ROW",
-                   help="eval.reference: the report row every other row is compared with, paired, e.g. "
-                        "'nope (linear attention)' (default rope; cached evaluations are reused)")
-    p.add_argument("--no-per-position", dest="per_position", action="store_const", const=False,
-                   help="skip the per-position loss curves")
-    p.add_argument("--data", nargs="+", metavar="SOURCE",
-                   help="evaluate on another corpus: files, directories or globs; 'builtin'; or 'hub:NAME' "
-                        "(a preset or repo[:config]); always with each run's own tokenizer")
-    p.add_argument("--documents", choices=["line", "paragraph", "file", "wikitext"],
-                   help="what one document of --data is (default: file for local files, else line)")
-    p.add_argument("--data-split", help="with --data hub:NAME: the dataset's split (default: its validation split)")
-    p.add_argument("--within-document", action="store_true",
-                   help="windows never cross a document boundary (shorter documents are skipped and counted)")
-    p.add_argument("--allow-unfinished", action="store_true", help="evaluate runs whose training has not finished")
-
-
-EVAL_FLAGS = ("protocols", "target_tokens", "stride", "max_tokens", "split", "batch_size", "per_position", "reference")
-
-
-def flag_tree(args: argparse.Namespace) -> dict:
-    """This command's own flags as a tree of eval keys (only those given)."""
-    tree = {key: getattr(args, key) for key in EVAL_FLAGS if getattr(args, key) is not None}
-    if args.all_tokens:
-        if args.max_tokens is not None:
-            raise UserError("--all-tokens and --max-tokens contradict each other; give one")
-        tree["max_tokens"] = None
-    corpus = corpus_from_flags(args)
-    if corpus is not None:
-        tree["corpora"] = [corpus]
-    return tree
-
-
-def corpus_from_flags(args: argparse.Namespace) -> Optional[dict]:
-    """The eval.corpora entry the --data flags describe, or None (each run's own corpus)."""
-    if args.data is None:
-        if args.documents or args.data_split or args.within_document:
-            raise UserError("--documents, --data-split and --within-document describe a --data corpus; "
-                            "add --data (or set eval.corpora in the run's config)")
-        return None
-    corpus: dict = {"within_document": args.within_document}
-    if args.documents:
-        corpus["documents"] = args.documents
-    if args.data == ["builtin"]:
-        corpus.update(source="builtin")
-    elif len(args.data) == 1 and args.data[0].startswith("hub:"):
-        corpus.update(source="hub", hub=args.data[0][4:], split=args.data_split)
-    else:
-        corpus.update(source="local", paths=list(args.data))
-    return corpus
-
-
 def _warnings(results: dict) -> list[str]:
     missing = missing_reference(results)
     return [missing] if missing else []
@@ -389,7 +335,7 @@ EXTRAPOLATION = Evaluation(
     name="extrapolation", doc=__doc__, result="curves", default_out=Path("reports/extrapolation"),
     cache_key=lambda cfg, ev: _cache_key(ev), evaluate=_evaluate, report=run_extrapolation, add_flags=add_flags,
     flag_tree=flag_tree, options=lambda args: {"allow_unfinished": args.allow_unfinished}, warnings=_warnings,
-    journal=True)
+    journal=True, preflight=preflight, memory_fix=MEMORY_FIX)
 
 
 @entry_point

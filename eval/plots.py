@@ -8,6 +8,8 @@ beside "10k").
 
 from __future__ import annotations
 
+import math
+
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
@@ -58,7 +60,9 @@ def plain_labels(values, largest: Optional[float] = None) -> list[str]:
     """Tick labels of one axis in one format: every tick in full (plain_number) while all are
     below 10,000; else every tick from 1,000 up in the unit of the largest (k, M or G), so an
     axis never reads "5000" beside "10k". ``largest``: the largest tick shown (default: of ``values``)."""
-    largest = max((abs(v) for v in values), default=0.0) if largest is None else abs(largest)
+    largest = max((abs(v) for v in values if math.isfinite(v)), default=0.0) if largest is None else abs(largest)
+    if not math.isfinite(largest):  # NaN or inf: no unit describes it
+        largest = 0.0
     if largest < 1e4:
         return [plain_number(v) for v in values]
     scale, suffix = next((scale, suffix) for scale, suffix in UNITS if largest >= scale)

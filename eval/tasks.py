@@ -37,14 +37,16 @@ from configs.schema import EvalConfig, RunConfig
 from configs.tasks import TASK_NAMES
 from data.tasks import Task, TaskError, build_task, check_readable, check_task_name, eval_instance, task_tokenizer
 from eval import driver
-from eval.driver import EvalFor, Evaluation, evaluate_all, evaluated_checkpoints, mark_step, own_eval
-from eval.exact_match import exact_match
+from eval.driver import (EvalFor, Evaluation, check_served, evaluate_all, evaluated_checkpoints, mark_step,
+                         own_eval)
+from eval.exact_match import exact_match, instances_per_batch
 from eval.extrapolation import model_for, run_metadata
 from eval.kmax import k_max
 from eval.stats import wilson_interval
 from eval.task_report import write_task_report
-from model.encodings import KINDS, served_length
-from common.errors import LengthError, UserError
+from common.errors import UserError
+from model.encodings import served_length
+from training.memory import Estimate, forward_estimate, largest
 from common.cli import entry_point, non_negative_float, non_negative_int, positive_int, probability
 from training.run_dir import RunDir
 from training.saved_run import SavedRun, checked_tokenizer, load_run, read_run_config
@@ -99,12 +101,21 @@ def check_run(run_dir: Path, eval_for: EvalFor) -> None:
     cfg = read_run_config(run)
     ev = eval_for(cfg)
     run_tasks(cfg, checked_tokenizer(run, cfg), ev)
-    limit, served = served_length(cfg.model.pos), KINDS[cfg.model.pos.kind].limit
-    lengths = ev.resolved_lengths(cfg.train.seq_len)
-    if limit is not None and all(n > limit for n in lengths):
-        raise LengthError(f"{run}: pos.kind={cfg.model.pos.kind} {served.what.format(n=limit)}, and every "
-                          f"evaluated length ({', '.join(map(str, lengths))}) is longer; {served.why}: "
-                          f"evaluate lengths up to {limit}")
+    check_served(run, cfg, ev.resolved_lengths(cfg.train.seq_len))
+
+
+def preflight(cfg: RunConfig, ev: EvalConfig) -> Optional[Estimate]:
+    """The memory of the largest cell: its instances (int64 tokens and bool answers, twice
+    over while they are made) and one forward of a batch of them, whose logits are all held."""
+    limit, estimates = served_length(cfg.model.pos), []
+    for length in ev.resolved_lengths(cfg.train.seq_len):
+        if limit is None or length <= limit:
+            instances = ("task instances", 2.0 * ev.tasks.samples * (length + 1) * 9)
+            estimates.append(forward_estimate(
+                cfg.model, instances_per_batch(length, cfg.model.vocab_size), length,
+                f"scoring {cfg.name} at length {length:,} ({ev.tasks.samples} instances per cell)", full_logits=True,
+                kept=(instances,)))
+    return largest(estimates)
 
 
 def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalConfig) -> dict:
@@ -220,7 +231,8 @@ def flag_tree(args: argparse.Namespace) -> dict:
 TASKS = Evaluation(
     name="tasks", doc=__doc__, result="kmax", default_out=Path("reports/tasks"), cache_key=_cache_key,
     evaluate=lambda run_dir, ev, device, log, cells: evaluate_run(run_dir, ev, device, log),
-    report=run_task_evaluation, add_flags=add_flags, flag_tree=flag_tree)
+    report=run_task_evaluation, add_flags=add_flags, flag_tree=flag_tree, preflight=preflight,
+    memory_fix="Evaluate shorter lengths (--lengths), or fewer instances (--samples).")
 
 
 @entry_point

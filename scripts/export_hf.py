@@ -20,7 +20,7 @@ import torch
 from model.config import SCALING_TYPES, RopeScalingConfig
 from common.errors import ArgumentError
 from common.cli import check_output_dir, entry_point, positive_int, scale_factor, usage_when_empty
-from training.hf_directory import EXPORT_FILES, check_parity, export_run, import_hf
+from training.hf_directory import EXPORT_FILES, check_parity, check_parity_memory, export_run, import_hf
 from training.run_dir import RunDir
 from training.saved_run import read_run_config
 
@@ -68,6 +68,8 @@ def main(argv=None) -> int:
         notes = import_hf(args.source, args.dest)
     else:
         scaling = _scaling(args)
+        if args.check and RunDir(args.source).is_run():
+            check_parity_memory(read_run_config(RunDir(args.source)), args.check_length)
         notes = export_run(args.source, args.dest, which=args.which, scaling=scaling)
     for note in notes:
         print(f"note: {note}")

@@ -19,6 +19,7 @@ from common.devices import DEVICE_NAMES
 from common.errors import ArgumentError
 from common.cli import (device_name, entry_point, non_negative_float, positive_int, probability, scale_factor,
                           usage_when_empty)
+from training.memory import check_fits, decoding_estimate
 from training.runtime import resolve_device
 from training.saved_run import load_run, rescaled
 
@@ -50,10 +51,16 @@ def main(argv=None) -> int:
     args = parse_args(argv)
     if args.factor is not None and not args.scaling:
         raise ArgumentError("--factor needs --scaling (e.g. --scaling yarn --factor 4)")
-    run = load_run(args.run_dir, which=args.which, device=resolve_device(args.device, "--device"))
+    device = resolve_device(args.device, "--device")
+    run = load_run(args.run_dir, which=args.which, device=device)
     tok = run.tokenizer
     # Documents follow an end-of-text token in training, so a prompt starts with one.
     prompt = [tok.eot_id] + (tok.encode(args.prompt) if args.prompt else [])
+    total = len(prompt) + args.max_new_tokens
+    run.model.pos.check_length(total)  # a learned table's limit, said as such, before the memory
+    check_fits(decoding_estimate(run.cfg.model, 1, len(prompt), total,
+                                 f"sampling {args.max_new_tokens:,} tokens after a {len(prompt):,}-token prompt"),
+               device, "Ask for fewer tokens (--max-new-tokens) or give a shorter --prompt.")
     if args.scaling:
         train_len = run.cfg.train.seq_len
         factor = args.factor or max(1.0, (len(prompt) + args.max_new_tokens) / train_len)

@@ -33,6 +33,7 @@ from model.llama_mapping import (ARCH_KEYS, HFConversionError, check_exportable,
                                  hf_rope_settings, model_config_from_hf, to_hf_state)
 from model.transformer import Transformer
 from training.checkpoint import save_checkpoint
+from training.memory import Estimate, check_fits, forward_estimate
 from training.run_dir import TOKENIZER, RunDir
 from training.saved_run import load_run, with_scaling
 
@@ -198,6 +199,16 @@ def import_hf(hf_dir: Path, run_dir: Path) -> list[str]:
         tokenizer.save(run.tokenizer)
         save_checkpoint(run, step, model, None, meta, keep_last=1)  # weights only: not resumable
     return notes
+
+
+def check_parity_memory(cfg: RunConfig, length: Optional[int]) -> None:
+    """Before anything is written: the memory of ``check_parity``'s two forwards at ``length``
+    (ours, and transformers' whose eager attention holds every layer's (H, T, T) scores)."""
+    length = length or 2 * cfg.train.seq_len
+    ours = forward_estimate(cfg.model, 1, length, f"checking the export over {length:,} tokens", full_logits=True)
+    scores = 2 * cfg.model.n_heads * length * length * 4.0
+    check_fits(Estimate(ours.what, (*ours.parts, ("transformers' forward", ours.total + scores))), "cpu",
+               "Check a shorter length (--check-length).")
 
 
 def check_parity(run_dir: Path, out_dir: Path, which: str = "latest",

@@ -33,6 +33,7 @@ from training.checkpoint import (NonFiniteWeights, load_newest, load_state, load
 from training.consistency import check_continuation, fingerprints
 from training.data import TrainingData, prepare
 from training.divergence import diverged, non_finite_checkpoint
+from training.memory import check_training
 from training.metrics import MetricsLog
 from training.optim import build_optimizer, lr_at, set_learning_rate, upgrade_optimizer_state
 from training.parent import load_parent, parent_record
@@ -68,6 +69,7 @@ class Trainer:
         data = prepare(cfg, rt) if data is None else data
         self.cfg = cfg.with_vocab_size(data.tokenizer.vocab_size)
         self.tokenizer = data.tokenizer
+        check_training(self.cfg, rt.device, rt.world_size)  # before the model, batches and validation set
         self.fingerprints = fingerprints(self.cfg, self.tokenizer.to_json())  # recorded in every checkpoint
         t = self.cfg.train
         self.total_steps = t.total_steps(rt.world_size)

@@ -18,17 +18,25 @@ from data.samplers import EvalWindow, eval_windows, window_batch
 from model.loss import IGNORE_INDEX
 
 
+MAX_BATCH_TOKENS = 16384  # tokens per forward: fewer windows per batch as the length grows
+
+
+def windows_per_batch(length: int, batch_size: int, max_batch_tokens: int = MAX_BATCH_TOKENS) -> int:
+    """Windows of ``length`` tokens scored in one forward."""
+    return max(1, min(batch_size, max_batch_tokens // length))
+
+
 def _window_groups(windows: Sequence[EvalWindow], length: int, batch_size: int,
                    max_batch_tokens: int) -> Iterator[list[EvalWindow]]:
-    size = max(1, min(batch_size, max_batch_tokens // length))
+    size = windows_per_batch(length, batch_size, max_batch_tokens)
     for i in range(0, len(windows), size):
         yield list(windows[i:i + size])
 
 
 @torch.no_grad()
 def window_losses(model, tokens: np.ndarray, windows: Sequence[EvalWindow], batch_size: int = 8,
-                  max_batch_tokens: int = 16384) -> Iterator[tuple[list[EvalWindow], torch.Tensor, torch.Tensor,
-                                                                  torch.Tensor]]:
+                  max_batch_tokens: int = MAX_BATCH_TOKENS
+                  ) -> Iterator[tuple[list[EvalWindow], torch.Tensor, torch.Tensor, torch.Tensor]]:
     """Per batch of windows: (windows, NLL (B, T), targets (B, T), score mask (B, T))."""
     was_training = model.training
     model.eval()
