@@ -9,6 +9,7 @@ Each ``test_bad_input*.py`` file holds cases of one area; ``python -m pytest --c
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import re
 import shlex
@@ -18,7 +19,11 @@ import sys
 from pathlib import Path
 from typing import Callable
 
+from safetensors.torch import load_file, save_file
+
 import train
+from training import memory
+from training.checkpoint import WEIGHTS_KEY, file_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -76,3 +81,31 @@ def follow(message: str, capsys=None) -> int:
                 capsys.readouterr()
             return code
     raise AssertionError(f"no train.py command in: {command}")
+
+
+def limit_memory(monkeypatch, tmp_path: Path, available: float) -> None:
+    """training/memory.py reads ``available`` bytes from a /proc/meminfo of the test's own, and
+    no cgroup limit: the limit every memory check meets, whatever the machine."""
+    meminfo = tmp_path / "meminfo"
+    meminfo.write_text(f"MemTotal: {2 * int(available) // 1024} kB\nMemAvailable: {int(available) // 1024} kB\n")
+    monkeypatch.setattr(memory, "MEMINFO", meminfo)
+    monkeypatch.setattr(memory, "CGROUP_V2", tmp_path / "no-cgroup")
+    monkeypatch.setattr(memory, "CGROUP_V1", tmp_path / "no-cgroup")
+
+
+def rewrite_latest_weights(run: Path, edit: Callable[[dict], None]) -> None:
+    """Change the newest checkpoint's weights with ``edit`` (in place, on the tensors by name)
+    and record the file's digest, as a checkpoint saved with those weights would."""
+    ckpt = max((run / "checkpoints").glob("step_*"))
+    path = ckpt / "model.safetensors"
+    tensors = {k: v.clone() for k, v in load_file(str(path)).items()}
+    edit(tensors)
+    save_file(tensors, str(path))
+    meta = json.loads((ckpt / "meta.json").read_text())
+    (ckpt / "meta.json").write_text(json.dumps({**meta, WEIGHTS_KEY: file_sha256(path)}))
+
+
+def overflow_weights(run: Path) -> None:
+    """Finite weights whose forward overflows: the final norm's gain at float32's largest
+    values turns every logit into inf - inf."""
+    rewrite_latest_weights(run, lambda tensors: tensors["norm.weight"].fill_(3e38))

@@ -6,8 +6,9 @@ something, a test does it and the command then works.
 
 Damages: a config.yaml edited after training (the weights load the same either way, so
 only the fingerprint recorded in the checkpoint tells: training/consistency.py), a
-tokenizer swapped for another of the same size, NaN weights, checkpoints that do not
-read, and the missing or misplaced parts of a run.
+tokenizer swapped for another of the same size, weights files exchanged between
+checkpoints (only their recorded digest tells: training/checkpoint.py), NaN weights,
+checkpoints that do not read, and the missing or misplaced parts of a run.
 """
 
 from __future__ import annotations
@@ -18,10 +19,9 @@ from pathlib import Path
 from typing import Callable
 
 import pytest
-from safetensors.torch import load_file, save_file
 
 import train
-from bad_input import follow, refused_in_process, snapshot
+from bad_input import follow, refused_in_process, rewrite_latest_weights, snapshot
 from conftest import write_run_config
 from data.tokenizers import CharTokenizer, load_tokenizer
 from eval import extrapolation, tasks
@@ -52,11 +52,18 @@ def swap_tokenizer(run: Path) -> None:
 
 
 def poison_latest(run: Path) -> None:
-    """NaN in the newest checkpoint's weights (what a divergence saved leaves)."""
-    path = max((run / "checkpoints").glob("step_*")) / "model.safetensors"
-    tensors = {k: v.clone() for k, v in load_file(str(path)).items()}
-    tensors["blocks.0.attn.wo.weight"][0, 0] = float("nan")
-    save_file(tensors, str(path))
+    """NaN in the newest checkpoint's weights, saved as a checkpoint records them (what a
+    divergence saved by a version without the loss check leaves)."""
+    rewrite_latest_weights(run, lambda tensors: tensors["blocks.0.attn.wo.weight"][0, :1].fill_(float("nan")))
+
+
+def swap_weights(run: Path) -> None:
+    """The two checkpoints' weights files exchanged: the same shapes, finite, each another
+    checkpoint's; only the digest meta.json recorded can tell."""
+    a, b = sorted((run / "checkpoints").glob("step_*/model.safetensors"))
+    data = a.read_bytes()
+    a.write_bytes(b.read_bytes())
+    b.write_bytes(data)
 
 
 def truncate_all(run: Path) -> None:
@@ -84,6 +91,7 @@ DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
     "swapped-tokenizer": (swap_tokenizer, "is not the tokenizer"),
     "deleted-tokenizer": (lambda run: (run / "tokenizer.json").unlink(), "tokenizer.json"),
     "nan-weights": (poison_latest, "holds non-finite weights (1 NaN or infinite values, in blocks.0.attn.wo.weight)"),
+    "swapped-weights": (swap_weights, "model.safetensors is not the file step_000010 saved"),
     "unreadable-checkpoints": (truncate_all, "can be read"),
     "no-checkpoint": (drop_checkpoints, "has no checkpoint yet"),
     "no-config": (lambda run: (run / "config.yaml").unlink(), "not a run directory"),
@@ -138,8 +146,9 @@ def resume(copy: Path, *extra: str) -> list[str]:
     ("edited-config", "was trained with other settings than this command gives (model.pos.kind: 'rope' in "
                       "training, 'alibi' now)"),
     ("nan-weights", "holds non-finite weights"),
+    ("swapped-weights", "is not the file step_000010 saved"),
     ("unreadable-checkpoints", "no checkpoint of"),
-], ids=["edited-config", "nan-weights", "unreadable-checkpoints"])
+], ids=["edited-config", "nan-weights", "swapped-weights", "unreadable-checkpoints"])
 def test_a_damaged_run_is_not_resumed(trained, tmp_path, capsys, damage, fragment):
     copy = damaged(trained, tmp_path, damage)
     before = snapshot(copy)

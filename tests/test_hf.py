@@ -315,6 +315,25 @@ def test_without_side_file_imports_as_half_pairing(exported, tmp_path):
         assert float((run.model(x) - model(x)).abs().max()) < TOL
 
 
+def test_an_export_with_nan_weights_is_not_imported(exported, tmp_path, capsys):
+    """Every command would refuse the run NaN weights became, so the import refuses them."""
+    from safetensors.torch import load_file, save_file
+    _, out, _ = exported["interleaved-gqa"]
+    poisoned = tmp_path / "poisoned"
+    poisoned.mkdir()
+    for path in out.iterdir():
+        (poisoned / path.name).write_bytes(path.read_bytes())
+    (weights,) = poisoned.glob("*.safetensors")
+    tensors = load_file(str(weights))
+    name = next(n for n in sorted(tensors) if n.endswith("o_proj.weight"))
+    tensors[name][0, 0] = float("inf")
+    save_file(tensors, str(weights), metadata={"format": "pt"})
+    assert cli(["--import", str(poisoned), str(tmp_path / "run")]) == 2
+    err = capsys.readouterr().err
+    assert "holds non-finite weights (1 NaN or infinite values" in err and "not imported" in err, err
+    assert not (tmp_path / "run").exists()
+
+
 def _foreign_llama(tmp_path):
     """A Llama saved by transformers with a word-level BPE and </s> as its EOS: (dir, model, tokenizer)."""
     from tokenizers import Tokenizer, models, pre_tokenizers, trainers

@@ -3,7 +3,9 @@
 Where they live is training/run_dir.py's business. A checkpoint directory is written
 whole and renamed into place (common/atomic.py); ``latest`` is replaced atomically
 afterwards, so a crash at any moment leaves the previous checkpoint and pointer intact.
-Weights are safetensors (no code runs on load; older layouts are converted, see
+Weights are safetensors, and meta.json records the sha256 of their file (``weights_sha256``):
+a weights file replaced after training (another run's, of the same shapes, loads without
+a murmur) or altered on disk is found on load and treated as a damaged checkpoint. Weights (no code runs on load; older layouts are converted, see
 ``load_weights``); training state is loaded with
 ``torch.load(weights_only=True)``. Models are always unwrapped from DDP and torch.compile
 first, so keys never carry ``module.`` or ``_orig_mod.`` and a compiled run resumes
@@ -17,6 +19,7 @@ checkpoint and the previous one in place, and is reported as a ``StorageError``.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import shutil
 from pathlib import Path
@@ -34,6 +37,7 @@ from model.layers import fuse_projections
 from training.run_dir import META, STATE, WEIGHTS, RunDir
 
 FORMAT = "ropelab-checkpoint/1"
+WEIGHTS_KEY = "weights_sha256"  # meta.json: the sha256 of the weights file as saved
 T = TypeVar("T")
 
 
@@ -73,6 +77,7 @@ def _write_dir(final: Path, model: nn.Module, state: Optional[dict], meta: dict)
     try:
         with atomic_directory(final, replace=True) as tmp:
             save_model(unwrap(model), str(tmp / WEIGHTS))
+            meta = {**meta, WEIGHTS_KEY: file_sha256(tmp / WEIGHTS)}
             if state is not None:
                 with open(tmp / STATE, "wb") as f:
                     writer = RecordingWriter(f)
@@ -144,15 +149,38 @@ def load_weights(model: nn.Module, ckpt: Path) -> None:
                               f"unexpected {sorted(unexpected)[:5]}; it was saved from another config")
 
 
+def file_sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def _recorded_digest(ckpt: Path) -> Optional[str]:
+    """The weights digest ``ckpt``'s meta.json recorded; None when it has none (written
+    before digests were recorded, or no meta.json: its readers say so)."""
+    try:
+        meta = json.loads((ckpt / META).read_text())
+    except (OSError, ValueError):
+        return None
+    return meta.get(WEIGHTS_KEY) if isinstance(meta, dict) else None
+
+
 def read_weights(ckpt: Path) -> dict[str, torch.Tensor]:
-    """``ckpt``'s weights by name (fused layout), or UnreadableCheckpoint."""
+    """``ckpt``'s weights by name (fused layout), or UnreadableCheckpoint, also when the file
+    is not the one the checkpoint saved (its digest differs from meta.json's)."""
     path = ckpt / WEIGHTS
     if not path.exists():
         raise UnreadableCheckpoint(f"no weights at {path}")
     try:
-        return fuse_projections(load_file(str(path)))
+        tensors = load_file(str(path))
+        recorded = _recorded_digest(ckpt)
+        found = file_sha256(path) if recorded is not None else None
     except (SafetensorError, OSError, ValueError) as e:
         raise UnreadableCheckpoint(f"cannot read {path}: the file is truncated or corrupt ({e})") from None
+    if found != recorded:
+        raise UnreadableCheckpoint(f"{path} is not the file {ckpt.name} saved (its sha256 is {found[:12]}…, "
+                                   f"meta.json recorded {recorded[:12]}…): it was replaced or altered after "
+                                   "training; put the original file back")
+    return fuse_projections(tensors)
 
 
 def _not_loaded_through_a_tied_name(model: nn.Module, missing: set[str]) -> set[str]:

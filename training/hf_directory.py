@@ -32,7 +32,7 @@ from model.config import ModelConfig, RopeScalingConfig
 from model.llama_mapping import (ARCH_KEYS, HFConversionError, check_exportable, from_hf_state, hf_config,
                                  hf_rope_settings, model_config_from_hf, to_hf_state)
 from model.transformer import Transformer
-from training.checkpoint import save_checkpoint
+from training.checkpoint import NonFiniteWeights, non_finite, save_checkpoint
 from training.memory import Estimate, check_fits, forward_estimate
 from training.run_dir import TOKENIZER, RunDir
 from training.saved_run import load_run, with_scaling
@@ -185,8 +185,13 @@ def import_hf(hf_dir: Path, run_dir: Path) -> list[str]:
         tok_cfg = dataclasses.replace(run_cfg.data.tokenizer, path=str(RunDir(run_dir.resolve()).tokenizer))
         run_cfg = dataclasses.replace(run_cfg, data=dataclasses.replace(run_cfg.data, tokenizer=tok_cfg))
     model = Transformer(run_cfg.model)
+    state = from_hf_state(read_hf_weights(hf_dir), run_cfg.model, str(hf_dir))
+    bad = non_finite(state)
+    if bad:  # every command would refuse the run it became
+        raise HFConversionError(f"{NonFiniteWeights(hf_dir, bad)}: nothing computed from them would mean anything, "
+                                "so they are not imported")
     try:
-        model.load_state_dict(from_hf_state(read_hf_weights(hf_dir), run_cfg.model, str(hf_dir)))
+        model.load_state_dict(state)
     except RuntimeError as e:  # shapes that disagree with config.json
         raise HFConversionError(f"the weights in {hf_dir} do not fit its config.json: "
                                 f"{str(e).splitlines()[-1].strip()}") from None
