@@ -62,15 +62,9 @@ def test_a_set_override_that_an_axis_overrules(base, capsys):
     path = grid(base, "axes: {train.seed: [0, 1]}\n")
     refused_in_process(ablate.main, [str(path), "--dry-run", "--set", "train.seed=5"], capsys,
                        "--set sets train.seed=5, but the axis train.seed sets it for every run")
-    assert ablate.main([str(path), "--dry-run", "--set", "train.lr=5e-3"]) == 0  # any other key is fine
+    assert ablate.main([str(path), "--dry-run", "--no-estimate", "--set", "train.lr=5e-3"]) == 0  # any other key
 
 
 def test_removing_what_the_message_names_makes_the_grid_plan(base):
     """The advice "remove it" works: without the repeat, the grid plans its distinct runs."""
     assert [run.name for run in load_grid(grid(base, "axes: {train.seed: [0, 2]}\n")).plan()] == ["seed-0", "seed-2"]
-
-
-def test_every_shipped_grid_plans_without_a_contradiction():
-    """The checks refuse contradictions only: the grids the project ships all plan."""
-    for path in sorted(Path("configs/ablations").glob("*.yaml")):
-        assert load_grid(path).plan(), path
