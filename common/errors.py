@@ -35,3 +35,13 @@ class StorageError(UserError):
 
 class RunInUseError(UserError):
     """Another process is training into the same run directory."""
+
+
+class NonFiniteOutput(UserError):
+    """A model whose weights are finite computed NaN or infinite values (its forward
+    overflowed): nothing computed from them means anything, so nothing is scored or sampled."""
+
+    def __init__(self, found: str):  # e.g. "the loss at length 64 is nan"
+        super().__init__(f"{found}, although the model's weights are finite: its forward overflows "
+                         "there (weights this extreme come from a training that went wrong), so nothing computed "
+                         "from it would mean anything, and nothing was scored or written")

@@ -125,12 +125,13 @@ def mark_step(rows: list[dict], step: Optional[int], checkpoint: SavedRun) -> No
         row.update(eval_step=step, step_tokens=checkpoint.meta.get("tokens"))
 
 
-def check_served(run: RunDir, cfg: RunConfig, lengths: Sequence[int]) -> None:
+def check_served(cfg: RunConfig, lengths: Sequence[int]) -> None:
     """Raise LengthError when the run's encoding serves none of ``lengths`` (a learned table
-    shorter than all of them): there would be nothing to evaluate."""
+    shorter than all of them): there would be nothing to evaluate. (The run's name is added
+    where its failure is listed.)"""
     limit, served = served_length(cfg.model.pos), KINDS[cfg.model.pos.kind].limit
     if limit is not None and lengths and all(n > limit for n in lengths):
-        raise LengthError(f"{run}: pos.kind={cfg.model.pos.kind} {served.what.format(n=limit)}, and every "
+        raise LengthError(f"pos.kind={cfg.model.pos.kind} {served.what.format(n=limit)}, and every "
                           f"evaluated length ({', '.join(map(str, lengths))}) is longer; {served.why}: "
                           f"evaluate lengths up to {limit}")
 

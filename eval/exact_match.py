@@ -19,7 +19,7 @@ from typing import Iterable, Sequence
 import numpy as np
 import torch
 
-from common.errors import UserError
+from common.errors import NonFiniteOutput
 from data.tasks import Instance
 
 LOGIT_BUDGET = 1 << 24  # logits held per forward (64 MB of float32): batches shrink with length × vocab
@@ -54,8 +54,7 @@ def exact_match(model, instances: Sequence[Instance], max_batch_tokens: int = 16
                 scored[row, :inst.length] = inst.answer[1:]
             logits = model(torch.from_numpy(x).to(device))  # (B, T, vocab)
             if not bool(torch.isfinite(logits).all()):  # an argmax of NaN would score 0 as if it were a result
-                raise UserError(f"the model's logits are not finite at length {longest} although its weights are: "
-                                "the forward overflows at this length; evaluate shorter lengths")
+                raise NonFiniteOutput(f"the model's logits at length {longest} are not finite")
             predicted = logits.argmax(dim=-1).cpu().numpy()  # (B, T)
             out.append(((predicted == y) | ~scored).all(axis=1))
     finally:

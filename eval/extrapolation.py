@@ -37,14 +37,14 @@ from eval.cell_store import STORE_DIR, CellStore, address, tokens_digest, weight
 from eval.corpus import CorpusTokens, corpus_settings, load_corpus
 from eval.driver import (EvalFor, Evaluation, check_served, evaluate_all, evaluated_checkpoints, mark_step, own_eval,
                          pooling_group)
-from eval.extrapolation_flags import MEMORY_FIX, add_flags, flag_tree, preflight
+from eval.extrapolation_flags import MEMORY_FIX, add_flags, corpus_plans, flag_tree, preflight
 from eval.journal import Cells
 from eval.labels import label_groups
 from eval.perplexity import perplexity
 from eval.report import missing_reference, write_report
 from model.config import RopeScalingConfig
 from model.encodings import KINDS, accepts_rope_scaling
-from common.errors import UserError
+from common.errors import NonFiniteOutput, UserError
 from model.positional.rope import RoPE
 from model.positional.rope_scaling import effective_scale
 from common.cli import entry_point
@@ -107,8 +107,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
     cells = cells if cells is not None else Cells()
     latest = load_run(run_dir, device=device)
     _check_finished(latest, allow_unfinished)
-    check_served(latest.run, latest.cfg, sorted({n for corpus in ev.corpora
-                                                 for n in corpus.lengths or ev.resolved_lengths(latest.cfg.train.seq_len)}))
+    check_served(latest.cfg, sorted({n for lengths, _ in corpus_plans(latest.cfg, ev) for n in lengths}))
     meta = run_metadata(latest, ev)
     meta["eval_commit"] = git_commit()  # the code that scores the cells computed now (cached ones keep theirs)
     rows, curves = [], {}
@@ -208,9 +207,7 @@ def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: Cor
                             eot_id=base.tokenizer.eot_id, within_document=data.within_document,
                             curve=curve and protocol == "nonoverlap")
         if not math.isfinite(result.nll):
-            raise UserError(f"{meta['run']}: the loss at length {length} ({protocol}, scaling {scaling}) is "
-                            f"{result.nll}, although the weights are finite: the forward overflows at this length; "
-                            "evaluate shorter lengths")
+            raise NonFiniteOutput(f"the loss at length {length} ({protocol}, scaling {scaling}) is {result.nll}")
         found = result.to_dict()
         if found.pop("curve") is not None:
             found_curve = result.curve

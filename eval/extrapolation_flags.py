@@ -22,6 +22,7 @@ from training.validation import windows_per_batch
 
 MEMORY_FIX = "Evaluate shorter lengths (--lengths), or fewer windows per forward (--batch-size)."
 
+
 def add_flags(p: argparse.ArgumentParser) -> None:
     """The flags of the perplexity sweep (the common ones are eval/driver.py's)."""
     p.add_argument("--protocols", nargs="+", choices=typing.get_args(Protocol), help="eval.protocols")
@@ -83,9 +84,7 @@ def corpus_from_flags(args: argparse.Namespace) -> Optional[dict]:
     return corpus
 
 
-
-
-def _corpus_plans(cfg: RunConfig, ev: EvalConfig) -> list[tuple[list[int], list[str]]]:
+def corpus_plans(cfg: RunConfig, ev: EvalConfig) -> list[tuple[list[int], list[str]]]:
     """(lengths, protocols) of every corpus the sweep scores for a run."""
     return [(sorted(set(corpus.lengths)) or ev.resolved_lengths(cfg.train.seq_len), list(corpus.protocols or ev.protocols))
             for corpus in ev.corpora]
@@ -112,7 +111,7 @@ def check_stride(ev: EvalConfig, plans: list[tuple[list[int], list[str]]]) -> No
 def preflight(cfg: RunConfig, ev: EvalConfig) -> Optional[Estimate]:
     """Before any evaluation of a run: the stride checks, and the memory of its largest
     forward (lengths past a learned table are never evaluated, so they need none)."""
-    plans = _corpus_plans(cfg, ev)
+    plans = corpus_plans(cfg, ev)
     check_stride(ev, plans)
     limit = served_length(cfg.model.pos)
     estimates = []

@@ -101,7 +101,7 @@ def check_run(run_dir: Path, eval_for: EvalFor) -> None:
     cfg = read_run_config(run)
     ev = eval_for(cfg)
     run_tasks(cfg, checked_tokenizer(run, cfg), ev)
-    check_served(run, cfg, ev.resolved_lengths(cfg.train.seq_len))
+    check_served(cfg, ev.resolved_lengths(cfg.train.seq_len))
 
 
 def preflight(cfg: RunConfig, ev: EvalConfig) -> Optional[Estimate]:

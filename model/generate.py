@@ -17,7 +17,7 @@ from typing import Optional, Sequence
 
 import torch
 
-from common.errors import ArgumentError, LengthError
+from common.errors import ArgumentError, LengthError, NonFiniteOutput
 from model.transformer import Transformer
 
 
@@ -106,6 +106,8 @@ def _decode(model, tokens, total, temperature, top_k, top_p, generator, eos_id, 
     for t in range(T, total):
         if not use_cache:
             logits = model(out[:, :t], fit_len=total)[:, -1]
+        if not bool(torch.isfinite(logits).all()):  # multinomial would fail on them, argmax pick token 0
+            raise NonFiniteOutput(f"the next-token logits at position {t} are not finite")
         nxt = sample_next(logits, temperature, top_k, top_p, generator)
         if eos_id is not None:
             nxt = torch.where(finished, torch.full_like(nxt, eos_id), nxt)

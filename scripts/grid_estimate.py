@@ -37,10 +37,12 @@ from configs.schema import EvalConfig, RunConfig
 from model.encodings import accepts_rope_scaling
 from training.data import prepare
 from model.encodings import served_length
-from training.probe import (COMPILE_MARGIN, ShapeTimes, load, measure_evaluation, measure_training, rate_at,
-                            shape_key)
+from training.memory import MemoryLimitError, check_fits, check_training, forward_estimate, largest
+from training.probe import (COMPILE_MARGIN, PROBE_ROWS, ShapeTimes, load, measure_evaluation, measure_training,
+                            rate_at, shape_key)
 from training.run_dir import RunDir
 from training.runtime import setup_runtime
+from training.validation import windows_per_batch
 
 
 @dataclass
@@ -126,6 +128,11 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
             continue
         vocab, split_tokens = prepared[data_key]
         cfg = run.cfg.with_vocab_size(vocab)
+        try:
+            _check_memory(cfg, rt)
+        except MemoryLimitError as e:  # the run itself is refused with this message; the others go on
+            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {e}"[:200])
+            continue
         times = load(shape_key(cfg, rt))
         if times.eager_step_s is None or (cfg.train.compile is not False and times.compiled_step_s is None):
             log(f"  timing the shape of {run.name} (a few steps{', compiled too' if cfg.train.compile else ''})")
@@ -137,6 +144,20 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
         train_s, note = _train_seconds(cfg, times, cfg.train.total_steps() - done)
         out[run.name] = Estimate(train_s, _eval_seconds(cfg, times, split_tokens), note)
     return out
+
+
+def _check_memory(cfg: RunConfig, rt) -> None:
+    """The probe trains a few steps of the run's shape and runs forwards at its evaluation
+    lengths (training/probe.py): refused before they start when they cannot fit, as the run's
+    training and evaluation would be (training/memory.py)."""
+    check_training(cfg, rt.device)
+    limit = served_length(cfg.model.pos)
+    forwards = [forward_estimate(cfg.model, windows_per_batch(n, PROBE_ROWS), n,
+                                 f"timing {cfg.name}'s forward at length {n:,}")
+                for n in _eval_lengths(cfg) if limit is None or n <= limit]
+    estimate = largest(forwards)
+    if estimate is not None:
+        check_fits(estimate, rt.device, "Evaluate shorter lengths (eval.lengths).")
 
 
 def _progress(run: PlannedRun) -> int:

@@ -95,8 +95,8 @@ def restart_advice(run: RunDir, cfg: RunConfig, before: Optional[Path] = None) -
 
 def diverged(what: str, step: int, run: RunDir, cfg: RunConfig) -> TrainingError:
     """The error for a non-finite ``what`` ("the loss became nan") at training step ``step``."""
-    return TrainingError(f"{what} at step {step}; the run stopped before the update, and its checkpoints are "
-                         f"intact. {restart_advice(run, cfg)}")
+    return TrainingError(f"{what} at step {step}; the run stopped before the update, and nothing it saved was "
+                         f"changed. {restart_advice(run, cfg)}")
 
 
 def non_finite_checkpoint(error: NonFiniteWeights, run: RunDir, cfg: RunConfig) -> CheckpointError:

@@ -40,11 +40,13 @@ from configs.schema import RunConfig
 from model.transformer import Transformer
 from training.optim import build_optimizer
 from training.runtime import Runtime
+from training.validation import windows_per_batch
 
 PROBE_STEPS = 3  # timed steps of each kind (after one untimed warm-up step)
 COMPILE_MARGIN = 1.25  # compile only when the steps saved exceed the compile time by this factor
 FIRST_COMPILE_GUESS_S = 60.0  # before any probe: what a cold compile may cost at these sizes
 BEST_SPEEDUP_GUESS = 1.3  # before any probe: the most a compiled step has been seen to gain here
+PROBE_ROWS = 8  # windows per timed forward at most (fewer as the length grows), as evaluation batches them
 
 
 def cache_dir() -> Path:
@@ -191,7 +193,7 @@ def measure_evaluation(cfg: RunConfig, rt: Runtime, lengths: list[int], batch_to
         for n in _spread(served) if served else []:
             if str(n) in times.eval_tok_s:
                 continue
-            rows = max(1, min(8, batch_tokens // n))
+            rows = windows_per_batch(n, PROBE_ROWS, batch_tokens)
             x = torch.randint(0, cfg.model.vocab_size, (rows, n), device=rt.device)
 
             def forward() -> None:

@@ -1,0 +1,160 @@
+"""Training requests that cannot work, found before any work, and training that goes wrong
+on the way: each stops with exit 2 and a message, keeps what was saved, and its advice,
+followed as written, trains.
+
+- a resume that would cut the learning-rate schedule short (it was re-planned silently);
+- a loss that becomes NaN, before and after the first checkpoint (the advice was to lower
+  train.lr and --resume, which is then refused as another experiment);
+- a validation split shorter than one window (found at the first validation, mid-run);
+- a step that cannot fit in memory, for text and for synthetic tasks (a numpy allocation
+  error), and a grid whose time estimate would time such a step.
+"""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+import torch
+
+import train
+from bad_input import cli, follow, limit_memory, refused, refused_in_process, snapshot
+from configs import load_config
+from configs.grid import load_grid
+from conftest import write_run_config
+from scripts.grid_estimate import estimate_grid
+from training.memory import training_estimate
+from training.trainer import Trainer
+
+
+@pytest.fixture
+def config(tmp_path, corpus) -> Path:
+    return write_run_config(tmp_path, corpus)
+
+
+def stopped_at(monkeypatch, step: int, argv: list[str]) -> None:
+    """Train ``argv`` until a SIGTERM arrives after ``step`` steps (a checkpoint is saved then)."""
+    original = Trainer.train_step
+
+    def stop(self):
+        out = original(self)
+        if self.step == step:
+            self.stop_signal = signal.SIGTERM
+        return out
+
+    with monkeypatch.context() as m:
+        m.setattr(Trainer, "train_step", stop)
+        assert train.main(argv) == 128 + signal.SIGTERM
+
+
+# --------------------------------------------------------------- resuming
+
+def test_resuming_for_fewer_steps_than_planned(config, monkeypatch, capsys):
+    run = config.parent / "runs" / "tiny"
+    stopped_at(monkeypatch, 4, [str(config), "train.max_steps=12"])
+    before = snapshot(run / "checkpoints")
+    refused_in_process(train.main, [str(config), "train.max_steps=8", "--resume"], capsys,
+                       "cannot resume", "planned for 12", "is at step 4", "Resume with train.max_steps=12")
+    assert snapshot(run / "checkpoints") == before
+    assert train.main([str(config), "train.max_steps=12", "--resume"]) == 0  # the advice
+    assert json.loads((run / "checkpoints" / "step_000012" / "meta.json").read_text())["finished"]
+
+
+def test_resuming_for_more_steps_says_the_schedule_is_re_planned(config, monkeypatch, capsys):
+    stopped_at(monkeypatch, 4, [str(config), "train.max_steps=12"])
+    capsys.readouterr()
+    assert train.main([str(config), "train.max_steps=16", "--resume"]) == 0
+    assert "was planned for 12 steps and now trains for 16: its learning-rate schedule is re-planned from step 4" \
+        in capsys.readouterr().err
+
+
+# --------------------------------------------------------------- a loss that becomes NaN
+
+def nan_at(monkeypatch, step: int) -> None:
+    """Training's weights become NaN just before step ``step`` (as a divergence leaves them)."""
+    original = Trainer.train_step
+
+    def poisoned(self):
+        if self.step == step - 1:
+            with torch.no_grad():
+                next(self.model.parameters()).fill_(float("nan"))
+        return original(self)
+
+    monkeypatch.setattr(Trainer, "train_step", poisoned)
+
+
+def test_a_nan_loss_after_a_checkpoint_is_carried_on_as_advised(config, monkeypatch, capsys):
+    run = config.parent / "runs" / "tiny"
+    with monkeypatch.context() as m:
+        nan_at(m, 8)
+        err = refused_in_process(train.main, [str(config), "train.max_steps=12", "train.ckpt_interval=5"], capsys,
+                                 "the loss became nan at step 8", "nothing it saved was changed",
+                                 "Carry on from step 5 (step_000005", "init.step=5", "train.lr=0.0015",
+                                 "train.max_steps=7")
+    assert "--resume" not in err
+    assert follow(err, capsys) == 0
+    child = run.parent / "tiny-from5-lr0.0015"
+    meta = json.loads((child / "checkpoints" / "step_000007" / "meta.json").read_text())
+    assert meta["finished"] and meta["parent"]["run"] == str(run) and meta["parent"]["step"] == 5
+
+
+def test_a_nan_loss_before_any_checkpoint_is_trained_again_as_advised(config, monkeypatch, capsys):
+    with monkeypatch.context() as m:
+        nan_at(m, 2)
+        err = refused_in_process(train.main, [str(config), "train.max_steps=6"], capsys,
+                                 "the loss became nan at step 2", "It has no checkpoint yet",
+                                 "train.lr=0.0015")
+    assert follow(err, capsys) == 0
+    assert (config.parent / "runs" / "tiny" / "checkpoints" / "step_000006").is_dir()
+
+
+def test_a_learning_rate_that_diverges(config):
+    res = cli("train.py", str(config), "train.lr=1e12", "train.grad_clip=0", "train.max_steps=6")
+    refused(res, "became nan at step", "half the learning rate")
+
+
+# --------------------------------------------------------------- data that cannot work
+
+def test_a_validation_split_shorter_than_one_window(config, tmp_path, capsys):
+    short = tmp_path / "short.txt"
+    short.write_text("the cat sat on a mat\n")  # 21 bytes: fewer than train.seq_len + 1 = 33
+    argv = [str(config), f"data.local.valid=[{short}]", "train.max_steps=4"]
+    refused_in_process(train.main, argv, capsys, "the validation split has 21 tokens, fewer than one window of "
+                                                 "train.seq_len + 1 = 33", "or a shorter train.seq_len")
+    assert not (config.parent / "runs" / "tiny").exists()  # found before training started
+    assert train.main([*argv, "train.seq_len=16"]) == 0
+
+
+# --------------------------------------------------------------- memory
+
+def test_a_training_step_that_cannot_fit(config, tmp_path, capsys, monkeypatch):
+    model = load_config(config).with_vocab_size(256).model  # the byte tokenizer's
+    fits, too_big = training_estimate(model, 1, 512), training_estimate(model, 8, 512)
+    limit_memory(monkeypatch, tmp_path, (fits.total + too_big.total) / 2)
+    argv = [str(config), "train.seq_len=512", "train.max_steps=2", "train.eval_batches=1"]
+    refused_in_process(train.main, argv, capsys, "training at train.batch_size=8 × train.seq_len=512 needs about",
+                       "nothing was started", "Lower train.batch_size (raising train.grad_accum keeps")
+    assert not (config.parent / "runs" / "tiny").exists()
+    assert train.main([*argv, "train.batch_size=1", "train.grad_accum=8"]) == 0  # the advice
+
+
+def test_a_synthetic_task_with_an_enormous_length(tmp_path):
+    """A numpy allocation error before; text corpora had a message for the same thing."""
+    res = cli("train.py", "configs/synthetic-cpu.yaml", f"out_dir={tmp_path}", "train.seq_len=100000000")
+    refused(res, "training at train.batch_size=32 × train.seq_len=100000000 needs about", "validation set")
+    assert not any(tmp_path.iterdir())
+
+
+def test_a_grid_does_not_time_a_step_that_cannot_fit(config):
+    """The grid's time estimate trains a few steps of each shape: one that cannot fit is not
+    timed, and says why (its run is refused with the same message when it trains)."""
+    path = config.parent / "grid.yaml"
+    path.write_text(f"name: g\nbase: {config.name}\nout_dir: {config.parent / 'grid'}\n"
+                    "axes: {train.seq_len: [32, 1000000000]}\n")
+    grid = load_grid(path)
+    estimates = estimate_grid(grid, grid.plan(), None, log=lambda *a: None)
+    assert estimates["seq_len-1000000000"].note.startswith("no estimate: training at train.batch_size=8 × "
+                                                           "train.seq_len=1000000000 needs about")
+    assert estimates["seq_len-32"].train_s > 0
