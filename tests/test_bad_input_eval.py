@@ -10,6 +10,8 @@ request no machine could hold.
 
 from __future__ import annotations
 
+import json
+import math
 import shutil
 from pathlib import Path
 
@@ -188,3 +190,18 @@ def test_finite_weights_whose_forward_overflows(runs, tmp_path, capsys, main, ar
     extra = [] if main is sample.main else ["--out", str(tmp_path / "r")]
     refused_in_process(main, [str(copy), *argv, *extra], capsys, says, "although the model's weights are finite")
     assert not (tmp_path / "r").exists()
+
+
+def test_a_cached_evaluation_with_non_finite_results_is_done_again(runs, tmp_path):
+    """Evaluations cached before NaN models were refused held ppl=nan: they are not reused."""
+    copy = tmp_path / "run"
+    shutil.copytree(runs["rope"], copy, ignore=shutil.ignore_patterns("eval"))
+    argv = perplexity(str(copy), "--lengths", "32", out=tmp_path / "r")
+    assert extrapolation.main(argv) == 0
+    (cache,) = (copy / "eval").glob("extrapolation-*.json")
+    cached = json.loads(cache.read_text())
+    cached["rows"] = [{**row, "nll": float("nan"), "ppl": float("nan")} for row in cached["rows"]]
+    cache.write_text(json.dumps(cached))
+    assert extrapolation.main(argv) == 0
+    rows = json.loads((tmp_path / "r" / "results.json").read_text())["results"]
+    assert rows and all(math.isfinite(row["ppl"]) for row in rows)

@@ -57,6 +57,11 @@ def test_an_axis_has_one_tick_format(tmp_path, monkeypatch):
     assert labels[-1] == "20k" and all(text == "0" or text.endswith("k") for text in labels), labels
 
 
+def test_tick_labels_of_values_that_are_not_finite():
+    """A NaN among the values chose no unit (StopIteration from inside a report)."""
+    assert plain_labels([float("nan"), 5.0]) == ["nan", "5"]
+    assert plain_labels([float("inf"), 20_000.0])[1] == "20k"
+
 def test_the_passkey_heatmap_has_a_colour_bar(tmp_path, monkeypatch):
     grids = {label: ([0.0, 1.0], [32, 64], np.array([[1.0, 0.5], [np.nan, 0.0]])) for label in ("alibi", "rope")}
     fig = drawn(monkeypatch, plot_heatmaps, grids, tmp_path / "h.png")
