@@ -60,25 +60,30 @@ def test_a_negative_seed_on_the_command_line():
     refused(cli("train.py", QUICK, "train.seed=-1", "out_dir=/nonexistent/never"), "train.seed must be 0 or more")
 
 
-@pytest.mark.parametrize("text, fragment", [
-    ("train:\n  lr: 1.0e-3\n  lr: 2.0e-3\n", "the key 'lr' is written twice in one mapping (lines 3 and 4)"),
-    ("model: {d_model: 64}\nmodel: {n_layers: 2}\n", "the key 'model' is written twice"),
+@pytest.mark.parametrize("text, fragment, kept", [
+    ("train:\n  lr: 1.0e-3\n  lr: 2.0e-3\n", "the key 'lr' is written twice in one mapping (lines 3 and 4)",
+     "train:\n  lr: 2.0e-3\n"),
+    ("model: {d_model: 64}\nmodel: {n_layers: 2}\n", "the key 'model' is written twice", "model: {n_layers: 2}\n"),
 ], ids=["a-setting", "a-section"])
-def test_a_key_written_twice_in_a_config_file(tmp_path, text, fragment):
+def test_a_key_written_twice_in_a_config_file(tmp_path, text, fragment, kept):
     path = tmp_path / "twice.yaml"
     path.write_text(f"inherit: {Path(QUICK).resolve()}\n{text}")
     with pytest.raises(ConfigError) as e:
         load_config(path)
-    assert str(path) in str(e.value) and fragment in str(e.value)
+    assert str(path) in str(e.value) and fragment in str(e.value) and "keep one" in str(e.value)
+    path.write_text(f"inherit: {Path(QUICK).resolve()}\n{kept}")  # the advice
+    assert load_config(path)
 
 
-@pytest.mark.parametrize("overrides, fragment", [
-    (["init.run=runs/x", "init.step=-2"], "init.step is a training step of the parent, 0 or more"),
-    (["init.run=runs/x", "init.step=4", "init.which=best"], "give one of them"),
-    (["init.step=4"], "set init.run"),
-    (["init.which=best"], "set init.run"),
+@pytest.mark.parametrize("overrides, fragment, advised", [
+    (["init.run=runs/x", "init.step=-2"], "init.step is a training step of the parent, 0 or more", None),
+    (["init.run=runs/x", "init.step=4", "init.which=best"], "give one of them", ["init.run=runs/x", "init.step=4"]),
+    (["init.step=4"], "set init.run", ["init.step=4", "init.run=runs/x"]),
+    (["init.which=best"], "set init.run", ["init.which=best", "init.run=runs/x"]),
 ], ids=["negative-step", "step-and-best", "step-without-run", "which-without-run"])
-def test_init_settings_that_contradict_each_other(overrides, fragment):
+def test_init_settings_that_contradict_each_other(overrides, fragment, advised):
     with pytest.raises(ConfigError) as e:
         load_config(QUICK, overrides)
     assert fragment in str(e.value)
+    if advised is not None:
+        assert load_config(QUICK, advised).init.run == "runs/x"

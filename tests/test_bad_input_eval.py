@@ -55,8 +55,9 @@ def test_a_run_given_twice_on_the_command_line(runs, tmp_path):
 def test_a_run_given_twice_to_every_evaluation(runs, tmp_path, capsys, main, argv):
     rope = runs["rope"]
     refused_in_process(main, [str(rope), str(rope.parent / ".." / rope.parent.name / rope.name), *argv,
-                              "--out", str(tmp_path / "r")], capsys, "is given twice")
+                              "--out", str(tmp_path / "r")], capsys, "is given twice", "give it once")
     assert not (tmp_path / "r").exists()
+    assert main([str(rope), *argv, "--out", str(tmp_path / "r")]) == 0
 
 
 def test_a_copy_of_a_run_is_not_a_second_seed(runs, tmp_path, capsys):
@@ -108,7 +109,10 @@ def test_a_scaling_for_some_of_the_runs_says_which_take_none(runs, tmp_path, cap
 
 def test_a_factor_without_a_scaling_to_use_it(runs, tmp_path, capsys):
     argv = perplexity(str(runs["rope"]), "--lengths", "64", "--scaling", "none", "--factor", "2", out=tmp_path / "r")
-    refused_in_process(extrapolation.main, argv, capsys, "--factor sets the factor of a RoPE scaling")
+    refused_in_process(extrapolation.main, argv, capsys, "--factor sets the factor of a RoPE scaling",
+                       "or drop --factor")
+    argv.remove("--factor"), argv.remove("2")
+    assert extrapolation.main(argv) == 0
 
 
 def test_a_learned_table_evaluated_only_beyond_its_length(runs, tmp_path, capsys):

@@ -68,3 +68,9 @@ def test_a_set_override_that_an_axis_overrules(base, capsys):
 def test_removing_what_the_message_names_makes_the_grid_plan(base):
     """The advice "remove it" works: without the repeat, the grid plans its distinct runs."""
     assert [run.name for run in load_grid(grid(base, "axes: {train.seed: [0, 2]}\n")).plan()] == ["seed-0", "seed-2"]
+
+
+def test_changing_a_value_whose_name_collides_makes_the_grid_plan(base):
+    """The advice "change one" for two values that give one run name."""
+    runs = load_grid(grid(base, "axes: {data.local.valid: [/a/b/c, /d/c]}\n")).plan()
+    assert [run.name for run in runs] == ["valid-a_b_c", "valid-d_c"]

@@ -183,6 +183,13 @@ def test_a_swapped_tokenizer_is_restored_by_the_command_given(trained, tmp_path,
     assert sample.main([str(copy), "--max-new-tokens", "2", "--seed", "0"]) == 0
 
 
+def test_swapped_weights_work_again_once_the_originals_are_put_back(trained, tmp_path, capsys):
+    copy = damaged(trained, tmp_path, "swapped-weights")
+    refused_in_process(sample.main, [str(copy), "--max-new-tokens", "2"], capsys, "put the original file back")
+    swap_weights(copy)  # the advice: each checkpoint's own file back in place
+    assert sample.main([str(copy), "--max-new-tokens", "2", "--seed", "0"]) == 0
+
+
 def test_unreadable_checkpoints_of_a_parent_are_trained_again_as_advised(trained, tmp_path, capsys):
     """init.run of a parent whose checkpoints do not read: the advice (move it aside, train
     it again from its own config) gives a parent the same command then starts from."""
