@@ -119,7 +119,7 @@ def test_a_learned_table_evaluated_only_beyond_its_length(runs, tmp_path, capsys
     """Was a StopIteration from inside the report."""
     learned = str(runs["learned"])
     refused_in_process(extrapolation.main, perplexity(learned, "--lengths", "64", "128", out=tmp_path / "r"), capsys,
-                       f"- {learned}: pos.kind=learned has a table of 32 positions", "evaluate lengths up to 32")
+                       f"{learned}: pos.kind=learned has a table of 32 positions", "evaluate lengths up to 32")
     assert not (tmp_path / "r").exists()
     assert extrapolation.main(perplexity(learned, "--lengths", "32", "64", out=tmp_path / "r")) == 0
 

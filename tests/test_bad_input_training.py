@@ -25,6 +25,7 @@ from configs import load_config
 from configs.grid import load_grid
 from conftest import write_run_config
 from scripts.grid_estimate import estimate_grid
+from test_train import stop_after
 from training.memory import training_estimate
 from training.trainer import Trainer
 
@@ -35,17 +36,9 @@ def config(tmp_path, corpus) -> Path:
 
 
 def stopped_at(monkeypatch, step: int, argv: list[str]) -> None:
-    """Train ``argv`` until a SIGTERM arrives after ``step`` steps (a checkpoint is saved then)."""
-    original = Trainer.train_step
-
-    def stop(self):
-        out = original(self)
-        if self.step == step:
-            self.stop_signal = signal.SIGTERM
-        return out
-
+    """Train ``argv`` until a SIGTERM arrives during step ``step`` (a checkpoint is saved then)."""
     with monkeypatch.context() as m:
-        m.setattr(Trainer, "train_step", stop)
+        stop_after(step, m)
         assert train.main(argv) == 128 + signal.SIGTERM
 
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -320,9 +321,7 @@ def test_an_export_with_nan_weights_is_not_imported(exported, tmp_path, capsys):
     from safetensors.torch import load_file, save_file
     _, out, _ = exported["interleaved-gqa"]
     poisoned = tmp_path / "poisoned"
-    poisoned.mkdir()
-    for path in out.iterdir():
-        (poisoned / path.name).write_bytes(path.read_bytes())
+    shutil.copytree(out, poisoned)
     (weights,) = poisoned.glob("*.safetensors")
     tensors = load_file(str(weights))
     name = next(n for n in sorted(tensors) if n.endswith("o_proj.weight"))

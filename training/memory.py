@@ -11,7 +11,9 @@ processes beside it.
 Estimates come from the model config and the shapes alone, before any allocation, and
 count in float32 bytes (autocast's bf16 activations are counted as float32 too). They were
 calibrated against the peak resident memory of CPU runs of every kind of encoding
-(d_model 64-256, lengths 512-32768), and exceed it by 1.2-5× (``RUNTIME`` included):
+(d_model 64-256, lengths 512-32768), and exceed it by up to 5× (``RUNTIME`` included), by
+as little as 1.02× (a RoPE training step at d_model 256, 8 × 512 tokens). On CUDA, where
+autocast keeps activations in bf16, they are not calibrated and likely high.
 
 - weights: the parameters of the config (``parameter_count``), 4 bytes each; training adds
   their gradients and AdamW's two moments (16 bytes per parameter in all);
