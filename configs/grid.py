@@ -66,6 +66,9 @@ class Grid:
     report: Optional[str] = None
     slurm: Optional[SlurmConfig] = None  # None: the file has no slurm section
     source: Optional[Path] = None
+    # Seeds added to chosen rows only: row (a run's name without its seed part) -> seeds,
+    # e.g. {alibi: [3, 4]} where the comparisons of that row need more training runs.
+    more_seeds: dict[str, list[int]] = field(default_factory=dict)
 
     @property
     def runs_dir(self) -> Path:
@@ -94,8 +97,31 @@ class Grid:
             except ConfigError as e:
                 raise ConfigError(f"{self.source}: run {name}: {e}") from None
             runs.append(PlannedRun(name, overrides, cfg))
+        runs += self._more_seeds(runs)
         self._check_distinct(runs)
         return runs
+
+    def _more_seeds(self, runs: list[PlannedRun]) -> list[PlannedRun]:
+        """The runs ``more_seeds`` adds: each a copy of its row's first run with another seed."""
+        rows = {}
+        for run in runs:
+            rows.setdefault(row_of(run.name), run)
+        added = []
+        for row, seeds in self.more_seeds.items():
+            if row not in rows:
+                raise ConfigError(f"{self.source}: more_seeds names the row {row!r}, which the grid does not have; "
+                                  f"its rows are {', '.join(sorted(rows))}")
+            template = rows[row]
+            has = sorted({r.cfg.train.seed for r in runs if row_of(r.name) == row})
+            if set(seeds) & set(has) or len(set(seeds)) < len(seeds):
+                raise ConfigError(f"{self.source}: more_seeds gives the row {row!r} seeds {seeds}, but it already has "
+                                  f"seeds {has} (or names one twice): each seed is one training run; give new ones")
+            for seed in seeds:
+                name = f"{row}_seed-{seed}" if row != "run" else f"seed-{seed}"
+                overrides = [o for o in template.overrides if not o.startswith(("train.seed=", "name="))]
+                overrides += [f"train.seed={seed}", f"name={name}"]
+                added.append(PlannedRun(name, overrides, load_config(self.base, overrides)))
+        return added
 
     def _check_overrides(self, extra: list[str]) -> None:
         """Refuse an override of a key that an axis sets after it, for every run."""
@@ -144,6 +170,11 @@ def _same_experiment(a: PlannedRun, b: PlannedRun) -> str:
                 "settings belong in the grid's eval: section)")
     shown = "; ".join(f"{k}={ta.get(k)} and {k}={tb.get(k)}" for k in differ if k not in ignored)
     return f"{shown} come to the same config" if shown else "their settings are the same"
+
+
+def row_of(name: str) -> str:
+    """A run's row: its name without the seed part (``alibi_seed-3`` -> ``alibi``)."""
+    return "_".join(part for part in name.split("_") if not part.startswith("seed-")) or "run"
 
 
 def _text(value: Any) -> str:
@@ -201,5 +232,16 @@ def load_grid(path: str | Path) -> Grid:
                 overrides=[str(o) for o in tree.get("overrides", [])], axes=axes,
                 variants={k: [str(o) for o in v] for k, v in variants.items()},
                 eval_overrides=[f"eval.{k}={_text(v)}" for k, v in evaluation.items()],
-                report=tree.get("report"), source=path,
+                report=tree.get("report"), source=path, more_seeds=_more_seeds(tree.get("more_seeds"), path),
                 slurm=slurm_config(tree["slurm"], str(origins.get("slurm", path))) if "slurm" in tree else None)
+
+
+def _more_seeds(value: Any, path: Path) -> dict[str, list[int]]:
+    if value is None:
+        return {}
+    if not isinstance(value, dict) or not all(
+            isinstance(k, str) and isinstance(v, list) and v and all(isinstance(s, int) and s >= 0 for s in v)
+            for k, v in value.items()):
+        raise ConfigError(f"{path}: 'more_seeds' must map row names to lists of seeds (integers >= 0), "
+                          "e.g. more_seeds: {alibi: [3, 4]}")
+    return {k: list(v) for k, v in value.items()}

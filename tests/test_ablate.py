@@ -290,3 +290,18 @@ def test_a_run_budgeted_by_tokens_is_done_when_its_tokens_are(tmp_path, corpus):
     assert ablate.status(run) == ("done", "step 4")
     meta_path.write_text(json.dumps({**meta, "step": 2, "tokens": 1024}))
     assert ablate.status(run) == ("partial", "1,024/2,048 tokens")
+
+
+def test_more_seeds_adds_training_runs_to_chosen_rows_only(tmp_path, corpus):
+    path = write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]\n  train.seed: [0, 1]")
+    path.write_text(path.read_text() + "more_seeds: {kind-alibi: [2, 3]}\n")
+    runs = load_grid(path).plan()
+    assert [r.name for r in runs][-2:] == ["kind-alibi_seed-2", "kind-alibi_seed-3"]
+    assert [(r.cfg.model.pos.kind, r.cfg.train.seed) for r in runs[-2:]] == [("alibi", 2), ("alibi", 3)]
+    assert sum(r.cfg.model.pos.kind == "rope" for r in runs) == 2
+    assert RunDir.of(runs[-1].cfg).path == tmp_path / "runs" / "tiny-grid" / "kind-alibi_seed-3"
+    for bad, message in (("{kind-alibx: [2]}", "does not have; its rows are kind-alibi, kind-rope"),
+                         ("{kind-alibi: [1]}", "already has seeds \\[0, 1\\]"), ("{kind-alibi: [-1]}", "integers >= 0")):
+        path.write_text(path.read_text().rsplit("more_seeds", 1)[0] + f"more_seeds: {bad}\n")
+        with pytest.raises(ConfigError, match=message):
+            load_grid(path).plan()
