@@ -133,7 +133,10 @@ def step_data(cfg):
     if cfg.data.source == "synthetic":
         return TaskTraining(cfg.data.synthetic) if TaskTraining else TaskData(cfg.data.synthetic)
     tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, size=1_000_000, dtype=np.int64)
-    tokenizer = SimpleNamespace(vocab_size=cfg.model.vocab_size)
+    # A stand-in with what the trainer asks of a tokenizer: its size, and its file's text
+    # (fingerprinted in every checkpoint).
+    tokenizer = SimpleNamespace(vocab_size=cfg.model.vocab_size,
+                                to_json=lambda: json.dumps({"random_tokens": cfg.model.vocab_size}))
     if TextData is None:  # an older tree's trainer read the splits itself
         return SimpleNamespace(tokenizer=tokenizer, split=lambda name: tokens)
     return TextData(tokenizer, train=tokens, valid=tokens)
