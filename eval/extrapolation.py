@@ -77,7 +77,7 @@ def scale_note(kind: str, length: int, train_len: int, factor: Optional[float]) 
 
 def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
     cfg, meta = saved.cfg, saved.meta
-    group = pooling_group(cfg, meta.get("tokens"))
+    group = pooling_group(cfg, meta.get("tokens"), meta.get("parent"))
     return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind,
             "attention": cfg.model.attention, "group": group,
             "stem": re.sub(r"[_-]?seed[-=]?\d+", "", cfg.name) or cfg.name,
@@ -86,7 +86,8 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
             "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
             "max_len": saved.model.pos.max_len, "git_commit": meta.get("git_commit"),
             "train_seconds": meta.get("train_seconds"), "parent": meta.get("parent"),
-            "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev)}
+            "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev),
+            **({"competence": meta["competence"]} if meta.get("competence") else {})}
 
 
 def _check_finished(saved: SavedRun, allow_unfinished: bool) -> None:

@@ -2,14 +2,15 @@
 
 For every run, task, RoPE scaling (RoPE runs only; factor = length / L_train unless
 ``eval.factor`` fixes it) and length: the fraction of ``eval.tasks.samples`` test instances
-whose answer tokens are all predicted exactly (eval/exact_match.py), with a 95% Wilson
-interval (eval/stats.py); for passkey per (length, depth) cell, plus k_max
-(eval/kmax.py). Writes ``results.json``, ``report.md`` and PNG plots into ``--out``
+whose answer tokens are all predicted exactly (training/exact_match.py), with a 95% Wilson
+interval (eval/stats.py); for passkey and multikey per (length, depth) cell, plus k_max for
+passkey (eval/kmax.py); for copy and addition, where each instance's first wrong answer
+token falls. Writes ``results.json``, ``report.md`` and PNG plots into ``--out``
 (eval/task_report.py).
 
 Which tasks: ``eval.tasks.tasks``, else the run's own tasks (``data.source: synthetic``), else
-passkey (runs trained on text, in the paper's wording tokenized with the run's own
-tokenizer.json). The settings are each run's own ``eval`` config (configs/schema.py:
+those its training mixed in (``data.mix``, in the task wording tokenized with the run's own
+tokenizer.json), else passkey (runs trained on text alone, in the paper's wording). The settings are each run's own ``eval`` config (configs/schema.py:
 EvalConfig and its ``tasks`` section); the flags override its keys, as in
 ``python -m eval.extrapolation``. Every (run, task, length) is checked before anything is
 evaluated, so impossible settings stop the command with a message and nothing written.
@@ -34,12 +35,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from configs.schema import EvalConfig, RunConfig
-from configs.tasks import TASK_NAMES
+from configs.tasks import REPORT_KEYS, TASK_NAMES
 from data.tasks import Task, TaskError, build_task, check_readable, check_task_name, eval_instance, task_tokenizer
 from eval import driver
 from eval.driver import (EvalFor, Evaluation, check_served, evaluate_all, evaluated_checkpoints, mark_step,
                          own_eval)
-from eval.exact_match import exact_match, instances_per_batch
+from training.exact_match import answer_tokens, first_errors, instances_per_batch
 from eval.extrapolation import model_for, run_metadata
 from eval.kmax import k_max
 from eval.stats import wilson_interval
@@ -64,12 +65,19 @@ def wants_tasks(cfg: RunConfig, ev: EvalConfig) -> bool:
 def resolved_tasks(cfg: RunConfig, ev: EvalConfig) -> list[str]:
     if ev.tasks.tasks:
         return list(ev.tasks.tasks)
-    return list(cfg.data.synthetic.tasks) if is_synthetic(cfg) else ["passkey"]
+    if is_synthetic(cfg):
+        return list(cfg.data.synthetic.tasks)
+    return list(cfg.data.mix.tasks) or ["passkey"]
+
+
+def in_paper_wording(cfg: RunConfig, name: str) -> bool:
+    """A text run reads a task it did not mix into training in the paper's wording (passkey only)."""
+    return not is_synthetic(cfg) and name not in cfg.data.mix.tasks
 
 
 def run_tasks(cfg: RunConfig, tokenizer, ev: EvalConfig) -> list[Task]:
     """The tasks to score a run on, each checked against every evaluated length."""
-    tasks = [build_task(name, cfg.data.synthetic, tokenizer, text=not is_synthetic(cfg))
+    tasks = [build_task(name, cfg.data.synthetic, tokenizer, text=in_paper_wording(cfg, name))
              for name in resolved_tasks(cfg, ev)]
     for task in tasks:
         for length in ev.resolved_lengths(cfg.train.seq_len):
@@ -90,7 +98,7 @@ def check_planned(cfg: RunConfig, ev: EvalConfig, where: str) -> None:
             run_tasks(cfg, tokenizer, ev)
         else:  # lengths of the passkey prompt depend on the tokenizer, known after training
             for name in resolved_tasks(cfg, ev):
-                check_readable(name, text=True)
+                check_readable(name, text=in_paper_wording(cfg, name))
     except TaskError as e:
         raise TaskError(f"{where}: {e}") from None
 
@@ -119,12 +127,25 @@ def preflight(cfg: RunConfig, ev: EvalConfig) -> Optional[Estimate]:
 
 
 def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalConfig) -> dict:
-    """Exact-match counts and the Wilson interval for one (task, length, depth) cell."""
+    """Exact-match counts and the Wilson interval for one (task, length, depth) cell; for a task
+    whose answer grows with the length, each instance's answer tokens right before the first
+    wrong one (``first_error``, = ``answer_tokens`` where all are right)."""
     instances = [eval_instance(task, ev.tasks.seed, length, depth, i) for i in range(ev.tasks.samples)]
-    correct = int(exact_match(model, instances).sum())
+    errors, answers = first_errors(model, instances), answer_tokens(instances)
+    correct = int((errors == answers).sum())
     low, high = wilson_interval(correct, len(instances))
-    return {"correct": correct, "total": len(instances), "accuracy": correct / len(instances),
+    cell = {"correct": correct, "total": len(instances), "accuracy": correct / len(instances),
             "ci_low": low, "ci_high": high}
+    if task.per_position:
+        cell.update(first_error=errors.tolist(), answer_tokens=answers.tolist())
+    return cell
+
+
+def trained_on(cfg: RunConfig) -> str:
+    if is_synthetic(cfg):
+        return "+".join(cfg.data.synthetic.tasks)
+    mix = cfg.data.mix
+    return f"text ({cfg.data.source})" + (f" + {mix.fraction:g} {'+'.join(mix.tasks)}" if mix.tasks else "")
 
 
 def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) -> tuple[dict, list[dict], list[dict]]:
@@ -132,9 +153,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
     started = time.perf_counter()
     latest = load_run(run_dir, device=device)
     tasks = run_tasks(latest.cfg, latest.tokenizer, ev)
-    meta = {**run_metadata(latest, ev),
-            "trained_on": ("+".join(latest.cfg.data.synthetic.tasks) if is_synthetic(latest.cfg)
-                           else f"text ({latest.cfg.data.source})")}
+    meta = {**run_metadata(latest, ev), "trained_on": trained_on(latest.cfg)}
     rows, kmax_rows = [], []
     for step, base in evaluated_checkpoints(run_dir, ev, latest, device):
         step_rows, step_kmax = _score_run(base, tasks, ev, meta, log)
@@ -150,7 +169,7 @@ def _score_run(base: SavedRun, tasks: list[Task], ev: EvalConfig, meta: dict, lo
     train_len, limit = base.cfg.train.seq_len, base.model.pos.max_len
     rows, kmax_rows = [], []
     for task in tasks:
-        depths = ev.tasks.resolved_depths() if task.name == "passkey" else [None]
+        depths = ev.tasks.resolved_depths() if task.has_depth else [None]
         for scaling in ev.resolved_scalings(base.cfg.model.pos.kind):
             cells = []
             for length in ev.resolved_lengths(train_len):
@@ -174,9 +193,11 @@ def _score_run(base: SavedRun, tasks: list[Task], ev: EvalConfig, meta: dict, lo
 
 
 def _cache_key(cfg: RunConfig, ev: EvalConfig) -> str:
-    """What changes the numbers: the tasks and their settings, lengths, scalings, factor, and
-    the checkpoints scored (eval.steps, only when given: keys of the latest are as before)."""
-    key = {"tasks": resolved_tasks(cfg, ev), "settings": dataclasses.asdict(ev.tasks),
+    """What changes the numbers: the tasks and their settings (not those of the report alone),
+    lengths, scalings, factor, and the checkpoints scored (eval.steps, only when given: keys of
+    the latest are as before)."""
+    settings = {k: v for k, v in dataclasses.asdict(ev.tasks).items() if k not in REPORT_KEYS}
+    key = {"tasks": resolved_tasks(cfg, ev), "settings": settings,
            "lengths": ev.resolved_lengths(cfg.train.seq_len), "scalings": ev.resolved_scalings(cfg.model.pos.kind),
            "factor": ev.factor}
     if ev.steps:
@@ -213,7 +234,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", nargs="+", metavar="TASK",
                    help=f"eval.tasks.tasks: {', '.join(TASK_NAMES)} (default: the run's own task, or passkey)")
     p.add_argument("--samples", type=positive_int, help="eval.tasks.samples: instances per length (per depth for passkey)")
-    p.add_argument("--depths", type=non_negative_float, nargs="+", help="eval.tasks.depths: passkey depths in [0, 1]")
+    p.add_argument("--depths", type=non_negative_float, nargs="+",
+                   help="eval.tasks.depths: needle depths in [0, 1] (passkey, multikey)")
     p.add_argument("--kmax-threshold", type=probability, help="eval.tasks.kmax_threshold: accuracy that counts as success")
     p.add_argument("--seed", type=non_negative_int, help="eval.tasks.seed: which test instances")
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from configs import config_to_dict
+from configs.experiment import seed_group
 from configs.schema import RunConfig
 from data.tokenizers import Tokenizer
 from common.errors import CheckpointError, ConfigError
@@ -60,7 +61,9 @@ def load_parent(cfg: RunConfig, tokenizer: Tokenizer) -> SavedRun:
 
 
 def parent_record(parent: SavedRun) -> dict:
-    """What a child's checkpoints say about where its starting weights came from."""
+    """What a child's checkpoints say about where its starting weights came from; ``group``:
+    the parent's experiment apart from its seed (configs/experiment.py), so fine-tunes of
+    parents that differ only in their seed pool as seeds of one row (eval/driver.py)."""
     return {"run": str(parent.run_dir), "checkpoint": parent.checkpoint.name, "step": parent.meta.get("step"),
             "tokens": parent.meta.get("tokens"), "git_commit": parent.meta.get("git_commit"),
-            "train_len": parent.cfg.train.seq_len}
+            "train_len": parent.cfg.train.seq_len, "group": seed_group(parent.cfg)}
