@@ -244,9 +244,10 @@ class TrainConfig:
     # The positional encoding's own parameters train at lr × this (training/optim.py); only
     # for encodings that have some (``trained`` in model/encodings.py).
     pos_lr_multiplier: float = 1.0
-    # Synthetic runs: stop once the exact-match accuracy at seq_len on a fixed set of
-    # eval_batches x batch_size instances per task (checked every eval_interval steps) reaches
-    # this for every task; max_steps is then the budget (training/competence.py). null: no stop.
+    # Synthetic runs (and text runs with data.mix, on their mixed tasks): stop once the
+    # exact-match accuracy at seq_len on a fixed set of eval_batches x batch_size instances per
+    # task (checked every eval_interval steps) reaches this for every task; max_steps is then
+    # the budget (training/competence.py). null: no stop.
     stop_at_accuracy: Optional[float] = None
 
     def __post_init__(self) -> None:
@@ -481,10 +482,11 @@ class RunConfig:
             raise ConfigError(f"data.mix.fraction={mix.fraction} of train.batch_size={self.train.batch_size} rows is "
                               f"{round(mix.fraction * self.train.batch_size)} task rows per batch; it must leave at "
                               "least one task row and one text row: change the fraction or the batch size")
-        if self.train.stop_at_accuracy is not None and self.data.source != "synthetic":
-            raise ConfigError(f"train.stop_at_accuracy={self.train.stop_at_accuracy} needs a synthetic run "
-                              "(data.source=synthetic): it stops on the tasks' exact-match accuracy at "
-                              "train.seq_len; remove it for a text run")
+        if self.train.stop_at_accuracy is not None and self.data.source != "synthetic" and not mix.tasks:
+            raise ConfigError(f"train.stop_at_accuracy={self.train.stop_at_accuracy} needs tasks to score: a "
+                              "synthetic run (data.source=synthetic) or a text run that mixes tasks in (data.mix); "
+                              "it stops on the tasks' exact-match accuracy at train.seq_len. Remove it for a run "
+                              "trained on text alone")
         if self.train.pos_lr_multiplier != 1.0 and not KINDS[pos.kind].trained:
             raise ConfigError(f"train.pos_lr_multiplier={self.train.pos_lr_multiplier} has nothing to act on: "
                               f"model.pos.kind={pos.kind} has no learned parameters (those that do: "

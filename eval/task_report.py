@@ -11,7 +11,8 @@ that are the same experiment apart from the seed (configs/experiment.py) are one
 row's cells pool the seeds that learned it, and say how many did ("3/5"), because the
 accuracy beyond L of a seed that never learned the task at L says nothing about its
 encoding. With ``learned_accuracy: null`` every seed pools (a fine-tuning budget, whose
-forgetting is the point). Pooled instances give correct / scored over those seeds (and
+forgetting is the point), and so do seeds scored on a task they never trained on (passkey
+in the paper's prompt on a text run: "all N"). Pooled instances give correct / scored over those seeds (and
 depths) with a 95% interval that counts both the instances (Wilson) and the disagreement
 between seeds (a t-interval across training runs; eval/stats.py); a second table shows every
 seed's accuracy, those that did not learn the task in parentheses.
@@ -103,12 +104,23 @@ def seed_accuracy(cells: list[dict]) -> Optional[float]:
     return pooled(cells).get("accuracy")
 
 
+def tasks_trained(run: dict) -> list[str]:
+    """The tasks a run trained on in the wording it was scored in (results written before the
+    record existed: a synthetic run's own, none for a text run)."""
+    if "tasks_trained" in run:
+        return run["tasks_trained"]
+    trained_on = run.get("trained_on", "")
+    return [] if trained_on.startswith("text") else trained_on.split("+")
+
+
 def learned(run: dict, by_length: dict[int, list[dict]]) -> Optional[bool]:
     """Whether a seed learned the task: its accuracy at the reference length ≥ the threshold
-    (None: no threshold, or the reference length not scored)."""
+    (None: no threshold, the reference length not scored, or a task the run never trained on,
+    such as passkey in the paper's prompt on a text run)."""
     settings = settings_of(run)
     cells = by_length.get(settings["reference"])
-    if settings["learned"] is None or not cells:
+    task = next((c["task"] for group in by_length.values() for c in group), None)
+    if settings["learned"] is None or not cells or task not in tasks_trained(run):
         return None
     accuracy = seed_accuracy(cells)
     return accuracy is not None and accuracy >= settings["learned"] - 1e-12

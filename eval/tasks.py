@@ -10,7 +10,9 @@ token falls. Writes ``results.json``, ``report.md`` and PNG plots into ``--out``
 
 Which tasks: ``eval.tasks.tasks``, else the run's own tasks (``data.source: synthetic``), else
 those its training mixed in (``data.mix``, in the task wording tokenized with the run's own
-tokenizer.json), else passkey (runs trained on text alone, in the paper's wording). The settings are each run's own ``eval`` config (configs/schema.py:
+tokenizer.json) or, for a fine-tune on text, its parent's (training/parent.py:
+``learned_wording``), else passkey (runs trained on text alone, in the paper's wording).
+The settings are each run's own ``eval`` config (configs/schema.py:
 EvalConfig and its ``tasks`` section); the flags override its keys, as in
 ``python -m eval.extrapolation``. Every (run, task, length) is checked before anything is
 evaluated, so impossible settings stop the command with a message and nothing written.
@@ -49,6 +51,8 @@ from common.errors import UserError
 from model.encodings import served_length
 from training.memory import Estimate, forward_estimate, largest
 from common.cli import entry_point, non_negative_float, non_negative_int, positive_int, probability
+from training.checkpoint import read_meta
+from training.parent import learned_wording
 from training.run_dir import RunDir
 from training.saved_run import SavedRun, checked_tokenizer, load_run, read_run_config
 
@@ -58,31 +62,66 @@ def is_synthetic(cfg: RunConfig) -> bool:
 
 
 def wants_tasks(cfg: RunConfig, ev: EvalConfig) -> bool:
-    """Whether a grid scores this run on tasks: synthetic runs always, text runs when asked."""
-    return is_synthetic(cfg) or bool(ev.tasks.tasks)
+    """Whether a grid scores this run on tasks: synthetic runs and text runs that mixed tasks
+    into training (data.mix) always, other text runs when asked."""
+    return is_synthetic(cfg) or bool(ev.tasks.tasks or cfg.data.mix.tasks)
 
 
-def resolved_tasks(cfg: RunConfig, ev: EvalConfig) -> list[str]:
+def resolved_tasks(cfg: RunConfig, ev: EvalConfig, parent: Optional[dict] = None) -> list[str]:
+    """``parent``: the run's record of its parent (training/parent.py), whose mixed tasks it inherits."""
     if ev.tasks.tasks:
         return list(ev.tasks.tasks)
     if is_synthetic(cfg):
         return list(cfg.data.synthetic.tasks)
-    return list(cfg.data.mix.tasks) or ["passkey"]
+    return learned_wording(cfg, parent) or ["passkey"]
 
 
-def in_paper_wording(cfg: RunConfig, name: str) -> bool:
-    """A text run reads a task it did not mix into training in the paper's wording (passkey only)."""
-    return not is_synthetic(cfg) and name not in cfg.data.mix.tasks
+def in_paper_wording(cfg: RunConfig, name: str, parent: Optional[dict] = None) -> bool:
+    """A text run reads a task that neither it nor its parent mixed into training in the paper's
+    wording (passkey only)."""
+    return not is_synthetic(cfg) and name not in learned_wording(cfg, parent)
 
 
-def run_tasks(cfg: RunConfig, tokenizer, ev: EvalConfig) -> list[Task]:
+def planned_parent(cfg: RunConfig) -> Optional[dict]:
+    """Before a fine-tune trains: what its checkpoints will record of its parent's mixed tasks
+    (None without a parent, or while the parent is not trained yet)."""
+    run = RunDir(Path(cfg.init.run)) if cfg.init.run else None
+    ckpt = run.latest_checkpoint() if run is not None and run.is_run() else None
+    if ckpt is None:
+        return None
+    parent_cfg = read_run_config(run)
+    return {"mix": learned_wording(parent_cfg, read_meta(ckpt).get("parent"))}
+
+
+def run_tasks(cfg: RunConfig, tokenizer, ev: EvalConfig, parent: Optional[dict] = None) -> list[Task]:
     """The tasks to score a run on, each checked against every evaluated length."""
-    tasks = [build_task(name, cfg.data.synthetic, tokenizer, text=in_paper_wording(cfg, name))
-             for name in resolved_tasks(cfg, ev)]
+    tasks = [build_task(name, cfg.data.synthetic, tokenizer, text=in_paper_wording(cfg, name, parent))
+             for name in resolved_tasks(cfg, ev, parent)]
     for task in tasks:
         for length in ev.resolved_lengths(cfg.train.seq_len):
             task.check_length(length, "the evaluated length")
     return tasks
+
+
+def trained_tasks(cfg: RunConfig, parent: Optional[dict] = None) -> list[str]:
+    """The tasks a run (or, fine-tuned on text, its parent) trained on in the wording it is
+    scored in: those whose learning the report judges (passkey in the paper's prompt on a
+    text run is scored, never trained)."""
+    return list(cfg.data.synthetic.tasks) if is_synthetic(cfg) else learned_wording(cfg, parent)
+
+
+def check_reference(cfg: RunConfig, ev: EvalConfig, parent: Optional[dict] = None) -> None:
+    """Raise TaskError where the report could not tell which seeds learned a task they trained
+    on: the reference length (eval.tasks.reference_length, else train.seq_len) is not evaluated."""
+    lengths = ev.resolved_lengths(cfg.train.seq_len)
+    reference = ev.tasks.reference_length or cfg.train.seq_len
+    judged = set(resolved_tasks(cfg, ev, parent)) & set(trained_tasks(cfg, parent))
+    if ev.tasks.learned_accuracy is not None and judged and reference not in lengths:
+        raise TaskError(f"eval.tasks.learned_accuracy={ev.tasks.learned_accuracy:g} judges whether a seed learned a "
+                        f"task by its accuracy at the reference length {reference} "
+                        f"({'eval.tasks.reference_length' if ev.tasks.reference_length else 'train.seq_len'}), "
+                        f"which is not among the evaluated lengths ({', '.join(map(str, lengths))}): evaluate it "
+                        "too, or set eval.tasks.learned_accuracy=null to pool every seed")
 
 
 def check_planned(cfg: RunConfig, ev: EvalConfig, where: str) -> None:
@@ -96,9 +135,13 @@ def check_planned(cfg: RunConfig, ev: EvalConfig, where: str) -> None:
             for name in cfg.data.synthetic.tasks:
                 build_task(name, cfg.data.synthetic, tokenizer).check_length(cfg.train.seq_len, "train.seq_len")
             run_tasks(cfg, tokenizer, ev)
+            check_reference(cfg, ev)
         else:  # lengths of the passkey prompt depend on the tokenizer, known after training
-            for name in resolved_tasks(cfg, ev):
-                check_readable(name, text=in_paper_wording(cfg, name))
+            parent = planned_parent(cfg)
+            # A fine-tune whose parent is not trained yet cannot start either; it is checked once it can.
+            for name in resolved_tasks(cfg, ev, parent) if parent is not None or not cfg.init.run else ():
+                check_readable(name, text=in_paper_wording(cfg, name, parent))
+            check_reference(cfg, ev, parent)
     except TaskError as e:
         raise TaskError(f"{where}: {e}") from None
 
@@ -108,8 +151,11 @@ def check_run(run_dir: Path, eval_for: EvalFor) -> None:
     run = RunDir(run_dir)
     cfg = read_run_config(run)
     ev = eval_for(cfg)
-    run_tasks(cfg, checked_tokenizer(run, cfg), ev)
+    ckpt = run.latest_checkpoint()
+    parent = read_meta(ckpt).get("parent") if ckpt else None
+    run_tasks(cfg, checked_tokenizer(run, cfg), ev, parent)
     check_served(cfg, ev.resolved_lengths(cfg.train.seq_len))
+    check_reference(cfg, ev, parent)
 
 
 def preflight(cfg: RunConfig, ev: EvalConfig) -> Optional[Estimate]:
@@ -152,8 +198,10 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
     """(metadata, cell rows, k_max rows) for one run: its latest checkpoint, or each of ``ev.steps``."""
     started = time.perf_counter()
     latest = load_run(run_dir, device=device)
-    tasks = run_tasks(latest.cfg, latest.tokenizer, ev)
-    meta = {**run_metadata(latest, ev), "trained_on": trained_on(latest.cfg)}
+    parent = latest.meta.get("parent")
+    tasks = run_tasks(latest.cfg, latest.tokenizer, ev, parent)
+    meta = {**run_metadata(latest, ev), "trained_on": trained_on(latest.cfg),
+            "tasks_trained": trained_tasks(latest.cfg, parent)}
     rows, kmax_rows = [], []
     for step, base in evaluated_checkpoints(run_dir, ev, latest, device):
         step_rows, step_kmax = _score_run(base, tasks, ev, meta, log)

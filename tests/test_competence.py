@@ -11,11 +11,11 @@ import pytest
 import train
 from common.errors import ConfigError
 from configs import load_config
+from conftest import interrupt_at
 from eval.driver import pooling_group
 from training.checkpoint import read_meta
-from training.competence import CompetenceStop, is_complete
+from training.competence import CompetenceStop, reached_competence
 from training.run_dir import RunDir
-from training.trainer import Trainer
 
 
 def config(tmp: Path) -> Path:
@@ -55,9 +55,9 @@ def test_the_stop_by_hand():
     again = CompetenceStop(0.95, lambda model: {})
     again.load_state_dict(stop.state_dict())
     assert again.record() == stop.record()
-    assert is_complete({"step": 200, "competence": stop.record()}, 300)
-    assert not is_complete({"step": 200, "competence": {"reached": False}}, 300)
-    assert is_complete({"step": 300}, 300) and not is_complete({"step": 299}, 300)
+    assert reached_competence({"step": 200, "competence": stop.record()})
+    assert not reached_competence({"step": 200, "competence": {"reached": False}})
+    assert not reached_competence({"step": 300})  # no stop: its budget decides
 
 
 def test_a_run_stops_at_competence_resumes_exactly_and_is_then_complete(tmp_path, monkeypatch, capsys):
@@ -72,15 +72,8 @@ def test_a_run_stops_at_competence_resumes_exactly_and_is_then_complete(tmp_path
     assert [r["step"] for r in checks] == list(range(4, meta["step"] + 1, 4))
     assert all(r["val_acc_copy"] < 0.3 for r in checks[:-1]) and checks[-1]["val_acc_copy"] >= 0.3
 
-    original = Trainer.train_step
-
-    def interrupted(self):
-        out = original(self)
-        if self.step == 10:
-            self.stop_signal = signal.SIGTERM
-        return out
     with monkeypatch.context() as m:
-        m.setattr(Trainer, "train_step", interrupted)
+        interrupt_at(m, 10)
         assert train.main([cfg, "name=broken"]) == 128 + signal.SIGTERM
     assert train.main([cfg, "name=broken", "--resume"]) == 0
     broken = RunDir(tmp_path / "runs" / "broken")
@@ -115,7 +108,7 @@ def test_seeds_trained_to_competence_pool_whatever_their_tokens(tmp_path):
 
 @pytest.mark.parametrize("overrides,message", [
     (["train.stop_at_accuracy=1.5"], "train.stop_at_accuracy must be in (0, 1]"),
-    (["data.source=builtin", "data.tokenizer.kind=bpe"], "train.stop_at_accuracy=0.3 needs a synthetic run"),
+    (["data.source=builtin", "data.tokenizer.kind=bpe"], "train.stop_at_accuracy=0.3 needs tasks to score"),
 ])
 def test_bad_stop_settings_are_clear(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("]", r"\]")):

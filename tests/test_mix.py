@@ -89,3 +89,32 @@ def test_a_task_that_cannot_fill_the_training_length_stops_before_training(mixed
     with pytest.raises(Exception, match="multikey with 2 needles needs at least"):
         build_task("multikey", load_config(cfg_path, MIX).data.synthetic, prepare(
             load_config(cfg_path, MIX), CPU).tokenizer).check_length(24, "train.seq_len")
+
+
+def test_a_mixed_parent_trains_to_competence_and_its_fine_tunes_read_its_wording(mixed, tmp_path, capsys):
+    """The stop scores a text run's mixed tasks; a child fine-tuned on text alone is scored on
+    its parent's tasks as the parent learned them, and must keep the parent's task settings."""
+    tmp, cfg_path, _ = mixed
+    base = [str(cfg_path), *MIX, "train.eval_interval=3", "train.ckpt_interval=3", f"out_dir={tmp_path}"]
+    assert train.main([*base, "train.max_steps=3", "train.stop_at_accuracy=0.99", "name=parent"]) == 0
+    parent = tmp_path / "parent"
+    record = [json.loads(line) for line in (parent / "metrics.jsonl").read_text().splitlines()][-1]
+    assert {"val_acc_passkey", "val_acc_multikey"} <= set(record)
+    assert "competence NOT reached: the budget of 3 steps ran out" in capsys.readouterr().out
+    child = [str(cfg_path), "data.synthetic.needles=2", "data.synthetic.distractors=1", "train.seq_len=64",
+             f"init.run={parent}", "train.max_steps=2", "train.eval_interval=2", "train.ckpt_interval=2",
+             f"out_dir={tmp_path}", "name=child"]
+    cfg = load_config(child[0], child[1:])
+    assert eval_tasks.resolved_tasks(cfg, cfg.eval, eval_tasks.planned_parent(cfg)) == ["passkey", "multikey"]
+    assert eval_tasks.resolved_tasks(cfg, cfg.eval) == ["passkey"]  # without its parent: the paper's passkey
+    eval_tasks.check_planned(cfg, cfg.eval, "grid")  # multikey is readable: the parent learned its wording
+    assert train.main(child) == 0
+    results = eval_tasks.run_task_evaluation([tmp_path / "child"], tmp_path / "rep", lambda c: load_config(
+        cfg_path, [*MIX, "eval.lengths=[64]", "eval.tasks.samples=2", "eval.tasks.depths=[0.5]"]).eval,
+        log=lambda *a: None)
+    assert {r["task"] for r in results["results"]} == {"passkey", "multikey"}
+    assert results["runs"][0]["parent"]["mix"] == ["passkey", "multikey"]
+    # Other task settings than the parent's would score the child on instances the parent never saw.
+    assert train.main([*child[:1], "data.synthetic.needles=3", *child[2:-1], "name=other"]) == 2
+    assert "learned its retrieval tasks with other data.synthetic settings" in capsys.readouterr().err
+    assert not (tmp_path / "other" / "checkpoints").exists()

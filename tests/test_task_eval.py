@@ -18,7 +18,7 @@ import train
 from common.devices import DEVICE_NAMES
 from configs import load_config, override_section
 from configs.schema import EvalConfig
-from conftest import tiny_config, write_run_config
+from conftest import interrupt_at, tiny_config, write_run_config
 from data.tasks import Instance, task_tokenizer
 from eval import driver, extrapolation
 from eval import tasks as eval_tasks
@@ -31,7 +31,6 @@ from eval.task_report import write_task_report
 from model.generate import generate
 from model.transformer import Transformer
 from training.run_dir import RunDir
-from training.trainer import Trainer
 from training.validation import answer_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -131,15 +130,8 @@ def losses(run_dir: Path) -> dict[int, float]:
 def test_synthetic_run_trains_resumes_exactly_and_saves_the_task_tokenizer(tmp_path, monkeypatch):
     cfg = str(synthetic_config(tmp_path))
     assert train.main([cfg, "name=straight"]) == 0
-    original = Trainer.train_step
-
-    def interrupted(self):
-        out = original(self)
-        if self.step == 6:
-            self.stop_signal = signal.SIGTERM
-        return out
     with monkeypatch.context() as m:
-        m.setattr(Trainer, "train_step", interrupted)
+        interrupt_at(m, 6)
         assert train.main([cfg, "name=broken"]) == 128 + signal.SIGTERM
     assert train.main([cfg, "name=broken", "--resume"]) == 0
     straight, broken = losses(tmp_path / "runs" / "straight"), losses(tmp_path / "runs" / "broken")
@@ -200,7 +192,9 @@ def test_passkey_on_a_text_run_in_its_own_tokenizer(scored_runs, tmp_path):
         lengths=[300], tasks={"samples": 3, "depths": [0.5]}), log=lambda *a: None)
     (row,) = results["results"]
     assert (row["task"], row["length"], row["status"], row["total"]) == ("passkey", 300, "ok", 3)
-    assert results["runs"][0]["trained_on"] == "text (local)"
+    assert results["runs"][0]["trained_on"] == "text (local)" and results["runs"][0]["tasks_trained"] == []
+    # Scored on a task it never trained on: learning is not judged, the row pools its seed.
+    assert "| all 1 | 0.00 [" in (tmp_path / "rep" / "report.md").read_text()
 
 
 def eval_tasks_for(**tree):
@@ -218,6 +212,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     (["--depths", "0", "1.5"], "eval.tasks.depths must be in [0, 1]"),
     (["--lengths", "8"], "recall with 3 pairs and 3 queries needs at least 11 positions"),
     (["--tasks", "copy", "--lengths", "16", "--samples", "0"], "argument --samples: must be a positive integer"),
+    # Which seeds learned a task is judged at L: a report without L would pool them silently.
+    (["--lengths", "48", "96"], "judges whether a seed learned a task by its accuracy at the "
+                                                   "reference length 24 (train.seq_len), which is not among"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(scored_runs, tmp_path, args, message):
     out = tmp_path / "rep"
@@ -348,6 +345,7 @@ def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
     """Seed 0 learned copy at L (10/10), seed 1 did not (5/10): cells beyond L are seed 0's alone."""
     runs = [{"run": f"r{s}", "name": f"rope_seed-{s}", "encoding": "rope", "group": "g", "stem": "rope", "seed": s,
              "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
+             "trained_on": "copy",  # a results.json written before tasks_trained was recorded
              **({"competence": {"reached": True, "step": 300}} if s == 0 else
                 {"competence": {"reached": False, "threshold": 0.95, "accuracy": {"copy": 0.5}}})} for s in (0, 1)]
     errors = {0: {32: [16] * 10, 64: [32] * 4 + [16, 17, 18, 19, 20, 21]}, 1: {32: [16] * 5 + [0] * 5, 64: [0] * 10}}
@@ -356,7 +354,7 @@ def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
     write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
     report = (tmp_path / "report.md").read_text()
     low, high = wilson_interval(4, 10)
-    assert f"| rope | 1/2 | 1.00 " in report and f"| 0.40 [{low:.2f}, {high:.2f}] |" in report
+    assert "| rope | 1/2 | 1.00 " in report and f"| 0.40 [{low:.2f}, {high:.2f}] |" in report
     assert "| rope | 1/2 | 1.00 / (0.50) | 0.40 / (0.00) |" in report  # every seed, the unlearned in ()
     assert "| rope | 32 | 32 (×1) (one seed) |" in report  # 0.4 < 0.8 × 1.0 at 64
     assert "| rope | 1.00 | 0.75 |" in report  # right before the first error at 64: (4 + (16 + … + 21) / 32) / 10

@@ -1,6 +1,7 @@
 """Training to competence: a synthetic run stops once it has learned its tasks at L.
 
-With ``train.stop_at_accuracy: a`` a synthetic run checks, at every validation
+With ``train.stop_at_accuracy: a`` a synthetic run (or a text run, on the tasks its
+``data.mix`` mixes in: a parent that retrieves) checks, at every validation
 (``train.eval_interval`` steps and the last step), the exact-match accuracy at L =
 ``train.seq_len`` of each of its tasks on a fixed set of ``train.eval_batches ×
 train.batch_size`` instances at that length (data/tasks/batches.py: ``length_set``, the
@@ -65,7 +66,7 @@ class CompetenceStop:
             self.checked_at = state.get("checked_at")
 
 
-def is_complete(meta: dict, total_steps: int) -> bool:
-    """Whether a run whose newest checkpoint has ``meta`` has trained all it will: its budget
-    (``total_steps``; a grid that raises it continues the run) or competence reached."""
-    return meta["step"] >= total_steps or bool((meta.get("competence") or {}).get("reached"))
+def reached_competence(meta: dict) -> bool:
+    """Whether the run whose checkpoint has ``meta`` stopped because it reached competence: it
+    has trained all it will, whatever its budget (a grid does not resume it)."""
+    return bool((meta.get("competence") or {}).get("reached"))

@@ -13,7 +13,7 @@ stand in for it (scripts/bench_worker.py trains on random tokens through ``TextD
 Synthetic tasks add ``accuracies(seq_len, n)``: each task's exact-match accuracy at
 ``seq_len`` on fixed instances, a function of the model (training/competence.py). A text
 run with ``data.mix`` trains on text windows and retrieval instances in each batch
-(``MixedData``) and validates on text.
+(``MixedData``), validates on text, and has ``accuracies`` for its mixed tasks.
 """
 
 from __future__ import annotations
@@ -31,12 +31,13 @@ from common.errors import DataError
 from configs.tasks import MixConfig, SyntheticConfig
 from data.prepare import PreparedData, prepare_data
 from data.samplers import TrainSampler
-from data.tasks import Task, TaskData, TaskSampler, build_task
+from data.tasks import Task, TaskData, TaskSampler, build_task, length_set
 from training.exact_match import exact_match
 from training.runtime import Runtime
 from training.validation import answer_loss, validation_loss
 
 ValidationLoss = Callable[[nn.Module], float]
+Accuracies = Callable[[nn.Module], dict[str, float]]
 
 
 class TrainingData(Protocol):
@@ -83,10 +84,15 @@ class TaskTraining(TaskData):
         batches = self.validation_batches(seq_len, batch_size * world_size, n_batches)
         return functools.partial(answer_loss, batches=batches)
 
-    def accuracies(self, seq_len: int, n: int) -> Callable[[nn.Module], dict[str, float]]:
-        """model -> {task: exact-match accuracy on its ``n`` fixed instances at ``seq_len``}."""
-        sets = self.length_sets(seq_len, n)
-        return lambda model: {name: float(exact_match(model, instances).mean()) for name, instances in sets.items()}
+    def accuracies(self, seq_len: int, n: int) -> Accuracies:
+        return task_accuracies(self.tasks, seq_len, n)
+
+
+def task_accuracies(tasks: list[Task], seq_len: int, n: int) -> Accuracies:
+    """model -> {task: exact-match accuracy on its ``n`` fixed instances at ``seq_len``}
+    (data/tasks/batches.py: ``length_set``; the competence stop's check)."""
+    sets = {task.name: length_set(task, seq_len, n) for task in tasks}
+    return lambda model: {name: float(exact_match(model, instances).mean()) for name, instances in sets.items()}
 
 
 def mixed_rows(mix: MixConfig, batch_size: int) -> int:
@@ -129,6 +135,9 @@ class MixedData(TextData):
     def mixed(cls, prepared: PreparedData, mix: MixConfig, synthetic: SyntheticConfig) -> MixedData:
         tasks = [build_task(name, synthetic, prepared.tokenizer) for name in mix.tasks]
         return cls(prepared.tokenizer, prepared.split("train"), prepared.split("valid"), mix, tasks)
+
+    def accuracies(self, seq_len: int, n: int) -> Accuracies:
+        return task_accuracies(self.tasks, seq_len, n)
 
     def train_sampler(self, seq_len: int, batch_size: int, seed: int, rank: int = 0,
                       world_size: int = 1) -> MixedSampler:

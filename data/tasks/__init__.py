@@ -103,10 +103,6 @@ class TaskData:
     def validation_batches(self, seq_len: int, batch_size: int, n_batches: int):
         return validation_batches(self.tasks, seq_len, batch_size, n_batches, self.tokenizer.eot_id)
 
-    def length_sets(self, seq_len: int, n: int) -> dict[str, list[Instance]]:
-        """Each task's fixed ``n`` instances at exactly ``seq_len`` (the competence stop's)."""
-        return {task.name: length_set(task, seq_len, n) for task in self.tasks}
-
 
 __all__ = ["ALPHABET", "Instance", "TASKS", "Task", "TaskData", "TaskError", "TaskSampler", "build_task",
            "check_readable", "check_task_name", "collate", "eval_instance", "length_set", "task_tokenizer"]

@@ -15,8 +15,8 @@ depends on the order or the process that draws it:
   from ``(AT_L, task, L, i)``, with a uniform depth; the same for every seed.
 
 A training instance's task is drawn uniformly from the run's tasks, its length uniformly
-from that task's shortest up to ``train.seq_len``, and (passkey) its depth uniformly in
-[0, 1]. Each row of a batch holds one
+from that task's shortest up to ``train.seq_len``, and its depth uniformly in [0, 1] (used
+by the tasks that place a needle: passkey, multikey). Each row of a batch holds one
 instance from position 0, as at evaluation, padded after its end; its targets are the
 next tokens where those are answers and ``IGNORE_INDEX`` everywhere else, so the loss
 counts answer tokens only. Padding never influences the instance (attention is causal).

@@ -31,7 +31,9 @@ copies "the digits" fails and one that finds the digits after ``key: `` succeeds
 (length 50, depth 0.5, 2 distractors)::
 
     the 67326. 56002. graskey: 86556. the grakey: 86556
-                                                  ^^^^^ answer Every piece is tokenized on its own and the pieces are concatenated;
+                                                  ^^^^^ answer
+
+Every piece is tokenized on its own and the pieces are concatenated;
 each boundary (before a space, newline or the key's digits) is a boundary of byte-level
 BPE's pre-tokenizer, so this equals tokenizing the whole prompt. The filler absorbs the
 key's varying token count, so an instance is exactly the requested length.
