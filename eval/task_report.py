@@ -153,8 +153,11 @@ def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[i
         out[label] = {}
         for length in sorted({n for by_length in per_run.values() for n in by_length}):
             cells = [c for by_length in kept[label].values() for c in by_length.get(length, [])]
-            any_cell = next(c for by_length in per_run.values() for c in by_length.get(length, []))
-            cell = pooled(cells) if cells else {"na": "no seed learned the task", "train_len": any_cell["train_len"]}
+            every = [c for by_length in per_run.values() for c in by_length.get(length, [])]
+            if not cells and any(c["status"] == "ok" for c in every):
+                cell = {"na": "no seed learned the task", "train_len": every[0]["train_len"]}
+            else:  # a length no seed could serve says why, learned or not
+                cell = pooled(cells or every)
             cell["per_seed"] = [(seed_accuracy(by_length[length]), learned(meta[run], by_length))
                                 for run, by_length in sorted(per_run.items()) if length in by_length]
             cell["learned"] = counts[label]
