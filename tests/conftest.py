@@ -1,15 +1,13 @@
-"""Shared helpers: tiny model configs for every positional encoding, an interrupted run."""
+"""Shared helpers: tiny model configs for every positional encoding."""
 
 from __future__ import annotations
 
-import signal
 from pathlib import Path
 
 import pytest
 import torch
 
 from model.config import POS_KINDS, CopeConfig, ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
-from training.trainer import Trainer
 
 ALL_KINDS = list(POS_KINDS)
 
@@ -25,19 +23,6 @@ def tiny_config(kind: str = "rope", *, pairing: str = "half", rotary_fraction: f
     # and a cap that counts of 20-30 keys reach.
     cope = CopeConfig(max_pos=8, init_std=1.0)
     return ModelConfig(pos=PosConfig(kind=kind, max_len=max_len, rope=rope, cope=cope), **fields)
-
-
-def interrupt_at(monkeypatch, step: int) -> None:
-    """Training under ``monkeypatch`` behaves as if SIGTERM arrived during step ``step``: the
-    run saves a checkpoint and exits with 128 + SIGTERM."""
-    original = Trainer.train_step
-
-    def interrupted(self):
-        out = original(self)
-        if self.step == step:
-            self.stop_signal = signal.SIGTERM
-        return out
-    monkeypatch.setattr(Trainer, "train_step", interrupted)
 
 
 @pytest.fixture(autouse=True)

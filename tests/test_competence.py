@@ -11,7 +11,7 @@ import pytest
 import train
 from common.errors import ConfigError
 from configs import load_config
-from conftest import interrupt_at
+from test_train import stop_after
 from eval.driver import pooling_group
 from training.checkpoint import read_meta
 from training.competence import CompetenceStop, reached_competence
@@ -73,7 +73,7 @@ def test_a_run_stops_at_competence_resumes_exactly_and_is_then_complete(tmp_path
     assert all(r["val_acc_copy"] < 0.3 for r in checks[:-1]) and checks[-1]["val_acc_copy"] >= 0.3
 
     with monkeypatch.context() as m:
-        interrupt_at(m, 10)
+        stop_after(10, m)
         assert train.main([cfg, "name=broken"]) == 128 + signal.SIGTERM
     assert train.main([cfg, "name=broken", "--resume"]) == 0
     broken = RunDir(tmp_path / "runs" / "broken")

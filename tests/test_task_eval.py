@@ -18,7 +18,8 @@ import train
 from common.devices import DEVICE_NAMES
 from configs import load_config, override_section
 from configs.schema import EvalConfig
-from conftest import interrupt_at, tiny_config, write_run_config
+from conftest import tiny_config, write_run_config
+from test_train import stop_after
 from data.tasks import Instance, task_tokenizer
 from eval import driver, extrapolation
 from eval import tasks as eval_tasks
@@ -131,7 +132,7 @@ def test_synthetic_run_trains_resumes_exactly_and_saves_the_task_tokenizer(tmp_p
     cfg = str(synthetic_config(tmp_path))
     assert train.main([cfg, "name=straight"]) == 0
     with monkeypatch.context() as m:
-        interrupt_at(m, 6)
+        stop_after(6, m)
         assert train.main([cfg, "name=broken"]) == 128 + signal.SIGTERM
     assert train.main([cfg, "name=broken", "--resume"]) == 0
     straight, broken = losses(tmp_path / "runs" / "straight"), losses(tmp_path / "runs" / "broken")
