@@ -188,6 +188,14 @@ def _name_part(value: Any) -> str:
     return text[-40:] or "x"
 
 
+def run_stem(name: str, parent: Optional[str] = None) -> str:
+    """A run's name without its seed, nor its parent (``init.run``) where a grid axis named
+    it: fine-tunes of one experiment's seeds share a stem, as they share a report row."""
+    stem = name.replace(f"run-{_name_part(parent)}", "") if parent else name
+    stem = re.sub(r"[_-]?seed[-=]?\d+", "", stem)
+    return re.sub(r"__+", "_", stem).strip("_") or name
+
+
 def _suggest(key: str, valid: set[str]) -> str:
     close = difflib.get_close_matches(key, sorted(valid), n=1)
     return f" (did you mean '{close[0]}'?)" if close else ""

@@ -27,7 +27,7 @@ from typing import Literal, Optional, Union
 
 from common.devices import check_device_name
 from configs.diagnostics import DiagnosticsConfig
-from configs.tasks import SyntheticConfig, TaskEvalConfig
+from configs.tasks import MixConfig, SyntheticConfig, TaskEvalConfig
 from model.config import SCALING_TYPES, ModelConfig, ScalingType
 from model.encodings import DEFAULT_KIND, KINDS, accepts_rope_scaling, kinds_where, served_length
 from common.errors import ConfigError
@@ -150,13 +150,15 @@ class DataConfig:
     """Where the text comes from, how it splits into documents, and the tokenizer.
 
     ``source: synthetic`` trains on a task made on the fly (``synthetic``, configs/tasks.py)
-    instead of text; its tokenizer is the tasks' alphabet, one character per token.
+    instead of text; its tokenizer is the tasks' alphabet, one character per token. A text
+    run may mix retrieval instances into its batches (``mix``, with ``synthetic``'s parameters).
     """
 
     source: Literal["builtin", "hub", "local", "synthetic"] = "builtin"
     hub: HubConfig = field(default_factory=HubConfig)
     local: LocalConfig = field(default_factory=LocalConfig)
     synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)
+    mix: MixConfig = field(default_factory=MixConfig)  # retrieval instances in a text run's batches
     # What one document is (each ends with <|endoftext|>): line = each line / dataset row;
     # paragraph = blocks separated by blank lines (local only); file = a whole file (local
     # only); wikitext = lines grouped into articles, a new one at each ` = Title = ` line.
@@ -184,6 +186,9 @@ class DataConfig:
         if self.documents in ("paragraph", "file") and self.source != "local":
             raise ConfigError(f"data.documents={self.documents} only applies to data.source=local; "
                               "use line or wikitext")
+        if self.source == "synthetic" and self.mix.tasks:
+            raise ConfigError("data.mix mixes task instances into a text run's batches; a synthetic run trains on "
+                              "data.synthetic.tasks alone: remove data.mix")
         if self.source == "synthetic" and self.tokenizer.kind != "char":
             raise ConfigError("data.source=synthetic writes every task in one alphabet, one character "
                               f"per token: set data.tokenizer.kind=char (got {self.tokenizer.kind}). A "
@@ -239,6 +244,11 @@ class TrainConfig:
     # The positional encoding's own parameters train at lr × this (training/optim.py); only
     # for encodings that have some (``trained`` in model/encodings.py).
     pos_lr_multiplier: float = 1.0
+    # Synthetic runs (and text runs with data.mix, on their mixed tasks): stop once the
+    # exact-match accuracy at seq_len on a fixed set of eval_batches x batch_size instances per
+    # task (checked every eval_interval steps) reaches this for every task; max_steps is then
+    # the budget (training/competence.py). null: no stop.
+    stop_at_accuracy: Optional[float] = None
 
     def __post_init__(self) -> None:
         _positive("train", self, "seq_len", "batch_size", "grad_accum", "eval_interval",
@@ -263,6 +273,9 @@ class TrainConfig:
         if not self.pos_lr_multiplier > 0:
             raise ConfigError(f"train.pos_lr_multiplier must be positive (got "
                               f"{self.pos_lr_multiplier}); 1 trains the positional parameters at train.lr")
+        if self.stop_at_accuracy is not None and not 0.0 < self.stop_at_accuracy <= 1.0:
+            raise ConfigError(f"train.stop_at_accuracy must be in (0, 1], an exact-match accuracy, or null "
+                              f"(got {self.stop_at_accuracy})")
 
     def tokens_per_step(self, world_size: int = 1) -> int:
         return self.batch_size * self.grad_accum * self.seq_len * world_size
@@ -464,6 +477,16 @@ class RunConfig:
         self._check_served("train.seq_len", self.train.seq_len, "is shorter than")
         if self.train.random_positions is not None:
             self._check_random_positions(self.train.random_positions.max_len)
+        mix = self.data.mix
+        if mix.tasks and not 1 <= round(mix.fraction * self.train.batch_size) < self.train.batch_size:
+            raise ConfigError(f"data.mix.fraction={mix.fraction} of train.batch_size={self.train.batch_size} rows is "
+                              f"{round(mix.fraction * self.train.batch_size)} task rows per batch; it must leave at "
+                              "least one task row and one text row: change the fraction or the batch size")
+        if self.train.stop_at_accuracy is not None and self.data.source != "synthetic" and not mix.tasks:
+            raise ConfigError(f"train.stop_at_accuracy={self.train.stop_at_accuracy} needs tasks to score: a "
+                              "synthetic run (data.source=synthetic) or a text run that mixes tasks in (data.mix); "
+                              "it stops on the tasks' exact-match accuracy at train.seq_len. Remove it for a run "
+                              "trained on text alone")
         if self.train.pos_lr_multiplier != 1.0 and not KINDS[pos.kind].trained:
             raise ConfigError(f"train.pos_lr_multiplier={self.train.pos_lr_multiplier} has nothing to act on: "
                               f"model.pos.kind={pos.kind} has no learned parameters (those that do: "

@@ -16,8 +16,11 @@ from typing import Literal, Optional
 
 from common.errors import ConfigError
 
-TaskName = Literal["passkey", "copy", "recall", "addition"]
+TaskName = Literal["passkey", "copy", "recall", "addition", "multikey", "multivalue", "vartrack"]
 TASK_NAMES: tuple[str, ...] = typing.get_args(TaskName)
+# Retrieval in filler text (RULER's families, Hsieh et al. 2024, §3): written in plain words and
+# digits, so a text run's own tokenizer can write them too (data.mix).
+RETRIEVAL_TASKS: tuple[str, ...] = ("passkey", "multikey", "multivalue", "vartrack")
 
 
 @dataclass
@@ -37,6 +40,14 @@ class SyntheticConfig:
     # addition: each sum digit right after its operand digits, or the whole sum after both
     # operands (see data/tasks/addition.py)
     addition_layout: Literal["aligned", "sequential"] = "aligned"
+    # passkey: numbers of key_digits digits strewn in the filler, none equal to the key, so
+    # copying "the digits" is not enough: the model must find the ones after "key: "
+    distractors: int = 0
+    needles: int = 4  # multikey: name-value needles, one of them queried (RULER's NIAH multi-key)
+    values: int = 4  # multivalue: values stated for one name, all asked (RULER's NIAH multi-value)
+    chains: int = 2  # vartrack: assignment chains, one of them queried (RULER's variable tracking)
+    hops: int = 2  # vartrack: assignments after each chain's value (hops to resolve)
+    name_letters: int = 2  # multikey, multivalue, vartrack: letters of a name or variable
 
     def __post_init__(self) -> None:
         if not self.tasks or len(set(self.tasks)) != len(self.tasks):
@@ -50,10 +61,59 @@ class SyntheticConfig:
         if self.queries is not None and not 1 <= self.queries <= self.pairs:
             raise ConfigError(f"data.synthetic.queries must be in [1, pairs={self.pairs}]: each query "
                               f"asks for a distinct stated key (got {self.queries})")
+        if self.distractors < 0:
+            raise ConfigError(f"data.synthetic.distractors must be 0 or more (got {self.distractors})")
+        for key in ("needles", "values", "chains", "hops"):
+            if getattr(self, key) < 1:
+                raise ConfigError(f"data.synthetic.{key} must be a positive integer (got {getattr(self, key)})")
+        if not 1 <= self.name_letters <= 8:
+            raise ConfigError(f"data.synthetic.name_letters must be in [1, 8] (got {self.name_letters})")
+        numbers = 9 * 10 ** (self.key_digits - 1)  # the first digit is never 0
+        distinct = max(self.distractors + 1, self.needles, self.values, self.chains)
+        if distinct > numbers // 2:
+            raise ConfigError(f"data.synthetic.key_digits={self.key_digits} gives {numbers} numbers, too few for "
+                              f"{distinct} distinct numbers per instance (distractors + key, needles, values or "
+                              "chains); use more key_digits")
+        names = 26 ** self.name_letters
+        wanted = max(self.needles, self.chains * (self.hops + 1))
+        if wanted > names // 2:
+            raise ConfigError(f"data.synthetic.name_letters={self.name_letters} gives {names} names, too few for "
+                              f"{wanted} distinct names per instance; use more name_letters or fewer needles/chains")
 
     @property
     def n_queries(self) -> int:
         return self.pairs if self.queries is None else self.queries
+
+
+@dataclass
+class MixConfig:
+    """Retrieval instances mixed into a text run's training batches (``data.mix``).
+
+    In every batch, ``round(fraction x batch_size)`` rows are task instances (each of
+    ``tasks`` drawn uniformly, with ``data.synthetic``'s parameters, in the plain wording of
+    data/tasks/haystack.py written with the run's own tokenizer; their answer tokens alone
+    are targets) and the rest are text windows, so the model retrieves at its training
+    length while its perplexity stays a language model's. Validation is on text alone.
+    """
+
+    tasks: list[TaskName] = field(default_factory=list)
+    fraction: float = 0.0
+
+    def __post_init__(self) -> None:
+        if bool(self.tasks) != (self.fraction > 0):
+            raise ConfigError(f"data.mix.tasks and data.mix.fraction go together: name the tasks to mix in and "
+                              f"the share of each batch they take, or neither (got tasks={self.tasks}, "
+                              f"fraction={self.fraction})")
+        if not 0.0 <= self.fraction < 1.0:
+            raise ConfigError(f"data.mix.fraction must be in [0, 1): the share of each batch's rows that are "
+                              f"task instances (got {self.fraction})")
+        wrong = [t for t in self.tasks if t not in RETRIEVAL_TASKS]
+        if wrong:
+            raise ConfigError(f"data.mix.tasks can hold the retrieval tasks {', '.join(RETRIEVAL_TASKS)}, which are "
+                              f"written in plain words a text tokenizer can write; {', '.join(wrong)} exist only in the "
+                              "synthetic task alphabet (train on data.source=synthetic for them)")
+        if len(set(self.tasks)) != len(self.tasks):
+            raise ConfigError(f"data.mix.tasks lists a task twice: {self.tasks}")
 
 
 @dataclass
@@ -62,19 +122,29 @@ class TaskEvalConfig:
 
     Lengths and RoPE scalings are the enclosing EvalConfig's (``eval.lengths`` or
     ``eval.length_multipliers`` x train.seq_len, ``eval.scalings``), shared with the
-    perplexity sweep. ``samples`` instances are scored per length, and for passkey per
-    (length, depth) cell. Test instances are a pure function of ``seed``, the task, the
+    perplexity sweep. ``samples`` instances are scored per length, and for passkey and
+    multikey per (length, depth) cell. Test instances are a pure function of ``seed``, the task, the
     length, the depth and the instance index, so every run is scored on the same ones.
     """
 
-    # Empty: the run's own tasks (synthetic runs) or passkey (runs trained on text).
+    # Empty: the run's own tasks (synthetic runs), else those of its data.mix, else passkey.
     tasks: list[TaskName] = field(default_factory=list)
     samples: int = 100
-    # Passkey: where the key sits, as the fraction of the filler before it (0: first, 1: last).
+    # Passkey and multikey: where the (queried) needle sits, as the fraction of the filler before
+    # it (0: first, 1: last).
     depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     # k_max (Chen et al. 2023): retrieval "succeeds" in a cell whose accuracy is at least this.
     kmax_threshold: float = 0.2
     seed: int = 0
+    # The report's settings (they change no scored number, so no cache key): a seed has
+    # learned a task when its accuracy at the reference length is at least learned_accuracy,
+    # and beyond-L accuracies pool the seeds that learned it (null: every seed); a row's
+    # effective length is the longest evaluated length up to which its accuracy stays at least
+    # effective_fraction x its accuracy at the reference length (eval/effective_length.py);
+    # the reference length is reference_length, or null for the run's train.seq_len.
+    learned_accuracy: Optional[float] = 0.95
+    effective_fraction: float = 0.8
+    reference_length: Optional[int] = None
 
     def __post_init__(self) -> None:
         if self.samples < 1:
@@ -91,6 +161,18 @@ class TaskEvalConfig:
             raise ConfigError(f"eval.tasks.tasks lists a task twice: {self.tasks}")
         if self.seed < 0:
             raise ConfigError(f"eval.tasks.seed must be 0 or more (got {self.seed})")
+        if self.learned_accuracy is not None and not 0.0 < self.learned_accuracy <= 1.0:
+            raise ConfigError(f"eval.tasks.learned_accuracy must be in (0, 1], or null to pool every seed "
+                              f"(got {self.learned_accuracy})")
+        if not 0.0 < self.effective_fraction <= 1.0:
+            raise ConfigError(f"eval.tasks.effective_fraction must be in (0, 1] (got {self.effective_fraction})")
+        if self.reference_length is not None and self.reference_length < 1:
+            raise ConfigError(f"eval.tasks.reference_length must be a positive length, or null for train.seq_len "
+                              f"(got {self.reference_length})")
 
     def resolved_depths(self) -> list[float]:
         return sorted(set(self.depths))
+
+
+# Keys of TaskEvalConfig that only shape the report: results cached before they existed stay valid.
+REPORT_KEYS: tuple[str, ...] = ("learned_accuracy", "effective_fraction", "reference_length")

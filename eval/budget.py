@@ -32,10 +32,11 @@ def parent_lengths(results: dict) -> list[int]:
 
 
 def budget_lengths(results: dict, cells: dict[str, dict[int, dict[int, dict]]]) -> list[int]:
-    """4L and 16L of the parent's training length L where evaluated, else the two longest."""
+    """The parent's training length L (what fine-tuning keeps of the short context), 4L and
+    16L where evaluated, else the two longest."""
     parents = parent_lengths(results)
     evaluated = sorted({n for steps in cells.values() for by_length in steps.values() for n in by_length})
-    wanted = [m * parents[0] for m in (4, 16)] if parents else []
+    wanted = [m * parents[0] for m in (1, 4, 16)] if parents else []
     return [n for n in wanted if n in evaluated] or evaluated[-2:]
 
 
@@ -52,7 +53,8 @@ def budget_section(results: dict, corpus: str, protocol: str, out: Path, index: 
              f"parent's training length ({parents[0]} tokens)" if len(parents) == 1 else "at the longest lengths")
     md = ["", "### Fine-tuning budget", "",
           "Perplexity (95% interval) after each number of fine-tuning steps; step 0 is the parent's weights "
-          f"under the row's RoPE scaling. Shown {where}.", ""]
+          f"under the row's RoPE scaling. Shown {where}: at L, what fine-tuning for longer contexts costs the "
+          "short context it was trained on.", ""]
     for length in lengths:
         md += [f"At {length} tokens:", "", "| row | " + " | ".join(f"step {s}" for s in steps) + " |",
                "|---|" + "---:|" * len(steps)]

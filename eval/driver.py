@@ -64,8 +64,15 @@ def own_eval(cfg: RunConfig) -> EvalConfig:
     return cfg.eval
 
 
-def pooling_group(cfg: RunConfig, tokens) -> str:
-    """Seeds of one experiment, trained for as many tokens, are pooled into one row."""
+def pooling_group(cfg: RunConfig, tokens, parent: Optional[dict] = None) -> str:
+    """Seeds of one experiment, trained for as many tokens, are pooled into one row. Runs
+    trained to competence (train.stop_at_accuracy) stop when they stop, so their tokens do not
+    count; fine-tunes of parents that are seeds of one experiment (``parent``: the run's
+    record of its parent, training/parent.py) are seeds of one experiment too."""
+    if cfg.train.stop_at_accuracy is not None:
+        tokens = f"to-accuracy-{cfg.train.stop_at_accuracy:g}"
+    if parent and parent.get("group"):
+        cfg = dataclasses.replace(cfg, init=dataclasses.replace(cfg.init, run=f"seeds of {parent['group']}"))
     return f"{seed_group(cfg)}-{tokens}"
 
 
@@ -239,7 +246,7 @@ def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, 
         log(f"  reusing {path}")
         # The group hashes the whole config as the schema reads it today: a key added
         # since (e.g. model.attention) must not split a cached seed from a fresh one.
-        cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"))
+        cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"), cached["meta"].get("parent"))
         # The settings outside the key (the report's reference row, …) are today's.
         cached["meta"]["eval"] = dataclasses.asdict(ev)
         return cached["meta"], cached["rows"], cached[evaluation.result]

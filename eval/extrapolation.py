@@ -23,7 +23,6 @@ import dataclasses
 import hashlib
 import json
 import math
-import re
 import sys
 import time
 from pathlib import Path
@@ -31,6 +30,7 @@ from typing import Optional, Sequence
 
 import torch
 
+from configs.grid import run_stem
 from configs.schema import EvalConfig, EvalCorpus
 from eval import driver
 from eval.cell_store import STORE_DIR, CellStore, address, tokens_digest, weights_digest
@@ -77,16 +77,17 @@ def scale_note(kind: str, length: int, train_len: int, factor: Optional[float]) 
 
 def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
     cfg, meta = saved.cfg, saved.meta
-    group = pooling_group(cfg, meta.get("tokens"))
+    group = pooling_group(cfg, meta.get("tokens"), meta.get("parent"))
     return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind,
             "attention": cfg.model.attention, "group": group,
-            "stem": re.sub(r"[_-]?seed[-=]?\d+", "", cfg.name) or cfg.name,
+            "stem": run_stem(cfg.name, cfg.init.run),
             "pairing": cfg.model.pos.rope.pairing if KINDS[cfg.model.pos.kind].rotary else None,
             "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"),
             "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
             "max_len": saved.model.pos.max_len, "git_commit": meta.get("git_commit"),
             "train_seconds": meta.get("train_seconds"), "parent": meta.get("parent"),
-            "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev)}
+            "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev),
+            **({"competence": meta["competence"]} if meta.get("competence") else {})}
 
 
 def _check_finished(saved: SavedRun, allow_unfinished: bool) -> None:

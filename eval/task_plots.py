@@ -1,4 +1,5 @@
-"""Figures for task reports: accuracy vs length per task, passkey depth × length heatmaps."""
+"""Figures for task reports: accuracy vs length per task, and heatmaps over length (needle depth
+× length for passkey and multikey, first-error position × length for copy and addition)."""
 
 from __future__ import annotations
 
@@ -34,9 +35,10 @@ def plot_accuracy(table: dict[str, dict[int, dict]], train_lens: list[int], path
     finish(fig, ax, "evaluated length (positions)", "exact-match accuracy (95% interval)", title, path)
 
 
-def plot_heatmaps(grids: dict[str, tuple[list[float], list[int], np.ndarray]], path: Path) -> None:
-    """One depth × length panel per row label: accuracy in colour (the colour bar's scale,
-    0 to 1) and digits, NaN (n/a) grey."""
+def plot_heatmaps(grids: dict[str, tuple[list, list[int], np.ndarray]], path: Path, title: str,
+                  ylabel: str = "needle depth", scale: str = "accuracy") -> None:
+    """One panel per row label, a row per y value (a depth, or a bin's name) and a column per
+    length: the value in colour (the colour bar's scale, 0 to 1) and digits, NaN (n/a) grey."""
     labels = sorted(grids, key=label_order)
     cols = min(3, len(labels))
     rows = (len(labels) + cols - 1) // cols
@@ -51,13 +53,13 @@ def plot_heatmaps(grids: dict[str, tuple[list[float], list[int], np.ndarray]], p
             text, colour = ("n/a", "black") if np.isnan(value) else (f"{value:.2f}", "white" if value < 0.6 else "black")
             ax.text(j, i, text, ha="center", va="center", fontsize=7, color=colour)
         ax.set_xticks(range(len(lengths)), [str(n) for n in lengths], fontsize=7)
-        ax.set_yticks(range(len(depths)), [f"{d:g}" for d in depths], fontsize=7)
+        ax.set_yticks(range(len(depths)), [d if isinstance(d, str) else f"{d:g}" for d in depths], fontsize=7)
         ax.set_xlabel("length", fontsize=8)
-        ax.set_ylabel("key depth", fontsize=8)
+        ax.set_ylabel(ylabel, fontsize=8)
         ax.set_title(label, fontsize=9)
     for ax in list(axes.flat)[len(labels):]:
         ax.axis("off")
-    fig.colorbar(image, ax=axes, label="accuracy", shrink=0.9)  # every panel shares vmin 0, vmax 1
-    fig.suptitle("Passkey: accuracy by key depth and length", fontsize=10)
+    fig.colorbar(image, ax=axes, label=scale, shrink=0.9)  # every panel shares vmin 0, vmax 1
+    fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=130)
     plt.close(fig)

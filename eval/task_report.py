@@ -3,12 +3,23 @@
 One table per task: a row per encoding (plus RoPE scaling, and checkpoint "@ STEP" with
 eval.steps), a column per length, headed by its multiple of L where every row has one
 training length L, else beside an L column (eval/tables.py: length_table). Runs
-that are the same experiment apart from the seed (configs/experiment.py) are one row;
-their instances are pooled, so a cell is correct / scored over every seed (and, for
-passkey, every depth) with a 95% interval that counts both the instances (Wilson) and the
-disagreement between seeds (a t-interval across training runs; eval/stats.py), and a second table
-shows the per-seed accuracies. Passkey adds depth × length heatmaps and
-k_max per seed (eval/kmax.py states the definition).
+that are the same experiment apart from the seed (configs/experiment.py) are one row.
+
+**Learned seeds.** A seed has learned a task when its accuracy at the reference length R
+(``eval.tasks.reference_length``, else its training length L) is at least
+``eval.tasks.learned_accuracy`` (default 0.95, the competence stop's usual threshold); a
+row's cells pool the seeds that learned it, and say how many did ("3/5"), because the
+accuracy beyond L of a seed that never learned the task at L says nothing about its
+encoding. With ``learned_accuracy: null`` every seed pools (a fine-tuning budget, whose
+forgetting is the point), and so do seeds scored on a task they never trained on (passkey
+in the paper's prompt on a text run: "all N"). Pooled instances give correct / scored over those seeds (and
+depths) with a 95% interval that counts both the instances (Wilson) and the disagreement
+between seeds (a t-interval across training runs; eval/stats.py); a second table shows every
+seed's accuracy, those that did not learn the task in parentheses.
+
+Each task adds its effective length (eval/effective_length.py); passkey and multikey add
+depth × length heatmaps, passkey k_max per seed (eval/kmax.py), copy and addition where the
+first error falls (eval/task_positions.py).
 """
 
 from __future__ import annotations
@@ -20,12 +31,14 @@ from typing import Optional
 
 import numpy as np
 
-from configs.tasks import TASK_NAMES
+from configs.tasks import TASK_NAMES, TaskEvalConfig
+from eval.effective_length import effective_section
 from eval.kmax import __doc__ as KMAX_DOC
 from eval.labels import encoding_label, label_order, with_scaling
 from eval.stats import pooled_accuracy_interval
 from eval.tables import length_table
 from eval.task_plots import plot_accuracy, plot_heatmaps
+from eval.task_positions import positions_section
 
 
 def label_rows(runs: list[dict], rows: list[dict]) -> dict[str, str]:
@@ -64,24 +77,90 @@ def pooled(cells: list[dict]) -> dict:
             "seeds": len(counts), "train_len": cells[0]["train_len"]}
 
 
-def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[int, dict]]:
-    """label -> length -> pooled cell, plus per-seed accuracies under "per_seed"."""
+Seeds = dict[str, dict[str, dict[int, list[dict]]]]  # label -> run -> length -> cells
+
+
+def settings_of(run: dict) -> dict:
+    """A run's report settings (eval.tasks; results written before they existed: the defaults):
+    {reference: R, learned: threshold or None, fraction: f}."""
+    default, tasks = TaskEvalConfig(), (run.get("eval") or {}).get("tasks") or {}
+    return {"reference": tasks.get("reference_length") or run["train_len"],
+            "learned": tasks.get("learned_accuracy", default.learned_accuracy),
+            "fraction": tasks.get("effective_fraction", default.effective_fraction)}
+
+
+def by_seed(runs: list[dict], rows: list[dict], task: str) -> Seeds:
+    """label -> run -> length -> its cells (one per depth)."""
     task_rows = [r for r in rows if r["task"] == task]
     labels = label_rows(runs, task_rows)
-    grouped: dict[str, dict[int, list[dict]]] = defaultdict(lambda: defaultdict(list))
+    out: dict[str, dict[str, dict[int, list[dict]]]] = defaultdict(lambda: defaultdict(lambda: defaultdict(list)))
     for r in task_rows:
-        grouped[row_name(labels, r)][r["length"]].append(r)
+        out[row_name(labels, r)][r["run"]][r["length"]].append(r)
+    return out
+
+
+def seed_accuracy(cells: list[dict]) -> Optional[float]:
+    """One seed's accuracy pooled over depths, None where not served (n/a)."""
+    return pooled(cells).get("accuracy")
+
+
+def tasks_trained(run: dict) -> list[str]:
+    """The tasks a run trained on in the wording it was scored in (results written before the
+    record existed: a synthetic run's own, none for a text run)."""
+    if "tasks_trained" in run:
+        return run["tasks_trained"]
+    trained_on = run.get("trained_on", "")
+    return [] if trained_on.startswith("text") else trained_on.split("+")
+
+
+def learned(run: dict, by_length: dict[int, list[dict]]) -> Optional[bool]:
+    """Whether a seed learned the task: its accuracy at the reference length ≥ the threshold
+    (None: no threshold, the reference length not scored, or a task the run never trained on,
+    such as passkey in the paper's prompt on a text run)."""
+    settings = settings_of(run)
+    cells = by_length.get(settings["reference"])
+    task = next((c["task"] for group in by_length.values() for c in group), None)
+    if settings["learned"] is None or not cells or task not in tasks_trained(run):
+        return None
+    accuracy = seed_accuracy(cells)
+    return accuracy is not None and accuracy >= settings["learned"] - 1e-12
+
+
+def pooled_seeds(runs: list[dict], rows: list[dict], task: str) -> tuple[Seeds, dict[str, tuple[int, int, bool]]]:
+    """(``by_seed`` restricted to the seeds each row pools: those that learned the task, or all
+    where learning is not judged; {label: (seeds that learned, seeds, whether judged)})."""
+    meta = {r["run"]: r for r in runs}
+    kept, counts = {}, {}
+    for label, per_run in by_seed(runs, rows, task).items():
+        status = {run: learned(meta[run], by_length) for run, by_length in per_run.items()}
+        kept[label] = {run: by_length for run, by_length in per_run.items() if status[run] is not False}
+        counts[label] = (sum(v is True for v in status.values()), len(status), None not in status.values())
+    return kept, counts
+
+
+def learned_text(counts: tuple[int, int, bool]) -> str:
+    k, n, judged = counts
+    return f"{k}/{n}" if judged else f"all {n}"
+
+
+def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[int, dict]]:
+    """label -> length -> the cell pooled over the seeds that learned the task, with every seed's
+    accuracy under "per_seed" ([(accuracy, learned)]); the label's learned count under "learned"."""
+    everyone, (kept, counts) = by_seed(runs, rows, task), pooled_seeds(runs, rows, task)
+    meta = {r["run"]: r for r in runs}
     out: dict[str, dict[int, dict]] = {}
-    for label, by_length in grouped.items():
+    for label, per_run in everyone.items():
         out[label] = {}
-        for length, cells in by_length.items():
-            cell = pooled(cells)
-            if "accuracy" in cell:
-                per_run: dict[str, list[dict]] = defaultdict(list)
-                for c in cells:
-                    per_run[c["run"]].append(c)
-                seeds = [pooled(cs) for cs in per_run.values()]
-                cell["per_seed"] = [p["accuracy"] for p in seeds if "accuracy" in p]
+        for length in sorted({n for by_length in per_run.values() for n in by_length}):
+            cells = [c for by_length in kept[label].values() for c in by_length.get(length, [])]
+            every = [c for by_length in per_run.values() for c in by_length.get(length, [])]
+            if not cells and any(c["status"] == "ok" for c in every):
+                cell = {"na": "no seed learned the task", "train_len": every[0]["train_len"]}
+            else:  # a length no seed could serve says why, learned or not
+                cell = pooled(cells or every)
+            cell["per_seed"] = [(seed_accuracy(by_length[length]), learned(meta[run], by_length))
+                                for run, by_length in sorted(per_run.items()) if length in by_length]
+            cell["learned"] = counts[label]
             out[label][length] = cell
     return out
 
@@ -91,14 +170,16 @@ def _times_l(n: int, train_len) -> str:
 
 
 def _table(heads: list[str], tables: dict[str, dict[str, dict[int, dict]]], lengths: list[int], cell) -> str:
-    """One row per (table, label) with ``cell(label's cell or None)`` per length; a table's name,
-    where there are several, in the first column. L: eval/tables.py's length_table."""
+    """One row per (table, label) with ``cell(label's cell or None)`` per length, after its
+    learned seeds; a table's name, where there are several, in the first column. L:
+    eval/tables.py's length_table."""
     rows = []
     for name, table in tables.items():
         for label in sorted(table, key=label_order):
             row_len = next((c["train_len"] for c in table[label].values() if "train_len" in c), None)
-            rows.append(([name, label] if len(heads) > 1 else [label], row_len,
-                         [cell(table[label].get(n)) for n in lengths]))
+            counts = next((c["learned"] for c in table[label].values() if "learned" in c), None)
+            names = ([name] if len(heads) > 2 else []) + [label, learned_text(counts) if counts else "–"]
+            rows.append((names, row_len, [cell(table[label].get(n)) for n in lengths]))
     return length_table(heads, lengths, rows, mark=_times_l)
 
 
@@ -109,30 +190,33 @@ def _accuracy_cell(c: Optional[dict]) -> str:
 
 def _seeds_cell(c: Optional[dict]) -> str:
     seeds = (c or {}).get("per_seed")
-    return "–" if not seeds else " / ".join(f"{a:.2f}" for a in seeds)
+    if not seeds:
+        return "–"
+    return " / ".join("n/a" if a is None else f"{a:.2f}" if ok is not False else f"({a:.2f})" for a, ok in seeds)
 
 
 def accuracy_table(table: dict[str, dict[int, dict]], lengths: list[int]) -> str:
-    return _table(["row"], {"": table}, lengths, _accuracy_cell)
+    return _table(["row", "learned"], {"": table}, lengths, _accuracy_cell)
 
 
 def spread_table(table: dict[str, dict[int, dict]], lengths: list[int]) -> str:
-    return _table(["row"], {"": table}, lengths, _seeds_cell)
+    return _table(["row", "learned"], {"": table}, lengths, _seeds_cell)
 
 
-def heatmap_grids(runs: list[dict], rows: list[dict]) -> dict[str, tuple[list[float], list[int], np.ndarray]]:
-    """label -> (depths, lengths, pooled accuracy (depths × lengths), NaN for n/a)."""
-    passkey = [r for r in rows if r["task"] == "passkey"]
-    labels = label_rows(runs, passkey)
-    cells: dict[str, dict[tuple[float, int], list[dict]]] = defaultdict(lambda: defaultdict(list))
-    for r in passkey:
-        cells[row_name(labels, r)][(r["depth"], r["length"])].append(r)
+def heatmap_grids(runs: list[dict], rows: list[dict], task: str) -> dict[str, tuple[list[float], list[int], np.ndarray]]:
+    """label -> (depths, lengths, accuracy pooled over the learned seeds (depths × lengths), NaN for n/a)."""
     grids = {}
-    for label, by_cell in cells.items():
-        depths = sorted({d for d, _ in by_cell})
-        lengths = sorted({n for _, n in by_cell})
+    for label, per_run in pooled_seeds(runs, rows, task)[0].items():
+        if not per_run:
+            continue
+        cells: dict[tuple[float, int], list[dict]] = defaultdict(list)
+        for by_length in per_run.values():
+            for n, group in by_length.items():
+                for c in group:
+                    cells[(c["depth"], n)].append(c)
+        depths, lengths = sorted({d for d, _ in cells}), sorted({n for _, n in cells})
         acc = np.full((len(depths), len(lengths)), np.nan)
-        for (d, n), group in by_cell.items():
+        for (d, n), group in cells.items():
             acc[depths.index(d), lengths.index(n)] = pooled(group).get("accuracy", np.nan)
         grids[label] = (depths, lengths, acc)
     return grids
@@ -150,18 +234,63 @@ def kmax_table(runs: list[dict], rows: list[dict], kmax_rows: list[dict]) -> lis
 
 
 def summary_table(tables: dict[str, dict[str, dict[int, dict]]], lengths: list[int]) -> str:
-    """Every task's rows in one table (task, row, a cell per length)."""
-    return _table(["task", "row"], tables, lengths, _accuracy_cell)
+    """Every task's rows in one table (task, row, learned seeds, a cell per length)."""
+    return _table(["task", "row", "learned"], tables, lengths, _accuracy_cell)
+
+
+def _competence(run: dict) -> str:
+    record = run.get("competence")
+    if not record:
+        return "–"
+    if record.get("reached"):
+        return f"at step {record['step']}"
+    accuracy = ", ".join(f"{a:.2f}" for a in (record.get("accuracy") or {}).values())
+    return f"**not reached** ({accuracy} < {record['threshold']:g})"
 
 
 def _runs_table(results: dict) -> list[str]:
-    out = ["| run | encoding | trained on | seed | params | tokens trained | train length | commit |",
-           "|---|---|---|---:|---:|---:|---:|---|"]
+    out = ["| run | encoding | trained on | seed | params | tokens trained | train length | competence at L | commit |",
+           "|---|---|---|---:|---:|---:|---:|---|---|"]
     for run in results["runs"]:
         out.append(f"| {run['name']} | {run['encoding']} | {run.get('trained_on', '')} | {run['seed']} | "
-                   f"{run['params']:,} | {(run['tokens_trained'] or 0):,} | {run['train_len']} | "
+                   f"{run['params']:,} | {(run['tokens_trained'] or 0):,} | {run['train_len']} | {_competence(run)} | "
                    f"{(run['git_commit'] or '')[:10]} |")
     return out
+
+
+HEADER = ("A cell is the exact-match accuracy (an instance counts only if every answer token is the model's most "
+          "likely next token; training/exact_match.py) pooled over the seeds of a row that learned the task (accuracy "
+          "at the reference length R, the training length L unless the runs' eval.tasks.reference_length says "
+          "otherwise, at least eval.tasks.learned_accuracy; the learned column says how many of the row's seeds "
+          "did, \"all\" where learning was not judged) and, for passkey and multikey, over needle depths, with its "
+          "95% interval in brackets: the wider of the Wilson interval of the pooled instances and a t-interval "
+          "across training runs (the spread of the seeds' accuracies, plus the instances' binomial variance, "
+          "Satterthwaite's degrees of freedom; eval/stats.py: accuracy_estimate), so seeds that disagree widen it; "
+          "one seed gets the Wilson interval alone, which says nothing about other training runs. The competence "
+          "column of the runs says whether training reached train.stop_at_accuracy at L, and at which step, or ran "
+          "out of budget.")
+
+
+def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict], runs: list[dict],
+                  out: Path) -> list[str]:
+    task_rows = [r for r in rows if r["task"] == task]
+    lengths = sorted({r["length"] for r in task_rows})
+    per_cell = sorted({r["total"] for r in task_rows if r["status"] == "ok"})
+    depth = any(r["depth"] is not None for r in task_rows)
+    md = ["", f"## {task}", "", accuracy_table(table, lengths), "",
+          f"Instances per run and cell: {', '.join(map(str, per_cell))}" + (" (per depth)" if depth else "") + ".", "",
+          "Per-seed accuracy (one value per run of the row; in parentheses those that did not learn the task):", "",
+          spread_table(table, lengths), "", f"![{task} accuracy vs length](accuracy_{task}.png)"]
+    train_lens = sorted({c["train_len"] for cells in table.values() for c in cells.values()})
+    plot_accuracy(table, train_lens, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy")
+    kept, settings = pooled_seeds(runs, rows, task)[0], {r["run"]: settings_of(r) for r in runs}
+    md += effective_section(kept, settings, seed_accuracy)
+    grids = heatmap_grids(runs, rows, task) if depth else {}
+    if grids:
+        plot_heatmaps(grids, out / f"{task}_heatmap.png",
+                      f"{task}: accuracy by needle depth and length (seeds that learned it)")
+        md += ["", f"![{task} depth × length heatmaps]({task}_heatmap.png)"]
+    return md + positions_section(task, kept, settings, out)
 
 
 def write_task_report(results: dict, out: Path) -> None:
@@ -172,34 +301,20 @@ def write_task_report(results: dict, out: Path) -> None:
     remade = (f", made again {results['remade']} from its results.json (python -m eval.remake)"
               if results.get("remade") else "")
     md = ["# Task accuracy report", "", f"Created {results['created']}{remade}. Training length L = "
-          f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}. A cell is the exact-match accuracy "
-          "(an instance counts only if every answer token is the model's most likely next token; "
-          "eval/exact_match.py) pooled over the seeds of a row (and, for passkey, over key depths), "
-          "with its 95% interval in brackets: the wider of the Wilson interval of the pooled instances and a "
-          "t-interval across training runs (the spread of the seeds' accuracies, plus the instances' binomial "
-          "variance, Satterthwaite's degrees of freedom; eval/stats.py: accuracy_estimate), so seeds that "
-          "disagree (a task learned by one seed, not another) widen it; one seed gets the Wilson interval "
-          "alone, which says nothing about other training runs.", "", "## Runs", "", *_runs_table(results)]
+          f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}. " + HEADER, "", "## Runs", "",
+          *_runs_table(results)]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""] + [f"- {m['run']}: {m['error']}" for m in results["missing"]]
     tasks = sorted({r["task"] for r in rows}, key=TASK_NAMES.index)
     tables = {task: summarize(runs, rows, task) for task in tasks}
     md += ["", "## Summary", "", summary_table(tables, lengths)]
     for task, table in tables.items():
-        per_cell = sorted({r["total"] for r in rows if r["task"] == task and r["status"] == "ok"})
-        md += ["", f"## {task}", "", accuracy_table(table, lengths), "",
-               f"Instances per run and cell: {', '.join(map(str, per_cell))}"
-               + (" (per depth)" if task == "passkey" else "") + ".", "",
-               "Per-seed accuracy (one value per run of the row):", "", spread_table(table, lengths),
-               "", f"![{task} accuracy vs length](accuracy_{task}.png)"]
-        train_lens = sorted({c["train_len"] for cells in table.values() for c in cells.values()})
-        plot_accuracy(table, train_lens, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy")
+        md += _task_section(task, table, rows, runs, out)
     if results.get("kmax"):
-        plot_heatmaps(heatmap_grids(runs, rows), out / "passkey_heatmap.png")
         definition = KMAX_DOC.split("\n\n")[1:4]
         k = results["kmax"][0]
         depths = sorted({r["depth"] for r in rows if r["task"] == "passkey"})
-        md += ["", "## Passkey: depth × length and k_max", "", "![passkey heatmaps](passkey_heatmap.png)", "",
+        md += ["", "## Passkey: k_max", "",
                *[line for part in definition for line in
                  (part if part.startswith("    ") else " ".join(x.strip() for x in part.splitlines()), "")],
                f"Here: threshold {k['threshold']:g}, {k['samples']} prompts per (length, depth) cell, depths "

@@ -2,14 +2,17 @@
 
 For every run, task, RoPE scaling (RoPE runs only; factor = length / L_train unless
 ``eval.factor`` fixes it) and length: the fraction of ``eval.tasks.samples`` test instances
-whose answer tokens are all predicted exactly (eval/exact_match.py), with a 95% Wilson
-interval (eval/stats.py); for passkey per (length, depth) cell, plus k_max
-(eval/kmax.py). Writes ``results.json``, ``report.md`` and PNG plots into ``--out``
+whose answer tokens are all predicted exactly (training/exact_match.py), with a 95% Wilson
+interval (eval/stats.py); for passkey and multikey per (length, depth) cell, plus k_max for
+passkey (eval/kmax.py); for copy and addition, where each instance's first wrong answer
+token falls. Writes ``results.json``, ``report.md`` and PNG plots into ``--out``
 (eval/task_report.py).
 
 Which tasks: ``eval.tasks.tasks``, else the run's own tasks (``data.source: synthetic``), else
-passkey (runs trained on text, in the paper's wording tokenized with the run's own
-tokenizer.json). The settings are each run's own ``eval`` config (configs/schema.py:
+those its training mixed in (``data.mix``, in the task wording tokenized with the run's own
+tokenizer.json) or, for a fine-tune on text, its parent's (training/parent.py:
+``learned_wording``), else passkey (runs trained on text alone, in the paper's wording).
+The settings are each run's own ``eval`` config (configs/schema.py:
 EvalConfig and its ``tasks`` section); the flags override its keys, as in
 ``python -m eval.extrapolation``. Every (run, task, length) is checked before anything is
 evaluated, so impossible settings stop the command with a message and nothing written.
@@ -34,12 +37,12 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from configs.schema import EvalConfig, RunConfig
-from configs.tasks import TASK_NAMES
+from configs.tasks import REPORT_KEYS, TASK_NAMES
 from data.tasks import Task, TaskError, build_task, check_readable, check_task_name, eval_instance, task_tokenizer
 from eval import driver
 from eval.driver import (EvalFor, Evaluation, check_served, evaluate_all, evaluated_checkpoints, mark_step,
                          own_eval)
-from eval.exact_match import exact_match, instances_per_batch
+from training.exact_match import answer_tokens, first_errors, instances_per_batch
 from eval.extrapolation import model_for, run_metadata
 from eval.kmax import k_max
 from eval.stats import wilson_interval
@@ -48,6 +51,8 @@ from common.errors import UserError
 from model.encodings import served_length
 from training.memory import Estimate, forward_estimate, largest
 from common.cli import entry_point, non_negative_float, non_negative_int, positive_int, probability
+from training.checkpoint import read_meta
+from training.parent import learned_wording
 from training.run_dir import RunDir
 from training.saved_run import SavedRun, checked_tokenizer, load_run, read_run_config
 
@@ -57,24 +62,66 @@ def is_synthetic(cfg: RunConfig) -> bool:
 
 
 def wants_tasks(cfg: RunConfig, ev: EvalConfig) -> bool:
-    """Whether a grid scores this run on tasks: synthetic runs always, text runs when asked."""
-    return is_synthetic(cfg) or bool(ev.tasks.tasks)
+    """Whether a grid scores this run on tasks: synthetic runs and text runs that mixed tasks
+    into training (data.mix) always, other text runs when asked."""
+    return is_synthetic(cfg) or bool(ev.tasks.tasks or cfg.data.mix.tasks)
 
 
-def resolved_tasks(cfg: RunConfig, ev: EvalConfig) -> list[str]:
+def resolved_tasks(cfg: RunConfig, ev: EvalConfig, parent: Optional[dict] = None) -> list[str]:
+    """``parent``: the run's record of its parent (training/parent.py), whose mixed tasks it inherits."""
     if ev.tasks.tasks:
         return list(ev.tasks.tasks)
-    return list(cfg.data.synthetic.tasks) if is_synthetic(cfg) else ["passkey"]
+    if is_synthetic(cfg):
+        return list(cfg.data.synthetic.tasks)
+    return learned_wording(cfg, parent) or ["passkey"]
 
 
-def run_tasks(cfg: RunConfig, tokenizer, ev: EvalConfig) -> list[Task]:
+def in_paper_wording(cfg: RunConfig, name: str, parent: Optional[dict] = None) -> bool:
+    """A text run reads a task that neither it nor its parent mixed into training in the paper's
+    wording (passkey only)."""
+    return not is_synthetic(cfg) and name not in learned_wording(cfg, parent)
+
+
+def planned_parent(cfg: RunConfig) -> Optional[dict]:
+    """Before a fine-tune trains: what its checkpoints will record of its parent's mixed tasks
+    (None without a parent, or while the parent is not trained yet)."""
+    run = RunDir(Path(cfg.init.run)) if cfg.init.run else None
+    ckpt = run.latest_checkpoint() if run is not None and run.is_run() else None
+    if ckpt is None:
+        return None
+    parent_cfg = read_run_config(run)
+    return {"mix": learned_wording(parent_cfg, read_meta(ckpt).get("parent"))}
+
+
+def run_tasks(cfg: RunConfig, tokenizer, ev: EvalConfig, parent: Optional[dict] = None) -> list[Task]:
     """The tasks to score a run on, each checked against every evaluated length."""
-    tasks = [build_task(name, cfg.data.synthetic, tokenizer, text=not is_synthetic(cfg))
-             for name in resolved_tasks(cfg, ev)]
+    tasks = [build_task(name, cfg.data.synthetic, tokenizer, text=in_paper_wording(cfg, name, parent))
+             for name in resolved_tasks(cfg, ev, parent)]
     for task in tasks:
         for length in ev.resolved_lengths(cfg.train.seq_len):
             task.check_length(length, "the evaluated length")
     return tasks
+
+
+def trained_tasks(cfg: RunConfig, parent: Optional[dict] = None) -> list[str]:
+    """The tasks a run (or, fine-tuned on text, its parent) trained on in the wording it is
+    scored in: those whose learning the report judges (passkey in the paper's prompt on a
+    text run is scored, never trained)."""
+    return list(cfg.data.synthetic.tasks) if is_synthetic(cfg) else learned_wording(cfg, parent)
+
+
+def check_reference(cfg: RunConfig, ev: EvalConfig, parent: Optional[dict] = None) -> None:
+    """Raise TaskError where the report could not tell which seeds learned a task they trained
+    on: the reference length (eval.tasks.reference_length, else train.seq_len) is not evaluated."""
+    lengths = ev.resolved_lengths(cfg.train.seq_len)
+    reference = ev.tasks.reference_length or cfg.train.seq_len
+    judged = set(resolved_tasks(cfg, ev, parent)) & set(trained_tasks(cfg, parent))
+    if ev.tasks.learned_accuracy is not None and judged and reference not in lengths:
+        raise TaskError(f"eval.tasks.learned_accuracy={ev.tasks.learned_accuracy:g} judges whether a seed learned a "
+                        f"task by its accuracy at the reference length {reference} "
+                        f"({'eval.tasks.reference_length' if ev.tasks.reference_length else 'train.seq_len'}), "
+                        f"which is not among the evaluated lengths ({', '.join(map(str, lengths))}): evaluate it "
+                        "too, or set eval.tasks.learned_accuracy=null to pool every seed")
 
 
 def check_planned(cfg: RunConfig, ev: EvalConfig, where: str) -> None:
@@ -88,9 +135,13 @@ def check_planned(cfg: RunConfig, ev: EvalConfig, where: str) -> None:
             for name in cfg.data.synthetic.tasks:
                 build_task(name, cfg.data.synthetic, tokenizer).check_length(cfg.train.seq_len, "train.seq_len")
             run_tasks(cfg, tokenizer, ev)
+            check_reference(cfg, ev)
         else:  # lengths of the passkey prompt depend on the tokenizer, known after training
-            for name in resolved_tasks(cfg, ev):
-                check_readable(name, text=True)
+            parent = planned_parent(cfg)
+            # A fine-tune whose parent is not trained yet cannot start either; it is checked once it can.
+            for name in resolved_tasks(cfg, ev, parent) if parent is not None or not cfg.init.run else ():
+                check_readable(name, text=in_paper_wording(cfg, name, parent))
+            check_reference(cfg, ev, parent)
     except TaskError as e:
         raise TaskError(f"{where}: {e}") from None
 
@@ -100,8 +151,11 @@ def check_run(run_dir: Path, eval_for: EvalFor) -> None:
     run = RunDir(run_dir)
     cfg = read_run_config(run)
     ev = eval_for(cfg)
-    run_tasks(cfg, checked_tokenizer(run, cfg), ev)
+    ckpt = run.latest_checkpoint()
+    parent = read_meta(ckpt).get("parent") if ckpt else None
+    run_tasks(cfg, checked_tokenizer(run, cfg), ev, parent)
     check_served(cfg, ev.resolved_lengths(cfg.train.seq_len))
+    check_reference(cfg, ev, parent)
 
 
 def preflight(cfg: RunConfig, ev: EvalConfig) -> Optional[Estimate]:
@@ -119,22 +173,35 @@ def preflight(cfg: RunConfig, ev: EvalConfig) -> Optional[Estimate]:
 
 
 def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalConfig) -> dict:
-    """Exact-match counts and the Wilson interval for one (task, length, depth) cell."""
+    """Exact-match counts and the Wilson interval for one (task, length, depth) cell; for a task
+    whose answer grows with the length, each instance's answer tokens right before the first
+    wrong one (``first_error``, = ``answer_tokens`` where all are right)."""
     instances = [eval_instance(task, ev.tasks.seed, length, depth, i) for i in range(ev.tasks.samples)]
-    correct = int(exact_match(model, instances).sum())
+    errors, answers = first_errors(model, instances), answer_tokens(instances)
+    correct = int((errors == answers).sum())
     low, high = wilson_interval(correct, len(instances))
-    return {"correct": correct, "total": len(instances), "accuracy": correct / len(instances),
+    cell = {"correct": correct, "total": len(instances), "accuracy": correct / len(instances),
             "ci_low": low, "ci_high": high}
+    if task.per_position:
+        cell.update(first_error=errors.tolist(), answer_tokens=answers.tolist())
+    return cell
+
+
+def trained_on(cfg: RunConfig) -> str:
+    if is_synthetic(cfg):
+        return "+".join(cfg.data.synthetic.tasks)
+    mix = cfg.data.mix
+    return f"text ({cfg.data.source})" + (f" + {mix.fraction:g} {'+'.join(mix.tasks)}" if mix.tasks else "")
 
 
 def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) -> tuple[dict, list[dict], list[dict]]:
     """(metadata, cell rows, k_max rows) for one run: its latest checkpoint, or each of ``ev.steps``."""
     started = time.perf_counter()
     latest = load_run(run_dir, device=device)
-    tasks = run_tasks(latest.cfg, latest.tokenizer, ev)
-    meta = {**run_metadata(latest, ev),
-            "trained_on": ("+".join(latest.cfg.data.synthetic.tasks) if is_synthetic(latest.cfg)
-                           else f"text ({latest.cfg.data.source})")}
+    parent = latest.meta.get("parent")
+    tasks = run_tasks(latest.cfg, latest.tokenizer, ev, parent)
+    meta = {**run_metadata(latest, ev), "trained_on": trained_on(latest.cfg),
+            "tasks_trained": trained_tasks(latest.cfg, parent)}
     rows, kmax_rows = [], []
     for step, base in evaluated_checkpoints(run_dir, ev, latest, device):
         step_rows, step_kmax = _score_run(base, tasks, ev, meta, log)
@@ -150,7 +217,7 @@ def _score_run(base: SavedRun, tasks: list[Task], ev: EvalConfig, meta: dict, lo
     train_len, limit = base.cfg.train.seq_len, base.model.pos.max_len
     rows, kmax_rows = [], []
     for task in tasks:
-        depths = ev.tasks.resolved_depths() if task.name == "passkey" else [None]
+        depths = ev.tasks.resolved_depths() if task.has_depth else [None]
         for scaling in ev.resolved_scalings(base.cfg.model.pos.kind):
             cells = []
             for length in ev.resolved_lengths(train_len):
@@ -174,9 +241,11 @@ def _score_run(base: SavedRun, tasks: list[Task], ev: EvalConfig, meta: dict, lo
 
 
 def _cache_key(cfg: RunConfig, ev: EvalConfig) -> str:
-    """What changes the numbers: the tasks and their settings, lengths, scalings, factor, and
-    the checkpoints scored (eval.steps, only when given: keys of the latest are as before)."""
-    key = {"tasks": resolved_tasks(cfg, ev), "settings": dataclasses.asdict(ev.tasks),
+    """What changes the numbers: the tasks and their settings (not those of the report alone),
+    lengths, scalings, factor, and the checkpoints scored (eval.steps, only when given: keys of
+    the latest are as before)."""
+    settings = {k: v for k, v in dataclasses.asdict(ev.tasks).items() if k not in REPORT_KEYS}
+    key = {"tasks": resolved_tasks(cfg, ev), "settings": settings,
            "lengths": ev.resolved_lengths(cfg.train.seq_len), "scalings": ev.resolved_scalings(cfg.model.pos.kind),
            "factor": ev.factor}
     if ev.steps:
@@ -213,7 +282,8 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--tasks", nargs="+", metavar="TASK",
                    help=f"eval.tasks.tasks: {', '.join(TASK_NAMES)} (default: the run's own task, or passkey)")
     p.add_argument("--samples", type=positive_int, help="eval.tasks.samples: instances per length (per depth for passkey)")
-    p.add_argument("--depths", type=non_negative_float, nargs="+", help="eval.tasks.depths: passkey depths in [0, 1]")
+    p.add_argument("--depths", type=non_negative_float, nargs="+",
+                   help="eval.tasks.depths: needle depths in [0, 1] (passkey, multikey)")
     p.add_argument("--kmax-threshold", type=probability, help="eval.tasks.kmax_threshold: accuracy that counts as success")
     p.add_argument("--seed", type=non_negative_int, help="eval.tasks.seed: which test instances")
 

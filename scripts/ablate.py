@@ -51,6 +51,7 @@ from eval.tasks import check_planned, run_task_evaluation, wants_tasks
 from eval.report import check_report_dir
 from common.errors import UserError
 from training.checkpoint import read_meta
+from training.competence import reached_competence
 from common.cli import device_name, entry_point, positive_int, usage_when_empty
 from training.runtime import resolve_device
 from training.run_dir import RunDir
@@ -75,6 +76,8 @@ def status(run: PlannedRun) -> tuple[str, str]:
                             "move it away or give the grid another name")
     meta = read_meta(ckpt)
     step, budget = meta["step"], run.cfg.train.max_tokens
+    if reached_competence(meta):  # train.stop_at_accuracy: stopped before its budget, its tasks learned at L
+        return "done", f"step {step}, competence reached"
     if budget is not None:  # by tokens: N ranks reach it in N times fewer steps than one process
         if meta.get("tokens", 0) >= budget:
             return "done", f"step {step}"

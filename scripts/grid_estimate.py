@@ -10,11 +10,14 @@ vocabulary and the size of the evaluation split.
 A run's estimate:
 - training: its remaining steps × the step time (compiled or eager, as ``train.compile``
   would choose, plus the warm compile), plus the validations (``eval_batches`` windows
-  every ``eval_interval`` steps, at the forward rate at L);
-- evaluation: for every corpus, scaling, length and protocol, the tokens its windows feed
-  through the model (the scored tokens; × length / stride for sliding windows, × length /
-  target span for the same-token protocol) at the forward rate at that length; task
-  scoring as its instances' tokens at each length.
+  every ``eval_interval`` steps, at the forward rate at L, and with ``train.stop_at_accuracy``
+  as many instances at L per task for the competence check). A run trained to competence
+  may stop early: its estimate is the whole budget, an upper bound, and says so;
+- evaluation: for every checkpoint scored (``eval.steps``, else the latest), corpus,
+  scaling, length and protocol, the tokens its windows feed through the model (the scored
+  tokens; × length / stride for sliding windows, × length / target span for the same-token
+  protocol) at the forward rate at that length; task scoring as its instances' tokens, for
+  every task, scaling and length (and depth, for the tasks that place a needle).
 
 The grid's wall time divides the sum by the number of parallel jobs. Jobs share the
 machine's memory bandwidth, so parallel runs go somewhat slower than one alone: the
@@ -34,6 +37,8 @@ from common.atomic import write_text_atomic
 from common.errors import UserError
 from configs.grid import Grid, PlannedRun
 from configs.schema import EvalConfig, RunConfig
+from data.tasks import TASKS
+from eval.tasks import planned_parent, resolved_tasks, wants_tasks
 from model.encodings import accepts_rope_scaling
 from training.data import prepare
 from model.encodings import served_length
@@ -77,7 +82,11 @@ def _train_seconds(cfg: RunConfig, times: ShapeTimes, steps: int) -> tuple[float
             step, note = times.compiled_step_s + (times.compile_warm_s or 0) / max(steps, 1), "compiled (auto)"
     validations = steps // t.eval_interval + 1
     rate = _rate(times, t.seq_len) or t.seq_len / times.eager_step_s
-    validation_s = validations * t.eval_batches * t.batch_size * t.seq_len / rate
+    # A competence check scores as many instances at L per task as a validation reads.
+    passes = 1 + (len(cfg.data.mix.tasks or cfg.data.synthetic.tasks) if t.stop_at_accuracy is not None else 0)
+    validation_s = passes * validations * t.eval_batches * t.batch_size * t.seq_len / rate
+    if t.stop_at_accuracy is not None:
+        note += f"; at most: stops once accuracy at L reaches {t.stop_at_accuracy:g}"
     return steps * step + validation_s, note
 
 
@@ -99,12 +108,14 @@ def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float
                 fed = scored * (n / min(ev.sliding_stride(n), n) if protocol == "sliding" else
                                 n / ev.target_span(lengths)[0] if protocol == "same-tokens" else 1)
                 total += models * fed / rate
-    if cfg.data.source == "synthetic" or ev.tasks.tasks:
+    if wants_tasks(cfg, ev):
+        cells = sum(len(ev.tasks.resolved_depths()) if TASKS[name].has_depth else 1
+                    for name in resolved_tasks(cfg, ev, planned_parent(cfg))) * len(ev.resolved_scalings(cfg.model.pos.kind))
         for n in ev.resolved_lengths(train_len):
             rate = _rate(times, n, limit)
             if rate is not None:
-                total += ev.tasks.samples * len(ev.tasks.resolved_depths()) * n / rate
-    return total
+                total += cells * ev.tasks.samples * n / rate
+    return total * len(ev.steps or [None])  # every checkpoint scored
 
 
 def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], log=print) -> dict[str, Estimate]:

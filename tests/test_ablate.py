@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 import train
-from configs.grid import load_grid
+from configs.grid import load_grid, row_of, run_stem
 from conftest import write_run_config
 from model.config import POS_KINDS
 from common.errors import ConfigError
@@ -65,15 +65,19 @@ SHIPPED_GRIDS = sorted(p for p in (ROOT / "configs" / "ablations").rglob("*.yaml
 @pytest.mark.parametrize("path", SHIPPED_GRIDS, ids=lambda p: p.stem)
 def test_shipped_grids_plan(path):
     runs = load_grid(path).plan()
-    seeds = [r.cfg.train.seed for r in runs]
-    assert len({seeds.count(s) for s in seeds}) == 1  # each row has every seed
-    if path.stem.startswith(("pe-extrapolation", "length-generalization")):  # encoding studies: all, 3 seeds
-        assert {r.cfg.model.pos.kind for r in runs} == set(POS_KINDS) and len(set(seeds)) >= 3
-    else:
-        assert len(set(seeds)) >= 2
-    if path.stem.startswith("length-generalization"):  # one run per encoding, seed and task set
+    rows: dict[tuple, list[int]] = {}
+    for r in runs:  # a row: everything but the seed (and the parent, whose seeds pool, for fine-tunes)
+        rows.setdefault((r.cfg.model.pos.kind, row_of(run_stem(r.name, r.cfg.init.run))), []).append(r.cfg.train.seed)
+    seeds = {kind: min(len(s) for key, s in rows.items() if key[0] == kind) for kind, *_ in rows}
+    assert min(seeds.values()) >= 2
+    if path.stem.startswith(("pe-extrapolation", "length-generalization", "retrieval-cpu")):  # encoding studies
+        assert set(seeds) == set(POS_KINDS) and min(seeds.values()) >= 3
+    if path.stem.startswith(("length-generalization-tasks", "retrieval-cpu")):  # a model per task, to competence
+        assert all(len(r.cfg.data.synthetic.tasks) == 1 and r.cfg.train.stop_at_accuracy for r in runs)
+        assert all(seeds[k] >= 5 for k in ("rope", "alibi", "kerple", "none", "sinusoidal"))
+    elif path.stem.startswith("length-generalization"):  # one run per encoding, seed and task set
         tasks = len({tuple(r.cfg.data.synthetic.tasks) for r in runs})
-        assert len(runs) == len(POS_KINDS) * len(set(seeds)) * tasks
+        assert len(runs) == len(POS_KINDS) * 3 * tasks
 
 
 def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
@@ -104,6 +108,27 @@ def test_the_evaluation_estimate_counts_the_tokens_each_protocol_feeds():
     # nonoverlap 200/r; sliding (stride n/2) 400/r; same-tokens (T = 16) 200·n/16/r; yarn doubles 32 and 64.
     by_hand = sum(m * (200 + 400 + 200 * n / 16) / rates.eval_tok_s[str(n)] for n, m in ((16, 1), (32, 2), (64, 2)))
     assert _eval_seconds(cfg, rates, split_tokens=10_000) == pytest.approx(by_hand)
+
+
+def test_the_estimate_counts_every_task_depth_scaling_checkpoint_and_competence_check():
+    """Task scoring: samples x length tokens per task, scaling and depth (tasks that place a
+    needle), for every checkpoint of eval.steps; a competence check reads as many instances at
+    L per task as a validation, and its budget is an upper bound."""
+    from configs.schema import DataConfig, EvalConfig, RunConfig, TokenizerConfig, TrainConfig
+    from configs.tasks import SyntheticConfig, TaskEvalConfig
+    from scripts.grid_estimate import _eval_seconds, _train_seconds
+    from training.probe import ShapeTimes
+    rates = ShapeTimes("k", eager_step_s=0.5, eval_tok_s={"16": 100.0, "32": 50.0})
+    data = DataConfig(source="synthetic", tokenizer=TokenizerConfig(kind="char"), synthetic=SyntheticConfig(tasks=["copy"]))
+    ev = EvalConfig(lengths=[16, 32], scalings=["none", "yarn"], steps=[0, 10, 20],
+                    tasks=TaskEvalConfig(tasks=["passkey", "copy"], samples=4, depths=[0.0, 0.5, 1.0]))
+    cfg = RunConfig(data=data, train=TrainConfig(seq_len=16, batch_size=2, eval_batches=3, eval_interval=10,
+                                                 stop_at_accuracy=0.9), eval=ev)
+    per_checkpoint = (3 + 1) * 2 * 4 * (16 / 100.0 + 32 / 50.0)  # (passkey's depths + copy) × scalings × samples
+    assert _eval_seconds(cfg, rates, split_tokens=0) == pytest.approx(3 * per_checkpoint)
+    seconds, note = _train_seconds(cfg, rates, 20)
+    validation = 3 * 2 * 16 / 100.0  # eval_batches × batch × L at the rate at L, three times (steps 0, 10, 20)
+    assert seconds == pytest.approx(20 * 0.5 + 3 * (1 + 1) * validation) and "at most" in note
 
 
 def test_the_dry_run_command_pastes_into_a_shell(tmp_path, corpus, capsys):
@@ -245,6 +270,26 @@ def test_synthetic_grid_gets_task_accuracy_not_perplexity(tmp_path, capsys):
     report = (tmp_path / "report" / "tasks" / "report.md").read_text()
     assert "## copy" in report and "n/a (trained table: 16 positions)" in report
     assert not (tmp_path / "report" / "report.md").exists()
+
+
+def test_a_run_that_stopped_at_competence_is_done(tmp_path, capsys):
+    """Stopped before its budget because it learned its task: the grid neither retrains it nor
+    calls it unfinished."""
+    write_synthetic_grid(tmp_path)
+    grid = tmp_path / "stop-grid.yaml"  # copying one letter ("a>a"): 30% exact match within ~40 steps
+    grid.write_text(f"""
+name: stop-grid
+base: syn.yaml
+out_dir: {tmp_path / 'runs'}
+overrides: [train.seq_len=4, train.batch_size=16, train.lr=1.0e-2, train.max_steps=200, train.eval_interval=4,
+            train.ckpt_interval=4, train.eval_batches=2, train.stop_at_accuracy=0.3, train.seed=3]
+""")
+    run = load_grid(grid).plan()[0]
+    assert ablate.main([str(grid), "--skip-eval", "--no-estimate"]) == 0
+    meta = read_meta(latest_checkpoint(RunDir.of(run.cfg).path))
+    assert meta["step"] < 200 and meta["competence"]["reached"]
+    assert ablate.status(run) == ("done", f"step {meta['step']}, competence reached")
+    assert "1/1 runs finished" in capsys.readouterr().out
 
 
 def test_impossible_task_settings_stop_a_grid_before_training(tmp_path, capsys):

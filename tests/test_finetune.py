@@ -103,12 +103,13 @@ def test_the_budget_report(parent, tmp_path):
     results = run_extrapolation([tmp / "runs" / "child"], tmp_path / "r", lambda c: ev, log=lambda *a: None)
     report = (tmp_path / "r" / "report.md").read_text()
     assert "### Fine-tuning budget" in report and "At 64 tokens:" in report  # 4L of the parent's L = 16
+    assert "At 16 tokens:" in report  # and L itself: what the short context keeps
     assert "| rope | " in report and "step 0 | step 2 | step 6" in report
     assert (tmp_path / "r" / "budget_0_nonoverlap.png").read_bytes()[:4] == b"\x89PNG"
     assert {r["eval_step"] for r in results["results"]} == {0, 2, 6}
     assert "| rope @ 0 vs rope @ 6 |" in report and "| rope @ 2 vs rope @ 6 |" in report
     assert f"Fine-tuned from `{parent_dir}` (step_" in report and "at training length 16" in report
-    assert "Shown at 4× the parent's training length (16 tokens)" in report
+    assert "Shown at 1× and 4× the parent's training length (16 tokens)" in report
 
 
 def test_budget_rows_sort_by_step_and_pair_at_equal_steps(monkeypatch):

@@ -64,7 +64,7 @@ def test_tick_labels_of_values_that_are_not_finite():
 
 def test_the_passkey_heatmap_has_a_colour_bar(tmp_path, monkeypatch):
     grids = {label: ([0.0, 1.0], [32, 64], np.array([[1.0, 0.5], [np.nan, 0.0]])) for label in ("alibi", "rope")}
-    fig = drawn(monkeypatch, plot_heatmaps, grids, tmp_path / "h.png")
+    fig = drawn(monkeypatch, plot_heatmaps, grids, tmp_path / "h.png", "passkey")
     bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
     assert len(bars) == 1 and bars[0].get_ylabel() == "accuracy"
     assert bars[0].get_ylim() == (0.0, 1.0)  # every panel on one scale

@@ -19,16 +19,19 @@ from common.devices import DEVICE_NAMES
 from configs import load_config, override_section
 from configs.schema import EvalConfig
 from conftest import tiny_config, write_run_config
+from test_train import stop_after
 from data.tasks import Instance, task_tokenizer
 from eval import driver, extrapolation
 from eval import tasks as eval_tasks
-from eval.exact_match import exact_match
+from training.exact_match import exact_match, first_errors
+from eval.effective_length import effective_length, effective_text, row_effective_length
 from eval.kmax import k_max
-from eval.stats import pooled_accuracy_interval, wilson_interval
+from eval.stats import pooled_accuracy_interval, t_quantile, wilson_interval
+from eval.task_positions import first_error_grid
+from eval.task_report import write_task_report
 from model.generate import generate
 from model.transformer import Transformer
 from training.run_dir import RunDir
-from training.trainer import Trainer
 from training.validation import answer_loss
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -128,15 +131,8 @@ def losses(run_dir: Path) -> dict[int, float]:
 def test_synthetic_run_trains_resumes_exactly_and_saves_the_task_tokenizer(tmp_path, monkeypatch):
     cfg = str(synthetic_config(tmp_path))
     assert train.main([cfg, "name=straight"]) == 0
-    original = Trainer.train_step
-
-    def interrupted(self):
-        out = original(self)
-        if self.step == 6:
-            self.stop_signal = signal.SIGTERM
-        return out
     with monkeypatch.context() as m:
-        m.setattr(Trainer, "train_step", interrupted)
+        stop_after(6, m)
         assert train.main([cfg, "name=broken"]) == 128 + signal.SIGTERM
     assert train.main([cfg, "name=broken", "--resume"]) == 0
     straight, broken = losses(tmp_path / "runs" / "straight"), losses(tmp_path / "runs" / "broken")
@@ -163,7 +159,9 @@ def scored_runs(tmp_path_factory, corpus):
 
 def test_report_pools_seeds_with_seed_aware_intervals_and_marks_learned_na(scored_runs, tmp_path):
     runs = [scored_runs / n for n in ("rope-a", "rope-b", "learned", "passkey")]
-    results = eval_tasks.run_task_evaluation(runs, tmp_path / "rep", log=lambda *a: None)
+    # Every seed pools (these tiny runs learn nothing; which seeds pool is tested by hand below).
+    every_seed = eval_tasks_for(tasks={"learned_accuracy": None})
+    results = eval_tasks.run_task_evaluation(runs, tmp_path / "rep", every_seed, log=lambda *a: None)
     rows = results["results"]
     for r in rows:
         if r["status"] == "ok":
@@ -183,7 +181,8 @@ def test_report_pools_seeds_with_seed_aware_intervals_and_marks_learned_na(score
     assert len(per_seed) == 2 and f"{c / n:.2f} [{low:.2f}, {high:.2f}]" in report  # two seeds pooled into one row
     for name in ("passkey_heatmap.png", "accuracy_recall.png", "accuracy_passkey.png", "results.json"):
         assert (tmp_path / "rep" / name).is_file()
-    # Cached per checkpoint: a second report reads the cache and gives the same numbers.
+    # Cached per checkpoint: a second report reads the cache and gives the same numbers (the
+    # report's own settings are not part of the cache key).
     again = eval_tasks.run_task_evaluation(runs, tmp_path / "rep2", log=lambda *a: None)
     assert again["results"] == rows
     assert len(list((scored_runs / "rope-a" / "eval").glob("tasks-*.json"))) == 1
@@ -194,7 +193,9 @@ def test_passkey_on_a_text_run_in_its_own_tokenizer(scored_runs, tmp_path):
         lengths=[300], tasks={"samples": 3, "depths": [0.5]}), log=lambda *a: None)
     (row,) = results["results"]
     assert (row["task"], row["length"], row["status"], row["total"]) == ("passkey", 300, "ok", 3)
-    assert results["runs"][0]["trained_on"] == "text (local)"
+    assert results["runs"][0]["trained_on"] == "text (local)" and results["runs"][0]["tasks_trained"] == []
+    # Scored on a task it never trained on: learning is not judged, the row pools its seed.
+    assert "| all 1 | 0.00 [" in (tmp_path / "rep" / "report.md").read_text()
 
 
 def eval_tasks_for(**tree):
@@ -212,6 +213,9 @@ def cli(*args: str) -> subprocess.CompletedProcess:
     (["--depths", "0", "1.5"], "eval.tasks.depths must be in [0, 1]"),
     (["--lengths", "8"], "recall with 3 pairs and 3 queries needs at least 11 positions"),
     (["--tasks", "copy", "--lengths", "16", "--samples", "0"], "argument --samples: must be a positive integer"),
+    # Which seeds learned a task is judged at L: a report without L would pool them silently.
+    (["--lengths", "48", "96"], "judges whether a seed learned a task by its accuracy at the "
+                                                   "reference length 24 (train.seq_len), which is not among"),
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(scored_runs, tmp_path, args, message):
     out = tmp_path / "rep"
@@ -297,3 +301,69 @@ def test_both_commands_share_one_driver(scored_runs, tmp_path, capsys):
     for module in (extrapolation, eval_tasks):
         assert module.main([run, "--eval-file", str(planned), "--out", str(tmp_path / "r")]) == 2
         assert "eval.lenghts" in capsys.readouterr().err and not (tmp_path / "r").exists()
+
+
+def test_first_errors_by_hand():
+    model = FixedPredictions([5, 6, 7, 8, 9])  # predicts tokens 1..5 as 5, 6, 7, 8, 9
+    cases = [
+        (inst([0, 5, 6, 7, 8, 9], [1, 2, 3, 4, 5]), 5),  # all right: the number of answer tokens
+        (inst([0, 5, 6, 0, 8, 9], [1, 2, 3, 4, 5]), 2),  # the third answer token is the first wrong one
+        (inst([0, 1, 6, 7, 8, 9], [1, 2, 3, 4, 5]), 0),
+        (inst([0, 5, 6, 7, 8, 0], [3, 4, 5]), 2),        # answers at the end only: the last one wrong
+        (inst([0, 0, 6, 0, 8, 9], [2, 4, 5]), 3),        # spread answers (recall-like), wrong tokens between
+        (inst([0, 0, 0, 0, 0, 9], [2, 5]), 0),
+    ]
+    got = first_errors(model, [c for c, _ in cases])
+    assert got.tolist() == [want for _, want in cases]
+    assert exact_match(model, [c for c, _ in cases]).tolist() == [True, False, False, False, True, False]
+
+
+def test_effective_length_by_hand():
+    curve = {16: 0.5, 32: 1.0, 64: 0.9, 128: 0.79, 256: 0.95}
+    assert effective_length(curve, 32, 0.8) == 64  # 128 falls below 0.8: 256 recovering does not count
+    assert effective_length(curve, 32, 0.75) == 256
+    assert effective_length({**curve, 128: None}, 32, 0.5) == 64  # a length not served fails
+    assert effective_length({32: 0.0, 64: 0.0}, 32, 0.8) is None and effective_length({64: 1.0}, 32, 0.8) is None
+    seeds = [{32: 1.0, 64: 0.9, 128: 0.1, 256: 0.0}, {32: 1.0, 64: 0.5, 128: 0.0, 256: 0.0},
+             {32: 0.96, 64: 0.96, 128: 0.9, 256: 0.2}]
+    found = row_effective_length(seeds, 32, 0.8)
+    assert found["per_seed"] == [64, 32, 128]
+    assert found["point"] == 32  # pooled 0.987 at 32, 0.787 at 64: below 0.8 × 0.987 = 0.789
+    half = t_quantile(0.975, 2) * np.std([6, 5, 7], ddof=1) / np.sqrt(3)  # log2 of 64, 32, 128
+    assert found["low"] == pytest.approx(2 ** (6 - half)) and found["high"] == pytest.approx(2 ** (6 + half))
+    assert found["censored"] == 0
+    kept = row_effective_length([seeds[2], {32: 1.0, 64: 1.0, 128: 1.0, 256: 1.0}], 32, 0.8)
+    assert kept["censored"] == 1 and kept["low"] is None and "1 of 2 seeds keep it" in effective_text(kept)
+
+
+def cell_row(run: str, seed: int, length: int, correct: int, total: int = 10, **extra) -> dict:
+    return {"run": run, "name": run, "encoding": "rope", "seed": seed, "train_len": 32, "task": "copy",
+            "scaling": "none", "length": length, "depth": None, "status": "ok", "correct": correct, "total": total,
+            "accuracy": correct / total, "ci_low": 0.0, "ci_high": 1.0, **extra}
+
+
+def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
+    """Seed 0 learned copy at L (10/10), seed 1 did not (5/10): cells beyond L are seed 0's alone."""
+    runs = [{"run": f"r{s}", "name": f"rope_seed-{s}", "encoding": "rope", "group": "g", "stem": "rope", "seed": s,
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
+             "trained_on": "copy",  # a results.json written before tasks_trained was recorded
+             **({"competence": {"reached": True, "step": 300}} if s == 0 else
+                {"competence": {"reached": False, "threshold": 0.95, "accuracy": {"copy": 0.5}}})} for s in (0, 1)]
+    errors = {0: {32: [16] * 10, 64: [32] * 4 + [16, 17, 18, 19, 20, 21]}, 1: {32: [16] * 5 + [0] * 5, 64: [0] * 10}}
+    rows = [cell_row(f"r{s}", s, n, c, first_error=errors[s][n], answer_tokens=[n // 2] * 10)
+            for s, table in ((0, {32: 10, 64: 4}), (1, {32: 5, 64: 0})) for n, c in table.items()]
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    low, high = wilson_interval(4, 10)
+    assert "| rope | 1/2 | 1.00 " in report and f"| 0.40 [{low:.2f}, {high:.2f}] |" in report
+    assert "| rope | 1/2 | 1.00 / (0.50) | 0.40 / (0.00) |" in report  # every seed, the unlearned in ()
+    assert "| rope | 32 | 32 (×1) (one seed) |" in report  # 0.4 < 0.8 × 1.0 at 64
+    assert "| rope | 1.00 | 0.75 |" in report  # right before the first error at 64: (4 + (16 + … + 21) / 32) / 10
+    assert "at step 300" in report and "**not reached** (0.50 < 0.95)" in report
+    assert (tmp_path / "copy_first_error.png").read_bytes()[:4] == b"\x89PNG"
+    names, lengths, grid = first_error_grid({"r0": {n: [r for r in rows if r["run"] == "r0" and r["length"] == n]
+                                                    for n in (32, 64)}}, 32)
+    # m_R = 16 answer tokens; answers at 64 are 32 long, so an error falls below 2 × m_R.
+    assert names == ["[0, ¼)", "[¼, ½)", "[½, 1)", "[1, 2)", "none"] and lengths == [32, 64]
+    # At 64, six instances fail at 16..21 tokens ([1, 2) × m_R), four are right.
+    assert grid[:, 0].tolist() == [0, 0, 0, 0, 1.0] and grid[:, 1].tolist() == [0, 0, 0, 0.6, 0.4]

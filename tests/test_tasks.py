@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import hashlib
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -11,9 +12,11 @@ import numpy as np
 import pytest
 import torch
 
+from common.errors import ConfigError
 from configs.tasks import TASK_NAMES, SyntheticConfig
 from data.tasks import ALPHABET, TASKS, TaskData, TaskError, build_task, check_task_name, collate, eval_instance
 from data.tasks.batches import TaskSampler, draw
+from data.tasks.haystack import FILLER as FILLER_TEXT
 from data.tasks.passkey import WORDINGS
 from data.tokenizers import ByteTokenizer, CharTokenizer, train_tokenizer
 from configs.schema import TokenizerConfig
@@ -220,3 +223,130 @@ def test_several_tasks_are_drawn_uniformly_per_instance():
     assert all(70 <= c <= 130 for c in counts.values()), counts  # 100 expected each
     with pytest.raises(Exception, match="distinct tasks"):
         SyntheticConfig(tasks=["copy", "copy"])
+
+
+# --- retrieval after RULER: distractors, several needles, variable tracking --------------------
+
+NEEDLE = r"([a-z]{2}): (\d{5})\. "  # names of 2 letters, numbers of 5 digits (the defaults)
+ASSIGNMENT = r"([a-z]{2}) = ([a-z]{2}|\d{5})\. "
+
+
+def laid_out(text: str, pattern: str) -> tuple[list[tuple[int, tuple]], str]:
+    """(offset in the filler and groups of each piece matching ``pattern``, the filler alone),
+    for a prompt whose question is cut off."""
+    pieces, filler, end = [], [], 0
+    for m in re.finditer(pattern, text):
+        filler.append(text[end:m.start()])
+        pieces.append((len("".join(filler)), m.groups()))
+        end = m.end()
+    return pieces, "".join(filler) + text[end:]
+
+
+def test_passkey_distractors_are_present_and_never_the_key():
+    t = task("passkey", distractors=3)
+    rng = np.random.default_rng(0)
+    for length, depth in ((t.min_length(), 0.5), (80, 0.0), (200, 1.0), (333, 0.4)):
+        inst = t.make(rng, length, depth)
+        text, key = text_of(inst.tokens), answer_of(inst)
+        assert inst.length == length and text.endswith(f"key: {key}")
+        body = text[:-len(f"key: {key}")]
+        assert body.count(f"key: {key}. ") == 1 and body.count("key:") == 1
+        numbers = re.findall(r"\d+", body.replace(f"key: {key}. ", ""))
+        assert len(numbers) == 3 and len(set(numbers)) == 3
+        assert key not in numbers and all(len(n) == 5 and n[0] != "0" for n in numbers)
+        assert all(f"{n}. " in body for n in numbers)
+        # Without the pieces, the filler is the paper's two prefixes, split at the key's depth.
+        before, after = re.sub(r"\d{5}\. ", "", body).split("key: ")
+        filler = WORDINGS["symbolic"].filler * 4
+        assert filler.startswith(before) and filler.startswith(after)
+        assert len(before) == int(np.floor(depth * (len(before) + len(after)) + 0.5))
+    assert task("passkey").min_length() + 3 * 7 == t.min_length()  # three more "NNNNN. "
+
+
+def test_multikey_asks_one_of_several_distinct_needles_at_its_depth():
+    t = task("multikey", needles=4)
+    rng = np.random.default_rng(1)
+    for length, depth in ((t.min_length(), 0.0), (120, 0.25), (400, 1.0)):
+        inst = t.make(rng, length, depth)
+        text, value = text_of(inst.tokens), answer_of(inst)
+        question = text[:-len(value)]
+        asked = re.search(r"([a-z]{2}): $", question).group(1)
+        pieces, filler = laid_out(question[:-len(f"{asked}: ")], NEEDLE)
+        names, values = [g[0] for _, g in pieces], [g[1] for _, g in pieces]
+        assert inst.length == length and len(pieces) == 4
+        assert len(set(names)) == 4 and len(set(values)) == 4 and all(len(n) == 2 for n in names)
+        assert dict(g for _, g in pieces)[asked] == value  # the asked name's needle holds the answer
+        offset = next(o for o, g in pieces if g[0] == asked)
+        assert offset == int(np.floor(depth * len(filler) + 0.5))
+        assert (FILLER_TEXT * 8).startswith(filler)  # one filler stream, cut where the needles go
+
+
+def test_multivalue_answers_every_value_in_the_order_of_the_text():
+    t = task("multivalue", values=3)
+    for seed in range(5):
+        inst = t.make(np.random.default_rng(seed), 150)
+        text, answer = text_of(inst.tokens), answer_of(inst)
+        asked = re.search(r"([a-z]{2}): $", text[:-len(answer)]).group(1)
+        pieces, _ = laid_out(text[:-len(answer) - len(f"{asked}: ")], NEEDLE)
+        assert {name for _, (name, _) in pieces} == {asked} and len(pieces) == 3  # one name, three values
+        assert answer == " ".join(v for _, (_, v) in pieces) and len(set(answer.split())) == 3
+
+
+def resolve(text: str, variable: str) -> str:
+    """Follow ``variable``'s assignments in ``text`` back to a number (each variable assigned once)."""
+    assigned = dict(re.findall(ASSIGNMENT, text))
+    assert len(assigned) == len(re.findall(r" = ", text))  # no variable assigned twice
+    while not variable.isdigit():
+        variable = assigned[variable]
+    return variable
+
+
+def test_variable_tracking_chains_resolve_to_the_asked_value():
+    t = task("vartrack", chains=3, hops=2)
+    rng = np.random.default_rng(2)
+    for length in (t.min_length(), 150, 500):
+        inst = t.make(rng, length)
+        text, value = text_of(inst.tokens), answer_of(inst)
+        asked = re.search(r"([a-z]{2}): $", text[:-len(value)]).group(1)
+        body = text[:-len(value) - len(asked) - 2]
+        assert inst.length == length and resolve(body, asked) == value
+        pairs = re.findall(ASSIGNMENT, body)
+        assert len(pairs) == 9 and len({v for _, v in pairs if v.isdigit()}) == 3  # 3 chains, distinct values
+        position = {name: i for i, (name, _) in enumerate(pairs)}
+        assert all(position[source] < position[name] for name, source in pairs if not source.isdigit())
+        hops, v = 0, asked  # the asked variable is a chain's last: 2 assignments back to its value
+        while not v.isdigit():
+            v, hops = dict(pairs)[v], hops + 1
+        assert hops == 3
+
+
+@pytest.mark.parametrize("name", ["passkey", "multikey", "multivalue", "vartrack"])
+def test_retrieval_tasks_in_a_text_tokenizer_fill_the_length_exactly(name, corpus):
+    """The mix's wording written with a text run's BPE: every instance is exactly the asked length
+    and min_length bounds every draw; the answer's tokens are the needle's (tokenized apart)."""
+    texts = (corpus / "train.txt").read_text().splitlines()
+    tok = train_tokenizer(TokenizerConfig(kind="bpe", vocab_size=400), texts)
+    t = build_task(name, SyntheticConfig(distractors=2), tok)
+    rng = np.random.default_rng(0)
+    for length in (t.min_length(), t.min_length() + 5, 300):
+        inst = t.make(rng, length, 0.5)
+        assert inst.length == length
+        answer = inst.tokens[inst.answer].tolist()
+        body = inst.tokens[:np.flatnonzero(inst.answer)[0]].tolist()
+        first = answer[:len(tok.encode(tok.decode(answer).split(" ")[0]))]
+        assert any(body[i:i + len(first)] == first for i in range(len(body)))
+
+
+def test_bad_retrieval_settings_are_clear():
+    with pytest.raises(ConfigError, match="name_letters=1 gives 26 names, too few for 18"):
+        SyntheticConfig(name_letters=1, chains=6, hops=2)
+    with pytest.raises(ConfigError, match="key_digits=1 gives 9 numbers, too few for 8"):
+        SyntheticConfig(key_digits=1, distractors=7)
+    with pytest.raises(TaskError, match="passkey distractors .* the paper's prompt"):
+        build_task("passkey", SyntheticConfig(distractors=2), ByteTokenizer(), text=True)
+    with pytest.raises(TaskError, match="train with data.mix.tasks=\\[multikey\\]"):
+        build_task("multikey", SyntheticConfig(), ByteTokenizer(), text=True)
+    with pytest.raises(TaskError, match="multikey with 4 needles needs at least 52 positions"):
+        task("multikey").check_length(40)
+    with pytest.raises(TaskError, match="depth must be in"):
+        task("multikey").make(np.random.default_rng(0), 80, -0.1)

@@ -9,33 +9,42 @@ stand in for it (scripts/bench_worker.py trains on random tokens through ``TextD
 - ``validation(seq_len, batch_size, n_batches, world_size)``: the validation loss, a
   function of the model. ``n_batches`` global batches (``batch_size × world_size``
   sequences each), so a run validates on the same data whatever its number of ranks.
+
+Synthetic tasks add ``accuracies(seq_len, n)``: each task's exact-match accuracy at
+``seq_len`` on fixed instances, a function of the model (training/competence.py). A text
+run with ``data.mix`` trains on text windows and retrieval instances in each batch
+(``MixedData``), validates on text, and has ``accuracies`` for its mixed tasks.
 """
 
 from __future__ import annotations
 
 import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any, Callable, Protocol, Union
 
 import numpy as np
+import torch
 from torch import nn
 
 from configs.schema import RunConfig
 from common.errors import DataError
+from configs.tasks import MixConfig, SyntheticConfig
 from data.prepare import PreparedData, prepare_data
 from data.samplers import TrainSampler
-from data.tasks import TaskData, TaskSampler
+from data.tasks import Task, TaskData, TaskSampler, build_task, length_set
+from training.exact_match import exact_match
 from training.runtime import Runtime
 from training.validation import answer_loss, validation_loss
 
 ValidationLoss = Callable[[nn.Module], float]
+Accuracies = Callable[[nn.Module], dict[str, float]]
 
 
 class TrainingData(Protocol):
     tokenizer: Any
 
     def train_sampler(self, seq_len: int, batch_size: int, seed: int, rank: int = 0,
-                      world_size: int = 1) -> Union[TrainSampler, TaskSampler]: ...
+                      world_size: int = 1) -> Union[TrainSampler, TaskSampler, MixedSampler]: ...
 
     def validation(self, seq_len: int, batch_size: int, n_batches: int, world_size: int = 1) -> ValidationLoss: ...
 
@@ -75,6 +84,68 @@ class TaskTraining(TaskData):
         batches = self.validation_batches(seq_len, batch_size * world_size, n_batches)
         return functools.partial(answer_loss, batches=batches)
 
+    def accuracies(self, seq_len: int, n: int) -> Accuracies:
+        return task_accuracies(self.tasks, seq_len, n)
+
+
+def task_accuracies(tasks: list[Task], seq_len: int, n: int) -> Accuracies:
+    """model -> {task: exact-match accuracy on its ``n`` fixed instances at ``seq_len``}
+    (data/tasks/batches.py: ``length_set``; the competence stop's check)."""
+    sets = {task.name: length_set(task, seq_len, n) for task in tasks}
+    return lambda model: {name: float(exact_match(model, instances).mean()) for name, instances in sets.items()}
+
+
+def mixed_rows(mix: MixConfig, batch_size: int) -> int:
+    """Rows of each batch that are task instances (the rest are text windows)."""
+    return round(mix.fraction * batch_size)
+
+
+class MixedSampler:
+    """Each batch: the text sampler's windows, then the task sampler's instances (answer
+    targets only); both advance together, so the state is both counters."""
+
+    def __init__(self, text: TrainSampler, tasks: TaskSampler):
+        self.text, self.tasks = text, tasks
+
+    @property
+    def batches_drawn(self) -> int:
+        return self.text.batches_drawn
+
+    def next_batch(self) -> tuple[torch.Tensor, torch.Tensor]:
+        (xt, yt), (xk, yk) = self.text.next_batch(), self.tasks.next_batch()
+        return torch.cat([xt, xk]), torch.cat([yt, yk])
+
+    def state_dict(self) -> dict:
+        return {"text": self.text.state_dict(), "tasks": self.tasks.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.text.load_state_dict(state["text"])
+        self.tasks.load_state_dict(state["tasks"])
+
+
+@dataclass
+class MixedData(TextData):
+    """A text corpus with retrieval instances in every batch (``data.mix``), written in the
+    run's own tokenizer; validation on text alone, so perplexity keeps its meaning."""
+
+    mix: MixConfig = field(default_factory=MixConfig)
+    tasks: list[Task] = field(default_factory=list)
+
+    @classmethod
+    def mixed(cls, prepared: PreparedData, mix: MixConfig, synthetic: SyntheticConfig) -> MixedData:
+        tasks = [build_task(name, synthetic, prepared.tokenizer) for name in mix.tasks]
+        return cls(prepared.tokenizer, prepared.split("train"), prepared.split("valid"), mix, tasks)
+
+    def accuracies(self, seq_len: int, n: int) -> Accuracies:
+        return task_accuracies(self.tasks, seq_len, n)
+
+    def train_sampler(self, seq_len: int, batch_size: int, seed: int, rank: int = 0,
+                      world_size: int = 1) -> MixedSampler:
+        rows = mixed_rows(self.mix, batch_size)
+        text = TrainSampler(self.train, seq_len, batch_size - rows, seed=seed, rank=rank, world_size=world_size)
+        tasks = TaskSampler(self.tasks, seq_len, rows, seed, self.tokenizer.eot_id, rank, world_size)
+        return MixedSampler(text, tasks)
+
 
 def prepare(cfg: RunConfig, rt: Runtime) -> TrainingData:
     """The run's data: ``cfg.data`` prepared (tokenized once, cached), or its synthetic tasks."""
@@ -86,4 +157,6 @@ def prepare(cfg: RunConfig, rt: Runtime) -> TrainingData:
     prepared = prepare_data(cfg.data, progress=cfg.log.progress and rt.is_main)
     if rt.is_main:
         rt.barrier()
+    if cfg.data.mix.tasks:
+        return MixedData.mixed(prepared, cfg.data.mix, cfg.data.synthetic)
     return TextData.of(prepared)

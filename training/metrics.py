@@ -134,6 +134,16 @@ class MetricsLog:
         elif self.bar:  # a terminal: above the bar, which keeps the latest training loss
             tqdm.write(f"validation at step {step}: val loss {val_loss:.4f} | ppl {perplexity_of(val_loss):.2f}")
 
+    def accuracy(self, step: int, tokens: int, accuracies: dict[str, float]) -> None:
+        """Exact-match accuracy at L per task (the competence stop's check, training/competence.py)."""
+        self._write({"step": step, "tokens": tokens, **{f"val_acc_{task}": acc for task, acc in accuracies.items()},
+                     "time": time.time()})
+        text = f"accuracy at L at step {step}: " + ", ".join(f"{task} {acc:.3f}" for task, acc in accuracies.items())
+        if self.lines:
+            print(text, flush=True)
+        elif self.bar:
+            tqdm.write(text)
+
     def progress(self, total: int, initial: int):
         self.total_steps = total
         if not self.bar:

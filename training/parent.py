@@ -3,13 +3,19 @@
 A fine-tuned run keeps its parent's architecture (every model key but the RoPE scaling,
 which is what context extension changes) and its tokenizer, starts from the parent's
 weights with a fresh optimizer and schedule, and records where it came from.
+
+A text parent that learned retrieval tasks in the task wording (``data.mix``) passes them
+on: its children, fine-tuned on text alone, are scored on those tasks in that wording
+(``learned_wording``), so they must keep the parent's ``data.synthetic`` settings.
 """
 
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Optional
 
 from configs import config_to_dict
+from configs.experiment import seed_group
 from configs.schema import RunConfig
 from data.tokenizers import Tokenizer
 from common.errors import CheckpointError, ConfigError
@@ -56,11 +62,24 @@ def load_parent(cfg: RunConfig, tokenizer: Tokenizer) -> SavedRun:
         details = ", ".join(f"model.{k}: {theirs.get(k)!r} in the parent, {ours.get(k)!r} here" for k in differ[:5])
         raise ConfigError(f"init.run={cfg.init.run} has another architecture ({details}); a run can only start "
                           "from a parent of the same architecture (only model.pos.rope.scaling may change)")
+    if learned_wording(parent.cfg, parent.meta.get("parent")) and cfg.data.synthetic != parent.cfg.data.synthetic:
+        raise ConfigError(f"init.run={cfg.init.run} learned its retrieval tasks with other data.synthetic settings "
+                          f"({parent.cfg.data.synthetic}) than this run's ({cfg.data.synthetic}); its fine-tunes are "
+                          "scored on those tasks as the parent learned them: use the parent's data.synthetic")
     return parent
 
 
+def learned_wording(cfg: RunConfig, parent: Optional[dict]) -> list[str]:
+    """The retrieval tasks a text run learned in the task wording: those its ``data.mix``
+    trains on, else those its parent did (``parent``: the record in its checkpoints' meta)."""
+    return list(cfg.data.mix.tasks) or list((parent or {}).get("mix") or [])
+
+
 def parent_record(parent: SavedRun) -> dict:
-    """What a child's checkpoints say about where its starting weights came from."""
+    """What a child's checkpoints say about where its starting weights came from; ``group``:
+    the parent's experiment apart from its seed (configs/experiment.py), so fine-tunes of
+    parents that differ only in their seed pool as seeds of one row (eval/driver.py)."""
     return {"run": str(parent.run_dir), "checkpoint": parent.checkpoint.name, "step": parent.meta.get("step"),
             "tokens": parent.meta.get("tokens"), "git_commit": parent.meta.get("git_commit"),
-            "train_len": parent.cfg.train.seq_len}
+            "train_len": parent.cfg.train.seq_len, "group": seed_group(parent.cfg),
+            **({"mix": mix} if (mix := learned_wording(parent.cfg, parent.meta.get("parent"))) else {})}

@@ -31,6 +31,7 @@ from model.transformer import Transformer
 from training.checkpoint import (NonFiniteWeights, load_newest, load_state, load_weights, read_meta, save_best,
                                  save_checkpoint, set_aside, unwrap)
 from training.consistency import check_continuation, fingerprints
+from training.competence import CompetenceStop
 from training.data import TrainingData, prepare
 from training.divergence import diverged, non_finite_checkpoint
 from training.memory import check_training
@@ -79,6 +80,8 @@ class Trainer:
                                          t.pos_lr_multiplier)
         self.sampler = data.train_sampler(t.seq_len, t.batch_size, t.seed, rt.rank, rt.world_size)
         self.validation_loss = data.validation(t.seq_len, t.batch_size, t.eval_batches, rt.world_size)
+        self.competence = None if t.stop_at_accuracy is None else CompetenceStop(
+            t.stop_at_accuracy, data.accuracies(t.seq_len, t.eval_batches * t.batch_size * rt.world_size))
         self.positions = None if t.random_positions is None else RandomPositions(
             t.random_positions.max_len, t.seq_len, t.batch_size, seed=t.seed, rank=rt.rank,
             world_size=rt.world_size)
@@ -140,7 +143,8 @@ class Trainer:
                 "rng_cuda": torch.cuda.get_rng_state() if torch.cuda.is_available() else None,
                 "scaler": self.scaler.state_dict() if self.scaler else None,
                 "step": self.step, "tokens": self.tokens_seen, "best_val": self.best_val,
-                "wandb_id": self.wandb_id, "train_seconds": self.train_seconds, "compiled": self.compiled}
+                "wandb_id": self.wandb_id, "train_seconds": self.train_seconds, "compiled": self.compiled,
+                **({"competence": self.competence.state_dict()} if self.competence else {})}
 
     def load_state_dict(self, state: dict) -> None:
         """Continue from ``state_dict()``'s output; keys added since a checkpoint was written
@@ -157,6 +161,8 @@ class Trainer:
         self.best_val, self.wandb_id = float(state["best_val"]), state.get("wandb_id")
         self.train_seconds = float(state.get("train_seconds", 0.0))
         self.compiled = state.get("compiled")  # absent before train.compile=auto existed
+        if self.competence is not None:
+            self.competence.load_state_dict(state.get("competence"))
 
     def _restore(self) -> None:
         """Continue from the newest checkpoint that reads; damaged newer ones are set aside."""
@@ -245,9 +251,10 @@ class Trainer:
         self._session_start = now
         if self.rt.is_main:
             meta = {"tokens": self.tokens_seen, "val_loss": val_loss,
-                    "finished": self.step >= self.total_steps, "total_steps": self.total_steps,
+                    "finished": self._complete(), "total_steps": self.total_steps,
                     "params": self.model.num_params(), "git_commit": self.git_commit,
-                    "train_seconds": self.train_seconds, "parent": self.parent, **self.fingerprints}
+                    "train_seconds": self.train_seconds, "parent": self.parent, **self.fingerprints,
+                    **({"competence": self.competence.record()} if self.competence else {})}
             # A fine-tuned run's step 0 is its parent's weights: the budget curve starts there.
             pinned = (0,) if self.parent is not None else ()
             save_checkpoint(self.run_dir, self.step, self.model, self.state_dict(), meta, self.cfg.train.keep_last,
@@ -265,11 +272,22 @@ class Trainer:
     def _handle_signal(self, signum, frame) -> None:
         self.stop_signal = signum
 
+    def _complete(self) -> bool:
+        """The budget is spent, or (train.stop_at_accuracy) the tasks are learned at L."""
+        return self.step >= self.total_steps or (self.competence is not None and self.competence.reached)
+
+    def _check_competence(self, log: MetricsLog) -> None:
+        """After a validation: the accuracy at L of every task (every rank scores the same set)."""
+        accuracies = self.competence.check(unwrap(self.model), self.step)
+        self.model.train()
+        log.accuracy(self.step, self.tokens_seen, accuracies)
+
     # --- the loop -------------------------------------------------------------------
     def run(self) -> int:
         t, rt = self.cfg.train, self.rt
-        if self.step >= self.total_steps:
-            rt.print(f"{self.run_dir} is already complete ({self.step}/{self.total_steps} steps)")
+        if self._complete():
+            reason = f"; {self.competence.outcome(self.step)}" if self.competence else ""
+            rt.print(f"{self.run_dir} is already complete ({self.step}/{self.total_steps} steps{reason})")
             return 0
         log = MetricsLog(self.run_dir, self.cfg, rt.is_main, start_step=self.step, wandb_id=self.wandb_id)
         if rt.is_main:
@@ -324,6 +342,9 @@ class Trainer:
                         self.best_val = val_loss
                         save_best(self.run_dir, self.model, {"step": self.step, "val_loss": val_loss,
                                                              **self.fingerprints})
+                if self.competence is not None:
+                    self._check_competence(log)
+                    last = last or rt.any_rank(self.competence.reached)
             stop = rt.any_rank(self.stop_signal is not None)
             if self.step % t.ckpt_interval == 0 or last or stop:
                 self.save(val_loss)
@@ -332,7 +353,9 @@ class Trainer:
                 rt.print(f"\nstopped by {name} at step {self.step}; checkpoint saved in {self.run_dir}. "
                          "Continue with --resume.")
                 return 128 + (self.stop_signal or signal.SIGTERM)
+            if last:
+                break
         bar.close()
         rt.print(f"done: {self.step} steps, {self.tokens_seen:,} tokens, best val loss {self.best_val:.4f} "
-                 f"→ {self.run_dir}")
+                 f"→ {self.run_dir}" + (f"; {self.competence.outcome(self.total_steps)}" if self.competence else ""))
         return 0

@@ -1,7 +1,9 @@
-"""Synthetic tasks made on the fly: passkey, copy, recall (MQAR), addition.
+"""Synthetic tasks made on the fly: passkey, copy, recall (MQAR), addition, and RULER's
+multikey, multivalue and vartrack (variable tracking).
 
 A synthetic run trains on one or several of them (``data.synthetic.tasks``; each instance's
-task is drawn uniformly), on instances made as they are needed (``TaskData``).
+task is drawn uniformly), on instances made as they are needed (``TaskData``); a text run
+may mix the retrieval tasks into its batches (``data.mix``; training/data.py).
 
 Every task writes its instances in one alphabet, ``ALPHABET``, one character per token: a
 synthetic run's tokenizer is ``task_tokenizer()``, a CharTokenizer over it (saved as the
@@ -9,9 +11,10 @@ run's tokenizer.json like any run's, so sampling and evaluation read it). Each t
 module documents its format and the part of the alphabet it uses; ``TASKS`` maps the
 names of ``configs.tasks.TASK_NAMES`` to them.
 
-Runs trained on text can be scored on passkey only, in the paper's own wording tokenized
-with the run's tokenizer (``build_task(..., text=True)``); the other tasks exist only in
-the task alphabet.
+Runs trained on text can be scored on passkey, in the paper's own wording tokenized with
+the run's tokenizer (``build_task(..., text=True)``), and on the retrieval tasks they mixed
+into training (``data.mix``), in the plain wording of data/tasks/haystack.py, which is the
+task alphabet's; copy, recall and addition exist only in the task alphabet.
 """
 
 from __future__ import annotations
@@ -19,20 +22,23 @@ from __future__ import annotations
 import difflib
 import string
 
-from configs.tasks import TASK_NAMES, SyntheticConfig
+from configs.tasks import RETRIEVAL_TASKS, TASK_NAMES, SyntheticConfig
 from data.tasks.addition import Addition
 from data.tasks.base import Instance, Task, TaskError
-from data.tasks.batches import TaskSampler, collate, eval_instance, validation_batches
+from data.tasks.batches import TaskSampler, collate, eval_instance, length_set, validation_batches
 from data.tasks.copy import Copy
+from data.tasks.niah import Multikey, Multivalue
 from data.tasks.passkey import Passkey
 from data.tasks.recall import Recall
+from data.tasks.vartrack import Vartrack
 from data.tokenizers import CharTokenizer, Tokenizer
 
-# Digits, lower-case letters, and the punctuation of the formats: space . : (passkey),
-# > (copy), + = (addition); . is also recall's filler.
+# Digits, lower-case letters, and the punctuation of the formats: space . : (the retrieval
+# tasks), > (copy), + = (addition, and vartrack's assignments); . is also recall's filler.
 ALPHABET = string.digits + string.ascii_lowercase + " .:>+="
 
-TASKS: dict[str, type[Task]] = {"passkey": Passkey, "copy": Copy, "recall": Recall, "addition": Addition}
+TASKS: dict[str, type[Task]] = {"passkey": Passkey, "copy": Copy, "recall": Recall, "addition": Addition,
+                                "multikey": Multikey, "multivalue": Multivalue, "vartrack": Vartrack}
 
 
 def task_tokenizer() -> CharTokenizer:
@@ -48,23 +54,34 @@ def check_task_name(name: str) -> None:
 
 
 def check_readable(name: str, text: bool) -> None:
-    """Raise TaskError unless ``name`` is a task a run (``text``: trained on text) can be scored on."""
+    """Raise TaskError unless ``name`` is a task a run can be scored on in the wording ``text``
+    (True: a text run trained without ``data.mix``, which reads passkey in the paper's prompt)."""
     check_task_name(name)
     if text and name != "passkey":
-        raise TaskError(f"task {name} is written in the synthetic task alphabet, which a run trained on "
-                        "text never saw; text runs can be scored on passkey only (train on "
-                        f"data.source=synthetic data.synthetic.tasks=[{name}] to study {name})")
+        hint = (f"train with data.mix.tasks=[{name}] to score it in the wording it was trained on"
+                if name in RETRIEVAL_TASKS else
+                f"train on data.source=synthetic data.synthetic.tasks=[{name}] to study {name}")
+        raise TaskError(f"task {name} is written in the synthetic task wording, which a run trained on "
+                        f"text alone never saw; text runs can be scored on passkey only ({hint})")
 
 
 def build_task(name: str, cfg: SyntheticConfig, tokenizer: Tokenizer, text: bool = False) -> Task:
-    """Task ``name`` with the parameters of ``cfg``; ``text`` for runs trained on text."""
+    """Task ``name`` with the parameters of ``cfg``; ``text``: passkey in the paper's prompt, for
+    runs trained on text alone."""
     check_readable(name, text)
+    digits, letters = cfg.key_digits, cfg.name_letters
     if name == "passkey":
-        return Passkey(tokenizer, cfg.key_digits, style="text" if text else "symbolic")
+        return Passkey(tokenizer, digits, style="text" if text else "symbolic", distractors=cfg.distractors)
     if name == "recall":
         return Recall(tokenizer, cfg.pairs, cfg.n_queries)
     if name == "addition":
         return Addition(tokenizer, cfg.addition_layout)
+    if name == "multikey":
+        return Multikey(tokenizer, cfg.needles, digits, letters)
+    if name == "multivalue":
+        return Multivalue(tokenizer, cfg.values, digits, letters)
+    if name == "vartrack":
+        return Vartrack(tokenizer, cfg.chains, cfg.hops, digits, letters)
     return TASKS[name](tokenizer)
 
 
@@ -88,4 +105,4 @@ class TaskData:
 
 
 __all__ = ["ALPHABET", "Instance", "TASKS", "Task", "TaskData", "TaskError", "TaskSampler", "build_task",
-           "check_readable", "check_task_name", "collate", "eval_instance", "task_tokenizer"]
+           "check_readable", "check_task_name", "collate", "eval_instance", "length_set", "task_tokenizer"]

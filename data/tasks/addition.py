@@ -52,6 +52,7 @@ def digits_of_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:
 
 class Addition(Task):
     name = "addition"
+    per_position = True
 
     def __init__(self, tokenizer: Tokenizer, layout: str = "aligned"):
         self.layout = layout

@@ -48,6 +48,8 @@ class Task:
     ``min_length``; their module docstring documents the format and vocabulary."""
 
     name: str
+    has_depth = False  # make() places a needle at ``depth``: scored per (length, depth) cell
+    per_position = False  # the answer grows with the length: reports show where its first error falls
 
     def min_length(self) -> int:
         """The shortest length (positions read) an instance can have."""
@@ -55,7 +57,7 @@ class Task:
 
     def make(self, rng: np.random.Generator, length: int, depth: Optional[float] = None) -> Instance:
         """An instance of ``length`` positions (or the longest the format allows below it),
-        drawn from ``rng``. ``depth`` places a passkey; other tasks ignore it."""
+        drawn from ``rng``. ``depth`` places the needle of a task that ``has_depth``; others ignore it."""
         raise NotImplementedError
 
     def check_length(self, length: int, what: str = "the requested length") -> None:

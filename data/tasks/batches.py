@@ -11,10 +11,12 @@ depends on the order or the process that draws it:
 - validation: instance ``i`` from ``(VALID, i)``, the same for every seed of a task, so
   validation losses of seeds compare.
 - evaluation (eval/tasks.py): instance ``i`` from ``(TEST, seed, task, length, depth, i)``.
+- competence at L (training/competence.py): instance ``i`` of a task at exactly length ``L``
+  from ``(AT_L, task, L, i)``, with a uniform depth; the same for every seed.
 
 A training instance's task is drawn uniformly from the run's tasks, its length uniformly
-from that task's shortest up to ``train.seq_len``, and (passkey) its depth uniformly in
-[0, 1]. Each row of a batch holds one
+from that task's shortest up to ``train.seq_len``, and its depth uniformly in [0, 1] (used
+by the tasks that place a needle: passkey, multikey). Each row of a batch holds one
 instance from position 0, as at evaluation, padded after its end; its targets are the
 next tokens where those are answers and ``IGNORE_INDEX`` everywhere else, so the loss
 counts answer tokens only. Padding never influences the instance (attention is causal).
@@ -33,7 +35,7 @@ import torch
 from data.tasks.base import Instance, Task
 from model.loss import IGNORE_INDEX
 
-TRAIN, VALID, TEST = 0, 1, 2  # first word of every seed: the three streams never meet
+TRAIN, VALID, TEST, AT_L = 0, 1, 2, 3  # first word of every seed: the streams never meet
 
 
 def task_id(name: str) -> int:
@@ -63,6 +65,16 @@ def eval_instance(task: Task, seed: int, length: int, depth: Optional[float], in
     """Evaluation instance ``index`` at ``length`` (and passkey ``depth``)."""
     rng = np.random.default_rng([TEST, seed, task_id(task.name), length, depth_id(depth), index])
     return task.make(rng, length, depth)
+
+
+def length_set(task: Task, length: int, n: int) -> list[Instance]:
+    """The fixed instances of ``task`` at ``length`` (a random depth each) that a competence
+    stop scores."""
+    out = []
+    for i in range(n):
+        rng = np.random.default_rng([AT_L, task_id(task.name), length, i])
+        out.append(task.make(rng, length, float(rng.random())))
+    return out
 
 
 def collate(instances: Sequence[Instance], seq_len: int, pad_id: int) -> tuple[torch.Tensor, torch.Tensor]:

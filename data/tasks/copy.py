@@ -26,6 +26,7 @@ LETTERS = string.ascii_lowercase
 
 class Copy(Task):
     name = "copy"
+    per_position = True
 
     def __init__(self, tokenizer: Tokenizer):
         self.letters = np.asarray(tokenizer.encode(LETTERS), dtype=np.int64)

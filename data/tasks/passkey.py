@@ -22,7 +22,18 @@ Two wordings, one format:
                                               ^^^^^ answer
 
 The key's depth is the fraction of the filler placed before it: 0 puts it first, 1 right
-before the question. Every piece is tokenized on its own and the pieces are concatenated;
+before the question.
+
+Distractors (``data.synthetic.distractors``, symbolic wording only): that many other
+numbers of the key's digits, none equal to the key nor to each other, each written
+``N. `` at a random offset of the filler (data/tasks/haystack.py: ``lay``), so a model that
+copies "the digits" fails and one that finds the digits after ``key: `` succeeds. Example
+(length 50, depth 0.5, 2 distractors)::
+
+    the 67326. 56002. graskey: 86556. the grakey: 86556
+                                                  ^^^^^ answer
+
+Every piece is tokenized on its own and the pieces are concatenated;
 each boundary (before a space, newline or the key's digits) is a boundary of byte-level
 BPE's pre-tokenizer, so this equals tokenizing the whole prompt. The filler absorbs the
 key's varying token count, so an instance is exactly the requested length.
@@ -36,8 +47,8 @@ from typing import Literal, Optional
 import numpy as np
 
 from data.tasks.base import Instance, Task, TaskError, assemble
+from data.tasks.haystack import FILLER, FillerStream, checked_encoder, lay, number
 from data.tokenizers import Tokenizer
-from common.errors import DataError
 
 Style = Literal["text", "symbolic"]
 
@@ -65,7 +76,7 @@ WORDINGS: dict[str, Wording] = {
         answer=" {key}"),
     "symbolic": Wording(
         intro="", separator="",
-        filler="the grass is green. the sky is blue. the sun is yellow. here we go. there and back again. ",
+        filler=FILLER,
         joiner="",
         needle=("key: ", "{key}", ". "),
         question="key: ",
@@ -73,32 +84,26 @@ WORDINGS: dict[str, Wording] = {
 }
 
 
+DISTRACTOR_END = ". "  # a distractor is a number and this
+
+
 class Passkey(Task):
     name = "passkey"
+    has_depth = True
 
-    def __init__(self, tokenizer: Tokenizer, digits: int = 5, style: Style = "symbolic"):
-        self.tokenizer, self.digits, self.style = tokenizer, digits, style
+    def __init__(self, tokenizer: Tokenizer, digits: int = 5, style: Style = "symbolic", distractors: int = 0):
+        if distractors and style != "symbolic":
+            raise TaskError(f"passkey distractors ({distractors}) are written in the task wording; the paper's "
+                            "prompt (a text run's passkey) has none: set data.synthetic.distractors=0, or train "
+                            "the run with data.mix including passkey to score it in the task wording")
+        self.tokenizer, self.digits, self.style, self.distractors = tokenizer, digits, style, distractors
         self.wording = w = WORDINGS[style]
-        self._encode = self._checked_encoder()
+        self._encode = checked_encoder(tokenizer, "passkey")
         self.intro = self._encode(w.intro) if w.intro else []
         self.sep = self._encode(w.separator) if w.separator else []
         self.question = self._encode(w.question)
-        self._filler = list(self._encode(w.filler))
-        self._filler_next = self._encode(w.joiner + w.filler)
-
-    def _checked_encoder(self):
-        def encode(text: str) -> list[int]:
-            try:
-                ids = self.tokenizer.encode(text)
-            except DataError as e:
-                raise TaskError(f"this run's tokenizer cannot write the passkey prompt ({e}); passkey "
-                                "retrieval needs a tokenizer that can encode plain English and digits "
-                                "(byte, bpe, or a char vocabulary that has every character)") from None
-            if not ids:
-                raise TaskError(f"this run's tokenizer encodes {text!r} as no tokens; it cannot "
-                                "write the passkey prompt")
-            return ids
-        return encode
+        self.filler = FillerStream(self._encode, w.filler, w.joiner)
+        self._distractor_end = self._encode(DISTRACTOR_END)
 
     def _key_pieces(self, key: str) -> tuple[list[list[int]], list[int]]:
         """(the key sentence's encoded pieces, the encoded answer) for one key."""
@@ -119,13 +124,8 @@ class Passkey(Task):
         keyed = [*self.wording.needle, self.wording.answer]
         worst = [len(p.format(key=key).encode("utf-8")) if "{key}" in p else len(ids)
                  for p, ids in zip(keyed, [*needle, answer])]
-        return self._fixed(needle, answer) - sum(map(len, needle)) - len(answer) + sum(worst) - 1
-
-    def filler(self, n: int) -> list[int]:
-        """The first ``n`` tokens of the repeated filler."""
-        while len(self._filler) < n:
-            self._filler.extend(self._filler_next)
-        return self._filler[:n]
+        distractors = self.distractors * (len(key.encode("utf-8")) + len(self._distractor_end))
+        return self._fixed(needle, answer) - sum(map(len, needle)) - len(answer) + sum(worst) + distractors - 1
 
     def make(self, rng: np.random.Generator, length: int, depth: Optional[float] = None) -> Instance:
         self.check_length(length)
@@ -134,12 +134,20 @@ class Passkey(Task):
             raise TaskError(f"a passkey depth must be in [0, 1] (got {depth})")
         key = str(rng.integers(10 ** (self.digits - 1), 10 ** self.digits))
         needle, answer = self._key_pieces(key)
-        room = length + 1 - self._fixed(needle, answer)
+        taken = {key}
+        distractors = [self._encode(number(rng, self.digits, taken)) + self._distractor_end
+                       for _ in range(self.distractors)]
+        room = length + 1 - self._fixed(needle, answer) - sum(map(len, distractors))
         if room < 0:  # only a tokenizer that breaks the min_length bound gets here
             raise TaskError(f"the passkey prompt with key {key} does not fit in {length} positions")
         before = int(np.floor(depth * room + 0.5))
-        segments = [self.intro, *([self.sep] if self.intro else []), self.filler(before), self.sep,
-                    *needle, self.sep, self.filler(room - before), self.sep, self.question]
+        offsets = rng.integers(0, room + 1, size=len(distractors)).tolist() if distractors else []
+        # Both filler parts start the filler afresh (the paper's prompt); a distractor's offset
+        # counts through both.
+        first = lay(self.filler(before), [(o, d) for o, d in zip(offsets, distractors) if o < before])
+        second = lay(self.filler(room - before), [(o - before, d) for o, d in zip(offsets, distractors) if o >= before])
+        segments = [self.intro, *([self.sep] if self.intro else []), *first, self.sep,
+                    *needle, self.sep, *second, self.sep, self.question]
         return assemble([(s, False) for s in segments] + [(answer, True)])
 
     @staticmethod
@@ -159,7 +167,8 @@ class Passkey(Task):
         return mask
 
     def describe(self) -> str:
-        return f"passkey ({self.style} wording, {self.digits}-digit keys)"
+        extra = f", {self.distractors} distractors" if self.distractors else ""
+        return f"passkey ({self.style} wording, {self.digits}-digit keys{extra})"
 
     def too_short_hint(self) -> str:
         parts = "description, key sentence, question, answer" if self.intro else "key sentence, question, answer"

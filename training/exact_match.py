@@ -1,5 +1,7 @@
-"""Scoring task instances: exact match of every answer token (the answer-only loss the
-trainer logs is training/validation.py's ``answer_loss``).
+"""Scoring task instances: exact match of every answer token, and where the first error
+falls (the answer-only loss the trainer logs is training/validation.py's ``answer_loss``).
+Training's competence stop (training/competence.py) and evaluation (eval/tasks.py) score
+with the same functions.
 
 An instance is correct when, at every answer position, the model's most likely next token
 (the argmax of its logits given all earlier tokens of the instance) is the answer token:
@@ -36,9 +38,22 @@ def _batches(instances: Sequence[Instance], vocab: int, max_batch_tokens: int) -
         yield list(instances[i:i + size])
 
 
-@torch.no_grad()
+def answer_tokens(instances: Sequence[Instance]) -> np.ndarray:
+    """Answer tokens per instance: int (N,)."""
+    return np.array([int(inst.answer.sum()) for inst in instances], dtype=np.int64)
+
+
 def exact_match(model, instances: Sequence[Instance], max_batch_tokens: int = 16384) -> np.ndarray:
     """Whether each instance's answer tokens are all predicted exactly: bool (N,)."""
+    return first_errors(model, instances, max_batch_tokens) == answer_tokens(instances)
+
+
+@torch.no_grad()
+def first_errors(model, instances: Sequence[Instance], max_batch_tokens: int = 16384) -> np.ndarray:
+    """Per instance, how many of its answer tokens (in order) are right before the first wrong
+    one: int (N,), the number of answer tokens where all are right. With teacher forcing this
+    is also where greedy decoding of an answer at the end goes wrong first (the argument in
+    the module docstring, token by token)."""
     was_training = model.training
     model.eval()
     device = next(model.parameters()).device
@@ -56,7 +71,11 @@ def exact_match(model, instances: Sequence[Instance], max_batch_tokens: int = 16
             if not bool(torch.isfinite(logits).all()):  # an argmax of NaN would score 0 as if it were a result
                 raise NonFiniteOutput(f"the model's logits at length {longest} are not finite")
             predicted = logits.argmax(dim=-1).cpu().numpy()  # (B, T)
-            out.append(((predicted == y) | ~scored).all(axis=1))
+            wrong = (predicted != y) & scored
+            # Answer tokens before a position: the running count of scored targets.
+            before = np.cumsum(scored, axis=1) - scored
+            total = scored.sum(axis=1)
+            out.append(np.where(wrong.any(axis=1), before[np.arange(len(group)), wrong.argmax(axis=1)], total))
     finally:
         model.train(was_training)
     return np.concatenate(out)

@@ -1,0 +1,153 @@
+"""Retrieval in a haystack: pieces of information laid into filler text, then a question.
+
+The retrieval tasks after RULER (Hsieh et al. 2024, "RULER: What's the Real Context Size of
+Your Long-Context Language Models?", §3) share this module: multikey, multivalue and
+vartrack are ``Haystack`` tasks, and passkey (data/tasks/passkey.py) uses its encoder, its
+filler and ``lay`` for its distractors. They are written in one plain wording — lower-case
+words, digits and the punctuation ``: . =`` — that both the synthetic task alphabet and a
+text run's own tokenizer can write (``data.mix``).
+
+The filler is passkey's, "the grass is green. the sky is blue. the sun is yellow. here we
+go. there and back again. " repeated and cut to the length, one stream into which every
+piece is laid at an offset (a token of the filler), so pieces may fall mid-word, as
+passkey's key sentence does. A piece given a depth d sits at offset ⌊d·room + ½⌋ of the
+``room`` filler tokens (0: before all filler, 1: after it); the others at uniformly random
+offsets, in the order the task lists them. Every piece and question is tokenized in parts
+(names, numbers and punctuation apart), so a number is the same tokens wherever it is
+written, whatever the tokenizer.
+
+Numbers have ``key_digits`` digits, the first non-zero; names (``name_letters`` lower-case
+letters) never equal a word of the filler. Within an instance, numbers are distinct and so
+are names, so every question has exactly one answer.
+"""
+
+from __future__ import annotations
+
+import string
+from dataclasses import dataclass
+from typing import Callable, Optional, Sequence
+
+import numpy as np
+
+from common.errors import DataError
+from data.tasks.base import Instance, Task, TaskError, assemble
+from data.tokenizers import Tokenizer
+
+FILLER = "the grass is green. the sky is blue. the sun is yellow. here we go. there and back again. "
+FILLER_WORDS = frozenset(FILLER.replace(".", " ").split())
+LETTERS = string.ascii_lowercase
+
+Encoder = Callable[[str], list[int]]
+
+
+def checked_encoder(tokenizer: Tokenizer, what: str) -> Encoder:
+    """``tokenizer.encode`` that raises TaskError when it cannot write a prompt's text."""
+    def encode(text: str) -> list[int]:
+        try:
+            ids = tokenizer.encode(text)
+        except DataError as e:
+            raise TaskError(f"this run's tokenizer cannot write the {what} prompt ({e}); it needs a tokenizer "
+                            "that can encode plain English and digits (byte, bpe, or a char vocabulary that "
+                            "has every character)") from None
+        if not ids:
+            raise TaskError(f"this run's tokenizer encodes {text!r} as no tokens; it cannot write the {what} prompt")
+        return ids
+    return encode
+
+
+class FillerStream:
+    """The first ``n`` tokens of a filler repeated: the first repetition, then ``joiner + filler``."""
+
+    def __init__(self, encode: Encoder, filler: str, joiner: str = ""):
+        self._tokens = list(encode(filler))
+        self._next = encode(joiner + filler)
+
+    def __call__(self, n: int) -> list[int]:
+        while len(self._tokens) < n:
+            self._tokens.extend(self._next)
+        return self._tokens[:n]
+
+
+def lay(filler: Sequence[int], pieces: Sequence[tuple[int, list[int]]]) -> list[list[int]]:
+    """Segments: ``filler`` cut at each piece's offset (in [0, len(filler)]), the piece between
+    the cuts; pieces at one offset keep their order."""
+    segments, start = [], 0
+    for offset, piece in sorted(pieces, key=lambda p: p[0]):  # sorted() is stable
+        segments += [list(filler[start:offset]), piece]
+        start = offset
+    return segments + [list(filler[start:])]
+
+
+def number(rng: np.random.Generator, digits: int, avoid: set[str]) -> str:
+    """A ``digits``-digit number (first digit non-zero) not in ``avoid``; added to it."""
+    while True:
+        value = str(rng.integers(10 ** (digits - 1), 10 ** digits))
+        if value not in avoid:
+            avoid.add(value)
+            return value
+
+
+@dataclass(frozen=True)
+class Piece:
+    """A piece laid into the filler: its parts (each tokenized on its own) and its depth
+    (None: a random offset)."""
+
+    parts: tuple[str, ...]
+    depth: Optional[float] = None
+
+
+class Haystack(Task):
+    """A retrieval task in filler: subclasses ``compose`` the pieces, the question and the answer."""
+
+    has_depth = False
+
+    def __init__(self, tokenizer: Tokenizer, digits: int = 5, name_letters: int = 2):
+        self.digits, self.name_letters = digits, name_letters
+        self.encode = checked_encoder(tokenizer, self.name)
+        self.filler = FillerStream(self.encode, FILLER)
+
+    def compose(self, rng: np.random.Generator, depth: Optional[float]) -> tuple[list[Piece], tuple[str, ...],
+                                                                                  tuple[str, ...]]:
+        """(pieces in the order of the text, the question's parts, the answer's parts)."""
+        raise NotImplementedError
+
+    def names(self, rng: np.random.Generator, k: int) -> list[str]:
+        """``k`` distinct names, none a word of the filler."""
+        out: list[str] = []
+        while len(out) < k:
+            name = "".join(LETTERS[i] for i in rng.integers(0, 26, size=self.name_letters))
+            if name not in out and name not in FILLER_WORDS:
+                out.append(name)
+        return out
+
+    def numbers(self, rng: np.random.Generator, k: int) -> list[str]:
+        taken: set[str] = set()
+        return [number(rng, self.digits, taken) for _ in range(k)]
+
+    def _tokens(self, parts: Sequence[str]) -> list[int]:
+        return [t for part in parts for t in self.encode(part)]
+
+    def min_length(self) -> int:
+        # Every instance has pieces of the same characters counts; a part is at most one token
+        # per UTF-8 byte (bytes, chars and byte-level BPE never do worse).
+        pieces, question, answer = self.compose(np.random.default_rng(0), 0.0)
+        parts = [p for piece in pieces for p in piece.parts] + [*question, *answer]
+        return sum(len(p.encode("utf-8")) for p in parts) - 1
+
+    def make(self, rng: np.random.Generator, length: int, depth: Optional[float] = None) -> Instance:
+        self.check_length(length)
+        if depth is not None and not 0.0 <= depth <= 1.0:
+            raise TaskError(f"a needle's depth must be in [0, 1] (got {depth})")
+        pieces, question, answer = self.compose(rng, depth)
+        laid = [self._tokens(p.parts) for p in pieces]
+        q, a = self._tokens(question), self._tokens(answer)
+        room = length + 1 - sum(map(len, laid)) - len(q) - len(a)
+        if room < 0:  # only a tokenizer that breaks the min_length bound gets here
+            raise TaskError(f"a {self.name} prompt does not fit in {length} positions")
+        random = np.sort(rng.integers(0, room + 1, size=sum(p.depth is None for p in pieces))).tolist()
+        offsets = [int(np.floor(p.depth * room + 0.5)) if p.depth is not None else random.pop(0) for p in pieces]
+        segments = lay(self.filler(room), list(zip(offsets, laid)))
+        return assemble([(s, False) for s in segments] + [(q, False), (a, True)])
+
+    def too_short_hint(self) -> str:
+        return "the pieces, question and answer without any filler are that long; use longer lengths or fewer pieces"

@@ -1,0 +1,65 @@
+"""Needles in a haystack with several needles: RULER's NIAH multi-key and multi-value
+(Hsieh et al. 2024, §3), in the plain wording of data/tasks/haystack.py.
+
+- ``multikey``: ``needles`` needles ``name: value. `` with distinct names and values; the
+  question asks for one name's value. The other needles are distractors that only the name
+  tells apart, so retrieval must match the name, not just find a number. The asked needle
+  sits at the depth (``eval.tasks.depths``), the others at random offsets. Example (2
+  needles, length 50, depth 0.5)::
+
+      nh: 13687. the grass wq: 37704. is green. wq: 37704
+                                                    ^^^^^ answer
+
+- ``multivalue``: ``values`` needles ``name: value. `` with one name and distinct values, at
+  random offsets; the question asks for the name and the answer is every value, in the
+  order of the text, separated by spaces (RULER scores each value found; exact match asks
+  for all of them). Example (2 values, length 50)::
+
+      wq: 56002. the wq: 34280. grass is gwq: 56002 34280
+                                              ^^^^^^^^^^^ answer
+
+Vocabulary: lower-case letters (filler and names), digits, space, ``.`` and ``:``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from data.tasks.haystack import Haystack, Piece
+from data.tokenizers import Tokenizer
+
+
+class Multikey(Haystack):
+    name = "multikey"
+    has_depth = True
+
+    def __init__(self, tokenizer: Tokenizer, needles: int = 4, digits: int = 5, name_letters: int = 2):
+        self.needles = needles
+        super().__init__(tokenizer, digits, name_letters)
+
+    def compose(self, rng: np.random.Generator, depth: Optional[float]):
+        names, values = self.names(rng, self.needles), self.numbers(rng, self.needles)
+        asked = int(rng.integers(self.needles))
+        pieces = [Piece((n, ": ", v, ". "), depth if i == asked else None) for i, (n, v) in enumerate(zip(names, values))]
+        return pieces, (names[asked], ": "), (values[asked],)
+
+    def describe(self) -> str:
+        return f"multikey with {self.needles} needles"
+
+
+class Multivalue(Haystack):
+    name = "multivalue"
+
+    def __init__(self, tokenizer: Tokenizer, values: int = 4, digits: int = 5, name_letters: int = 2):
+        self.values = values
+        super().__init__(tokenizer, digits, name_letters)
+
+    def compose(self, rng: np.random.Generator, depth: Optional[float]):
+        (name,), values = self.names(rng, 1), self.numbers(rng, self.values)
+        answer = [part for v in values for part in (" ", v)][1:]
+        return [Piece((name, ": ", v, ". ")) for v in values], (name, ": "), tuple(answer)
+
+    def describe(self) -> str:
+        return f"multivalue with {self.values} values"

@@ -1,0 +1,50 @@
+"""Variable tracking (RULER, Hsieh et al. 2024, §3), in the plain wording of data/tasks/haystack.py.
+
+``chains`` chains of assignments are laid into the filler: chain c starts with
+``x = value. `` and continues with ``hops`` assignments ``y = x. ``, ``z = y. ``, …, each
+after the one before it in the text; the chains interleave at random. The question names
+the last variable of one chain (``z: ``) and the answer is the value its chain started
+with, so it takes ``hops`` + 1 lookups, each matching a name, with the other chains as
+distractors. Example (2 chains, 1 hop, length 64)::
+
+    the graswq = 25774. sib = 83194.  nh = wq. is gba = ib. ba: 83194
+                                                                ^^^^^ answer
+
+(``ba = ib``, ``ib = 83194``; the chain ``nh = wq``, ``wq = 25774`` is the distractor.)
+
+RULER asks instead for every variable that holds a given value; asking for the value of
+one variable keeps the answer a fixed number of tokens for exact match. Variables are
+distinct names of ``name_letters`` letters, the chains' values distinct numbers.
+Vocabulary: lower-case letters, digits, space, ``.``, ``=`` and ``:``.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from data.tasks.haystack import Haystack, Piece
+from data.tokenizers import Tokenizer
+
+
+class Vartrack(Haystack):
+    name = "vartrack"
+
+    def __init__(self, tokenizer: Tokenizer, chains: int = 2, hops: int = 2, digits: int = 5, name_letters: int = 2):
+        self.chains, self.hops = chains, hops
+        super().__init__(tokenizer, digits, name_letters)
+
+    def compose(self, rng: np.random.Generator, depth: Optional[float]):
+        per = self.hops + 1
+        names, values = self.names(rng, self.chains * per), self.numbers(rng, self.chains)
+        chains = [[Piece((names[c * per], " = ", values[c], ". "))]
+                  + [Piece((names[c * per + h], " = ", names[c * per + h - 1], ". ")) for h in range(1, per)]
+                  for c in range(self.chains)]
+        order = rng.permutation(np.repeat(np.arange(self.chains), per))  # which chain continues at each step
+        pieces = [chains[c].pop(0) for c in order.tolist()]
+        asked = int(rng.integers(self.chains))
+        return pieces, (names[asked * per + self.hops], ": "), (values[asked],)
+
+    def describe(self) -> str:
+        return f"vartrack with {self.chains} chains of {self.hops} hops"

@@ -1,0 +1,111 @@
+"""Effective length: how far past its reference length a row keeps doing a task.
+
+After RULER (Hsieh et al. 2024, §4), whose effective length is the longest length at which a
+model's score stays above a fixed threshold (Llama-2-7B's at 4K, 85.6%), but relative to
+the row's own accuracy, so that rows that learned a task to different levels compare on
+how long they keep it:
+
+    effective length = the longest evaluated length n ≥ R such that at every evaluated
+                       length n' with R ≤ n' ≤ n the accuracy is at least f × the accuracy
+                       at R,
+
+where R is the reference length (``eval.tasks.reference_length``, by default the run's
+training length L) and f is ``eval.tasks.effective_fraction`` (default 0.8). A length the
+encoding cannot serve (a learned table's end) counts as failing; a curve at 0 at R has none
+(it never did the task). The row's value comes from
+its pooled accuracies (the mean over the seeds it pools); its 95% interval is a t-interval
+over the seeds' own effective lengths on log2 length (S − 1 degrees of freedom, as the
+breakdown length of perplexity reports, eval/context.py), given when at least two seeds
+pool and none keeps the task to the longest evaluated length (the true value of such a seed
+is only known to be at least that: the row then says how many did). With lengths a factor
+2 apart, each seed's value is only known to lie below the next evaluated length.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from eval.labels import label_order
+from eval.stats import t_interval
+
+
+def effective_length(curve: dict[int, Optional[float]], reference: int, fraction: float) -> Optional[int]:
+    """The effective length of an accuracy curve {length: accuracy, None where not served};
+    None where the accuracy at the reference length is 0, missing or not served."""
+    base = curve.get(reference)
+    if not base:
+        return None
+    best = reference
+    for n in sorted(n for n in curve if n > reference):
+        if curve[n] is None or curve[n] < fraction * base:
+            break
+        best = n
+    return best
+
+
+def row_effective_length(seed_curves: list[dict[int, Optional[float]]], reference: int,
+                         fraction: float) -> Optional[dict]:
+    """{point, low, high, seeds, censored, longest, reference, per_seed} of one row from its
+    seeds' curves (point None where the row is at 0 at the reference length), or None where the
+    reference length was not scored."""
+    if not seed_curves or any(reference not in c for c in seed_curves):
+        return None
+    lengths = sorted(set.intersection(*(set(c) for c in seed_curves)))
+    pooled = {n: (None if any(c[n] is None for c in seed_curves) else float(np.mean([c[n] for c in seed_curves])))
+              for n in lengths}
+    seeds = [effective_length(c, reference, fraction) for c in seed_curves]
+    longest = max(lengths)
+    out = {"point": effective_length(pooled, reference, fraction), "low": None, "high": None,
+           "seeds": len(seeds), "censored": sum(s == longest for s in seeds), "longest": longest,
+           "reference": reference, "per_seed": seeds}
+    if len(seeds) >= 2 and out["censored"] == 0 and None not in seeds:
+        _, low, high = t_interval(np.log2(seeds))
+        out.update(low=2 ** float(low), high=2 ** float(high))
+    return out
+
+
+def effective_text(found: Optional[dict]) -> str:
+    if found is None:
+        return "– (reference length not scored)"
+    point, ref = found["point"], found["reference"]
+    if point is None:
+        return "– (0 at the reference length)"
+    text = f"{point} (×{point / ref:g})"
+    if found["censored"]:
+        return f"≥ {text}; {found['censored']} of {found['seeds']} seeds keep it to the longest length"
+    if found["low"] is not None:
+        return f"{text} ({found['low']:.0f}–{found['high']:.0f})"
+    if None in found["per_seed"]:
+        return f"{text}; {found['per_seed'].count(None)} of {found['seeds']} seeds at 0 at the reference length"
+    return f"{text} (one seed)"
+
+
+def seed_curves(per_run: dict[str, dict[int, list[dict]]], accuracy) -> list[dict[int, Optional[float]]]:
+    """Each seed's accuracy curve {length: accuracy pooled over depths, None where not served}."""
+    return [{n: accuracy(cells) for n, cells in by_length.items()} for _, by_length in sorted(per_run.items())]
+
+
+def effective_section(kept: dict[str, dict[str, dict[int, list[dict]]]], settings: dict[str, dict],
+                      accuracy) -> list[str]:
+    """The report's effective-length table of one task: a line per row, from the seeds it pools
+    (``kept``: label -> run -> length -> cells; ``settings``: run -> {reference, fraction};
+    ``accuracy``: cells -> a seed's accuracy or None)."""
+    lines, fractions = [], set()
+    for label in sorted(kept, key=label_order):
+        if not kept[label]:
+            lines.append(f"| {label} | – | – (no seed learned the task) |")
+            continue
+        first = settings[next(iter(kept[label]))]
+        fractions.add(first["fraction"])
+        found = row_effective_length(seed_curves(kept[label], accuracy), first["reference"], first["fraction"])
+        lines.append(f"| {label} | {first['reference']} | {effective_text(found)} |")
+    if not lines:
+        return []
+    fraction = "/".join(f"{f:g}" for f in sorted(fractions)) or "f"
+    return ["", "Effective length: the longest evaluated length up to which the row's accuracy stays at least "
+            f"{fraction} × its accuracy at the reference length R (every evaluated length between counts; "
+            "eval/effective_length.py, after RULER's effective length, Hsieh et al. 2024), from the seeds that "
+            "learned the task, with a 95% t-interval over their own effective lengths (log2 length):", "",
+            "| row | R | effective length (95% interval) |", "|---|---:|---|", *lines]

@@ -1,0 +1,115 @@
+"""Training to competence: the stop, its record, exact resume, pooling and bad input."""
+
+from __future__ import annotations
+
+import json
+import signal
+from pathlib import Path
+
+import pytest
+
+import train
+from common.errors import ConfigError
+from configs import load_config
+from test_train import stop_after
+from eval.driver import pooling_group
+from training.checkpoint import read_meta
+from training.competence import CompetenceStop, reached_competence
+from training.run_dir import RunDir
+
+
+def config(tmp: Path) -> Path:
+    """Copying one letter ("a>a"): a tiny model passes 30% exact match within ~40 steps."""
+    path = tmp / "copy.yaml"
+    path.write_text(f"""
+name: copy
+out_dir: {tmp / 'runs'}
+model: {{d_model: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2}}
+data: {{source: synthetic, tokenizer: {{kind: char}}, synthetic: {{tasks: [copy]}}}}
+train: {{seq_len: 4, batch_size: 16, max_steps: 80, lr: 1.0e-2, warmup_steps: 2, eval_interval: 4,
+        eval_batches: 2, ckpt_interval: 4, log_interval: 1, seed: 3, stop_at_accuracy: 0.3}}
+log: {{progress: false}}
+""")
+    return path
+
+
+def records(run: Path) -> list[dict]:
+    return [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
+
+
+def numbers(run: Path) -> list[tuple]:
+    """What a run computed (not how fast): losses and accuracies at L by step."""
+    return [(r["step"], r.get("loss"), r.get("val_loss"), r.get("val_acc_copy")) for r in records(run)]
+
+
+def test_the_stop_by_hand():
+    scores = iter([{"a": 0.5, "b": 0.99}, {"a": 0.96, "b": 0.95}, {"a": 0.2, "b": 0.2}])
+    stop = CompetenceStop(0.95, lambda model: next(scores))
+    stop.check(None, 100)
+    assert not stop.reached and "NOT reached" in stop.outcome(300)  # every task must pass
+    stop.check(None, 200)
+    assert stop.reached and stop.record() == {"threshold": 0.95, "reached": True, "step": 200,
+                                              "accuracy": {"a": 0.96, "b": 0.95}, "checked_at": 200}
+    stop.check(None, 300)  # once reached it stays reached (training has ended there)
+    assert stop.record()["step"] == 200
+    again = CompetenceStop(0.95, lambda model: {})
+    again.load_state_dict(stop.state_dict())
+    assert again.record() == stop.record()
+    assert reached_competence({"step": 200, "competence": stop.record()})
+    assert not reached_competence({"step": 200, "competence": {"reached": False}})
+    assert not reached_competence({"step": 300})  # no stop: its budget decides
+
+
+def test_a_run_stops_at_competence_resumes_exactly_and_is_then_complete(tmp_path, monkeypatch, capsys):
+    cfg = str(config(tmp_path))
+    assert train.main([cfg, "name=straight"]) == 0
+    straight = RunDir(tmp_path / "runs" / "straight")
+    meta = read_meta(straight.latest_checkpoint())
+    competence = meta["competence"]
+    assert competence["reached"] and meta["step"] == competence["step"] < 80 and meta["finished"]
+    assert competence["accuracy"]["copy"] >= 0.3 and "competence reached at step" in capsys.readouterr().out
+    checks = [r for r in records(straight.path) if "val_acc_copy" in r]
+    assert [r["step"] for r in checks] == list(range(4, meta["step"] + 1, 4))
+    assert all(r["val_acc_copy"] < 0.3 for r in checks[:-1]) and checks[-1]["val_acc_copy"] >= 0.3
+
+    with monkeypatch.context() as m:
+        stop_after(10, m)
+        assert train.main([cfg, "name=broken"]) == 128 + signal.SIGTERM
+    assert train.main([cfg, "name=broken", "--resume"]) == 0
+    broken = RunDir(tmp_path / "runs" / "broken")
+    assert numbers(broken.path) == numbers(straight.path)  # bitwise: the same steps, losses and stop
+    assert read_meta(broken.latest_checkpoint())["competence"] == competence
+    capsys.readouterr()
+    assert train.main([cfg, "name=straight", "--resume"]) == 0  # complete: trains nothing
+    assert "already complete" in capsys.readouterr().out
+    assert read_meta(straight.latest_checkpoint())["step"] == meta["step"]
+
+
+def test_a_budget_that_runs_out_is_stated(tmp_path, capsys):
+    assert train.main([str(config(tmp_path)), "name=short", "train.max_steps=8"]) == 0
+    meta = read_meta(RunDir(tmp_path / "runs" / "short").latest_checkpoint())
+    assert meta["finished"] and meta["competence"]["reached"] is False and meta["competence"]["checked_at"] == 8
+    assert "competence NOT reached: the budget of 8 steps ran out" in capsys.readouterr().out
+
+
+def test_seeds_trained_to_competence_pool_whatever_their_tokens(tmp_path):
+    cfg = load_config(config(tmp_path))
+    other_seed = load_config(config(tmp_path), ["train.seed=4"])
+    assert pooling_group(cfg, 640) == pooling_group(other_seed, 1280)  # stopped at different steps
+    plain = load_config(config(tmp_path), ["train.stop_at_accuracy=null"])
+    assert pooling_group(plain, 640) != pooling_group(plain, 1280)
+    # Fine-tunes of parents that are seeds of one experiment pool; of different experiments, not.
+    a = load_config(config(tmp_path), ["train.stop_at_accuracy=null", "init.run=runs/p_seed-0"])
+    b = load_config(config(tmp_path), ["train.stop_at_accuracy=null", "init.run=runs/p_seed-1"])
+    assert pooling_group(a, 64, {"group": "g1"}) == pooling_group(b, 64, {"group": "g1"})
+    assert pooling_group(a, 64, {"group": "g1"}) != pooling_group(b, 64, {"group": "g2"})
+    assert pooling_group(a, 64, {}) != pooling_group(b, 64, {})  # older records: by parent path
+
+
+@pytest.mark.parametrize("overrides,message", [
+    (["train.stop_at_accuracy=1.5"], "train.stop_at_accuracy must be in (0, 1]"),
+    (["data.source=builtin", "data.tokenizer.kind=bpe"], "train.stop_at_accuracy=0.3 needs tasks to score"),
+])
+def test_bad_stop_settings_are_clear(tmp_path, overrides, message):
+    with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("]", r"\]")):
+        load_config(config(tmp_path), overrides)

@@ -1,0 +1,72 @@
+"""Training to competence: a synthetic run stops once it has learned its tasks at L.
+
+With ``train.stop_at_accuracy: a`` a synthetic run (or a text run, on the tasks its
+``data.mix`` mixes in: a parent that retrieves) checks, at every validation
+(``train.eval_interval`` steps and the last step), the exact-match accuracy at L =
+``train.seq_len`` of each of its tasks on a fixed set of ``train.eval_batches ×
+train.batch_size`` instances at that length (data/tasks/batches.py: ``length_set``, the
+same for every seed; the same scoring as evaluation, training/exact_match.py). Once every
+task is at ``a`` or above the run saves its checkpoint and ends; ``train.max_steps`` is
+then the budget. Either way each checkpoint's meta.json records the outcome
+(``competence``: the threshold, whether and at which step it was reached, the latest
+accuracies), so a report can say which seeds learned a task and which ran out of budget,
+never a silent floor.
+
+The check only reads the model (no random draws), and its record is part of the training
+state, so a resumed run stops where the uninterrupted one does, and a run that stopped is
+complete: resuming it trains nothing.
+"""
+
+from __future__ import annotations
+
+from typing import Callable, Optional
+
+Accuracies = Callable[[object], dict[str, float]]  # model -> {task: exact-match accuracy at L}
+
+
+class CompetenceStop:
+    """The stop of one run: ``check`` after each validation, ``record`` for meta.json."""
+
+    def __init__(self, threshold: float, accuracies: Accuracies):
+        self.threshold, self.accuracies = threshold, accuracies
+        self.reached_at: Optional[int] = None  # the step competence was reached at
+        self.latest: dict[str, float] = {}
+        self.checked_at: Optional[int] = None
+
+    @property
+    def reached(self) -> bool:
+        return self.reached_at is not None
+
+    def check(self, model, step: int) -> dict[str, float]:
+        """Score the model at L; the accuracies (competence is reached when all are ≥ the threshold)."""
+        self.latest, self.checked_at = self.accuracies(model), step
+        if self.reached_at is None and min(self.latest.values()) >= self.threshold:
+            self.reached_at = step
+        return self.latest
+
+    def record(self) -> dict:
+        """What meta.json says: {threshold, reached, step (reached at, or None), accuracy, checked_at}."""
+        return {"threshold": self.threshold, "reached": self.reached, "step": self.reached_at,
+                "accuracy": dict(self.latest), "checked_at": self.checked_at}
+
+    def outcome(self, steps: int) -> str:
+        """A line for the end of training."""
+        accuracy = ", ".join(f"{task} {acc:.3f}" for task, acc in self.latest.items()) or "not checked"
+        if self.reached:
+            return f"competence reached at step {self.reached_at}: accuracy at L {accuracy} ≥ {self.threshold:g}"
+        return (f"competence NOT reached: the budget of {steps} steps ran out with accuracy at L {accuracy} "
+                f"(< {self.threshold:g}); raise train.max_steps to train further")
+
+    def state_dict(self) -> dict:
+        return self.record()
+
+    def load_state_dict(self, state: Optional[dict]) -> None:
+        if state:  # a checkpoint written before the stop existed has none
+            self.reached_at, self.latest = state.get("step"), dict(state.get("accuracy") or {})
+            self.checked_at = state.get("checked_at")
+
+
+def reached_competence(meta: dict) -> bool:
+    """Whether the run whose checkpoint has ``meta`` stopped because it reached competence: it
+    has trained all it will, whatever its budget (a grid does not resume it)."""
+    return bool((meta.get("competence") or {}).get("reached"))
