@@ -82,10 +82,10 @@ Seeds = dict[str, dict[str, dict[int, list[dict]]]]  # label -> run -> length ->
 
 def settings_of(run: dict) -> dict:
     """A run's report settings (eval.tasks; results written before they existed: the defaults):
-    {reference: R, learned: threshold or None, fraction: f}."""
+    {reference: R, learned_at: threshold or None, fraction: f}."""
     default, tasks = TaskEvalConfig(), (run.get("eval") or {}).get("tasks") or {}
     return {"reference": tasks.get("reference_length") or run["train_len"],
-            "learned": tasks.get("learned_accuracy", default.learned_accuracy),
+            "learned_at": tasks.get("learned_accuracy", default.learned_accuracy),
             "fraction": tasks.get("effective_fraction", default.effective_fraction)}
 
 
@@ -120,10 +120,10 @@ def learned(run: dict, by_length: dict[int, list[dict]]) -> Optional[bool]:
     settings = settings_of(run)
     cells = by_length.get(settings["reference"])
     task = next((c["task"] for group in by_length.values() for c in group), None)
-    if settings["learned"] is None or not cells or task not in tasks_trained(run):
+    if settings["learned_at"] is None or not cells or task not in tasks_trained(run):
         return None
     accuracy = seed_accuracy(cells)
-    return accuracy is not None and accuracy >= settings["learned"] - 1e-12
+    return accuracy is not None and accuracy >= settings["learned_at"] - 1e-12
 
 
 def pooled_seeds(runs: list[dict], rows: list[dict], task: str) -> tuple[Seeds, dict[str, tuple[int, int, bool]]]:
@@ -145,7 +145,7 @@ def learned_text(counts: tuple[int, int, bool]) -> str:
 
 def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[int, dict]]:
     """label -> length -> the cell pooled over the seeds that learned the task, with every seed's
-    accuracy under "per_seed" ([(accuracy, learned)]); the label's learned count under "learned"."""
+    accuracy under "per_seed" ([(accuracy, learned)]); the label's learned count under "seeds_learned"."""
     everyone, (kept, counts) = by_seed(runs, rows, task), pooled_seeds(runs, rows, task)
     meta = {r["run"]: r for r in runs}
     out: dict[str, dict[int, dict]] = {}
@@ -160,7 +160,7 @@ def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[i
                 cell = pooled(cells or every)
             cell["per_seed"] = [(seed_accuracy(by_length[length]), learned(meta[run], by_length))
                                 for run, by_length in sorted(per_run.items()) if length in by_length]
-            cell["learned"] = counts[label]
+            cell["seeds_learned"] = counts[label]
             out[label][length] = cell
     return out
 
@@ -177,7 +177,7 @@ def _table(heads: list[str], tables: dict[str, dict[str, dict[int, dict]]], leng
     for name, table in tables.items():
         for label in sorted(table, key=label_order):
             row_len = next((c["train_len"] for c in table[label].values() if "train_len" in c), None)
-            counts = next((c["learned"] for c in table[label].values() if "learned" in c), None)
+            counts = next((c["seeds_learned"] for c in table[label].values() if "seeds_learned" in c), None)
             names = ([name] if len(heads) > 2 else []) + [label, learned_text(counts) if counts else "–"]
             rows.append((names, row_len, [cell(table[label].get(n)) for n in lengths]))
     return length_table(heads, lengths, rows, mark=_times_l)
@@ -196,11 +196,11 @@ def _seeds_cell(c: Optional[dict]) -> str:
 
 
 def accuracy_table(table: dict[str, dict[int, dict]], lengths: list[int]) -> str:
-    return _table(["row", "learned"], {"": table}, lengths, _accuracy_cell)
+    return _table(["row", "seeds learned"], {"": table}, lengths, _accuracy_cell)
 
 
 def spread_table(table: dict[str, dict[int, dict]], lengths: list[int]) -> str:
-    return _table(["row", "learned"], {"": table}, lengths, _seeds_cell)
+    return _table(["row", "seeds learned"], {"": table}, lengths, _seeds_cell)
 
 
 def heatmap_grids(runs: list[dict], rows: list[dict], task: str) -> dict[str, tuple[list[float], list[int], np.ndarray]]:
@@ -235,7 +235,7 @@ def kmax_table(runs: list[dict], rows: list[dict], kmax_rows: list[dict]) -> lis
 
 def summary_table(tables: dict[str, dict[str, dict[int, dict]]], lengths: list[int]) -> str:
     """Every task's rows in one table (task, row, learned seeds, a cell per length)."""
-    return _table(["task", "row", "learned"], tables, lengths, _accuracy_cell)
+    return _table(["task", "row", "seeds learned"], tables, lengths, _accuracy_cell)
 
 
 def _competence(run: dict) -> str:
