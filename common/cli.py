@@ -43,7 +43,20 @@ def entry_point(main: Callable[..., int]) -> Callable[..., int]:
             if not is_storage_error(e):
                 raise
             return report(storage_error(e, "read or write a file"))
+        except RuntimeError as e:
+            if type(e).__name__ != "OutOfMemoryError":  # torch's, for a GPU (common/ imports no torch)
+                raise
+            return report(out_of_memory(e))
     return wrapped
+
+
+def out_of_memory(error: RuntimeError) -> UserError:
+    """torch's out-of-memory error of a device, as a message that says what to do."""
+    first = (str(error).strip().splitlines() or ["no details"])[0]
+    return UserError(f"the device ran out of memory ({first}). What was saved before is kept: checkpoints and "
+                     "evaluations are written whole or not at all. Ask for less at once: a smaller train.batch_size "
+                     "(raising train.grad_accum keeps the tokens per step), a shorter train.seq_len, or shorter "
+                     "evaluated lengths")
 
 
 def usage_when_empty(parser: argparse.ArgumentParser, argv: Optional[list[str]]) -> None:

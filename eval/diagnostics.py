@@ -33,7 +33,7 @@ from typing import Callable, Optional, Sequence
 import numpy as np
 import torch
 
-from common.errors import DataError, LengthError
+from common.errors import DataError, LengthError, NonFiniteOutput
 from configs.schema import EvalConfig, EvalCorpus, RunConfig
 from data.samplers import eval_windows, spread_windows
 from data.tasks import Passkey, Task, TaskError, build_task, eval_instance
@@ -102,7 +102,13 @@ def diagnose_window(model, window: Window, meta: dict, full: bool, want_map: boo
             out["needle"].append(needle_mass(att, rows, torch.from_numpy(window.needle).to(idx.device)))
         if want_map:
             out["map"].append(example_map(att))
-    return {name: np.stack(values) for name, values in out.items()}
+    found = {name: np.stack(values) for name, values in out.items()}
+    for name, values in found.items():
+        if np.issubdtype(values.dtype, np.floating) and not np.isfinite(values).all():
+            layer = int(np.flatnonzero(~np.isfinite(values.reshape(len(values), -1)).all(axis=1))[0])
+            raise NonFiniteOutput(f"the attention diagnostics ({name}) of layer {layer} at length "
+                                  f"{len(window.tokens):,} are not finite")
+    return found
 
 
 def _stack(windows: list[dict[str, np.ndarray]]) -> dict[str, list]:

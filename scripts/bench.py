@@ -65,11 +65,15 @@ from model.config import ATTENTION_KINDS, POS_KINDS
 from common.errors import ConfigError, UserError
 from eval.stats import median_interval
 from scripts.bench_report import headline, print_comparison, print_shape
-from scripts.bench_worker import bench_config, run_section, variant_name
+from scripts.bench_worker import PROMPT, bench_config, run_section, variant_name
 from common.cli import check_output_file, entry_point
+from training.memory import check_fits, check_training, decoding_estimate, forward_estimate
 from training.provenance import git_commit
+from training.runtime import resolve_device
+from training.validation import windows_per_batch
 
 SECTIONS = ["train", "compile", "decode", "eval"]
+EVAL_BATCH = 8  # windows per forward in section_eval: eval/perplexity.py's default batch_size
 SHAPES = {"bench": "bench.yaml", "small": "bench-small.yaml"}
 ROOT = Path(__file__).resolve().parents[1]  # the tree whose code "this" measures
 WORKER = Path(__file__).resolve().with_name("bench_worker.py")
@@ -139,6 +143,28 @@ def plan_variants(args: argparse.Namespace, spec: dict) -> tuple[list[str], dict
     return variants, skipped
 
 
+def check_memory(args: argparse.Namespace, spec: dict, variants: list[str]) -> None:
+    """Refuse, before any worker starts, a measurement that cannot fit in memory
+    (training/memory.py): a training step of the shape, the longest evaluation
+    (``--eval-multipliers``) and the longest generation (``--decode-lengths``)."""
+    for row in variants:
+        cfg = bench_config(SimpleNamespace(**spec), row)
+        device = resolve_device(cfg.train.device)
+        if {"train", "compile"} & set(args.sections):
+            check_training(cfg, device)
+        if "eval" in args.sections:
+            length = cfg.train.seq_len * max(args.eval_multipliers)
+            batch = windows_per_batch(length, EVAL_BATCH)
+            check_fits(forward_estimate(cfg.model, batch, length, f"the benchmark's {row} evaluation at "
+                                        f"{length:,} tokens ({batch} window{'s' if batch > 1 else ''} per forward)"),
+                       device, "Give smaller --eval-multipliers.")
+        if "decode" in args.sections:
+            total = PROMPT + max(args.decode_lengths)
+            check_fits(decoding_estimate(cfg.model, 1, PROMPT, total,
+                                         f"the benchmark's {row} generation of {total:,} tokens"),
+                       device, "Give shorter --decode-lengths.")
+
+
 @contextlib.contextmanager
 def tree_at(rev: str) -> Iterator[Path]:
     """A temporary git worktree of ``rev``, removed afterwards."""
@@ -194,6 +220,7 @@ def run_shapes(args: argparse.Namespace, base: Optional[Path]) -> dict:
     for name, config in shapes_of(args).items():
         spec = spec_for(args, config)
         variants, skipped = plan_variants(args, spec)
+        check_memory(args, spec, variants)
         shape = {"config": str(config), "overrides": args.set, "kinds": variants, "skipped": skipped,
                  "learned_table": "sized to the longest sequence measured"}
         for section in args.sections:

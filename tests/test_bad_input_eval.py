@@ -18,10 +18,12 @@ from pathlib import Path
 import pytest
 
 import train
-from bad_input import cli, limit_memory, overflow_weights, refused, refused_in_process
+from bad_input import cli, limit_memory, overflow_weights, refused, refused_in_process, rewrite_latest_weights
 from conftest import write_run_config
 from eval import extrapolation, tasks
-from scripts import diagnose, export_hf, sample
+from scripts import bench, diagnose, export_hf, sample
+
+ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.fixture(scope="module")
@@ -177,6 +179,36 @@ def test_an_export_check_that_cannot_fit(runs, tmp_path, capsys, monkeypatch):
     assert export_hf.main([*argv, "--check-length", "64"]) == 0
 
 
+# (flags that cannot fit in 2 GB, what the message says, the advice followed)
+BENCH_MEMORY = {
+    "decode": (["--sections", "decode", "--decode-lengths", "100000000"],
+               "the benchmark's rope generation of 100,000,016 tokens needs about",
+               "Give shorter --decode-lengths", ["--sections", "decode", "--decode-lengths", "4"]),
+    "eval": (["--sections", "eval", "--eval-multipliers", "10000000"],
+             "the benchmark's rope evaluation at 160,000,000 tokens (1 window per forward) needs about",
+             "Give smaller --eval-multipliers", ["--sections", "eval", "--eval-multipliers", "2"]),
+    "train": (["--sections", "train", "--set", "train.batch_size=1000000"],
+              "needs about", "Lower train.batch_size", ["--sections", "train", "--set", "train.batch_size=1"]),
+}
+
+
+@pytest.mark.parametrize("case", BENCH_MEMORY)
+def test_a_benchmark_that_cannot_fit(tmp_path, capsys, monkeypatch, case):
+    """scripts/bench.py generated, evaluated or trained until the kernel's out-of-memory killer
+    ended it; now each section's largest tensor is estimated before any worker starts."""
+    too_big, says, fix, advised = BENCH_MEMORY[case]
+    limit_memory(monkeypatch, tmp_path, 2e9)
+    out = tmp_path / "bench.json"
+    tiny = ["--config", str(ROOT / "configs" / "bench.yaml"), "--set", "model.d_model=32", "model.n_layers=1",
+            "model.n_heads=2", "data.tokenizer.vocab_size=300", "train.seq_len=16",
+            "--kinds", "rope", "--in-process", "--repeats", "1", "--warmup", "0", "--decode-repeats", "1",
+            "--eval-tokens", "64", "--eval-repeats", "1", "--out", str(out)]
+    refused_in_process(bench.main, [*tiny, *too_big], capsys, says, fix,
+                       "but cpu has 2 GB available (MemAvailable in /proc/meminfo); nothing was started")
+    assert not out.exists()
+    assert bench.main([*tiny, *advised]) == 0
+
+
 # --------------------------------------------------------------- a forward that overflows
 
 @pytest.mark.parametrize("main, argv, says", [
@@ -193,6 +225,18 @@ def test_finite_weights_whose_forward_overflows(runs, tmp_path, capsys, main, ar
     overflow_weights(copy)
     extra = [] if main is sample.main else ["--out", str(tmp_path / "r")]
     refused_in_process(main, [str(copy), *argv, *extra], capsys, says, "although the model's weights are finite")
+    assert not (tmp_path / "r").exists()
+
+
+def test_attention_that_overflows_is_not_diagnosed(runs, tmp_path, capsys):
+    """Entropy, sink mass and distances of NaN probabilities were written into the report."""
+    copy = tmp_path / "run"
+    shutil.copytree(runs["rope"], copy, ignore=shutil.ignore_patterns("eval"))
+    # Finite weights whose second layer's queries and keys overflow: its scores are inf - inf.
+    rewrite_latest_weights(copy, lambda tensors: tensors["blocks.1.attn.wqkv.weight"].fill_(3e38))
+    refused_in_process(diagnose.main, [str(copy), "--lengths", "32", "--windows", "1", "--out", str(tmp_path / "r")],
+                       capsys, "the attention diagnostics", "of layer 1 at length 32 are not finite",
+                       "although the model's weights are finite")
     assert not (tmp_path / "r").exists()
 
 

@@ -26,6 +26,8 @@ from configs.grid import load_grid
 from conftest import write_run_config
 from scripts.grid_estimate import estimate_grid
 from test_train import stop_after
+from common.cli import entry_point
+from training import memory
 from training.memory import training_estimate
 from training.trainer import Trainer
 
@@ -131,6 +133,37 @@ def test_a_training_step_that_cannot_fit(config, tmp_path, capsys, monkeypatch):
                        "nothing was started", "Lower train.batch_size (raising train.grad_accum keeps")
     assert not (config.parent / "runs" / "tiny").exists()
     assert train.main([*argv, "train.batch_size=1", "train.grad_accum=8"]) == 0  # the advice
+
+
+@pytest.mark.parametrize("free_gb, outcome", [(150, "fits"), (50, "warned"), (20, "refused")])
+def test_on_cuda_only_an_estimate_far_past_the_free_memory_is_refused(monkeypatch, capsys, free_gb, outcome):
+    """CUDA estimates are uncalibrated (activations counted as float32 where autocast keeps
+    bf16): an estimate up to CUDA_MARGIN times the free memory goes ahead with a warning,
+    since torch's out-of-memory error ends such a run cleanly; beyond, it is refused."""
+    monkeypatch.setattr(memory, "available_memory", lambda device: (free_gb * 10**9, "free on cuda (test)"))
+    estimate = memory.Estimate("training cope", (("activations", 123e9),))
+    if outcome == "refused":
+        with pytest.raises(memory.MemoryLimitError, match="needs about 123 GB.*nothing was started. Lower it"):
+            memory.check_fits(estimate, "cuda", "Lower it.")
+        return
+    memory.check_fits(estimate, "cuda", "Lower it.")
+    err = capsys.readouterr().err
+    assert ("warning: training cope needs about 123 GB" in err and "not calibrated" in err) == (outcome == "warned")
+    with pytest.raises(memory.MemoryLimitError):  # the CPU's estimates are calibrated: refused there
+        monkeypatch.setattr(memory, "available_memory", lambda device: (50 * 10**9, "MemAvailable"))
+        memory.check_fits(estimate, "cpu", "Lower it.")
+
+
+def test_a_device_that_runs_out_of_memory_ends_with_a_message(capsys):
+    """torch's out-of-memory error (a GPU's) is exit 2 with advice, not a traceback."""
+    @entry_point
+    def main() -> int:
+        raise torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 2.00 GiB\nmore details")
+
+    assert main() == 2
+    err = capsys.readouterr().err
+    assert "error: the device ran out of memory (CUDA out of memory. Tried to allocate 2.00 GiB)" in err
+    assert "smaller train.batch_size" in err and "Traceback" not in err
 
 
 def test_a_synthetic_task_with_an_enormous_length(tmp_path):
