@@ -105,10 +105,11 @@ def finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
     ax.set_ylabel(ylabel)
     ax.set_title(title, fontsize=10)
     ax.grid(True, which="both", alpha=0.3)
-    if len(ax.get_legend_handles_labels()[1]) > LEGEND_INSIDE_MAX:
+    labels = len(ax.get_legend_handles_labels()[1])
+    if labels > LEGEND_INSIDE_MAX:
         fig.set_size_inches(fig.get_size_inches()[0] + 2.5, fig.get_size_inches()[1])
         ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), borderaxespad=0)
-    else:
+    elif labels:  # a panel with nothing drawn (e.g. no seed learned the task) has no legend
         ax.legend(fontsize=7, ncol=2)
     fig.tight_layout()
     fig.savefig(path, dpi=130)
