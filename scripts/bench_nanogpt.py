@@ -44,6 +44,7 @@ from typing import Optional
 from common.cli import check_output_file, entry_point, positive_int
 from common.errors import ArgumentError, UserError
 from eval.stats import median_interval
+from scripts.bench import machine
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "recipes" / "nanogpt-shakespeare-char-cpu.yaml"
@@ -148,8 +149,10 @@ def main(argv=None) -> int:
         spread = f" (95% interval {interval[0]:.3f}–{interval[1]:.3f})" if interval else " (fewer than 6 rounds: no interval)"
         print(f"{name}: ×{found['median']:.3f}{spread}")
     if args.out is not None:
-        args.out.write_text(json.dumps({"steps": args.steps, "threads": args.threads, "rounds": rounds,
-                                        "summary": summary}, indent=1))
+        nanogpt_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.nanogpt, capture_output=True,
+                                        text=True).stdout.strip() or None
+        args.out.write_text(json.dumps({"machine": machine(), "nanogpt_commit": nanogpt_commit, "steps": args.steps,
+                                        "threads": args.threads, "rounds": rounds, "summary": summary}, indent=1))
     return 0
 
 
