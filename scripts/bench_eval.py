@@ -36,6 +36,7 @@ import yaml
 
 from common.cli import check_output_file, entry_point, positive_int
 from common.errors import ArgumentError, UserError
+from configs.loader import load_config_tree
 from scripts.bench import machine, tree_at
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,12 +106,10 @@ def evaluate(side: str, tree: Path, runs: list[Path], eval_file: Path, scratch: 
 
 
 def grid_eval(grid: Path, sets: list[str]) -> dict:
-    """The grid's eval block with ``--set`` applied (values read as YAML)."""
-    try:
-        data = yaml.safe_load(grid.read_text())
-    except (OSError, yaml.YAMLError) as e:
-        raise UserError(f"--grid {grid}: cannot read it ({e})") from None
-    block = dict((data or {}).get("eval") or {})
+    """The grid's eval block (its own and what it inherits) with ``--set`` applied (values read as YAML)."""
+    if not grid.is_file():
+        raise ArgumentError(f"--grid {grid}: no such file; give a grid of configs/ablations/")
+    block = dict(load_config_tree(grid)[0].get("eval") or {})  # with what the grid inherits
     if not block:
         raise UserError(f"--grid {grid}: it has no eval: block to measure")
     for item in sets:

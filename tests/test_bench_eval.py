@@ -57,3 +57,9 @@ def test_both_sides_evaluate_the_same_runs_and_agree(tiny_runs, tmp_path, capsys
 def test_a_directory_that_is_not_a_run_is_refused(tmp_path, capsys):
     assert bench_eval.main([str(tmp_path), "--compare", "HEAD", "--grid", str(tmp_path / "g.yaml")]) == 2
     assert "not a run directory" in capsys.readouterr().err
+
+
+def test_a_grid_that_inherits_its_eval_block(tmp_path):
+    (tmp_path / "parent.yaml").write_text("name: p\neval:\n  lengths: [32]\n  max_tokens: 500\n")
+    (tmp_path / "child.yaml").write_text("inherit: parent.yaml\nname: c\n")
+    assert bench_eval.grid_eval(tmp_path / "child.yaml", []) == {"lengths": [32], "max_tokens": 500}
