@@ -22,6 +22,15 @@ forward passes. The ratios ours / nanoGPT are taken within each round; the summa
 their median with a distribution-free 95% interval (eval/stats.py ``median_interval``,
 6 rounds or more) and the final validation losses of both.
 
+``--paired N`` measures the two models' training steps instead, in one process: nanoGPT's
+``GPT`` from the checkout's ``model.py`` (the recipe's shape, its own ``configure_optimizers``,
+gradient clipping at 1.0) and ours (configs/bench-small.yaml, the same recipe, through our
+Trainer), on random tokens, one step each in turn N times, so that the machine's drift
+falls on both alike; it gives their median step times, the median of the N paired ratios
+with a 95% interval, and each step's costliest operators (torch.profiler). What separates
+the two then shows up operator by operator, without the data loading, evaluation and
+checkpoints a whole run adds.
+
 Needs a nanoGPT checkout with its Shakespeare data prepared
 (``python data/shakespeare_char/prepare.py`` inside it); run from the repository root.
 Timings on a shared machine mean nothing: run it on a quiet one (docs/benchmarks.md).
@@ -30,6 +39,9 @@ Timings on a shared machine mean nothing: run it on a quiet one (docs/benchmarks
 from __future__ import annotations
 
 import argparse
+import contextlib
+import importlib.util
+import io
 import json
 import os
 import re
@@ -39,12 +51,18 @@ import sys
 import tempfile
 import time
 from pathlib import Path
-from typing import Optional
+from types import SimpleNamespace
+from typing import Callable, Optional
+
+import torch
 
 from common.cli import check_output_file, entry_point, positive_int
 from common.errors import ArgumentError, UserError
 from eval.stats import median_interval
 from scripts.bench import machine
+from scripts.bench_worker import CHAR_VOCAB, bench_config, step_data, top_ops
+from training.runtime import setup_runtime, time_calls
+from training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "recipes" / "nanogpt-shakespeare-char-cpu.yaml"
@@ -112,6 +130,64 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
     return out
 
 
+def nanogpt_step(nanogpt: Path) -> Callable[[], None]:
+    """One training step of nanoGPT's own model at the recipe's shape: forward with its loss,
+    backward, clipping at 1.0, its AdamW (``configure_optimizers``), as its train.py does."""
+    spec = importlib.util.spec_from_file_location("nanogpt_model", nanogpt / "model.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    torch.manual_seed(0)
+    conf = module.GPTConfig(block_size=BLOCK, vocab_size=CHAR_VOCAB, n_layer=4, n_head=4, n_embd=128, dropout=0.0,
+                            bias=False)
+    model = module.GPT(conf)
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter groups
+        opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
+    batch = torch.randint(0, CHAR_VOCAB, (BATCH, BLOCK + 1), generator=torch.Generator().manual_seed(0))
+
+    def step() -> None:
+        _, loss = model(batch[:, :-1], batch[:, 1:])
+        loss.backward()
+        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+    return step
+
+
+def our_step() -> Callable[[], None]:
+    """One training step of ours at the same recipe (configs/bench-small.yaml, RoPE)."""
+    spec = SimpleNamespace(config=str(ROOT / "configs" / "bench-small.yaml"), set=[], eval_multipliers=[1],
+                           decode_lengths=[1])
+    cfg = bench_config(spec, "rope")
+    return Trainer(cfg, setup_runtime(cfg.train), data=step_data(cfg)).train_step
+
+
+def paired_steps(nanogpt: Path, steps: int, warmup: int = 5, profile_ops: int = 12) -> dict:
+    """Both models' steps in turn in this process: median times, paired ratios, profiles."""
+    sides = {"nanogpt": nanogpt_step(nanogpt), "eager": our_step()}
+    for step in sides.values():
+        time_calls(step, 0, warmup, torch.device("cpu"))
+    times: dict[str, list[float]] = {side: [] for side in sides}
+    for k in range(steps):
+        for side in (list(sides) if k % 2 == 0 else list(sides)[::-1]):
+            times[side] += time_calls(sides[side], 1, 0, torch.device("cpu"))
+    ratios = [n / e for n, e in zip(times["nanogpt"], times["eager"])]  # > 1: ours is faster
+    interval = median_interval(ratios)
+    return {"steps": steps, **{f"{side}_step_ms": statistics.median(t) * 1e3 for side, t in times.items()},
+            "speed_ratio": statistics.median(ratios), "interval": list(interval) if interval else None,
+            "profiles": {side: top_ops(step, profile_ops, steps=5) for side, step in sides.items()}}
+
+
+def print_paired(found: dict) -> None:
+    interval = found["interval"]
+    spread = f" (95% interval {interval[0]:.3f}–{interval[1]:.3f})" if interval else ""
+    print(f"one training step, {found['steps']} in turn in one process: nanoGPT {found['nanogpt_step_ms']:.1f} ms, "
+          f"ours {found['eager_step_ms']:.1f} ms; ours / nanoGPT tokens/s ×{found['speed_ratio']:.3f}{spread}")
+    for side, ops in found["profiles"].items():
+        print(f"\nwhere one {side} step spends its time (self CPU, torch.profiler):")
+        for op in ops:
+            print(f"  {op['share']:6.1%} {op['self_cpu_ms_per_step']:8.2f} ms {op['calls_per_step']:6.0f}×  {op['op']}")
+
+
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python scripts/bench_nanogpt.py", description=__doc__.split("\n\n")[0])
     p.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout with data/shakespeare_char prepared")
@@ -120,6 +196,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--threads", type=positive_int, default=os.cpu_count() or 1, help="CPU threads for every run")
     p.add_argument("--sides", nargs="+", choices=SIDES[1:], default=list(SIDES[1:]),
                    help="which of our runs to set against nanoGPT's")
+    p.add_argument("--paired", type=positive_int, metavar="N",
+                   help="instead of whole runs: N training steps of each model in turn in one process, "
+                        "with their profiles")
     p.add_argument("--out", type=Path, help="write every run's figures here (JSON)")
     return p.parse_args(argv)
 
@@ -132,6 +211,14 @@ def main(argv=None) -> int:
                             "(run python data/shakespeare_char/prepare.py inside the checkout)")
     if args.out is not None:
         check_output_file(args.out, "--out")
+    if args.paired:
+        torch.set_num_threads(args.threads)
+        found = paired_steps(args.nanogpt.resolve(), args.paired)
+        print_paired(found)
+        if args.out is not None:
+            args.out.write_text(json.dumps({"machine": machine(), "nanogpt_commit": commit_of(args.nanogpt),
+                                            "threads": args.threads, "paired": found}, indent=1))
+        return 0
     sides = ["nanogpt", *args.sides]
     rounds: list[dict[str, dict]] = []
     with tempfile.TemporaryDirectory(prefix="bench-nanogpt-") as scratch:
@@ -149,11 +236,15 @@ def main(argv=None) -> int:
         spread = f" (95% interval {interval[0]:.3f}–{interval[1]:.3f})" if interval else " (fewer than 6 rounds: no interval)"
         print(f"{name}: ×{found['median']:.3f}{spread}")
     if args.out is not None:
-        nanogpt_commit = subprocess.run(["git", "rev-parse", "HEAD"], cwd=args.nanogpt, capture_output=True,
-                                        text=True).stdout.strip() or None
-        args.out.write_text(json.dumps({"machine": machine(), "nanogpt_commit": nanogpt_commit, "steps": args.steps,
+        args.out.write_text(json.dumps({"machine": machine(), "nanogpt_commit": commit_of(args.nanogpt),
+                                        "steps": args.steps,
                                         "threads": args.threads, "rounds": rounds, "summary": summary}, indent=1))
     return 0
+
+
+def commit_of(checkout: Path) -> Optional[str]:
+    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True,
+                          text=True).stdout.strip() or None
 
 
 if __name__ == "__main__":

@@ -39,3 +39,50 @@ def test_ratios_are_taken_within_each_round():
 def test_a_directory_that_is_not_nanogpt_is_refused(tmp_path, capsys):
     assert bench_nanogpt.main(["--nanogpt", str(tmp_path), "--rounds", "1"]) == 2
     assert "needs nanoGPT's train.py" in capsys.readouterr().err
+
+
+FAKE_MODEL = '''
+from dataclasses import dataclass
+import torch
+import torch.nn.functional as F
+
+
+@dataclass
+class GPTConfig:
+    block_size: int
+    vocab_size: int
+    n_layer: int
+    n_head: int
+    n_embd: int
+    dropout: float
+    bias: bool
+
+
+class GPT(torch.nn.Module):
+    def __init__(self, config):
+        super().__init__()
+        self.emb = torch.nn.Embedding(config.vocab_size, config.n_embd)
+        self.head = torch.nn.Linear(config.n_embd, config.vocab_size, bias=False)
+
+    def forward(self, idx, targets):
+        logits = self.head(self.emb(idx))
+        return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
+
+    def configure_optimizers(self, weight_decay, learning_rate, betas, device_type):
+        print("num decayed parameter tensors: 2")
+        return torch.optim.AdamW(self.parameters(), lr=learning_rate, betas=betas, weight_decay=weight_decay)
+'''
+
+
+def test_paired_steps_time_both_models_in_turn_and_profile_them(tmp_path, capsys):
+    """--paired builds nanoGPT's GPT from the checkout's model.py and ours from the recipe;
+    here a stand-in model.py with nanoGPT's interface."""
+    (tmp_path / "model.py").write_text(FAKE_MODEL)
+    found = bench_nanogpt.paired_steps(tmp_path, steps=2, warmup=1, profile_ops=3)
+    assert found["steps"] == 2 and found["nanogpt_step_ms"] > 0 and found["eager_step_ms"] > 0
+    assert found["interval"] is None  # 2 pairs: too few for a distribution-free interval
+    assert found["speed_ratio"] > 0 and set(found["profiles"]) == {"nanogpt", "eager"}
+    assert all(len(ops) == 3 and ops[0]["self_cpu_ms_per_step"] > 0 for ops in found["profiles"].values())
+    assert "num decayed" not in capsys.readouterr().out  # nanoGPT's own printing is kept out of the report
+    bench_nanogpt.print_paired(found)
+    assert "ours / nanoGPT tokens/s" in capsys.readouterr().out
