@@ -25,11 +25,11 @@ their median with a distribution-free 95% interval (eval/stats.py ``median_inter
 ``--paired N`` measures the two models' training steps instead, in one process: nanoGPT's
 ``GPT`` from the checkout's ``model.py`` (the recipe's shape, its own ``configure_optimizers``,
 gradient clipping at 1.0) and ours (configs/bench-small.yaml, the same recipe, through our
-Trainer), on random tokens, one step each in turn N times, so that the machine's drift
-falls on both alike; it gives their median step times, the median of the N paired ratios
-with a 95% interval, and each step's costliest operators (torch.profiler). What separates
-the two then shows up operator by operator, without the data loading, evaluation and
-checkpoints a whole run adds.
+Trainer; ``--kinds`` picks our encodings, RoPE by default), on random tokens, one step each
+in turn N times, so that the machine's drift falls on all alike. It gives the median step
+times, the median of the N paired ratios with a 95% interval, and each step's costliest
+operators (torch.profiler): what separates the two shows up operator by operator, without
+the data loading, evaluation and checkpoints a whole run adds.
 
 Needs a nanoGPT checkout with its Shakespeare data prepared
 (``python data/shakespeare_char/prepare.py`` inside it); run from the repository root.
@@ -58,6 +58,7 @@ import torch
 
 from common.cli import check_output_file, entry_point, positive_int
 from common.errors import ArgumentError, UserError
+from model.config import POS_KINDS
 from eval.stats import median_interval
 from scripts.bench import machine
 from scripts.bench_worker import CHAR_VOCAB, bench_config, step_data, top_ops
@@ -139,13 +140,14 @@ def nanogpt_step(nanogpt: Path) -> Callable[[], None]:
     torch.manual_seed(0)
     conf = module.GPTConfig(block_size=BLOCK, vocab_size=CHAR_VOCAB, n_layer=4, n_head=4, n_embd=128, dropout=0.0,
                             bias=False)
-    model = module.GPT(conf)
-    with contextlib.redirect_stdout(io.StringIO()):  # it prints its parameter groups
+    with contextlib.redirect_stdout(io.StringIO()):  # it prints its size and parameter groups
+        model = module.GPT(conf)
         opt = model.configure_optimizers(0.1, 1e-3, (0.9, 0.99), "cpu")
     batch = torch.randint(0, CHAR_VOCAB, (BATCH, BLOCK + 1), generator=torch.Generator().manual_seed(0))
+    x, y = batch[:, :-1].contiguous(), batch[:, 1:].contiguous()  # as its get_batch stacks them
 
     def step() -> None:
-        _, loss = model(batch[:, :-1], batch[:, 1:])
+        _, loss = model(x, y)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
@@ -153,35 +155,42 @@ def nanogpt_step(nanogpt: Path) -> Callable[[], None]:
     return step
 
 
-def our_step() -> Callable[[], None]:
-    """One training step of ours at the same recipe (configs/bench-small.yaml, RoPE)."""
+def our_step(kind: str = "rope") -> Callable[[], None]:
+    """One training step of ours at the same recipe (configs/bench-small.yaml) with encoding ``kind``."""
     spec = SimpleNamespace(config=str(ROOT / "configs" / "bench-small.yaml"), set=[], eval_multipliers=[1],
                            decode_lengths=[1])
-    cfg = bench_config(spec, "rope")
+    cfg = bench_config(spec, kind)
     return Trainer(cfg, setup_runtime(cfg.train), data=step_data(cfg)).train_step
 
 
-def paired_steps(nanogpt: Path, steps: int, warmup: int = 5, profile_ops: int = 12) -> dict:
-    """Both models' steps in turn in this process: median times, paired ratios, profiles."""
-    sides = {"nanogpt": nanogpt_step(nanogpt), "eager": our_step()}
+def paired_steps(nanogpt: Path, steps: int, warmup: int = 5, profile_ops: int = 12,
+                 kinds: tuple[str, ...] = ("rope",)) -> dict:
+    """nanoGPT's step and ours (one per encoding of ``kinds``) in turn in this process: median
+    times, the paired ratios ours / nanoGPT in tokens/s, profiles."""
+    sides = {"nanogpt": nanogpt_step(nanogpt), **{kind: our_step(kind) for kind in kinds}}
     for step in sides.values():
         time_calls(step, 0, warmup, torch.device("cpu"))
     times: dict[str, list[float]] = {side: [] for side in sides}
     for k in range(steps):
         for side in (list(sides) if k % 2 == 0 else list(sides)[::-1]):
             times[side] += time_calls(sides[side], 1, 0, torch.device("cpu"))
-    ratios = [n / e for n, e in zip(times["nanogpt"], times["eager"])]  # > 1: ours is faster
-    interval = median_interval(ratios)
-    return {"steps": steps, **{f"{side}_step_ms": statistics.median(t) * 1e3 for side, t in times.items()},
-            "speed_ratio": statistics.median(ratios), "interval": list(interval) if interval else None,
+    ours = {}
+    for kind in kinds:
+        ratios = [n / e for n, e in zip(times["nanogpt"], times[kind])]  # > 1: ours is faster
+        interval = median_interval(ratios)
+        ours[kind] = {"step_ms": statistics.median(times[kind]) * 1e3, "speed_ratio": statistics.median(ratios),
+                      "interval": list(interval) if interval else None}
+    return {"steps": steps, "nanogpt_step_ms": statistics.median(times["nanogpt"]) * 1e3, "ours": ours,
             "profiles": {side: top_ops(step, profile_ops, steps=5) for side, step in sides.items()}}
 
 
 def print_paired(found: dict) -> None:
-    interval = found["interval"]
-    spread = f" (95% interval {interval[0]:.3f}–{interval[1]:.3f})" if interval else ""
-    print(f"one training step, {found['steps']} in turn in one process: nanoGPT {found['nanogpt_step_ms']:.1f} ms, "
-          f"ours {found['eager_step_ms']:.1f} ms; ours / nanoGPT tokens/s ×{found['speed_ratio']:.3f}{spread}")
+    print(f"one training step of each, {found['steps']} in turn in one process: nanoGPT "
+          f"{found['nanogpt_step_ms']:.1f} ms")
+    for kind, row in found["ours"].items():
+        interval = row["interval"]
+        spread = f" (95% interval {interval[0]:.3f}–{interval[1]:.3f})" if interval else ""
+        print(f"  ours, {kind}: {row['step_ms']:.1f} ms; ours / nanoGPT tokens/s ×{row['speed_ratio']:.3f}{spread}")
     for side, ops in found["profiles"].items():
         print(f"\nwhere one {side} step spends its time (self CPU, torch.profiler):")
         for op in ops:
@@ -199,6 +208,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--paired", type=positive_int, metavar="N",
                    help="instead of whole runs: N training steps of each model in turn in one process, "
                         "with their profiles")
+    p.add_argument("--kinds", nargs="+", default=["rope"], choices=POS_KINDS,
+                   help="with --paired: our encodings to step beside nanoGPT's (its own block has learned positions)")
     p.add_argument("--out", type=Path, help="write every run's figures here (JSON)")
     return p.parse_args(argv)
 
@@ -213,7 +224,7 @@ def main(argv=None) -> int:
         check_output_file(args.out, "--out")
     if args.paired:
         torch.set_num_threads(args.threads)
-        found = paired_steps(args.nanogpt.resolve(), args.paired)
+        found = paired_steps(args.nanogpt.resolve(), args.paired, kinds=tuple(args.kinds))
         print_paired(found)
         if args.out is not None:
             args.out.write_text(json.dumps({"machine": machine(), "nanogpt_commit": commit_of(args.nanogpt),

@@ -61,10 +61,12 @@ class GPTConfig:
 class GPT(torch.nn.Module):
     def __init__(self, config):
         super().__init__()
+        print("number of parameters: 0.00M")
         self.emb = torch.nn.Embedding(config.vocab_size, config.n_embd)
         self.head = torch.nn.Linear(config.n_embd, config.vocab_size, bias=False)
 
     def forward(self, idx, targets):
+        assert idx.is_contiguous() and targets.is_contiguous()  # nanoGPT views them
         logits = self.head(self.emb(idx))
         return logits, F.cross_entropy(logits.flatten(0, 1), targets.flatten())
 
@@ -78,11 +80,13 @@ def test_paired_steps_time_both_models_in_turn_and_profile_them(tmp_path, capsys
     """--paired builds nanoGPT's GPT from the checkout's model.py and ours from the recipe;
     here a stand-in model.py with nanoGPT's interface."""
     (tmp_path / "model.py").write_text(FAKE_MODEL)
-    found = bench_nanogpt.paired_steps(tmp_path, steps=2, warmup=1, profile_ops=3)
-    assert found["steps"] == 2 and found["nanogpt_step_ms"] > 0 and found["eager_step_ms"] > 0
-    assert found["interval"] is None  # 2 pairs: too few for a distribution-free interval
-    assert found["speed_ratio"] > 0 and set(found["profiles"]) == {"nanogpt", "eager"}
+    found = bench_nanogpt.paired_steps(tmp_path, steps=2, warmup=1, profile_ops=3, kinds=("rope", "none"))
+    assert found["steps"] == 2 and found["nanogpt_step_ms"] > 0 and set(found["ours"]) == {"rope", "none"}
+    for row in found["ours"].values():
+        assert row["step_ms"] > 0 and row["speed_ratio"] > 0
+        assert row["interval"] is None  # 2 pairs: too few for a distribution-free interval
+    assert set(found["profiles"]) == {"nanogpt", "rope", "none"}
     assert all(len(ops) == 3 and ops[0]["self_cpu_ms_per_step"] > 0 for ops in found["profiles"].values())
     assert "num decayed" not in capsys.readouterr().out  # nanoGPT's own printing is kept out of the report
     bench_nanogpt.print_paired(found)
-    assert "ours / nanoGPT tokens/s" in capsys.readouterr().out
+    assert "ours, none:" in capsys.readouterr().out
