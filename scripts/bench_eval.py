@@ -152,6 +152,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
+    host = machine()  # before any evaluation: the commit of the code that is measured
     block = grid_eval(args.grid, args.set)
     runs = [r.resolve() for r in args.runs]
     with tempfile.TemporaryDirectory(prefix="ropelab-bench-eval-") as tmp:
@@ -168,7 +169,7 @@ def main(argv=None) -> int:
                                               args.threads) for side in sides})
     summary = summarize(rounds)
     cells = compare_cells(rounds[0]["base"]["results"], rounds[0]["this"]["results"])
-    record = {"machine": machine(), "compare": {**commits, "this": machine()["git_commit"]},
+    record = {"machine": host, "compare": {**commits, "this": host["git_commit"]},
               "runs": [str(r) for r in args.runs], "grid": str(args.grid), "eval": block,
               "rounds": [{side: r[side]["seconds"] for side in SIDES} for r in rounds], **summary, "numbers": cells}
     print(f"\nevaluation of {len(runs)} run(s), {cells['cells']} cells: base {summary['base_s']:.1f} s, "
