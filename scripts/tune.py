@@ -1,0 +1,166 @@
+"""Choose each encoding's setting from a finished sweep grid, on validation at the training
+length: ``python scripts/tune.py GRID [--out DIR]``.
+
+A sweep grid trains every encoding under a few settings (its rows: for example
+``train.pos_lr_multiplier`` 1, 3, 10 and 30 for a learned bias, or FIRE's threshold
+initialised at L) with the same seeds. Tuning uses the runs' own validation loss at L (the
+last ``val_loss`` in each run's metrics.jsonl: the run's fixed validation windows, at the
+training length), never the extrapolation lengths a study then compares, so the choice
+does not favour the lengths it is judged on.
+
+For each encoding (``model.pos.kind``, with the attention kind when it is not softmax) the
+report gives every row's mean validation loss over its seeds with a t-interval, chooses the
+row with the lowest mean, and sets every other row against it by seed (a paired
+t-interval, df = seeds − 1): a row whose interval excludes 0 is worse across training runs;
+one whose interval includes 0 is "undecided at N seeds", and the choice between them is the
+lower mean and no more. The chosen rows' overrides are printed as variant lines for a
+study grid, and the whole sweep is kept in ``DIR/tuning.md`` and ``DIR/tuning.json``
+(default: the grid's report directory), which a study that uses the choice cites.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import sys
+from collections import defaultdict
+from pathlib import Path
+from typing import Optional
+
+from common.atomic import write_text_atomic
+from common.cli import entry_point, usage_when_empty
+from common.errors import ConfigError, DataError
+from configs.grid import Grid, PlannedRun, load_grid, row_of
+from eval.stats import t_interval
+from scripts.ablate import status
+from training.run_dir import RunDir
+
+
+def encoding_of(run: PlannedRun) -> str:
+    m = run.cfg.model
+    return m.pos.kind if m.attention == "softmax" else f"{m.attention}+{m.pos.kind}"
+
+
+def final_val_loss(run: PlannedRun) -> float:
+    """The last validation loss the run logged (at its final step, for a finished run)."""
+    path = RunDir.of(run.cfg).metrics
+    found: Optional[tuple[int, float]] = None
+    try:
+        lines = path.read_text().splitlines()
+    except OSError as e:
+        raise DataError(f"{path}: cannot read the run's metrics ({e})") from None
+    for line in lines:
+        try:
+            entry = json.loads(line)
+        except json.JSONDecodeError:
+            continue  # a line cut short by a kill; the others stand
+        if "val_loss" in entry and (found is None or entry["step"] >= found[0]):
+            found = (entry["step"], float(entry["val_loss"]))
+    if found is None or not math.isfinite(found[1]):
+        raise DataError(f"{path}: no finite validation loss; the run must validate (train.eval_interval) to be tuned")
+    return found[1]
+
+
+def row_settings(grid: Grid, rows: list[str]) -> dict[str, list[str]]:
+    """Each row's overrides that set it apart (its variant's, or its axis values)."""
+    return {row: list(grid.variants.get(row, [])) or [row] for row in rows}
+
+
+def tune(grid: Grid) -> dict:
+    """Per encoding: every row's validation losses by seed, the chosen row, the contrasts."""
+    runs = grid.plan()
+    pending = [r.name for r in runs if status(r)[0] != "done"]
+    if pending:
+        raise DataError(f"{len(pending)} of the grid's {len(runs)} runs are not finished ({', '.join(pending[:4])}"
+                        f"{', …' if len(pending) > 4 else ''}); run python scripts/ablate.py {grid.source} first")
+    losses: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    for run in runs:
+        losses[encoding_of(run)][row_of(run.name)][run.cfg.train.seed] = final_val_loss(run)
+    settings = row_settings(grid, [row for rows in losses.values() for row in rows])
+    encodings = {}
+    for encoding, rows in losses.items():
+        summary = {}
+        for row, by_seed in rows.items():
+            mean, low, high = t_interval(list(by_seed.values()))
+            summary[row] = {"seeds": sorted(by_seed), "val_loss": by_seed, "mean": float(mean),
+                            "low": None if low is None else float(low), "high": None if high is None else float(high),
+                            "overrides": settings[row]}
+        chosen = min(summary, key=lambda row: summary[row]["mean"])
+        for row, entry in summary.items():
+            if row == chosen:
+                continue
+            shared = sorted(set(entry["val_loss"]) & set(summary[chosen]["val_loss"]))
+            diffs = [entry["val_loss"][s] - summary[chosen]["val_loss"][s] for s in shared]
+            mean, low, high = t_interval(diffs) if diffs else (math.nan, None, None)
+            entry["vs_chosen"] = {"seeds": len(diffs), "mean": float(mean),
+                                  "low": None if low is None else float(low),
+                                  "high": None if high is None else float(high),
+                                  "verdict": verdict(low, len(diffs))}
+        encodings[encoding] = {"chosen": chosen, "rows": summary}
+    return {"grid": grid.name, "source": str(grid.source), "encodings": encodings}
+
+
+def verdict(low: Optional[float], seeds: int) -> str:
+    if low is None:
+        return f"undecided at {seeds} seed{'s' if seeds != 1 else ''} (no interval)"
+    return "worse across training runs" if low > 0 else f"undecided at {seeds} seeds"
+
+
+def _interval(entry: dict, digits: int = 4) -> str:
+    if entry["low"] is None:
+        return f"{entry['mean']:.{digits}f}"
+    return f"{entry['mean']:.{digits}f} ({entry['low']:.{digits}f} to {entry['high']:.{digits}f})"
+
+
+def report_text(found: dict) -> str:
+    lines = [f"# Tuning: {found['grid']}", "",
+             f"From `python scripts/tune.py {found['source']}`. Validation loss at the training length (each run's "
+             "last validation, nats per token), mean over seeds with a 95% t-interval; each row against the chosen "
+             "one paired by seed (t-interval, df = seeds − 1). The chosen row has the lowest mean; a row whose "
+             "interval against it includes 0 is undecided at that many seeds.", ""]
+    for encoding, entry in found["encodings"].items():
+        lines += [f"## {encoding}: {entry['chosen']}", "",
+                  "| row | overrides | seeds | validation loss | against the chosen row | |",
+                  "|---|---|---|---|---|---|"]
+        for row, r in sorted(entry["rows"].items(), key=lambda kv: kv[1]["mean"]):
+            against = r.get("vs_chosen")
+            lines.append(f"| {row}{' (chosen)' if row == entry['chosen'] else ''} | {' '.join(r['overrides'])} | "
+                         f"{len(r['seeds'])} | {_interval(r)} | "
+                         f"{'–' if against is None else ('%+.4f' % against['mean']) + ('' if against['low'] is None else ' (%+.4f to %+.4f)' % (against['low'], against['high']))} | "
+                         f"{'' if against is None else against['verdict']} |")
+        lines.append("")
+    return "\n".join(lines)
+
+
+def parse_args(argv=None) -> argparse.Namespace:
+    p = argparse.ArgumentParser(prog="python scripts/tune.py", description=__doc__.split("\n\n")[0])
+    p.add_argument("grid", type=Path, help="a finished sweep grid (configs/ablations/...)")
+    p.add_argument("--out", type=Path, help="where tuning.md and tuning.json go (default: the grid's report directory)")
+    usage_when_empty(p, argv)
+    return p.parse_args(argv)
+
+
+@entry_point
+def main(argv=None) -> int:
+    args = parse_args(argv)
+    grid = load_grid(args.grid)
+    if not grid.axes.get("train.seed") and not grid.more_seeds:
+        raise ConfigError(f"{args.grid}: a sweep needs seeds (axes: train.seed: [0, 1, ...]) to tell settings apart "
+                          "across training runs")
+    found = tune(grid)
+    out = args.out or grid.report_dir
+    out.mkdir(parents=True, exist_ok=True)
+    write_text_atomic(out / "tuning.json", json.dumps(found, indent=1))
+    write_text_atomic(out / "tuning.md", report_text(found))
+    print(report_text(found))
+    print("chosen, as variant lines for a study grid:")
+    for encoding, entry in found["encodings"].items():
+        chosen = entry["rows"][entry["chosen"]]
+        print(f"  {encoding}: [{', '.join(chosen['overrides'])}]")
+    print(f"\nwrote {out / 'tuning.md'} and {out / 'tuning.json'}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

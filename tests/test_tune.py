@@ -1,0 +1,87 @@
+"""scripts/tune.py: a setting per encoding chosen on validation at L from a finished sweep grid,
+each other row set against it by seed."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from conftest import write_run_config
+from configs.grid import load_grid, row_of
+from scripts import ablate, tune
+from training.run_dir import RunDir
+
+
+def sweep(tmp: Path, corpus: Path, seeds=(0, 1, 2)) -> Path:
+    base = write_run_config(tmp, corpus)
+    grid = tmp / "sweep.yaml"
+    grid.write_text(f"name: sweep\nbase: {base.name}\nout_dir: {tmp / 'runs'}\nreport: {tmp / 'report'}\n"
+                    "overrides: [train.max_steps=10, train.eval_interval=10]\n"
+                    "variants:\n  t5-lr1: [model.pos.kind=t5]\n"
+                    "  t5-lr10: [model.pos.kind=t5, train.pos_lr_multiplier=10]\n"
+                    "  t5-lr30: [model.pos.kind=t5, train.pos_lr_multiplier=30]\n"
+                    "  rope: [model.pos.kind=rope]\n"
+                    f"axes:\n  train.seed: {list(seeds)}\n")
+    return grid
+
+
+def fake_finished(monkeypatch, grid_path: Path, losses: dict[str, list[float]]) -> None:
+    """Each run's metrics.jsonl ends with the given validation loss (by row, by seed), and
+    every run counts as finished."""
+    grid = load_grid(grid_path)
+    for run in grid.plan():
+        path = RunDir.of(run.cfg).metrics
+        path.parent.mkdir(parents=True, exist_ok=True)
+        final = losses[row_of(run.name)][run.cfg.train.seed]
+        path.write_text("\n".join(json.dumps(e) for e in (
+            {"step": 5, "val_loss": final + 1.0}, {"step": 8, "loss": 2.0},
+            {"step": 10, "val_loss": final})) + "\n{\"step\": 11, \"val_l")  # a line cut short by a kill
+    monkeypatch.setattr(tune, "status", lambda run: ("done", ""))
+
+
+def test_the_lowest_mean_is_chosen_and_each_other_row_is_set_against_it_by_seed(tmp_path, corpus, monkeypatch):
+    grid = sweep(tmp_path, corpus)
+    # lr10 beats lr1 in every seed (worse across runs); lr30 differs from lr10 only by noise.
+    fake_finished(monkeypatch, grid, {"t5-lr1": [3.00, 3.10, 2.95], "t5-lr10": [2.80, 2.85, 2.76],
+                                      "t5-lr30": [2.78, 2.90, 2.79], "rope": [2.7, 2.8, 2.9]})
+    found = tune.tune(load_grid(grid))
+    t5 = found["encodings"]["t5"]
+    assert t5["chosen"] == "t5-lr10" and set(found["encodings"]) == {"t5", "rope"}
+    assert found["encodings"]["rope"]["chosen"] == "rope"
+    rows = t5["rows"]
+    assert rows["t5-lr10"]["mean"] == pytest.approx((2.80 + 2.85 + 2.76) / 3)
+    assert rows["t5-lr10"]["overrides"] == ["model.pos.kind=t5", "train.pos_lr_multiplier=10"]
+    assert rows["t5-lr1"]["vs_chosen"]["mean"] == pytest.approx(((0.2 + 0.25 + 0.19) / 3))
+    assert rows["t5-lr1"]["vs_chosen"]["verdict"] == "worse across training runs"
+    assert rows["t5-lr30"]["vs_chosen"]["verdict"] == "undecided at 3 seeds"
+    assert "vs_chosen" not in rows["t5-lr10"]
+
+
+def test_unfinished_runs_are_refused_with_the_command_that_finishes_them(tmp_path, corpus, capsys):
+    grid = sweep(tmp_path, corpus, seeds=(0,))
+    assert tune.main([str(grid)]) == 2
+    err = capsys.readouterr().err
+    assert "4 of the grid's 4 runs are not finished" in err and "scripts/ablate.py" in err
+
+
+def test_a_sweep_without_seeds_is_refused(tmp_path, corpus, capsys):
+    grid = sweep(tmp_path, corpus, seeds=(0,))
+    text = grid.read_text()
+    grid.write_text(text[:text.index("axes:")])
+    assert tune.main([str(grid)]) == 2
+    assert "a sweep needs seeds" in capsys.readouterr().err
+
+
+def test_a_real_sweep_end_to_end(tmp_path, corpus, capsys):
+    """Trained by the grid runner, tuned, and the sweep kept beside the grid's report."""
+    grid = sweep(tmp_path, corpus, seeds=(0, 1))
+    assert ablate.main([str(grid), "--skip-eval", "--no-estimate"]) == 0
+    assert tune.main([str(grid)]) == 0
+    out = capsys.readouterr().out
+    assert "chosen, as variant lines for a study grid:" in out and "  rope: [model.pos.kind=rope]" in out
+    found = json.loads((tmp_path / "report" / "tuning.json").read_text())
+    assert set(found["encodings"]["t5"]["rows"]) == {"t5-lr1", "t5-lr10", "t5-lr30"}
+    assert all(len(r["seeds"]) == 2 for r in found["encodings"]["t5"]["rows"].values())
+    assert "## t5: " in (tmp_path / "report" / "tuning.md").read_text()
