@@ -25,11 +25,11 @@ their median with a distribution-free 95% interval (eval/stats.py ``median_inter
 ``--paired N`` measures the two models' training steps instead, in one process: nanoGPT's
 ``GPT`` from the checkout's ``model.py`` (the recipe's shape, its own ``configure_optimizers``,
 gradient clipping at 1.0) and ours (configs/bench-small.yaml, the same recipe, through our
-Trainer; ``--kinds`` picks our encodings, RoPE by default), on random tokens, one step each
-in turn N times, so that the machine's drift falls on all alike. It gives the median step
-times, the median of the N paired ratios with a 95% interval, and each step's costliest
-operators (torch.profiler): what separates the two shows up operator by operator, without
-the data loading, evaluation and checkpoints a whole run adds.
+Trainer; ``--kinds`` picks our encodings, by default that config's own), on random tokens,
+one step each in turn N times, so that the machine's drift falls on all alike. It gives the
+median step times, the median of the N paired ratios with a 95% interval, and each step's
+costliest operators (torch.profiler): what separates the two shows up operator by operator,
+without the data loading, evaluation and checkpoints a whole run adds.
 
 Needs a nanoGPT checkout with its Shakespeare data prepared
 (``python data/shakespeare_char/prepare.py`` inside it); run from the repository root.
@@ -58,6 +58,7 @@ import torch
 
 from common.cli import check_output_file, entry_point, positive_int
 from common.errors import ArgumentError, UserError
+from configs import load_config
 from model.config import POS_KINDS
 from eval.stats import median_interval
 from scripts.bench import machine
@@ -155,18 +156,26 @@ def nanogpt_step(nanogpt: Path) -> Callable[[], None]:
     return step
 
 
-def our_step(kind: str = "rope") -> Callable[[], None]:
+SMALL = ROOT / "configs" / "bench-small.yaml"  # the recipe's shape, as scripts/bench.py measures it
+
+
+def default_kind() -> str:
+    """The encoding of the small shape's own config."""
+    return load_config(SMALL).model.pos.kind
+
+
+def our_step(kind: str) -> Callable[[], None]:
     """One training step of ours at the same recipe (configs/bench-small.yaml) with encoding ``kind``."""
-    spec = SimpleNamespace(config=str(ROOT / "configs" / "bench-small.yaml"), set=[], eval_multipliers=[1],
-                           decode_lengths=[1])
+    spec = SimpleNamespace(config=str(SMALL), set=[], eval_multipliers=[1], decode_lengths=[1])
     cfg = bench_config(spec, kind)
     return Trainer(cfg, setup_runtime(cfg.train), data=step_data(cfg)).train_step
 
 
 def paired_steps(nanogpt: Path, steps: int, warmup: int = 5, profile_ops: int = 12,
-                 kinds: tuple[str, ...] = ("rope",)) -> dict:
+                 kinds: Optional[tuple[str, ...]] = None) -> dict:
     """nanoGPT's step and ours (one per encoding of ``kinds``) in turn in this process: median
     times, the paired ratios ours / nanoGPT in tokens/s, profiles."""
+    kinds = kinds or (default_kind(),)
     sides = {"nanogpt": nanogpt_step(nanogpt), **{kind: our_step(kind) for kind in kinds}}
     for step in sides.values():
         time_calls(step, 0, warmup, torch.device("cpu"))
@@ -208,8 +217,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--paired", type=positive_int, metavar="N",
                    help="instead of whole runs: N training steps of each model in turn in one process, "
                         "with their profiles")
-    p.add_argument("--kinds", nargs="+", default=["rope"], choices=POS_KINDS,
-                   help="with --paired: our encodings to step beside nanoGPT's (its own block has learned positions)")
+    p.add_argument("--kinds", nargs="+", default=None, choices=POS_KINDS,
+                   help="with --paired: our encodings to step beside nanoGPT's (default: configs/bench-small.yaml's; "
+                        "nanoGPT's own block has learned positions)")
     p.add_argument("--out", type=Path, help="write every run's figures here (JSON)")
     return p.parse_args(argv)
 
@@ -224,7 +234,7 @@ def main(argv=None) -> int:
         check_output_file(args.out, "--out")
     if args.paired:
         torch.set_num_threads(args.threads)
-        found = paired_steps(args.nanogpt.resolve(), args.paired, kinds=tuple(args.kinds))
+        found = paired_steps(args.nanogpt.resolve(), args.paired, kinds=tuple(args.kinds or ()))
         print_paired(found)
         if args.out is not None:
             args.out.write_text(json.dumps({"machine": machine(), "nanogpt_commit": commit_of(args.nanogpt),
