@@ -37,7 +37,7 @@ import yaml
 from common.cli import check_output_file, entry_point, positive_int
 from common.errors import ArgumentError, UserError
 from configs.loader import load_config_tree
-from scripts.bench import machine, tree_at
+from scripts.bench import git_commit_of, machine, tree_at
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("base", "this")
@@ -160,8 +160,7 @@ def main(argv=None) -> int:
         eval_file = scratch / "eval.yaml"
         eval_file.write_text(yaml.safe_dump(block, sort_keys=False))
         with tree_at(args.compare) as base:
-            commits = {"base": subprocess.run(["git", "rev-parse", "HEAD"], cwd=base, capture_output=True,
-                                              text=True).stdout.strip()}
+            commits = {"base": git_commit_of(base)}
             rounds = []
             for r in range(args.rounds):
                 sides = SIDES if r % 2 == 0 else SIDES[::-1]

@@ -61,7 +61,7 @@ from common.errors import ArgumentError, UserError
 from configs import load_config
 from model.config import POS_KINDS
 from eval.stats import median_interval
-from scripts.bench import machine
+from scripts.bench import git_commit_of, machine
 from scripts.bench_worker import CHAR_VOCAB, bench_config, step_data, top_ops
 from training.runtime import setup_runtime, time_calls
 from training.trainer import Trainer
@@ -237,7 +237,7 @@ def main(argv=None) -> int:
         found = paired_steps(args.nanogpt.resolve(), args.paired, kinds=tuple(args.kinds or ()))
         print_paired(found)
         if args.out is not None:
-            args.out.write_text(json.dumps({"machine": machine(), "nanogpt_commit": commit_of(args.nanogpt),
+            args.out.write_text(json.dumps({"machine": machine(), "nanogpt_commit": git_commit_of(args.nanogpt) or None,
                                             "threads": args.threads, "paired": found}, indent=1))
         return 0
     sides = ["nanogpt", *args.sides]
@@ -257,15 +257,10 @@ def main(argv=None) -> int:
         spread = f" (95% interval {interval[0]:.3f}–{interval[1]:.3f})" if interval else " (fewer than 6 rounds: no interval)"
         print(f"{name}: ×{found['median']:.3f}{spread}")
     if args.out is not None:
-        args.out.write_text(json.dumps({"machine": machine(), "nanogpt_commit": commit_of(args.nanogpt),
+        args.out.write_text(json.dumps({"machine": machine(), "nanogpt_commit": git_commit_of(args.nanogpt) or None,
                                         "steps": args.steps,
                                         "threads": args.threads, "rounds": rounds, "summary": summary}, indent=1))
     return 0
-
-
-def commit_of(checkout: Path) -> Optional[str]:
-    return subprocess.run(["git", "rev-parse", "HEAD"], cwd=checkout, capture_output=True,
-                          text=True).stdout.strip() or None
 
 
 if __name__ == "__main__":
