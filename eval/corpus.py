@@ -1,6 +1,6 @@
 """The corpus an evaluation scores, always tokenized with the evaluated run's own tokenizer.
 
-An ``EvalCorpus`` (configs/schema.py) becomes a data config whose tokenizer is the run's
+An ``EvalCorpus`` (configs/eval_config.py) becomes a data config whose tokenizer is the run's
 tokenizer.json used as is (``kind: file``), prepared through the same cached pipeline as
 training data but only for the one split that is scored (data/prepare.py). A tokenizer
 is never trained or retrained here.

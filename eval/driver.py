@@ -1,6 +1,6 @@
 """The one evaluation driver behind ``python -m eval.extrapolation`` and ``python -m eval.tasks``.
 
-Both commands evaluate run directories with each run's own ``eval`` config (configs/schema.py:
+Both commands evaluate run directories with each run's own ``eval`` config (configs/eval_config.py:
 EvalConfig), overridden by ``--eval-file`` and then by the flags, and cache each run's result
 in the run (RunDir.eval_cache) for its checkpoint and cache key. What they share is here:
 

@@ -5,7 +5,7 @@ unless ``eval.factor`` is set, so lengths up to L_train are plain RoPE) and ever
 perplexity under each protocol, plus the per-position loss at the longest length. Writes
 ``results.json``, ``report.md`` and PNG plots into ``--out`` (see eval/report.py).
 
-What is evaluated is each run's own ``eval`` config (configs/schema.py: EvalConfig),
+What is evaluated is each run's own ``eval`` config (configs/eval_config.py: EvalConfig),
 with the command-line flags (or a grid's ``eval:``) overriding its keys. The corpus is
 tokenized with the run's own tokenizer.json. Lengths a learned table cannot serve are
 recorded as ``n/a`` with the table size, never evaluated (and never a crash). The latest

@@ -12,7 +12,7 @@ Which tasks: ``eval.tasks.tasks``, else the run's own tasks (``data.source: synt
 those its training mixed in (``data.mix``, in the task wording tokenized with the run's own
 tokenizer.json) or, for a fine-tune on text, its parent's (training/parent.py:
 ``learned_wording``), else passkey (runs trained on text alone, in the paper's wording).
-The settings are each run's own ``eval`` config (configs/schema.py:
+The settings are each run's own ``eval`` config (configs/eval_config.py:
 EvalConfig and its ``tasks`` section); the flags override its keys, as in
 ``python -m eval.extrapolation``. Every (run, task, length) is checked before anything is
 evaluated, so impossible settings stop the command with a message and nothing written.
