@@ -89,7 +89,7 @@ class EvalConfig:
     per_position: bool = True  # the mean loss by position at the longest length (from its windows)
     corpora: list[EvalCorpus] = field(default_factory=lambda: [EvalCorpus()])
     # The row the report compares every other row with (paired); left at "rope" where no row
-    # is called that, the row the others were fine-tuned from (eval/report.py: report_reference).
+    # is called that, the row the others were fine-tuned from (eval/reference.py: report_reference).
     reference: str = KINDS[DEFAULT_KIND].label
     # Training steps whose checkpoints to evaluate (a fine-tuning budget curve; they must
     # be kept: train.keep_last); empty: the latest checkpoint only.

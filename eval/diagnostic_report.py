@@ -20,7 +20,8 @@ from common.atomic import write_text_atomic
 from eval.diagnostic_plots import (plot_attention_maps, plot_distance_histogram, plot_entropy_distance,
                                    plot_needle, plot_pair_shares, plot_position_entropy, plot_sink_heatmaps)
 from eval.labels import label_groups
-from eval.report import provenance, write_report_files
+from eval.report import write_report_files
+from eval.report_runs import provenance
 from eval.stats import t_interval
 
 LINEAR = ("linear attention forms no attention matrix (its weights φ(q)ᵀφ(k), rotated in the numerator only, "

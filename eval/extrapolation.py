@@ -41,7 +41,8 @@ from eval.extrapolation_flags import MEMORY_FIX, add_flags, corpus_plans, flag_t
 from eval.journal import Cells
 from eval.labels import label_groups
 from eval.perplexity import perplexity
-from eval.report import missing_reference, write_report
+from eval.reference import missing_reference
+from eval.report import write_report
 from model.config import RopeScalingConfig
 from model.encodings import KINDS, accepts_rope_scaling
 from common.errors import NonFiniteOutput, UserError

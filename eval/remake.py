@@ -20,7 +20,8 @@ from typing import Optional
 
 from common.cli import entry_point, usage_when_empty
 from common.errors import ArgumentError, DataError
-from eval.report import missing_reference, write_report
+from eval.reference import missing_reference
+from eval.report import write_report
 from eval.task_report import write_task_report
 
 

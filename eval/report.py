@@ -17,13 +17,14 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from common.atomic import write_text_atomic
-from configs.schema import EvalConfig
 from common.storage import is_storage_error, make_dir, storage_error
 from eval.budget import budget_section
 from eval.context import breakdown_section, context_section
 from eval.labels import label_order, row_label, split_step, with_scaling
+from eval.reference import no_default_reference, report_reference
+from eval.report_runs import evaluation_provenance, provenance, runs_table
 from eval.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
-from eval.tables import (comparison_table, compare, degradation, degradation_table, durations, mark_table,
+from eval.tables import (comparison_table, compare, degradation, degradation_table, mark_table,
                          identical_rows, interval_table, length_table, power_table, scored_line, summarize,
                          train_lengths)
 from model.config import SCALING_TYPES
@@ -48,71 +49,6 @@ INTERVALS = ("Intervals across training runs: a t-interval over the seeds' value
 
 def _remade(results: dict) -> str:
     return f", made again {results['remade']} from its results.json (python -m eval.remake)" if results.get("remade") else ""
-
-
-def evaluation_provenance(rows: list[dict]) -> list[str]:
-    """Which code computed the evaluations: the commits recorded by each cell."""
-    commits = sorted({r.get("eval_commit") or "unknown" for r in rows if r.get("status") == "ok"})
-    if not commits:
-        return []
-    if commits == ["unknown"]:
-        return ["The evaluations were computed before each cell recorded the commit that scored it."]
-    dirty = [c for c in commits if c == "unknown" or c.endswith("-dirty")]
-    text = "The evaluations were computed at " + ", ".join(f"`{c[:18]}`" for c in commits)
-    return [text + (" (**not all from a clean tree**)." if dirty else ", each a clean tree.")]
-
-
-def provenance(runs: list[dict]) -> list[str]:
-    commits = sorted({r.get("git_commit") or "unknown" for r in runs})
-    dirty = [c for c in commits if c == "unknown" or c.endswith("-dirty")]
-    if len(commits) == 1 and not dirty:
-        which = "The run was" if len(runs) == 1 else f"All {len(runs)} runs were"
-        lines = [f"{which} trained from commit `{commits[0][:12]}`, a clean tree."]
-    else:
-        lines = [f"Runs were trained from {len(commits)} commits: " + ", ".join(f"`{c[:18]}`" for c in commits)
-                 + ("." if dirty else ", each a clean tree.")]
-    if dirty:
-        lines.append("**Not reproducible from a clean commit**: " + ", ".join(f"`{c}`" for c in dirty)
-                     + " (uncommitted changes, or no git).")
-    return lines + _parents(runs)
-
-
-def _parents(runs: list[dict]) -> list[str]:
-    """Where fine-tuned runs started (init.run): each parent once, with its own provenance."""
-    parents = {}
-    for run in runs:
-        if run.get("parent"):
-            parents.setdefault((run["parent"]["run"], run["parent"]["checkpoint"]), (run["parent"], []))[1].append(
-                run["name"])
-    lines = []
-    for (where, checkpoint), (parent, children) in parents.items():
-        commit = parent.get("git_commit") or "unknown"
-        tokens = f"{parent['tokens']:,} tokens" if parent.get("tokens") else "its tokens unrecorded"
-        lines.append(f"Fine-tuned from `{where}` ({checkpoint}: step {parent.get('step')}, {tokens} at training "
-                     f"length {parent.get('train_len')}, commit `{commit[:12]}`"
-                     f"{', **not a clean tree**' if commit.endswith('-dirty') else ''}): "
-                     + ", ".join(children) + ".")
-    return [""] + lines if lines else []
-
-
-def _minutes(seconds) -> str:
-    return "–" if seconds is None else f"{seconds / 60:.1f}"
-
-
-def _runs_table(runs: list[dict]) -> list[str]:
-    lines = ["| run | row | encoding | attention | seed | params | tokens trained | train length | commit "
-             "| train min | eval min |",
-             "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
-    for run in runs:
-        lines.append(f"| {run['name']} | {run.get('label', '')} | {run['encoding']} | {run.get('attention', 'softmax')} "
-                     f"| {run['seed']} | {run['params']:,} | {(run['tokens_trained'] or 0):,} | {run['train_len']} "
-                     f"| {(run['git_commit'] or '')[:10]} | {_minutes(run.get('train_seconds'))} "
-                     f"| {_minutes(run.get('eval_seconds'))} |")
-    train = sum(r.get("train_seconds") or 0 for r in runs)
-    evaluation = sum(r.get("eval_seconds") or 0 for r in runs)
-    train, evaluation, together = durations(train, evaluation, train + evaluation)
-    lines += ["", f"Wall time (this machine): training {train}, evaluation {evaluation}, together {together}."]
-    return lines
 
 
 def _scale_table(rows: list[dict], lengths: list[int]) -> list[str]:
@@ -263,7 +199,7 @@ def _paired_section(results: dict, corpus: str, protocol: str, summary: dict, re
     saying why there are none."""
     if reference not in summary:
         return [f"Paired comparisons: none; the reference row `{reference}` (eval.reference) is none of "
-                f"these rows{_no_default_reference(results)}. Name one with `--reference ROW`; the evaluations "
+                f"these rows{no_default_reference(results)}. Name one with `--reference ROW`; the evaluations "
                 "are cached."]
     folded = _folded(results, corpus, protocol, summary, reference)
     comparisons = _comparisons(results, corpus, protocol, summary, reference, folded)
@@ -384,65 +320,6 @@ def write_report_files(out: Path, results: dict, write_markdown: Callable[[], st
         raise storage_error(e, f"write the report in {out}") from None
 
 
-DEFAULT_REFERENCE = EvalConfig().reference  # "rope"
-
-
-def _started_from(run: dict, parent: dict) -> bool:
-    """Whether ``run`` is the run that ``parent`` (a fine-tune's init.run record) names: the same
-    directory, or one of the same name and training length (the runs moved or copied since)."""
-    if Path(run["run"]).resolve() == Path(parent["run"]).resolve():
-        return True
-    return Path(run["run"]).name == Path(parent["run"]).name and run["train_len"] == parent.get("train_len")
-
-
-def parent_rows(runs: list[dict]) -> set[str]:
-    """The rows holding a run that another run of the report was fine-tuned from (init.run)."""
-    parents = [run["parent"] for run in runs if run.get("parent")]
-    return {run["label"] for run in runs if run.get("label") and any(_started_from(run, p) for p in parents)}
-
-
-def report_reference(results: dict) -> tuple[str, str]:
-    """(the row the report compares every other row with, a sentence saying why when eval.reference
-    did not name it).
-
-    It is eval.reference. Left at its default, ``rope``, where no row is called that (rows are
-    named after runs when one encoding has several experiments, e.g. a fine-tune beside its
-    parent), it is the one row whose runs other runs of the report were fine-tuned from
-    (init.run): fine-tunes are compared with where they started. Where no single row is such a
-    parent, there is no reference and the report says so.
-    """
-    runs = results["runs"]
-    asked = runs[0]["eval"].get("reference", DEFAULT_REFERENCE) if runs else DEFAULT_REFERENCE
-    labels = {row_label(row) for row in results["results"]}
-    parents = sorted(parent_rows(runs) & labels)
-    if asked in labels or asked != DEFAULT_REFERENCE or len(parents) != 1:
-        return asked, ""
-    return parents[0], (f"Reference row: `{parents[0]}`. eval.reference is left at `{asked}`, which names no row "
-                        f"here, and `{parents[0]}` is the one row that other runs of this report were fine-tuned "
-                        "from (init.run), so every row is compared with it; name another with `--reference ROW`.")
-
-
-def _no_default_reference(results: dict) -> str:
-    """Why the default reference stood in for no row, when it is the default."""
-    runs = results["runs"]
-    if not runs or runs[0]["eval"].get("reference", DEFAULT_REFERENCE) != DEFAULT_REFERENCE:
-        return ""
-    parents = sorted(parent_rows(runs))
-    return (", and no single row is the one the others were fine-tuned from (init.run), which would stand in "
-            "for it" + (f"; parents: {', '.join(f'`{p}`' for p in parents)}" if parents else ""))
-
-
-def missing_reference(results: dict) -> Optional[str]:
-    """Why the report has no paired comparisons, when its reference row is none of its rows."""
-    reference, _ = report_reference(results)
-    labels = sorted({row_label(row) for row in results["results"]})
-    if not results["runs"] or reference in labels:
-        return None
-    return (f"the reference row {reference!r} (eval.reference, --reference) is none of the report's rows, so it "
-            f"has no paired comparisons; rows: {', '.join(labels)}. Rerun with --reference ROW: the evaluations "
-            "are cached, so only the report is made again.")
-
-
 def _write_markdown(results: dict, out: Path) -> str:
     """Write report.md (and its figures) into ``out``; returns the markdown."""
     runs, rows = results["runs"], results["results"]
@@ -453,7 +330,7 @@ def _write_markdown(results: dict, out: Path) -> str:
           f"{' (each row its own: the L column)' if len(train_lens) > 1 else ''}. A cell is the "
           "perplexity exp(mean over seeds of the mean NLL per token); rows pool the runs that are the same "
           "experiment apart from the seed. " + INTERVALS, *(["", why] if why else []), "", "## Runs", "", *provenance(runs), *evaluation_provenance(rows), "",
-          *_runs_table(runs)]
+          *runs_table(runs)]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""]
         md += [f"- {m['run']}: {m['error']}" for m in results["missing"]]

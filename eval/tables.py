@@ -259,13 +259,16 @@ def interval_table(summary: dict[str, dict[int, dict]], lengths: list[int], key:
 
 def durations(*seconds: float) -> list[str]:
     """Wall times in one unit: hours ("1.36 h"), or minutes, or seconds, the largest in which
-    none of them (but a zero) reads 0, so a short run is never "0.00 h"."""
+    none of them (but a zero) reads 0, so a short run is never "0.00 h"; a zero (an unrecorded
+    or cached time) reads "0" in that unit, whatever the others' sizes."""
     shortest = min((s for s in seconds if s > 0), default=0.0)
     if f"{shortest / 3600:.2f}" != "0.00" or not shortest:
-        return [f"{s / 3600:.2f} h" for s in seconds]
-    if f"{shortest / 60:.1f}" != "0.0":
-        return [f"{s / 60:.1f} min" for s in seconds]
-    return [f"{s:.0f} s" for s in seconds]
+        unit, scale, digits = "h", 3600, 2
+    elif f"{shortest / 60:.1f}" != "0.0":
+        unit, scale, digits = "min", 60, 1
+    else:
+        unit, scale, digits = "s", 1, 0
+    return [f"0 {unit}" if not s else f"{s / scale:.{digits}f} {unit}" for s in seconds]
 
 
 def percent(ratio: float) -> str:

@@ -427,7 +427,7 @@ def test_weights_digest_covers_every_encoding_and_every_weight():
 
 
 def test_provenance_names_every_commit_and_says_whether_each_is_clean():
-    from eval.report import provenance
+    from eval.report_runs import provenance
     one = provenance([{"git_commit": "a" * 40}, {"git_commit": "a" * 40}])
     assert one == [f"All 2 runs were trained from commit `{'a' * 12}`, a clean tree."]
     assert provenance([{"git_commit": "a" * 40}]) == [f"The run was trained from commit `{'a' * 12}`, a clean tree."]
@@ -473,7 +473,9 @@ def test_wall_times_read_in_one_unit_that_is_never_zero():
     assert durations(4680, 1800, 6480) == ["1.30 h", "0.50 h", "1.80 h"]
     assert durations(6, 36, 42) == ["0.1 min", "0.6 min", "0.7 min"]  # 0.00 h each, as hours
     assert durations(2, 1, 3) == ["2 s", "1 s", "3 s"]
-    assert durations(0, 600, 600) == ["0.00 h", "0.17 h", "0.17 h"]  # an unrecorded time is no unit's guide
+    assert durations(0, 600, 600) == ["0 h", "0.17 h", "0.17 h"]  # an unrecorded time is no unit's guide
+    assert durations(0, 20, 20) == ["0 h", "0.01 h", "0.01 h"]  # nor reads "0.00 h" (a loaded machine's case)
+    assert durations(0, 0, 0) == ["0 h", "0 h", "0 h"]
 
 
 def test_same_token_protocol_context_use_and_breakdown_in_the_report(tiny_runs, tmp_path):

@@ -14,7 +14,7 @@ from configs.schema import EvalConfig
 from conftest import write_run_config
 from eval import extrapolation
 from eval.extrapolation import evaluate_run, run_extrapolation
-from eval.report import missing_reference
+from eval.reference import missing_reference
 from training.checkpoint import read_meta
 from training.run_dir import RunDir
 from training.saved_run import load_run

@@ -1,0 +1,71 @@
+"""The report's "Runs" section: which commits trained and evaluated the runs, where fine-tunes
+started, and a table of the runs with their sizes and wall times."""
+
+from __future__ import annotations
+
+from eval.tables import durations
+
+
+def evaluation_provenance(rows: list[dict]) -> list[str]:
+    """Which code computed the evaluations: the commits recorded by each cell."""
+    commits = sorted({r.get("eval_commit") or "unknown" for r in rows if r.get("status") == "ok"})
+    if not commits:
+        return []
+    if commits == ["unknown"]:
+        return ["The evaluations were computed before each cell recorded the commit that scored it."]
+    dirty = [c for c in commits if c == "unknown" or c.endswith("-dirty")]
+    text = "The evaluations were computed at " + ", ".join(f"`{c[:18]}`" for c in commits)
+    return [text + (" (**not all from a clean tree**)." if dirty else ", each a clean tree.")]
+
+
+def provenance(runs: list[dict]) -> list[str]:
+    commits = sorted({r.get("git_commit") or "unknown" for r in runs})
+    dirty = [c for c in commits if c == "unknown" or c.endswith("-dirty")]
+    if len(commits) == 1 and not dirty:
+        which = "The run was" if len(runs) == 1 else f"All {len(runs)} runs were"
+        lines = [f"{which} trained from commit `{commits[0][:12]}`, a clean tree."]
+    else:
+        lines = [f"Runs were trained from {len(commits)} commits: " + ", ".join(f"`{c[:18]}`" for c in commits)
+                 + ("." if dirty else ", each a clean tree.")]
+    if dirty:
+        lines.append("**Not reproducible from a clean commit**: " + ", ".join(f"`{c}`" for c in dirty)
+                     + " (uncommitted changes, or no git).")
+    return lines + _parents(runs)
+
+
+def _parents(runs: list[dict]) -> list[str]:
+    """Where fine-tuned runs started (init.run): each parent once, with its own provenance."""
+    parents = {}
+    for run in runs:
+        if run.get("parent"):
+            parents.setdefault((run["parent"]["run"], run["parent"]["checkpoint"]), (run["parent"], []))[1].append(
+                run["name"])
+    lines = []
+    for (where, checkpoint), (parent, children) in parents.items():
+        commit = parent.get("git_commit") or "unknown"
+        tokens = f"{parent['tokens']:,} tokens" if parent.get("tokens") else "its tokens unrecorded"
+        lines.append(f"Fine-tuned from `{where}` ({checkpoint}: step {parent.get('step')}, {tokens} at training "
+                     f"length {parent.get('train_len')}, commit `{commit[:12]}`"
+                     f"{', **not a clean tree**' if commit.endswith('-dirty') else ''}): "
+                     + ", ".join(children) + ".")
+    return [""] + lines if lines else []
+
+
+def _minutes(seconds) -> str:
+    return "–" if seconds is None else f"{seconds / 60:.1f}"
+
+
+def runs_table(runs: list[dict]) -> list[str]:
+    lines = ["| run | row | encoding | attention | seed | params | tokens trained | train length | commit "
+             "| train min | eval min |",
+             "|---|---|---|---|---:|---:|---:|---:|---|---:|---:|"]
+    for run in runs:
+        lines.append(f"| {run['name']} | {run.get('label', '')} | {run['encoding']} | {run.get('attention', 'softmax')} "
+                     f"| {run['seed']} | {run['params']:,} | {(run['tokens_trained'] or 0):,} | {run['train_len']} "
+                     f"| {(run['git_commit'] or '')[:10]} | {_minutes(run.get('train_seconds'))} "
+                     f"| {_minutes(run.get('eval_seconds'))} |")
+    train = sum(r.get("train_seconds") or 0 for r in runs)
+    evaluation = sum(r.get("eval_seconds") or 0 for r in runs)
+    train, evaluation, together = durations(train, evaluation, train + evaluation)
+    lines += ["", f"Wall time (this machine): training {train}, evaluation {evaluation}, together {together}."]
+    return lines
