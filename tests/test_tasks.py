@@ -281,6 +281,31 @@ def test_multikey_asks_one_of_several_distinct_needles_at_its_depth():
         assert (FILLER_TEXT * 8).startswith(filler)  # one filler stream, cut where the needles go
 
 
+def test_multikey_with_several_asked_scores_each_asked_needle_once():
+    """RULER's multi-query: the questions follow each other, each answered from its own needle."""
+    t = task("multikey", needles=4, asked=3)
+    assert t.min_length() == task("multikey", needles=4).min_length() + 2 * len(". ab: 12345")
+    for seed, depth in ((0, 0.0), (1, 0.5), (2, 1.0)):
+        inst = t.make(np.random.default_rng(seed), 150, depth)
+        text = text_of(inst.tokens)
+        spans = [m.span() for m in re.finditer(r"1+", "".join("1" if a else "0" for a in inst.answer))]
+        values = [text[a:b] for a, b in spans]
+        tail = text[spans[0][0] - len("ab: "):]
+        asked = re.findall(r"([a-z]{2}): \d{5}", tail)
+        assert len(spans) == 3 and tail == ". ".join(f"{n}: {v}" for n, v in zip(asked, values))
+        pieces, filler = laid_out(text[:spans[0][0] - len("ab: ")], NEEDLE)
+        held = dict(g for _, g in pieces)
+        assert len(pieces) == 4 and len(set(asked)) == 3 and all(held[n] == v for n, v in zip(asked, values))
+        first = next(o for o, g in pieces if g[0] == asked[0])  # the first asked needle sits at the depth
+        assert first == int(np.floor(depth * len(filler) + 0.5))
+    one = task("multikey", needles=4)  # one asked: the instances made before `asked` existed, draw for draw
+    assert text_of(one.make(np.random.default_rng(5), 120, 0.3).tokens) == (
+        "theru: 98157.  grassav: 14853.  is green. mn: 35013. the sky qh: 44503. is blue. the sun is yellow. "
+        "here we go. mn: 35013")
+    with pytest.raises(ConfigError, match="data.synthetic.asked must be in \\[1, needles=4\\]"):
+        SyntheticConfig(tasks=["multikey"], needles=4, asked=5)
+
+
 def test_multivalue_answers_every_value_in_the_order_of_the_text():
     t = task("multivalue", values=3)
     for seed in range(5):

@@ -77,7 +77,7 @@ def build_task(name: str, cfg: SyntheticConfig, tokenizer: Tokenizer, text: bool
     if name == "addition":
         return Addition(tokenizer, cfg.addition_layout)
     if name == "multikey":
-        return Multikey(tokenizer, cfg.needles, digits, letters)
+        return Multikey(tokenizer, cfg.needles, digits, letters, cfg.asked)
     if name == "multivalue":
         return Multivalue(tokenizer, cfg.values, digits, letters)
     if name == "vartrack":

@@ -87,6 +87,10 @@ def number(rng: np.random.Generator, digits: int, avoid: set[str]) -> str:
             return value
 
 
+# A question's parts and its answer's parts: the answer is scored, the question is not.
+QA = tuple[tuple[str, ...], tuple[str, ...]]
+
+
 @dataclass(frozen=True)
 class Piece:
     """A piece laid into the filler: its parts (each tokenized on its own) and its depth
@@ -97,7 +101,7 @@ class Piece:
 
 
 class Haystack(Task):
-    """A retrieval task in filler: subclasses ``compose`` the pieces, the question and the answer."""
+    """A retrieval task in filler: subclasses ``compose`` the pieces and the questions with their answers."""
 
     has_depth = False
 
@@ -106,9 +110,8 @@ class Haystack(Task):
         self.encode = checked_encoder(tokenizer, self.name)
         self.filler = FillerStream(self.encode, FILLER)
 
-    def compose(self, rng: np.random.Generator, depth: Optional[float]) -> tuple[list[Piece], tuple[str, ...],
-                                                                                  tuple[str, ...]]:
-        """(pieces in the order of the text, the question's parts, the answer's parts)."""
+    def compose(self, rng: np.random.Generator, depth: Optional[float]) -> tuple[list[Piece], list[QA]]:
+        """(pieces in the order of the text, the questions in the order asked, each with its answer)."""
         raise NotImplementedError
 
     def names(self, rng: np.random.Generator, k: int) -> list[str]:
@@ -130,24 +133,24 @@ class Haystack(Task):
     def min_length(self) -> int:
         # Every instance has pieces of the same characters counts; a part is at most one token
         # per UTF-8 byte (bytes, chars and byte-level BPE never do worse).
-        pieces, question, answer = self.compose(np.random.default_rng(0), 0.0)
-        parts = [p for piece in pieces for p in piece.parts] + [*question, *answer]
+        pieces, asked = self.compose(np.random.default_rng(0), 0.0)
+        parts = [p for piece in pieces for p in piece.parts] + [p for question, answer in asked for p in question + answer]
         return sum(len(p.encode("utf-8")) for p in parts) - 1
 
     def make(self, rng: np.random.Generator, length: int, depth: Optional[float] = None) -> Instance:
         self.check_length(length)
         if depth is not None and not 0.0 <= depth <= 1.0:
             raise TaskError(f"a needle's depth must be in [0, 1] (got {depth})")
-        pieces, question, answer = self.compose(rng, depth)
+        pieces, asked = self.compose(rng, depth)
         laid = [self._tokens(p.parts) for p in pieces]
-        q, a = self._tokens(question), self._tokens(answer)
-        room = length + 1 - sum(map(len, laid)) - len(q) - len(a)
+        qa = [(self._tokens(question), self._tokens(answer)) for question, answer in asked]
+        room = length + 1 - sum(map(len, laid)) - sum(len(q) + len(a) for q, a in qa)
         if room < 0:  # only a tokenizer that breaks the min_length bound gets here
             raise TaskError(f"a {self.name} prompt does not fit in {length} positions")
         random = np.sort(rng.integers(0, room + 1, size=sum(p.depth is None for p in pieces))).tolist()
         offsets = [int(np.floor(p.depth * room + 0.5)) if p.depth is not None else random.pop(0) for p in pieces]
         segments = lay(self.filler(room), list(zip(offsets, laid)))
-        return assemble([(s, False) for s in segments] + [(q, False), (a, True)])
+        return assemble([(s, False) for s in segments] + [seg for q, a in qa for seg in ((q, False), (a, True))])
 
     def too_short_hint(self) -> str:
         return "the pieces, question and answer without any filler are that long; use longer lengths or fewer pieces"

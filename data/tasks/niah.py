@@ -10,6 +10,9 @@
       nh: 13687. the grass wq: 37704. is green. wq: 37704
                                                     ^^^^^ answer
 
+  With ``asked`` k > 1 (RULER's NIAH multi-query), k distinct needles are asked one after
+  another, ``wq: 37704. nh: 13687``, every answer scored; the first asked sits at the depth.
+
 - ``multivalue``: ``values`` needles ``name: value. `` with one name and distinct values, at
   random offsets; the question asks for the name and the answer is every value, in the
   order of the text, separated by spaces (RULER scores each value found; exact match asks
@@ -35,18 +38,25 @@ class Multikey(Haystack):
     name = "multikey"
     has_depth = True
 
-    def __init__(self, tokenizer: Tokenizer, needles: int = 4, digits: int = 5, name_letters: int = 2):
-        self.needles = needles
+    def __init__(self, tokenizer: Tokenizer, needles: int = 4, digits: int = 5, name_letters: int = 2,
+                 asked: int = 1):
+        self.needles, self.asked = needles, asked
         super().__init__(tokenizer, digits, name_letters)
 
     def compose(self, rng: np.random.Generator, depth: Optional[float]):
         names, values = self.names(rng, self.needles), self.numbers(rng, self.needles)
-        asked = int(rng.integers(self.needles))
-        pieces = [Piece((n, ": ", v, ". "), depth if i == asked else None) for i, (n, v) in enumerate(zip(names, values))]
-        return pieces, (names[asked], ": "), (values[asked],)
+        if self.asked == 1:
+            order = [int(rng.integers(self.needles))]
+        else:
+            order = rng.choice(self.needles, size=self.asked, replace=False).tolist()
+        pieces = [Piece((n, ": ", v, ". "), depth if i == order[0] else None)
+                  for i, (n, v) in enumerate(zip(names, values))]
+        # Later questions follow the answer before them: "wq: 37704. nh: 13687".
+        return pieces, [((*([". "] if k else []), names[i], ": "), (values[i],)) for k, i in enumerate(order)]
 
     def describe(self) -> str:
-        return f"multikey with {self.needles} needles"
+        asked = f", {self.asked} asked" if self.asked > 1 else ""
+        return f"multikey with {self.needles} needles{asked}"
 
 
 class Multivalue(Haystack):
@@ -59,7 +69,7 @@ class Multivalue(Haystack):
     def compose(self, rng: np.random.Generator, depth: Optional[float]):
         (name,), values = self.names(rng, 1), self.numbers(rng, self.values)
         answer = [part for v in values for part in (" ", v)][1:]
-        return [Piece((name, ": ", v, ". ")) for v in values], (name, ": "), tuple(answer)
+        return [Piece((name, ": ", v, ". ")) for v in values], [((name, ": "), tuple(answer))]
 
     def describe(self) -> str:
         return f"multivalue with {self.values} values"

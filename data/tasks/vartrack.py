@@ -44,7 +44,7 @@ class Vartrack(Haystack):
         order = rng.permutation(np.repeat(np.arange(self.chains), per))  # which chain continues at each step
         pieces = [chains[c].pop(0) for c in order.tolist()]
         asked = int(rng.integers(self.chains))
-        return pieces, (names[asked * per + self.hops], ": "), (values[asked],)
+        return pieces, [((names[asked * per + self.hops], ": "), (values[asked],))]
 
     def describe(self) -> str:
         return f"vartrack with {self.chains} chains of {self.hops} hops"
