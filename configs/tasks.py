@@ -141,6 +141,9 @@ class TaskEvalConfig:
     depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     # k_max (Chen et al. 2023): retrieval "succeeds" in a cell whose accuracy is at least this.
     kmax_threshold: float = 0.2
+    # Multikey: needles asked per scored instance (null: the run's own data.synthetic.asked). 1
+    # scores RULER's multi-key (one needle queried) on a model trained on its multi-query.
+    asked: Optional[int] = None
     seed: int = 0
     # The report's settings (they change no scored number, so no cache key): a seed has
     # learned a task when its accuracy at the reference length is at least learned_accuracy,
@@ -167,6 +170,9 @@ class TaskEvalConfig:
             raise ConfigError(f"eval.tasks.tasks lists a task twice: {self.tasks}")
         if self.seed < 0:
             raise ConfigError(f"eval.tasks.seed must be 0 or more (got {self.seed})")
+        if self.asked is not None and self.asked < 1:
+            raise ConfigError(f"eval.tasks.asked must be a positive integer, or null for the run's own "
+                              f"data.synthetic.asked (got {self.asked})")
         if self.learned_accuracy is not None and not 0.0 < self.learned_accuracy <= 1.0:
             raise ConfigError(f"eval.tasks.learned_accuracy must be in (0, 1], or null to pool every seed "
                               f"(got {self.learned_accuracy})")

@@ -47,7 +47,7 @@ from eval.extrapolation import model_for, run_metadata
 from eval.kmax import k_max
 from eval.stats import wilson_interval
 from eval.task_report import write_task_report
-from common.errors import UserError
+from common.errors import ConfigError, UserError
 from model.encodings import served_length
 from training.memory import Estimate, forward_estimate, largest
 from common.cli import entry_point, non_negative_float, non_negative_int, positive_int, probability
@@ -95,7 +95,13 @@ def planned_parent(cfg: RunConfig) -> Optional[dict]:
 
 def run_tasks(cfg: RunConfig, tokenizer, ev: EvalConfig, parent: Optional[dict] = None) -> list[Task]:
     """The tasks to score a run on, each checked against every evaluated length."""
-    tasks = [build_task(name, cfg.data.synthetic, tokenizer, text=in_paper_wording(cfg, name, parent))
+    synthetic = cfg.data.synthetic
+    if ev.tasks.asked is not None and ev.tasks.asked != synthetic.asked:
+        try:
+            synthetic = dataclasses.replace(synthetic, asked=ev.tasks.asked)
+        except ConfigError as e:
+            raise TaskError(f"eval.tasks.asked={ev.tasks.asked}: {e}") from None
+    tasks = [build_task(name, synthetic, tokenizer, text=in_paper_wording(cfg, name, parent))
              for name in resolved_tasks(cfg, ev, parent)]
     for task in tasks:
         for length in ev.resolved_lengths(cfg.train.seq_len):
@@ -245,6 +251,8 @@ def _cache_key(cfg: RunConfig, ev: EvalConfig) -> str:
     lengths, scalings, factor, and the checkpoints scored (eval.steps, only when given: keys of
     the latest are as before)."""
     settings = {k: v for k, v in dataclasses.asdict(ev.tasks).items() if k not in REPORT_KEYS}
+    if settings["asked"] is None:  # the run's own: keys of evaluations before the key existed stay valid
+        del settings["asked"]
     key = {"tasks": resolved_tasks(cfg, ev), "settings": settings,
            "lengths": ev.resolved_lengths(cfg.train.seq_len), "scalings": ev.resolved_scalings(cfg.model.pos.kind),
            "factor": ev.factor}
@@ -286,12 +294,14 @@ def add_flags(p: argparse.ArgumentParser) -> None:
                    help="eval.tasks.depths: needle depths in [0, 1] (passkey, multikey)")
     p.add_argument("--kmax-threshold", type=probability, help="eval.tasks.kmax_threshold: accuracy that counts as success")
     p.add_argument("--seed", type=non_negative_int, help="eval.tasks.seed: which test instances")
+    p.add_argument("--asked", type=positive_int,
+                   help="eval.tasks.asked: multikey needles asked per instance (default: as the run trained)")
 
 
 def flag_tree(args: argparse.Namespace) -> dict:
     """This command's own flags as a tree of eval keys (only those given)."""
     nested = {"tasks": args.tasks, "samples": args.samples, "depths": args.depths,
-              "kmax_threshold": args.kmax_threshold, "seed": args.seed}
+              "kmax_threshold": args.kmax_threshold, "seed": args.seed, "asked": args.asked}
     nested = {k: v for k, v in nested.items() if v is not None}
     for name in nested.get("tasks", []):
         check_task_name(name)  # suggests the closest name

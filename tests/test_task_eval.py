@@ -20,7 +20,7 @@ from configs import load_config, override_section
 from configs.schema import EvalConfig
 from conftest import tiny_config, write_run_config
 from test_train import stop_after
-from data.tasks import Instance, task_tokenizer
+from data.tasks import Instance, TaskError, task_tokenizer
 from eval import driver, extrapolation
 from eval import tasks as eval_tasks
 from training.exact_match import exact_match, first_errors
@@ -238,8 +238,24 @@ def test_text_run_asked_for_a_synthetic_task_and_learned_beyond_its_table(scored
 def test_cache_key_ignores_nothing_that_changes_numbers(scored_runs):
     cfg = eval_tasks.read_run_config(RunDir(scored_runs / "rope-a"))
     base = eval_tasks._cache_key(cfg, cfg.eval)
-    for tree in ({"tasks": {"samples": 7}}, {"tasks": {"seed": 1}}, {"lengths": [24]}, {"tasks": {"tasks": ["copy"]}}):
+    for tree in ({"tasks": {"samples": 7}}, {"tasks": {"seed": 1}}, {"lengths": [24]}, {"tasks": {"tasks": ["copy"]}},
+                 {"tasks": {"asked": 1}}):
         assert eval_tasks._cache_key(cfg, eval_tasks_for(**tree)(cfg)) != base
+
+
+def test_eval_tasks_asked_scores_multikey_with_fewer_questions_than_trained(tmp_path):
+    """A model trained on RULER's multi-query (3 asked) is scored on its multi-key (1 asked) with
+    eval.tasks.asked=1; more questions than needles is refused with the key named."""
+    cfg = load_config(synthetic_config(tmp_path), ["data.synthetic.tasks=[multikey]", "data.synthetic.asked=3",
+                                                   "train.seq_len=96", "eval.length_multipliers=[1]"])
+    tok = task_tokenizer()
+    (trained,) = eval_tasks.run_tasks(cfg, tok, cfg.eval)
+    (scored,) = eval_tasks.run_tasks(cfg, tok, eval_tasks_for(tasks={"asked": 1})(cfg))
+    assert (trained.asked, scored.asked) == (3, 1)
+    answers = lambda task: int(np.diff(task.make(np.random.default_rng(0), 96).answer.astype(int)).clip(0).sum())
+    assert (answers(trained), answers(scored)) == (3, 1)  # answer spans in one instance
+    with pytest.raises(TaskError, match="eval.tasks.asked=5: data.synthetic.asked must be in \\[1, needles=4\\]"):
+        eval_tasks.run_tasks(cfg, tok, eval_tasks_for(tasks={"asked": 5})(cfg))
 
 
 def test_perplexity_sweep_points_synthetic_runs_to_task_scoring(scored_runs, tmp_path, capsys):
