@@ -44,8 +44,9 @@ class SyntheticConfig:
     # copying "the digits" is not enough: the model must find the ones after "key: "
     distractors: int = 0
     needles: int = 4  # multikey: name-value needles, one of them queried (RULER's NIAH multi-key)
-    # multikey: needles asked per instance, one question after another (1: RULER's NIAH multi-key;
-    # more: its multi-query, every asked value scored), which gives training more answers per instance
+    # multikey, vartrack: needles (chains) asked per instance, one question after another (1: RULER's
+    # NIAH multi-key and variable tracking; more: its multi-query, every asked value scored), which
+    # gives training more answers per instance
     asked: int = 1
     values: int = 4  # multivalue: values stated for one name, all asked (RULER's NIAH multi-value)
     chains: int = 2  # vartrack: assignment chains, one of them queried (RULER's variable tracking)
@@ -69,9 +70,12 @@ class SyntheticConfig:
         for key in ("needles", "values", "chains", "hops"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"data.synthetic.{key} must be a positive integer (got {getattr(self, key)})")
-        if not 1 <= self.asked <= self.needles:
-            raise ConfigError(f"data.synthetic.asked must be in [1, needles={self.needles}]: each question asks for a "
-                              f"distinct needle (got {self.asked})")
+        for task, most in (("multikey", self.needles), ("vartrack", self.chains)):
+            if task in self.tasks and not 1 <= self.asked <= most:
+                raise ConfigError(f"data.synthetic.asked must be in [1, {'needles' if task == 'multikey' else 'chains'}="
+                                  f"{most}] for {task}: each question asks for a distinct one (got {self.asked})")
+        if self.asked < 1:
+            raise ConfigError(f"data.synthetic.asked must be a positive integer (got {self.asked})")
         if not 1 <= self.name_letters <= 8:
             raise ConfigError(f"data.synthetic.name_letters must be in [1, 8] (got {self.name_letters})")
         numbers = 9 * 10 ** (self.key_digits - 1)  # the first digit is never 0

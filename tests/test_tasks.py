@@ -18,6 +18,7 @@ from data.tasks import ALPHABET, TASKS, TaskData, TaskError, build_task, check_t
 from data.tasks.batches import TaskSampler, draw
 from data.tasks.haystack import FILLER as FILLER_TEXT
 from data.tasks.passkey import WORDINGS
+from data.tasks.vartrack import Vartrack
 from data.tokenizers import ByteTokenizer, CharTokenizer, train_tokenizer
 from configs.schema import TokenizerConfig
 from model.loss import IGNORE_INDEX
@@ -343,6 +344,22 @@ def test_variable_tracking_chains_resolve_to_the_asked_value():
         while not v.isdigit():
             v, hops = dict(pairs)[v], hops + 1
         assert hops == 3
+
+
+def test_variable_tracking_with_several_asked_resolves_each_question():
+    t = task("vartrack", chains=3, hops=1, asked=3)
+    for seed in range(4):
+        inst = t.make(np.random.default_rng(seed), 160)
+        text = text_of(inst.tokens)
+        spans = [m.span() for m in re.finditer(r"1+", "".join("1" if a else "0" for a in inst.answer))]
+        start = spans[0][0] - len("ab: ")
+        body, values = text[:start], [text[a:b] for a, b in spans]
+        asked = re.findall(r"([a-z]{2}): \d{5}", text[start:])
+        assert len(set(asked)) == 3 and [resolve(body, v) for v in asked] == values
+    with pytest.raises(TaskError, match="data.synthetic.asked=3 must be in \\[1, chains=2\\]"):
+        Vartrack(TOK, chains=2, asked=3)
+    with pytest.raises(ConfigError, match="must be in \\[1, chains=2\\] for vartrack"):
+        SyntheticConfig(tasks=["vartrack"], chains=2, asked=3)
 
 
 @pytest.mark.parametrize("name", ["passkey", "multikey", "multivalue", "vartrack"])

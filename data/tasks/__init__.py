@@ -81,7 +81,7 @@ def build_task(name: str, cfg: SyntheticConfig, tokenizer: Tokenizer, text: bool
     if name == "multivalue":
         return Multivalue(tokenizer, cfg.values, digits, letters)
     if name == "vartrack":
-        return Vartrack(tokenizer, cfg.chains, cfg.hops, digits, letters)
+        return Vartrack(tokenizer, cfg.chains, cfg.hops, digits, letters, cfg.asked)
     return TASKS[name](tokenizer)
 
 

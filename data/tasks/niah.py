@@ -30,6 +30,7 @@ from typing import Optional
 
 import numpy as np
 
+from data.tasks.base import TaskError
 from data.tasks.haystack import Haystack, Piece
 from data.tokenizers import Tokenizer
 
@@ -40,6 +41,9 @@ class Multikey(Haystack):
 
     def __init__(self, tokenizer: Tokenizer, needles: int = 4, digits: int = 5, name_letters: int = 2,
                  asked: int = 1):
+        if not 1 <= asked <= needles:
+            raise TaskError(f"multikey asks for distinct needles: data.synthetic.asked={asked} must be in "
+                            f"[1, needles={needles}]")
         self.needles, self.asked = needles, asked
         super().__init__(tokenizer, digits, name_letters)
 

@@ -24,6 +24,7 @@ from typing import Optional
 
 import numpy as np
 
+from data.tasks.base import TaskError
 from data.tasks.haystack import Haystack, Piece
 from data.tokenizers import Tokenizer
 
@@ -31,8 +32,12 @@ from data.tokenizers import Tokenizer
 class Vartrack(Haystack):
     name = "vartrack"
 
-    def __init__(self, tokenizer: Tokenizer, chains: int = 2, hops: int = 2, digits: int = 5, name_letters: int = 2):
-        self.chains, self.hops = chains, hops
+    def __init__(self, tokenizer: Tokenizer, chains: int = 2, hops: int = 2, digits: int = 5, name_letters: int = 2,
+                 asked: int = 1):
+        if not 1 <= asked <= chains:
+            raise TaskError(f"vartrack asks for distinct chains: data.synthetic.asked={asked} must be in "
+                            f"[1, chains={chains}]")
+        self.chains, self.hops, self.asked = chains, hops, asked
         super().__init__(tokenizer, digits, name_letters)
 
     def compose(self, rng: np.random.Generator, depth: Optional[float]):
@@ -43,8 +48,14 @@ class Vartrack(Haystack):
                   for c in range(self.chains)]
         order = rng.permutation(np.repeat(np.arange(self.chains), per))  # which chain continues at each step
         pieces = [chains[c].pop(0) for c in order.tolist()]
-        asked = int(rng.integers(self.chains))
-        return pieces, [((names[asked * per + self.hops], ": "), (values[asked],))]
+        if self.asked == 1:
+            order = [int(rng.integers(self.chains))]
+        else:
+            order = rng.choice(self.chains, size=self.asked, replace=False).tolist()
+        # Later questions follow the answer before them: "ba: 83194. wq: 25774".
+        return pieces, [((*([". "] if k else []), names[c * per + self.hops], ": "), (values[c],))
+                        for k, c in enumerate(order)]
 
     def describe(self) -> str:
-        return f"vartrack with {self.chains} chains of {self.hops} hops"
+        asked = f", {self.asked} asked" if self.asked > 1 else ""
+        return f"vartrack with {self.chains} chains of {self.hops} hops{asked}"
