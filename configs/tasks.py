@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import typing
 from dataclasses import dataclass, field
-from typing import Literal, Optional
+from typing import Literal, Optional, Union
 
 from common.errors import ConfigError
 
@@ -46,8 +46,8 @@ class SyntheticConfig:
     needles: int = 4  # multikey: name-value needles, one of them queried (RULER's NIAH multi-key)
     # multikey, vartrack: needles (chains) asked per instance, one question after another (1: RULER's
     # NIAH multi-key and variable tracking; more: its multi-query, every asked value scored), which
-    # gives training more answers per instance
-    asked: int = 1
+    # gives training more answers per instance; all: every needle (chain) of the instance
+    asked: Union[int, Literal["all"]] = 1
     values: int = 4  # multivalue: values stated for one name, all asked (RULER's NIAH multi-value)
     chains: int = 2  # vartrack: assignment chains, one of them queried (RULER's variable tracking)
     hops: int = 2  # vartrack: assignments after each chain's value (hops to resolve)
@@ -70,12 +70,14 @@ class SyntheticConfig:
         for key in ("needles", "values", "chains", "hops"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"data.synthetic.{key} must be a positive integer (got {getattr(self, key)})")
-        for task, most in (("multikey", self.needles), ("vartrack", self.chains)):
-            if task in self.tasks and not 1 <= self.asked <= most:
-                raise ConfigError(f"data.synthetic.asked must be in [1, {'needles' if task == 'multikey' else 'chains'}="
-                                  f"{most}] for {task}: each question asks for a distinct one (got {self.asked})")
-        if self.asked < 1:
-            raise ConfigError(f"data.synthetic.asked must be a positive integer (got {self.asked})")
+        if self.asked != "all":
+            for task, most in (("multikey", self.needles), ("vartrack", self.chains)):
+                if task in self.tasks and not 1 <= self.asked <= most:
+                    raise ConfigError(f"data.synthetic.asked must be in [1, {'needles' if task == 'multikey' else 'chains'}"
+                                      f"={most}] for {task}: each question asks for a distinct one (got {self.asked}); "
+                                      "all asks every one")
+            if self.asked < 1:
+                raise ConfigError(f"data.synthetic.asked must be a positive integer or all (got {self.asked})")
         if not 1 <= self.name_letters <= 8:
             raise ConfigError(f"data.synthetic.name_letters must be in [1, 8] (got {self.name_letters})")
         numbers = 9 * 10 ** (self.key_digits - 1)  # the first digit is never 0
@@ -89,6 +91,10 @@ class SyntheticConfig:
         if wanted > names // 2:
             raise ConfigError(f"data.synthetic.name_letters={self.name_letters} gives {names} names, too few for "
                               f"{wanted} distinct names per instance; use more name_letters or fewer needles/chains")
+
+    def asked_of(self, total: int) -> int:
+        """Questions per instance of a task with ``total`` needles or chains."""
+        return total if self.asked == "all" else self.asked
 
     @property
     def n_queries(self) -> int:

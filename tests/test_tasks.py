@@ -360,6 +360,8 @@ def test_variable_tracking_with_several_asked_resolves_each_question():
         Vartrack(TOK, chains=2, asked=3)
     with pytest.raises(ConfigError, match="must be in \\[1, chains=2\\] for vartrack"):
         SyntheticConfig(tasks=["vartrack"], chains=2, asked=3)
+    every = SyntheticConfig(tasks=["multikey", "vartrack"], needles=4, chains=2, asked="all")  # each its own count
+    assert [build_task(n, every, TOK).asked for n in ("multikey", "vartrack")] == [4, 2]
 
 
 @pytest.mark.parametrize("name", ["passkey", "multikey", "multivalue", "vartrack"])
