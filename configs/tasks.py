@@ -151,8 +151,9 @@ class TaskEvalConfig:
     depths: list[float] = field(default_factory=lambda: [0.0, 0.25, 0.5, 0.75, 1.0])
     # k_max (Chen et al. 2023): retrieval "succeeds" in a cell whose accuracy is at least this.
     kmax_threshold: float = 0.2
-    # Multikey: needles asked per scored instance (null: the run's own data.synthetic.asked). 1
-    # scores RULER's multi-key (one needle queried) on a model trained on its multi-query.
+    # Multikey and vartrack: needles (chains) asked per scored instance (null: the run's own
+    # data.synthetic.asked). 1 scores RULER's multi-key (one needle queried) on a model trained
+    # on its multi-query.
     asked: Optional[int] = None
     seed: int = 0
     # The report's settings (they change no scored number, so no cache key): a seed has

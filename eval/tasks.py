@@ -295,7 +295,7 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--kmax-threshold", type=probability, help="eval.tasks.kmax_threshold: accuracy that counts as success")
     p.add_argument("--seed", type=non_negative_int, help="eval.tasks.seed: which test instances")
     p.add_argument("--asked", type=positive_int,
-                   help="eval.tasks.asked: multikey needles asked per instance (default: as the run trained)")
+                   help="eval.tasks.asked: multikey needles (vartrack chains) asked per instance (default: as the run trained)")
 
 
 def flag_tree(args: argparse.Namespace) -> dict:

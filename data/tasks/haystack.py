@@ -114,6 +114,26 @@ class Haystack(Task):
         """(pieces in the order of the text, the questions in the order asked, each with its answer)."""
         raise NotImplementedError
 
+    def check_asked(self, asked: int, total: int, what: str) -> None:
+        """Refuse more questions than there are distinct ``what`` (needles, chains) to ask."""
+        if not 1 <= asked <= total:
+            raise TaskError(f"{self.name} asks for distinct {what}: data.synthetic.asked={asked} must be in "
+                            f"[1, {what}={total}]")
+
+    @staticmethod
+    def pick_asked(rng: np.random.Generator, asked: int, total: int) -> list[int]:
+        """Which of ``total`` needles (chains) the questions ask, in the order asked; one question
+        is one draw, as it was before several could be asked."""
+        if asked == 1:
+            return [int(rng.integers(total))]
+        return rng.choice(total, size=asked, replace=False).tolist()
+
+    @staticmethod
+    def one_after_another(questions: Sequence[tuple[str, str]]) -> list[QA]:
+        """(name asked, its value) in the order asked: each later question follows the answer
+        before it, "wq: 37704. nh: 13687"."""
+        return [((*([". "] if k else []), name, ": "), (value,)) for k, (name, value) in enumerate(questions)]
+
     def names(self, rng: np.random.Generator, k: int) -> list[str]:
         """``k`` distinct names, none a word of the filler."""
         out: list[str] = []

@@ -30,7 +30,6 @@ from typing import Optional
 
 import numpy as np
 
-from data.tasks.base import TaskError
 from data.tasks.haystack import Haystack, Piece
 from data.tokenizers import Tokenizer
 
@@ -41,22 +40,16 @@ class Multikey(Haystack):
 
     def __init__(self, tokenizer: Tokenizer, needles: int = 4, digits: int = 5, name_letters: int = 2,
                  asked: int = 1):
-        if not 1 <= asked <= needles:
-            raise TaskError(f"multikey asks for distinct needles: data.synthetic.asked={asked} must be in "
-                            f"[1, needles={needles}]")
+        self.check_asked(asked, needles, "needles")
         self.needles, self.asked = needles, asked
         super().__init__(tokenizer, digits, name_letters)
 
     def compose(self, rng: np.random.Generator, depth: Optional[float]):
         names, values = self.names(rng, self.needles), self.numbers(rng, self.needles)
-        if self.asked == 1:
-            order = [int(rng.integers(self.needles))]
-        else:
-            order = rng.choice(self.needles, size=self.asked, replace=False).tolist()
+        order = self.pick_asked(rng, self.asked, self.needles)
         pieces = [Piece((n, ": ", v, ". "), depth if i == order[0] else None)
                   for i, (n, v) in enumerate(zip(names, values))]
-        # Later questions follow the answer before them: "wq: 37704. nh: 13687".
-        return pieces, [((*([". "] if k else []), names[i], ": "), (values[i],)) for k, i in enumerate(order)]
+        return pieces, self.one_after_another([(names[i], values[i]) for i in order])
 
     def describe(self) -> str:
         asked = f", {self.asked} asked" if self.asked > 1 else ""

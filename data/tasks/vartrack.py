@@ -24,7 +24,6 @@ from typing import Optional
 
 import numpy as np
 
-from data.tasks.base import TaskError
 from data.tasks.haystack import Haystack, Piece
 from data.tokenizers import Tokenizer
 
@@ -34,9 +33,7 @@ class Vartrack(Haystack):
 
     def __init__(self, tokenizer: Tokenizer, chains: int = 2, hops: int = 2, digits: int = 5, name_letters: int = 2,
                  asked: int = 1):
-        if not 1 <= asked <= chains:
-            raise TaskError(f"vartrack asks for distinct chains: data.synthetic.asked={asked} must be in "
-                            f"[1, chains={chains}]")
+        self.check_asked(asked, chains, "chains")
         self.chains, self.hops, self.asked = chains, hops, asked
         super().__init__(tokenizer, digits, name_letters)
 
@@ -48,13 +45,8 @@ class Vartrack(Haystack):
                   for c in range(self.chains)]
         order = rng.permutation(np.repeat(np.arange(self.chains), per))  # which chain continues at each step
         pieces = [chains[c].pop(0) for c in order.tolist()]
-        if self.asked == 1:
-            order = [int(rng.integers(self.chains))]
-        else:
-            order = rng.choice(self.chains, size=self.asked, replace=False).tolist()
-        # Later questions follow the answer before them: "ba: 83194. wq: 25774".
-        return pieces, [((*([". "] if k else []), names[c * per + self.hops], ": "), (values[c],))
-                        for k, c in enumerate(order)]
+        asked = self.pick_asked(rng, self.asked, self.chains)
+        return pieces, self.one_after_another([(names[c * per + self.hops], values[c]) for c in asked])
 
     def describe(self) -> str:
         asked = f", {self.asked} asked" if self.asked > 1 else ""
