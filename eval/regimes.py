@@ -54,8 +54,11 @@ def _gain_text(gain: Optional[Contrast], at_short: float, bits_per_nat: float) -
     est = gain.runs or gain.documents
     low, high = est.interval()
     one = "" if gain.runs else " (one seed)"
+    # The row's bits per nat (its bytes per token at L) is one number per row, so the gain's interval
+    # carries over to bits per byte by the same factor.
+    b = bits_per_nat
     return (f"{gain.point:.3f} ({low:.3f} to {high:.3f}){one}", f"{100 * gain.point / at_short:.1f}%",
-            f"{gain.point * bits_per_nat:.3f}")
+            f"{gain.point * b:.3f} ({low * b:.3f} to {high * b:.3f}){one}")
 
 
 def _ratio(c: Optional[Comparison]) -> str:
@@ -105,7 +108,7 @@ def regime_rows(name: str, results: dict) -> list[list[str]]:
 
 
 HEAD = ["regime", "row", "params", "L", "steps × tokens", "train min", "seeds", "ppl at L",
-        "context gain, nats (95%)", "share of [8,16) loss", "gain, bits/byte", "breakdown length",
+        "context gain, nats (95%)", "share of [8,16) loss", "gain, bits/byte (95%)", "breakdown length",
         "ppl 2L / L (95%)", "ppl longest / L (95%)"]
 
 
@@ -118,7 +121,10 @@ def regimes_markdown(grids: list[tuple[str, Path, dict]]) -> str:
              "size in bits per byte compare across tokenizers, nats per token do not. Breakdown length: where "
              f"perplexity first exceeds its own at L by 5% ({PROTOCOL} protocol; t-interval over the seeds). "
              "Ratios: perplexity at n over perplexity at L on the same tokens, paired by seed, with the interval "
-             "across training runs. Press et al. (2022, Figure 1 and Table 2) is the pattern to compare with.", "",
+             "across training runs. Press et al. (2022, Figure 1 and Table 2) is the pattern to compare with. "
+             "Train min: each row's mean wall time of training as its runs recorded it, which counts whatever else "
+             "the machine ran meanwhile; equal compute is set by each grid's step budget (steps × tokens) at its "
+             "shape, not by these minutes.", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * 2 + "---:|" * (len(HEAD) - 2)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     return "\n".join(lines) + "\n"

@@ -56,7 +56,14 @@ def test_one_row_per_regime_and_row_with_the_reports_own_numbers(two_regimes, ca
         assert cells[3] == str(train_len) and cells[6] == "2"  # L, seeds
         gain = context_gain(position_bins(results, corpus)["rope"])
         assert cells[8].startswith(f"{gain.point:.3f} (")  # the gain with its interval across the 2 runs
-        found = breakdown(summarize(results, corpus, "same-tokens"), "rope")
+        low, high = (float(x) for x in cells[8].split("(")[1].rstrip(")").split(" to "))
+        summary = summarize(results, corpus, "same-tokens")
+        bits = regimes._bits_per_nat(summary, "rope", train_len)  # the row's bits per byte per nat per token
+        assert float(cells[10].split(" (")[0]) == pytest.approx(gain.point * bits, abs=1e-3)
+        b_low, b_high = (float(x) for x in cells[10].split("(")[1].rstrip(")").split(" to "))
+        assert b_low == pytest.approx(low * bits, abs=2e-3) and b_high == pytest.approx(high * bits, abs=2e-3)
+        assert b_low < float(cells[10].split(" (")[0]) < b_high
+        found = breakdown(summary, "rope")
         assert cells[11] == breakdown_text(found)
         assert cells[13].startswith("4L: ")
 
