@@ -340,3 +340,17 @@ report: {tmp_path / 'report'}
     grid.write_text(grid.read_text().replace("windows: 2", "windows: 0"))
     with pytest.raises(ConfigError, match="eval.diagnostics.windows must be a positive integer"):
         load_grid(grid)
+
+
+def test_diagnosed_lengths_follow_each_runs_training_length_unless_set():
+    from configs.diagnostics import DiagnosticsConfig
+
+    assert DiagnosticsConfig().resolved_lengths(128) == [128, 256, 512, 1024, 2048]
+    pilot = DiagnosticsConfig(length_multipliers=[1, 1.5, 2, 8])
+    assert pilot.resolved_lengths(128) == [128, 192, 256, 1024]
+    assert pilot.resolved_lengths(256) == [256, 384, 512, 2048]  # one setting, runs of two lengths
+    assert DiagnosticsConfig(lengths=[300], length_multipliers=[2]).resolved_lengths(128) == [128, 300]
+    with pytest.raises(ConfigError, match="length_multipliers must be positive"):
+        DiagnosticsConfig(length_multipliers=[1, 0])
+    with pytest.raises(ConfigError, match="both are empty"):
+        DiagnosticsConfig(length_multipliers=[])
