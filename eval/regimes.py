@@ -11,7 +11,11 @@ sets, for every row of every regime, side by side:
   byte over nats per token at L), because nats per token do not compare across tokenizers;
 - the **breakdown length** on the same-token protocol, in tokens and in multiples of L;
 - the **degradation** ppl(n) / ppl(L) at 2L and at the longest length, same tokens, with
-  the interval across training runs.
+  the interval across training runs;
+- where the grid's report has the attention diagnostics (``eval.diagnostics.enabled``), a
+  second table: each row's mean attended distance and attention entropy at L, 2L and the
+  longest diagnosed length, as fractions of what uniform causal attention gives there
+  (eval/diagnostic_report.py), so a breakdown can be set beside attention spreading out.
 
 It chooses nothing: which regime a study should use is a judgement made from these numbers
 (docs/results.md says which and why).
@@ -20,6 +24,7 @@ It chooses nothing: which regime a study should use is a judgement made from the
 from __future__ import annotations
 
 import argparse
+import json
 import math
 import sys
 from pathlib import Path
@@ -32,6 +37,7 @@ from common.cli import entry_point, usage_when_empty
 from common.errors import DataError
 from configs.grid import load_grid
 from eval.context import breakdown, breakdown_text, context_gain, position_bins
+from eval.diagnostic_report import uniform_distance, uniform_entropy
 from eval.labels import label_order
 from eval.remake import read_results
 from eval.stats import Contrast
@@ -112,7 +118,65 @@ HEAD = ["regime", "row", "params", "L", "steps × tokens", "train min", "seeds",
         "ppl 2L / L (95%)", "ppl longest / L (95%)"]
 
 
-def regimes_markdown(grids: list[tuple[str, Path, dict]]) -> str:
+def _read_diagnostics(path: Path) -> dict:
+    try:
+        found = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError) as e:
+        raise DataError(f"{path} cannot be read as a diagnostics report's results.json ({e}); write it again with "
+                        "scripts/ablate.py on the grid (its scored cells are reused)") from None
+    if not isinstance(found, dict) or not isinstance(found.get("rows"), list):
+        raise DataError(f"{path} is not a diagnostics report's results.json (it has no pooled rows)")
+    return found
+
+
+def _share(pooled: Optional[dict], uniform: float) -> str:
+    if not pooled:
+        return "–"
+    mean, low, high = (pooled[k] for k in ("mean", "low", "high"))
+    if low is None:
+        return f"{mean / uniform:.2f}"
+    return f"{mean / uniform:.2f} [{low / uniform:.2f}, {high / uniform:.2f}]"
+
+
+def attention_rows(name: str, diagnostics: Optional[dict]) -> list[list[str]]:
+    """One row per row of a regime's diagnostics report: attended distance and entropy at L,
+    2L and the longest length, over uniform attention's (the diagnostics' pooled intervals)."""
+    out = []
+    for row in (diagnostics or {}).get("rows", []):
+        lengths = {int(n): cell for n, cell in row["lengths"].items()}
+        train_len = row["train_len"]
+        if "entropy" not in lengths.get(train_len, {}):
+            continue  # no attention matrix (linear attention)
+        chosen = [train_len, 2 * train_len, max(lengths)]
+        cells = [_share(lengths.get(n, {}).get("distance"), uniform_distance(n)) for n in chosen]
+        cells += [_share(lengths.get(n, {}).get("entropy"), uniform_entropy(n)) for n in chosen]
+        out.append([name, row["label"], f"{max(lengths) // train_len}L", *cells])
+    return out
+
+
+ATTENTION_HEAD = ["regime", "row", "longest", "distance L", "distance 2L", "distance longest", "entropy L",
+                  "entropy 2L", "entropy longest"]
+
+
+def attention_markdown(grids: list[tuple[str, Optional[dict]]]) -> list[str]:
+    rows = [row for name, diagnostics in grids for row in attention_rows(name, diagnostics)]
+    missing = [name for name, diagnostics in grids if diagnostics is None]
+    lines = ["", "## Attention as the length grows", ""]
+    if rows:
+        lines += ["Mean attended distance and attention entropy (over layers, heads and queries) as fractions of "
+                  "uniform causal attention's at the same length ((n − 1)/4 tokens and the mean of ln(i + 1)); 1 is "
+                  "attention spread evenly over the window. 95% interval across training runs (across windows for "
+                  "one run), from each grid's diagnostics report (docs/diagnostics.md).", "",
+                  "| " + " | ".join(ATTENTION_HEAD) + " |", "|" + "---|" * 3 + "---:|" * (len(ATTENTION_HEAD) - 3)]
+        lines += ["| " + " | ".join(row) + " |" for row in rows]
+    if missing:
+        lines += ["", "No diagnostics in the report of " + ", ".join(missing) + " (set `eval.diagnostics.enabled: "
+                  "true` in the grid and run scripts/ablate.py on it again: finished runs and scored cells are reused)."]
+    return lines
+
+
+def regimes_markdown(grids: list[tuple[str, Path, dict]], diagnostics: Optional[dict] = None) -> str:
+    """The regimes table; ``diagnostics`` maps a regime's name to its diagnostics results (or None)."""
     rows = [row for name, _, results in grids for row in regime_rows(name, results)]
     lines = ["# Regime pilot: where can positional encodings differ?", "",
              "Made by `python -m eval.regimes " + " ".join(str(p) for _, p, _ in grids) + "` from each grid's "
@@ -127,6 +191,8 @@ def regimes_markdown(grids: list[tuple[str, Path, dict]]) -> str:
              "shape, not by these minutes.", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * 2 + "---:|" * (len(HEAD) - 2)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
+    if diagnostics is not None:
+        lines += attention_markdown([(name, diagnostics.get(name)) for name, _, _ in grids])
     return "\n".join(lines) + "\n"
 
 
@@ -137,11 +203,13 @@ def main(argv: Optional[list[str]] = None) -> int:
     parser.add_argument("--out", help="write README.md here as well as printing it")
     usage_when_empty(parser, argv)
     args = parser.parse_args(argv)
-    grids = []
+    grids, diagnostics = [], {}
     for path in args.grids:
         grid = load_grid(path)
         grids.append((grid.name, Path(path), read_results(grid.report_dir / "results.json")))
-    text = regimes_markdown(grids)
+        found = grid.report_dir / "diagnostics" / "results.json"
+        diagnostics[grid.name] = _read_diagnostics(found) if found.is_file() else None
+    text = regimes_markdown(grids, diagnostics)
     print(text)
     if args.out:
         Path(args.out).mkdir(parents=True, exist_ok=True)

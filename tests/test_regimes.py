@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import json
-import math
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 from conftest import write_run_config
@@ -73,3 +73,29 @@ def test_a_grid_not_yet_reported_is_a_clear_error(two_regimes, tmp_path, corpus,
     assert regimes.main([str(grid)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "results.json does not exist" in err
+
+
+def test_attention_table_from_the_grids_diagnostics_and_a_line_for_those_without(two_regimes, capsys):
+    from scripts import diagnose
+
+    tmp, grids = two_regimes
+    runs = sorted(str(p) for p in (tmp / "runs" / "regime-short").iterdir() if p.is_dir())
+    out = tmp / "reports" / "regime-short" / "diagnostics"
+    assert diagnose.main([*runs, "--lengths", "32", "64", "128", "--windows", "2", "--out", str(out)]) == 0
+    capsys.readouterr()
+    assert regimes.main([str(g) for g in grids]) == 0
+    text = capsys.readouterr().out
+    assert "## Attention as the length grows" in text
+    rows = [line for line in text.split("## Attention")[1].splitlines() if line.startswith("| regime-")]
+    assert len(rows) == 1 and rows[0].startswith("| regime-short | rope | 4L | ")  # 128 = 4 × 32
+    pooled = json.loads((out / "results.json").read_text())["rows"][0]["lengths"]
+    cells = rows[0].split(" | ")
+    distance = pooled["64"]["distance"]  # at 2L, over uniform attention's (64 - 1) / 4
+    assert cells[4] == f"{distance['mean'] / 15.75:.2f} [{distance['low'] / 15.75:.2f}, {distance['high'] / 15.75:.2f}]"
+    entropy = pooled["128"]["entropy"]["mean"] / float(np.mean(np.log(np.arange(1, 129))))
+    assert cells[8].startswith(f"{entropy:.2f} [")
+    assert "No diagnostics in the report of regime-long" in text
+    (out / "results.json").write_text("{")
+    assert regimes.main([str(g) for g in grids]) == 2
+    assert "cannot be read as a diagnostics report" in capsys.readouterr().err
+    (out / "results.json").unlink()
