@@ -101,6 +101,14 @@ def non_negative_float(text: str) -> float:
     return value
 
 
+def positive_float(text: str) -> float:
+    """A number > 0 (multiples of a length)."""
+    value = _number(text, float)
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"must be a positive number, got {value:g}")
+    return value
+
+
 def probability(text: str) -> float:
     """A number in (0, 1] (nucleus sampling's top-p)."""
     value = _number(text, float)

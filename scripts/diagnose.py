@@ -18,7 +18,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from common.cli import device_name, entry_point, positive_int, usage_when_empty
+from common.cli import device_name, entry_point, positive_float, positive_int, usage_when_empty
 from common.devices import DEVICE_NAMES
 from configs import override_section
 from configs.schema import EvalConfig, RunConfig
@@ -33,9 +33,13 @@ def parse_args(argv=None) -> argparse.Namespace:
                     "q·k norm per RoPE frequency, attention on a passkey's needle.",
         epilog="example: python scripts/diagnose.py runs/quickstart-rope runs/quickstart-alibi --out reports/diag")
     p.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
-    p.add_argument("--lengths", type=positive_int, nargs="+",
-                   help="eval.diagnostics.lengths (default: 1, 2, 4, 8, 16 × each run's training length; "
-                        "the training length is always added)")
+    which = p.add_mutually_exclusive_group()
+    which.add_argument("--lengths", type=positive_int, nargs="+",
+                       help="eval.diagnostics.lengths (default: 1, 2, 4, 8, 16 × each run's training length; "
+                            "the training length is always added)")
+    which.add_argument("--length-multipliers", type=positive_float, nargs="+", dest="length_multipliers",
+                       help="eval.diagnostics.length_multipliers: lengths as multiples of each run's training "
+                            "length, for runs trained at different lengths (e.g. 1 1.5 2 4 8)")
     p.add_argument("--windows", type=positive_int, help="eval.diagnostics.windows: windows per length (default 8)")
     p.add_argument("--epsilon", type=float, help="eval.diagnostics.epsilon: a head is a sink head when its mean "
                                                  "attention on the first token exceeds it (default 0.3)")
@@ -52,8 +56,10 @@ def parse_args(argv=None) -> argparse.Namespace:
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
-    settings = {key: getattr(args, key) for key in ("lengths", "windows", "epsilon", "sink_tokens")
+    settings = {key: getattr(args, key) for key in ("lengths", "windows", "epsilon", "sink_tokens", "length_multipliers")
                 if getattr(args, key) is not None}
+    if args.length_multipliers:
+        settings["lengths"] = []  # the multiples rule, whatever lengths a run's own config names
     tree = {"diagnostics": settings} if settings else {}
     if args.split:
         tree["split"] = args.split

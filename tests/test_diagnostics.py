@@ -294,6 +294,20 @@ def test_user_errors_are_one_line_and_exit_2(diag_runs, tmp_path, capsys):
     (tmp_path / "file").write_text("x")
     assert diagnose.main([run, "--out", str(tmp_path / "file")]) == 2
     assert "is a file" in capsys.readouterr().err
+    for argv, said in (([run, "--length-multipliers", "1", "0"], "must be a positive number, got 0"),
+                       ([run, "--lengths", "64", "--length-multipliers", "2"], "not allowed with argument")):
+        with pytest.raises(SystemExit) as e:
+            diagnose.main(argv)
+        assert e.value.code == 2 and said in capsys.readouterr().err
+
+
+def test_lengths_as_multiples_of_each_runs_training_length(diag_runs, tmp_path):
+    out = tmp_path / "report"
+    assert diagnose.main([str(diag_runs / "alibi"), "--length-multipliers", "1", "1.5", "--windows", "2",
+                          "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    train_len = results["rows"][0]["train_len"]
+    assert sorted(int(n) for n in results["rows"][0]["lengths"]) == [train_len, round(1.5 * train_len)]
 
 
 def passkey_config(tmp_path):
