@@ -79,3 +79,23 @@ def test_auto_without_a_record_stays_eager_for_a_short_run(cfg, monkeypatch, cap
     assert train.main([str(cfg), "train.max_steps=3", "train.compile=auto", "name=short"]) == 0
     assert asked == [False]  # the eager step was timed; compiling was never tried
     assert "less than a first compile costs" in capsys.readouterr().out
+
+
+@pytest.mark.slow  # two small inductor compiles: about 20 s on 2 cores
+def test_timing_many_shapes_in_one_process_compiles_each(cfg, monkeypatch):
+    """A grid's estimate times every shape in one process: each compile must really compile.
+    Past dynamo's recompile limit a compile runs eager, and its times would be recorded as
+    compiled ones (which train.compile=auto then reads); a limit of 1 shows it at once."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
+    run_cfg = load_config(cfg, ["model.n_layers=1", "train.batch_size=2"]).with_vocab_size(257)
+    rt = setup_runtime(run_cfg.train)
+    base = probe.Transformer(run_cfg.model)
+    graphs = []
+    for _ in range(2):
+        before = counters["stats"]["unique_graphs"]
+        probe._first_compiled(base, run_cfg, rt)
+        graphs.append(counters["stats"]["unique_graphs"] - before)
+    assert all(n >= 1 for n in graphs), graphs

@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Optional
 
 import torch
+import torch._dynamo
 
 from common.atomic import write_text_atomic
 from configs.loader import config_to_dict
@@ -124,7 +125,13 @@ def _timed(step, n: int) -> float:
 
 
 def _first_compiled(base: torch.nn.Module, cfg: RunConfig, rt: Runtime) -> tuple[float, float]:
-    """(seconds of the first compiled step, of a later one) of a fresh copy of ``base``."""
+    """(seconds of the first compiled step, of a later one) of a fresh copy of ``base``.
+
+    Dynamo is reset first, as a run's own process starts: every compile here traces the same
+    ``forward``, and a grid's estimate times many shapes in one process, so without the reset
+    the ninth compile would pass dynamo's recompile limit, run eager, and record eager times
+    as compiled ones (which ``compile: auto`` then reads). The caches on disk are kept."""
+    torch._dynamo.reset()
     model = copy.deepcopy(base)
     step = _step_fn(model, torch.compile(model), cfg, rt)
     first = _timed(step, 1)
