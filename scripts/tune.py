@@ -16,6 +16,11 @@ one whose interval includes 0 is "undecided at N seeds", and the choice between 
 lower mean and no more. The chosen rows' overrides are printed as variant lines for a
 study grid, and the whole sweep is kept in ``DIR/tuning.md`` and ``DIR/tuning.json``
 (default: the grid's report directory), which a study that uses the choice cites.
+
+A study may also grow the sweep grid itself: ``--more-seeds 2 3 4`` prints a ``more_seeds``
+block that adds those seeds to every chosen row, and the rows not chosen stay in its report
+as ablations at the sweep's seeds. The choice is always made on the sweep's seeds (the
+grid's ``train.seed`` axis), so seeds added later never change it.
 """
 
 from __future__ import annotations
@@ -29,7 +34,7 @@ from pathlib import Path
 from typing import Optional
 
 from common.atomic import write_text_atomic
-from common.cli import entry_point, usage_when_empty
+from common.cli import entry_point, non_negative_int, usage_when_empty
 from common.errors import ConfigError, DataError
 from configs.grid import Grid, PlannedRun, load_grid, row_of
 from eval.stats import t_interval
@@ -69,7 +74,11 @@ def row_settings(grid: Grid, rows: list[str]) -> dict[str, list[str]]:
 
 def tune(grid: Grid) -> dict:
     """Per encoding: every row's validation losses by seed, the chosen row, the contrasts."""
-    runs = grid.plan()
+    planned = grid.plan()
+    # The choice is the sweep's: its seeds (the grid's train.seed axis), never seeds added to
+    # chosen rows afterwards (more_seeds), which would weigh the chosen row on more runs.
+    sweep_seeds = set(grid.axes.get("train.seed") or [r.cfg.train.seed for r in planned])
+    runs = [r for r in planned if r.cfg.train.seed in sweep_seeds]
     pending = [r.name for r in runs if status(r)[0] != "done"]
     if pending:
         raise DataError(f"{len(pending)} of the grid's {len(runs)} runs are not finished ({', '.join(pending[:4])}"
@@ -98,7 +107,8 @@ def tune(grid: Grid) -> dict:
                                   "high": None if high is None else float(high),
                                   "verdict": verdict(low, len(diffs))}
         encodings[encoding] = {"chosen": chosen, "rows": summary}
-    return {"grid": grid.name, "source": str(grid.source), "encodings": encodings}
+    return {"grid": grid.name, "source": str(grid.source), "seeds": sorted(sweep_seeds),
+            "added_later": len(planned) - len(runs), "encodings": encodings}
 
 
 def verdict(low: Optional[float], seeds: int) -> str:
@@ -118,8 +128,16 @@ def report_text(found: dict) -> str:
              f"From `python scripts/tune.py {found['source']}`. Validation loss at the training length (each run's "
              "last validation, nats per token), mean over seeds with a 95% t-interval; each row against the chosen "
              "one paired by seed (t-interval, df = seeds − 1). The chosen row has the lowest mean; a row whose "
-             "interval against it includes 0 is undecided at that many seeds.", ""]
+             "interval against it includes 0 is undecided at that many seeds."
+             + (f" Seeds {', '.join(map(str, found['seeds']))} only: the {found['added_later']} runs added to rows "
+                "later (more_seeds) do not change the choice." if found["added_later"] else ""), ""]
+    single = [e for e, entry in found["encodings"].items() if len(entry["rows"]) == 1]
+    if single:
+        lines += ["Not swept (one row each): " + ", ".join(f"{e} ({found['encodings'][e]['chosen']})" for e in single)
+                  + ".", ""]
     for encoding, entry in found["encodings"].items():
+        if encoding in single:
+            continue
         lines += [f"## {encoding}: {entry['chosen']}", "",
                   "| row | overrides | seeds | validation loss | against the chosen row | |",
                   "|---|---|---|---|---|---|"]
@@ -137,6 +155,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python scripts/tune.py", description=__doc__.split("\n\n")[0])
     p.add_argument("grid", type=Path, help="a finished sweep grid (configs/ablations/...)")
     p.add_argument("--out", type=Path, help="where tuning.md and tuning.json go (default: the grid's report directory)")
+    p.add_argument("--more-seeds", nargs="+", type=non_negative_int, default=[], metavar="SEED",
+                   help="also print a more_seeds block that adds these seeds to every chosen row, for a study "
+                        "that grows the sweep grid itself (its other rows stay as ablations at the sweep's seeds)")
     usage_when_empty(p, argv)
     return p.parse_args(argv)
 
@@ -158,6 +179,15 @@ def main(argv=None) -> int:
     for encoding, entry in found["encodings"].items():
         chosen = entry["rows"][entry["chosen"]]
         print(f"  {encoding}: [{', '.join(chosen['overrides'])}]")
+    if args.more_seeds:
+        taken = set(found["seeds"]) & set(args.more_seeds)
+        if taken:
+            raise ConfigError(f"--more-seeds {' '.join(map(str, args.more_seeds))}: seeds "
+                              f"{', '.join(map(str, sorted(taken)))} are the sweep's own; give new ones")
+        seeds = ", ".join(map(str, args.more_seeds))
+        print("\nmore seeds for the chosen rows, as a block for the grid file:\nmore_seeds:")
+        for entry in found["encodings"].values():
+            print(f"  {entry['chosen']}: [{seeds}]")
     print(f"\nwrote {out / 'tuning.md'} and {out / 'tuning.json'}")
     return 0
 

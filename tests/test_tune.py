@@ -85,3 +85,31 @@ def test_a_real_sweep_end_to_end(tmp_path, corpus, capsys):
     assert set(found["encodings"]["t5"]["rows"]) == {"t5-lr1", "t5-lr10", "t5-lr30"}
     assert all(len(r["seeds"]) == 2 for r in found["encodings"]["t5"]["rows"].values())
     assert "## t5: " in (tmp_path / "report" / "tuning.md").read_text()
+
+
+def test_seeds_added_to_the_chosen_row_later_do_not_change_the_choice(tmp_path, corpus, monkeypatch, capsys):
+    """A study grows the sweep grid with more_seeds; tuning it again still decides on the
+    sweep's seeds, and unfinished added runs do not block it."""
+    grid = sweep(tmp_path, corpus, seeds=(0, 1))
+    losses = {"t5-lr1": [3.00, 3.10], "t5-lr10": [2.80, 2.85], "t5-lr30": [2.90, 2.95], "rope": [2.7, 2.8]}
+    fake_finished(monkeypatch, grid, losses)
+    assert tune.main([str(grid), "--more-seeds", "2", "3"]) == 0
+    out = capsys.readouterr().out
+    block = out[out.index("more_seeds:"):]
+    assert "  t5-lr10: [2, 3]" in block and "  rope: [2, 3]" in block and "t5-lr1:" not in block
+    assert "Not swept (one row each): rope (rope)." in out and "## rope" not in out
+    # The added seeds train badly for the chosen row; they are left out of the choice.
+    grid.write_text(grid.read_text() + "more_seeds: {t5-lr10: [2, 3]}\n")
+    monkeypatch.setattr(tune, "status", lambda run: ("done", "") if run.cfg.train.seed < 2 else ("new", ""))
+    found = tune.tune(load_grid(grid))
+    assert found["encodings"]["t5"]["chosen"] == "t5-lr10" and found["added_later"] == 2
+    assert found["encodings"]["t5"]["rows"]["t5-lr10"]["seeds"] == [0, 1]
+    assert "the 2 runs added to rows later (more_seeds) do not change the choice" in tune.report_text(found)
+
+
+def test_more_seeds_that_repeat_the_sweeps_own_are_refused(tmp_path, corpus, monkeypatch, capsys):
+    grid = sweep(tmp_path, corpus, seeds=(0, 1))
+    fake_finished(monkeypatch, grid, {"t5-lr1": [3.0, 3.1], "t5-lr10": [2.8, 2.85], "t5-lr30": [2.9, 2.95],
+                                      "rope": [2.7, 2.8]})
+    assert tune.main([str(grid), "--more-seeds", "1", "2"]) == 2
+    assert "seeds 1 are the sweep's own; give new ones" in capsys.readouterr().err
