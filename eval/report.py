@@ -280,12 +280,19 @@ REPORT_FIGURES = ("training_loss.png", "ppl_vs_length_*.png", "paired_vs_length_
                   "budget_*.png")
 
 
+# What the project's other tools write into a grid's report directory, which may be there before
+# its first perplexity report: scripts/tune.py's sweep, the task and diagnostics reports.
+COMPANIONS = ("tuning.md", "tuning.json", "tasks", "diagnostics")
+
+
 def check_report_dir(out: Path) -> None:
     """Refuse ``out`` before any evaluation when a report cannot go there: a file, or a
-    directory holding other things than an earlier report (which would be mixed in)."""
+    directory holding other things than an earlier report or its companions (which would be
+    mixed in)."""
     out = Path(out)
     check_output_dir(out, "--out")
-    if out.is_dir() and any(out.iterdir()) and not any((out / name).is_file() for name in REPORT_FILES):
+    if out.is_dir() and not any((out / name).is_file() for name in REPORT_FILES) and any(
+            entry.name not in COMPANIONS for entry in out.iterdir()):
         raise ArgumentError(f"--out {out} already holds files that are not a report; give a new directory "
                             "(an earlier report's directory is replaced) — nothing was evaluated")
 

@@ -85,6 +85,12 @@ def test_a_real_sweep_end_to_end(tmp_path, corpus, capsys):
     assert set(found["encodings"]["t5"]["rows"]) == {"t5-lr1", "t5-lr10", "t5-lr30"}
     assert all(len(r["seeds"]) == 2 for r in found["encodings"]["t5"]["rows"].values())
     assert "## t5: " in (tmp_path / "report" / "tuning.md").read_text()
+    # The study grows the sweep grid: its report goes beside the sweep's record, which stays.
+    tuning = (tmp_path / "report" / "tuning.md").read_text()
+    grid.write_text(grid.read_text() + "eval: {lengths: [16, 32], max_tokens: 256}\nmore_seeds: {t5-lr1: [2]}\n")
+    assert ablate.main([str(grid), "--no-estimate"]) == 0
+    assert (tmp_path / "report" / "report.md").is_file() and (tmp_path / "report" / "tuning.md").read_text() == tuning
+    assert "t5-lr1_seed-2" in (tmp_path / "report" / "report.md").read_text()
 
 
 def test_seeds_added_to_the_chosen_row_later_do_not_change_the_choice(tmp_path, corpus, monkeypatch, capsys):
