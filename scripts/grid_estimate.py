@@ -43,8 +43,8 @@ from model.encodings import accepts_rope_scaling
 from training.data import prepare
 from model.encodings import served_length
 from training.memory import MemoryLimitError, check_fits, check_training, forward_estimate, largest
-from training.probe import (COMPILE_MARGIN, PROBE_ROWS, ShapeTimes, load, measure_evaluation, measure_training,
-                            rate_at, shape_key)
+from training.probe import (COMPILE_MARGIN, PROBE_ROWS, ShapeTimes, cache_dir, load, measure_evaluation,
+                            measure_training, rate_at, shape_key)
 from training.run_dir import RunDir
 from training.runtime import setup_runtime
 from training.validation import windows_per_batch
@@ -123,7 +123,7 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
     if threads:
         torch.set_num_threads(threads)
     prepared: dict[str, tuple[int, int]] = {}  # data config -> (vocabulary, evaluation split tokens)
-    out = {}
+    out, busy = {}, set()
     for run in runs:
         rt = setup_runtime(run.cfg.train)
         data_key = json.dumps(run.cfg.data.__dict__, default=str, sort_keys=True)
@@ -153,6 +153,12 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
             times = measure_evaluation(cfg, rt, lengths)
         done = _progress(run)
         train_s, note = _train_seconds(cfg, times, cfg.train.total_steps() - done)
+        if times.busy:
+            note += "; timed while busy"
+            if times.key not in busy:
+                busy.add(times.key)
+                log(f"  the shape of {run.name} was timed while other work shared the CPUs ({times.busy}): its "
+                    f"estimates may run long; delete {cache_dir() / (times.key + '.json')} to time it again")
         out[run.name] = Estimate(train_s, _eval_seconds(cfg, times, split_tokens), note)
     return out
 

@@ -95,6 +95,30 @@ def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
     assert all(e.train_s > 0 and e.eval_s > 0 for e in estimates.values())  # from the cached timings
 
 
+def test_a_shape_timed_on_a_busy_machine_says_so(tmp_path, corpus, monkeypatch):
+    """Other work on the CPUs slows the timed steps: the record keeps that, and the estimate
+    says which shape and how to time it again. Quiet is when the others' load is under half
+    the CPUs (this process's own thread not counted)."""
+    from scripts.grid_estimate import estimate_grid
+    from training import probe
+    monkeypatch.setenv("ROPELAB_PROBE_CACHE", str(tmp_path / "probes"))  # timed here, not found timed
+    monkeypatch.setattr(probe.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(probe.os, "getloadavg", lambda: (1.9, 0.0, 0.0))
+    assert probe.machine_busy() == ""
+    monkeypatch.setattr(probe.os, "getloadavg", lambda: (3.2, 0.0, 0.0))
+    assert probe.machine_busy() == "load average 3.2 on 2 CPUs"
+    grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope]")
+    logged = []
+    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=logged.append)
+    assert all(e.note.endswith("; timed while busy") for e in estimates.values())
+    assert any("timed while other work shared the CPUs (load average 3.2 on 2 CPUs)" in line and
+               str(probe.cache_dir()) in line for line in logged)
+    # The record keeps it: a quiet machine later does not make those timings quiet ones.
+    monkeypatch.setattr(probe.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=lambda *a: None)
+    assert all("timed while busy" in e.note for e in estimates.values())
+
+
 def test_the_evaluation_estimate_counts_the_tokens_each_protocol_feeds():
     """Scored tokens / rate per length; sliding windows of stride S feed n/S tokens per scored one,
     the same-token protocol n/T; a RoPE scaling is one more model past L only."""

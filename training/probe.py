@@ -68,11 +68,26 @@ class ShapeTimes:
     compile_warm_s: Optional[float] = None  # the same for a second model: what a run pays once caches hold it
     eval_tok_s: dict[str, float] = field(default_factory=dict)  # evaluation length -> forward tokens/s
     measured: str = ""
+    busy: str = ""  # set when other work shared the CPUs while these were timed (machine_busy)
 
     def save(self) -> None:
         path = cache_dir() / f"{self.key}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(dataclasses.asdict(self), indent=1))
+
+
+def machine_busy() -> str:
+    """An empty string on a quiet machine; else what says it was not: the 1-minute load average, less
+    this process's own thread, against the CPUs this process may use, when that other load
+    would take half of them. Timings taken then run long (and a compile's payback is judged on
+    them), so the record says so. On a host whose load average counts other tenants (some
+    containers) this can say busy when this machine is not; it never changes a number."""
+    try:
+        load = os.getloadavg()[0]
+        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    except OSError:
+        return ""
+    return f"load average {load:.1f} on {cpus} CPU{'s' if cpus != 1 else ''}" if load - 1 >= cpus / 2 else ""
 
 
 def shape_key(cfg: RunConfig, rt: Runtime) -> str:
@@ -141,6 +156,7 @@ def _first_compiled(base: torch.nn.Module, cfg: RunConfig, rt: Runtime) -> tuple
 def measure_training(cfg: RunConfig, rt: Runtime, compiled: bool) -> ShapeTimes:
     """Time the shape's eager steps (and compiled ones, with both compile costs) and record them."""
     times = load(shape_key(cfg, rt))
+    times.busy = machine_busy() if rt.device.type == "cpu" else ""
     rng = torch.get_rng_state()
     try:
         torch.manual_seed(0)
@@ -192,6 +208,7 @@ def measure_evaluation(cfg: RunConfig, rt: Runtime, lengths: list[int], batch_to
     ``batch_tokens`` tokens, as eval/perplexity.py batches windows): timed at a spread of them
     (``_spread``), recorded with the shape."""
     times = load(shape_key(cfg, rt))
+    times.busy = times.busy or (machine_busy() if rt.device.type == "cpu" else "")
     rng = torch.get_rng_state()
     try:
         torch.manual_seed(0)
