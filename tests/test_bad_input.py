@@ -18,6 +18,7 @@ import torch
 import train
 from bad_input import cli, refused, refused_in_process
 from conftest import write_run_config
+from common.errors import ArgumentError
 from eval import driver, extrapolation, tasks
 from scripts import export_hf, sample
 
@@ -102,6 +103,21 @@ def test_an_existing_out_is_refused_before_evaluation(trained, capsys):
     refused_in_process(extrapolation.main, [str(run), "--out", str(cfg.parent)], capsys,
                        "already holds files that are not a report", "nothing was evaluated")
     assert not (cfg.parent / "report.md").exists()
+
+
+def test_a_report_may_go_beside_the_sweep_record_and_reports_of_its_grid(tmp_path):
+    """tune.py's record and the tasks/diagnostics reports may be in a grid's report directory
+    before its first report; any other file there is still refused."""
+    from eval.report import check_report_dir
+    out = tmp_path / "report"
+    (out / "diagnostics").mkdir(parents=True)
+    (out / "tasks").mkdir()
+    (out / "tuning.md").write_text("# Tuning\n")
+    (out / "tuning.json").write_text("{}")
+    check_report_dir(out)
+    (out / "notes.txt").write_text("mine")
+    with pytest.raises(ArgumentError, match="already holds files that are not a report"):
+        check_report_dir(out)
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -85,7 +85,15 @@ def test_a_real_sweep_end_to_end(tmp_path, corpus, capsys):
     assert set(found["encodings"]["t5"]["rows"]) == {"t5-lr1", "t5-lr10", "t5-lr30"}
     assert all(len(r["seeds"]) == 2 for r in found["encodings"]["t5"]["rows"].values())
     assert "## t5: " in (tmp_path / "report" / "tuning.md").read_text()
-    # The study grows the sweep grid: its report goes beside the sweep's record, which stays.
+
+
+@pytest.mark.slow  # trains seven runs and evaluates them: about 40 s on 2 cores
+def test_a_sweep_grows_into_the_study_that_cites_it(tmp_path, corpus, capsys):
+    """Tuned, then grown with more_seeds and evaluated: the study's report goes beside the
+    sweep's record, which stays (tests/test_bad_input.py checks the directory rule quickly)."""
+    grid = sweep(tmp_path, corpus, seeds=(0, 1))
+    assert ablate.main([str(grid), "--skip-eval", "--no-estimate"]) == 0
+    assert tune.main([str(grid)]) == 0
     tuning = (tmp_path / "report" / "tuning.md").read_text()
     grid.write_text(grid.read_text() + "eval: {lengths: [16, 32], max_tokens: 256}\nmore_seeds: {t5-lr1: [2]}\n")
     assert ablate.main([str(grid), "--no-estimate"]) == 0
