@@ -72,13 +72,17 @@ def row_settings(grid: Grid, rows: list[str]) -> dict[str, list[str]]:
     return {row: list(grid.variants.get(row, [])) or [row] for row in rows}
 
 
+def sweep_seeds(grid: Grid, planned: list[PlannedRun]) -> set[int]:
+    """The seeds the choice is made on: the grid's train.seed axis, never seeds added to chosen
+    rows afterwards (more_seeds), which would weigh the chosen row on more runs."""
+    return set(grid.axes.get("train.seed") or [r.cfg.train.seed for r in planned])
+
+
 def tune(grid: Grid) -> dict:
     """Per encoding: every row's validation losses by seed, the chosen row, the contrasts."""
     planned = grid.plan()
-    # The choice is the sweep's: its seeds (the grid's train.seed axis), never seeds added to
-    # chosen rows afterwards (more_seeds), which would weigh the chosen row on more runs.
-    sweep_seeds = set(grid.axes.get("train.seed") or [r.cfg.train.seed for r in planned])
-    runs = [r for r in planned if r.cfg.train.seed in sweep_seeds]
+    seeds = sweep_seeds(grid, planned)
+    runs = [r for r in planned if r.cfg.train.seed in seeds]
     pending = [r.name for r in runs if status(r)[0] != "done"]
     if pending:
         raise DataError(f"{len(pending)} of the grid's {len(runs)} runs are not finished ({', '.join(pending[:4])}"
@@ -107,7 +111,7 @@ def tune(grid: Grid) -> dict:
                                   "high": None if high is None else float(high),
                                   "verdict": verdict(low, len(diffs))}
         encodings[encoding] = {"chosen": chosen, "rows": summary}
-    return {"grid": grid.name, "source": str(grid.source), "seeds": sorted(sweep_seeds),
+    return {"grid": grid.name, "source": str(grid.source), "seeds": sorted(seeds),
             "added_later": len(planned) - len(runs), "encodings": encodings}
 
 
@@ -169,6 +173,10 @@ def main(argv=None) -> int:
     if not grid.axes.get("train.seed") and not grid.more_seeds:
         raise ConfigError(f"{args.grid}: a sweep needs seeds (axes: train.seed: [0, 1, ...]) to tell settings apart "
                           "across training runs")
+    taken = sweep_seeds(grid, grid.plan()) & set(args.more_seeds)
+    if taken:  # refused before anything is read or written
+        raise ConfigError(f"--more-seeds {' '.join(map(str, args.more_seeds))}: seeds "
+                          f"{', '.join(map(str, sorted(taken)))} are the sweep's own; give new ones")
     found = tune(grid)
     out = args.out or grid.report_dir
     out.mkdir(parents=True, exist_ok=True)
@@ -180,10 +188,6 @@ def main(argv=None) -> int:
         chosen = entry["rows"][entry["chosen"]]
         print(f"  {encoding}: [{', '.join(chosen['overrides'])}]")
     if args.more_seeds:
-        taken = set(found["seeds"]) & set(args.more_seeds)
-        if taken:
-            raise ConfigError(f"--more-seeds {' '.join(map(str, args.more_seeds))}: seeds "
-                              f"{', '.join(map(str, sorted(taken)))} are the sweep's own; give new ones")
         seeds = ", ".join(map(str, args.more_seeds))
         print("\nmore seeds for the chosen rows, as a block for the grid file:\nmore_seeds:")
         for entry in found["encodings"].values():

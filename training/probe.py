@@ -76,12 +76,15 @@ class ShapeTimes:
         write_text_atomic(path, json.dumps(dataclasses.asdict(self), indent=1))
 
 
-def machine_busy() -> str:
-    """An empty string on a quiet machine; else what says it was not: the 1-minute load average, less
-    this process's own thread, against the CPUs this process may use, when that other load
-    would take half of them. Timings taken then run long (and a compile's payback is judged on
-    them), so the record says so. On a host whose load average counts other tenants (some
-    containers) this can say busy when this machine is not; it never changes a number."""
+def machine_busy(device_type: str = "cpu") -> str:
+    """An empty string on a quiet machine (or for a timing on a GPU); else what says it was not:
+    the 1-minute load average, less this process's own thread, against the CPUs this process may
+    use, when that other load would take half of them. Timings taken then run long (and a
+    compile's payback is judged on them), so the record says so. On a host whose load average
+    counts other tenants (some containers) this can say busy when this machine is not; it never
+    changes a number."""
+    if device_type != "cpu":
+        return ""
     try:
         load = os.getloadavg()[0]
         cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
@@ -156,7 +159,7 @@ def _first_compiled(base: torch.nn.Module, cfg: RunConfig, rt: Runtime) -> tuple
 def measure_training(cfg: RunConfig, rt: Runtime, compiled: bool) -> ShapeTimes:
     """Time the shape's eager steps (and compiled ones, with both compile costs) and record them."""
     times = load(shape_key(cfg, rt))
-    times.busy = machine_busy() if rt.device.type == "cpu" else ""
+    times.busy = machine_busy(rt.device.type)
     rng = torch.get_rng_state()
     try:
         torch.manual_seed(0)
@@ -208,7 +211,7 @@ def measure_evaluation(cfg: RunConfig, rt: Runtime, lengths: list[int], batch_to
     ``batch_tokens`` tokens, as eval/perplexity.py batches windows): timed at a spread of them
     (``_spread``), recorded with the shape."""
     times = load(shape_key(cfg, rt))
-    times.busy = times.busy or (machine_busy() if rt.device.type == "cpu" else "")
+    times.busy = times.busy or machine_busy(rt.device.type)
     rng = torch.get_rng_state()
     try:
         torch.manual_seed(0)
