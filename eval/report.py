@@ -18,6 +18,7 @@ from typing import Callable, Optional
 
 from common.atomic import write_text_atomic
 from common.storage import is_storage_error, make_dir, storage_error
+from eval.ablations import ablations_note, is_ablation, sweep_ablations, sweep_choices
 from eval.budget import budget_section
 from eval.context import breakdown_section, context_section
 from eval.labels import label_order, row_label, split_step, with_scaling
@@ -196,7 +197,8 @@ def _pairing(comparisons: dict) -> str:
 def _paired_section(results: dict, corpus: str, protocol: str, summary: dict, reference: str,
                     out: Path, index: int) -> list[str]:
     """The paired comparisons with the reference row: the tables and figure, or a sentence
-    saying why there are none."""
+    saying why there are none. Comparisons of ablation rows (eval/ablations.py) come last, in a
+    table and a correction of their own, and are not drawn."""
     if reference not in summary:
         return [f"Paired comparisons: none; the reference row `{reference}` (eval.reference) is none of "
                 f"these rows{no_default_reference(results)}. Name one with `--reference ROW`; the evaluations "
@@ -207,21 +209,18 @@ def _paired_section(results: dict, corpus: str, protocol: str, summary: dict, re
         why = (f"`{reference}` is the only row" if len(summary) == 1 else
                "no row was scored on the same tokens as the row it would be compared with")
         return [f"Paired comparisons: none; {why}, so there is nothing to compare."]
-    tested = mark_table(comparisons)
+    ablations = results.get("ablations") or {}
+    extra = {name: cells for name, cells in comparisons.items() if is_ablation(name, ablations)}
+    comparisons = {name: cells for name, cells in comparisons.items() if name not in extra}
     lengths = sorted({n for cells in summary.values() for n in cells})
     train_lens = train_lengths(summary)
-    lines = ["Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
-             f"perplexity is than the second's, with its 95% interval across training runs.{_pairing_note(reference)}"
-             f"{_identical_note(folded)} {_pairing(comparisons)} {MARKS.format(tested=tested)}", "",
-             comparison_table(comparisons, lengths, train_lens), "",
-             "The same comparisons across documents for these trained models (how sure we are of these models' "
-             "difference, not of the method's):", "",
-             comparison_table(comparisons, lengths, train_lens, which="documents"), "",
-             "Power across training runs: the smallest difference each comparison detects with its seeds (80% power, "
-             "two-sided 5%, before the multiplicity correction) · the seeds per row the observed difference would "
-             "need (>100: more documents, not seeds, would decide it):", "",
-             power_table(comparisons, lengths, train_lens)]
-    if split_step(reference)[1] is None:  # a budget grid pairs by step; its figure is the budget curve
+    lines = _study_comparisons(comparisons, reference, folded, lengths, train_lens) if comparisons else [
+        "Paired comparisons of the study's rows: none; every row but the reference is an ablation."]
+    if extra:
+        lines += ["", "Ablations against the reference (settings the sweep did not choose), across training runs; "
+                  "corrected as a family of their own. " + _pairing(extra) + " " + MARKS.format(tested=mark_table(extra)),
+                  "", comparison_table(extra, lengths, train_lens)]
+    if comparisons and split_step(reference)[1] is None:  # a budget grid pairs by step; its figure is the budget curve
         figure = f"paired_vs_length_{index}_{protocol}.png"
         if plot_paired(comparisons, reference, sorted(set(train_lens.values())), out / figure,
                        f"{corpus}: {PROTOCOL_TITLES[protocol]}, relative to {reference}"):
@@ -229,10 +228,28 @@ def _paired_section(results: dict, corpus: str, protocol: str, summary: dict, re
     return lines
 
 
+def _study_comparisons(comparisons: dict, reference: str, folded: dict[str, str], lengths: list[int],
+                      train_lens: dict) -> list[str]:
+    """The study rows' comparisons: across training runs (marked), across documents, and power."""
+    tested = mark_table(comparisons)
+    return ["Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
+            f"perplexity is than the second's, with its 95% interval across training runs.{_pairing_note(reference)}"
+            f"{_identical_note(folded)} {_pairing(comparisons)} {MARKS.format(tested=tested)}", "",
+            comparison_table(comparisons, lengths, train_lens), "",
+            "The same comparisons across documents for these trained models (how sure we are of these models' "
+            "difference, not of the method's):", "",
+            comparison_table(comparisons, lengths, train_lens, which="documents"), "",
+            "Power across training runs: the smallest difference each comparison detects with its seeds (80% power, "
+            "two-sided 5%, before the multiplicity correction) · the seeds per row the observed difference would "
+            "need (>100: more documents, not seeds, would decide it):", "",
+            power_table(comparisons, lengths, train_lens)]
+
+
 def _degradation_section(summary: dict, protocol: str, reference: str, lengths: list[int],
-                         folded: dict[str, str]) -> list[str]:
+                         folded: dict[str, str], ablations: dict[str, str]) -> list[str]:
     """ppl(kL)/ppl(L) per row with its interval, and its paired difference from the reference's
-    (not for ``folded`` rows, which repeat another, nor in a budget grid, which pairs by step)."""
+    (not for ``folded`` rows, which repeat another, nor for ablations, nor in a budget grid,
+    which pairs by step)."""
     own = degradation(summary)
     if not any(own.values()):
         return []
@@ -243,7 +260,7 @@ def _degradation_section(summary: dict, protocol: str, reference: str, lengths: 
              f"training runs (paired by seed; {paired}):", "", degradation_table(own, lengths, train_lens)]
     if reference in summary and split_step(reference)[1] is None:
         relative = {name: cells for name, cells in degradation(summary, reference).items()
-                    if name.split(" vs ")[0] not in folded}
+                    if name.split(" vs ")[0] not in folded and not is_ablation(name, ablations)}
         tested = mark_table(relative)
         if any(relative.values()):
             lines += ["", f"Degradation relative to `{reference}`: how much more (+) or less (−) each row's perplexity "
@@ -257,7 +274,9 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
     lengths = sorted({n for cells in summary.values() for n in cells})
     plot = f"ppl_vs_length_{index}_{protocol}.png"
     train_lens = sorted(set(train_lengths(summary).values()))
-    plot_perplexity(summary, train_lens, out / plot, f"{corpus}: {PROTOCOL_TITLES[protocol]}")
+    ablations = results.get("ablations") or {}
+    plot_perplexity({label: cells for label, cells in summary.items() if not is_ablation(label, ablations)},
+                    train_lens, out / plot, f"{corpus}: {PROTOCOL_TITLES[protocol]}")
     rows = [r for r in results["results"] if r.get("corpus") == corpus and r["protocol"] == protocol]
     return ["", f"### {PROTOCOL_TITLES[protocol]}", "", "Perplexity, 95% interval across training runs:", "",
             interval_table(summary, lengths), "", scored_line(summary, lengths), "",
@@ -266,7 +285,7 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
             f"![perplexity vs length]({plot})", "",
             *_paired_section(results, corpus, protocol, summary, reference, out, index),
             *_degradation_section(summary, protocol, reference, lengths,
-                                  _folded(results, corpus, protocol, summary, reference)), "",
+                                  _folded(results, corpus, protocol, summary, reference), ablations), "",
             "Bits per byte (95% interval across training runs; † across documents):", "",
             interval_table(summary, lengths, key="bpb"),
             *_scale_table(rows, lengths)]
@@ -295,11 +314,15 @@ def check_report_dir(out: Path) -> None:
             entry.name not in COMPANIONS for entry in out.iterdir()):
         raise ArgumentError(f"--out {out} already holds files that are not a report; give a new directory "
                             "(an earlier report's directory is replaced) — nothing was evaluated")
+    sweep_choices(out)  # a sweep record there that cannot be read is said before any evaluation
 
 
 def write_report(results: dict, out: Path) -> None:
     """results.json, report.md and the figures; the runs' training curves are kept in
     results.json, so a report can be made again from it alone (python -m eval.remake)."""
+    found = sweep_ablations(out, results["runs"])
+    if found is not None:  # else those recorded when the report was first made (eval.remake elsewhere)
+        results["ablations"] = found
     if not results.get("training_curves"):
         curves = training_curves(results["runs"])
         if curves:
@@ -337,7 +360,7 @@ def _write_markdown(results: dict, out: Path) -> str:
           f"{' (each row its own: the L column)' if len(train_lens) > 1 else ''}. A cell is the "
           "perplexity exp(mean over seeds of the mean NLL per token); rows pool the runs that are the same "
           "experiment apart from the seed. " + INTERVALS, *(["", why] if why else []), "", "## Runs", "", *provenance(runs), *evaluation_provenance(rows), "",
-          *runs_table(runs)]
+          *runs_table(runs), *ablations_note(results.get("ablations") or {})]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""]
         md += [f"- {m['run']}: {m['error']}" for m in results["missing"]]
@@ -357,7 +380,10 @@ def _write_markdown(results: dict, out: Path) -> str:
         curves = {run: by_corpus.get(corpus, {}) for run, by_corpus in results["per_position"].items()}
         if any(curves.values()):
             name = f"per_position_{index}.png"
-            plot_per_position(runs, curves, train_lens, out / name, corpus)
+            ablations = results.get("ablations") or {}
+            drawn = [run for run in runs if not is_ablation(run.get("label") or run["name"], ablations)]
+            plot_per_position(drawn, {run["run"]: curves[run["run"]] for run in drawn if run["run"] in curves},
+                              train_lens, out / name, corpus)
             md += ["", "### Loss by position", "",
                    "At each row's longest evaluated length (non-overlapping windows), log-spaced position bins; "
                    "the band is a 95% interval over windows and seeds.", "", f"![loss by position]({name})"]

@@ -309,3 +309,33 @@ def test_same_token_protocol_context_use_and_breakdown_in_the_report(tiny_runs, 
     assert "### Breakdown length" in report and "(same-tokens protocol" in report
     assert "Degradation: each row's perplexity over its own" in report
     assert "also paired by document" in report  # same tokens at both lengths
+
+
+def test_settings_a_sweep_did_not_choose_are_ablations_with_their_own_table_and_correction(tiny_runs, tmp_path, capsys):
+    """A sweep record (scripts/tune.py's tuning.json) beside the report: the rows it did not
+    choose keep their perplexities but leave the study's comparisons for a table and a
+    Benjamini–Hochberg family of their own; a remade report elsewhere keeps the split."""
+    from eval.extrapolation import main
+    from eval.remake import main as remake
+
+    out = tmp_path / "study"
+    out.mkdir()
+    record = {"encodings": {"any": {"chosen": "rope-a", "rows": {"rope-a": {}, "learned": {}}}}}
+    (out / "tuning.json").write_text(json.dumps(record))
+    runs = [str(tiny_runs / name) for name in ("rope-a", "rope-b", "learned")]
+    common = ["--lengths", "16", "32", "--protocols", "nonoverlap", "--max-tokens", "512", "--no-per-position"]
+    assert main([*runs, *common, "--out", str(out)]) == 0
+    report = (out / "report.md").read_text()
+    assert "**Ablations.**" in report and "`learned` (chosen instead: `rope`)" in report
+    study, _, ablation = report.partition("Ablations against the reference")
+    assert "| learned vs rope |" not in study and "| learned vs rope |" in ablation
+    assert "| learned |" in study  # still in the perplexity tables
+    assert "Paired comparisons of the study's rows: none; every row but the reference is an ablation." in study
+    assert json.loads((out / "results.json").read_text())["ablations"] == {"learned": "rope"}
+    assert remake([str(out / "results.json"), "--out", str(tmp_path / "again")]) == 0
+    assert "**Ablations.**" in (tmp_path / "again" / "report.md").read_text()
+    # A record that is not one is said before anything is evaluated.
+    (out / "tuning.json").write_text("{\"encodings\": [1, 2]")
+    assert main([*runs, *common, "--out", str(out)]) == 2
+    err = capsys.readouterr().err
+    assert "tuning.json is not a sweep record that scripts/tune.py wrote" in err and "Traceback" not in err
