@@ -113,7 +113,7 @@ def test_a_report_may_go_beside_the_sweep_record_and_reports_of_its_grid(tmp_pat
     (out / "diagnostics").mkdir(parents=True)
     (out / "tasks").mkdir()
     (out / "tuning.md").write_text("# Tuning\n")
-    (out / "tuning.json").write_text("{}")
+    (out / "tuning.json").write_text("{\"encodings\": {}}")
     check_report_dir(out)
     (out / "notes.txt").write_text("mine")
     with pytest.raises(ArgumentError, match="already holds files that are not a report"):
