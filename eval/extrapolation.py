@@ -50,6 +50,8 @@ from model.positional.rope import RoPE
 from model.positional.rope_scaling import effective_scale
 from common.cli import entry_point
 from training.provenance import git_commit
+from training.metrics import steady_train_seconds
+from training.run_dir import RunDir
 from training.saved_run import SavedRun, load_run, rescaled, with_scaling
 
 
@@ -86,7 +88,9 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
             "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"),
             "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
             "max_len": saved.model.pos.max_len, "git_commit": meta.get("git_commit"),
-            "train_seconds": meta.get("train_seconds"), "parent": meta.get("parent"),
+            "train_seconds": meta.get("train_seconds"),
+            "steady_train_seconds": steady_train_seconds(RunDir(saved.run_dir).metrics, meta.get("tokens")),
+            "parent": meta.get("parent"),
             "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev),
             **({"competence": meta["competence"]} if meta.get("competence") else {})}
 

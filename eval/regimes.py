@@ -100,7 +100,7 @@ def regime_rows(name: str, results: dict) -> list[list[str]]:
         gain = context_gain(row_bins) if row_bins else None
         short = next((float(c.seed_values().mean()) for first, end, c in row_bins or [] if (first, end) == (8, 16)), math.nan)
         seeds = [r for r in results["runs"] if r["label"] == label]
-        minutes = np.mean([r["train_seconds"] for r in seeds]) / 60 if seeds else math.nan
+        minutes = np.mean([r.get("steady_train_seconds") or r["train_seconds"] for r in seeds]) / 60 if seeds else math.nan
         found = breakdown(summary, label)
         cell_l = summary[label].get(train_len, {})
         out.append([name, label, f"{runs[label]['params'] / 1e6:.2f}M", str(train_len),
@@ -186,9 +186,10 @@ def regimes_markdown(grids: list[tuple[str, Path, dict]], diagnostics: Optional[
              f"perplexity first exceeds its own at L by 5% ({PROTOCOL} protocol; t-interval over the seeds). "
              "Ratios: perplexity at n over perplexity at L on the same tokens, paired by seed, with the interval "
              "across training runs. Press et al. (2022, Figure 1 and Table 2) is the pattern to compare with. "
-             "Train min: each row's mean wall time of training as its runs recorded it, which counts whatever else "
-             "the machine ran meanwhile; equal compute is set by each grid's step budget (steps × tokens) at its "
-             "shape, not by these minutes.", "",
+             "Train min: each row's mean training time at its runs' usual speed (tokens trained over the median "
+             "of the tokens/s each run logged, so a pause or a burst of other load does not count; the recorded "
+             "wall time where a run logged no rate); equal compute is set by each grid's step budget "
+             "(steps × tokens) at its shape, not by these minutes.", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * 2 + "---:|" * (len(HEAD) - 2)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     if diagnostics is not None:

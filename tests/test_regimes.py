@@ -99,3 +99,16 @@ def test_attention_table_from_the_grids_diagnostics_and_a_line_for_those_without
     assert regimes.main([str(g) for g in grids]) == 2
     assert "cannot be read as a diagnostics report" in capsys.readouterr().err
     (out / "results.json").unlink()
+
+
+def test_training_minutes_at_the_usual_speed_do_not_count_a_pause(tmp_path):
+    """The regimes table's train minutes: tokens over the median logged tokens/s, so a run
+    stopped for an hour (one slow log interval) reads as long as one that was not."""
+    from training.metrics import steady_train_seconds
+    path = tmp_path / "metrics.jsonl"
+    lines = [{"step": 10, "tokens_per_sec": 1000.0}, {"step": 20, "tokens_per_sec": 990.0},
+             {"step": 25, "val_loss": 3.0}, {"step": 30, "tokens_per_sec": 3.5},  # the stopped interval
+             {"step": 40, "tokens_per_sec": 1010.0}]
+    path.write_text("\n".join(json.dumps(line) for line in lines) + "\n{\"step\": 50, \"tokens_per")
+    assert steady_train_seconds(path, 4000) == pytest.approx(4000 / 995.0)
+    assert steady_train_seconds(path, None) is None and steady_train_seconds(tmp_path / "none", 4000) is None

@@ -155,3 +155,30 @@ class MetricsLog:
             self.file.close()
         if self.wandb is not None:
             self.wandb.finish()
+
+
+def steady_train_seconds(path, tokens: Optional[int]) -> Optional[float]:
+    """``tokens`` over the median of the tokens/s that ``path`` (a metrics.jsonl) logged: the
+    run's training time at its usual speed. A pause (a stopped or suspended job) or a burst of
+    other load lengthens the recorded wall time (``train_seconds``) but moves the median of
+    the logged rates little. None without a rate or a token count."""
+    if not tokens:
+        return None
+    rates = []
+    try:
+        with open(path, encoding="utf-8") as f:
+            for line in f:
+                try:
+                    rate = json.loads(line).get("tokens_per_sec")
+                except (ValueError, AttributeError):  # a line cut short by a kill
+                    continue
+                if isinstance(rate, (int, float)) and rate > 0:
+                    rates.append(float(rate))
+    except (OSError, UnicodeDecodeError):
+        return None
+    if not rates:
+        return None
+    rates.sort()
+    middle = len(rates) // 2
+    median = rates[middle] if len(rates) % 2 else (rates[middle - 1] + rates[middle]) / 2
+    return tokens / median
