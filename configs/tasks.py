@@ -46,8 +46,10 @@ class SyntheticConfig:
     needles: int = 4  # multikey: name-value needles, one of them queried (RULER's NIAH multi-key)
     # multikey, vartrack: needles (chains) asked per instance, one question after another (1: RULER's
     # NIAH multi-key and variable tracking; more: its multi-query, every asked value scored), which
-    # gives training more answers per instance; all: every needle (chain) of the instance
-    asked: Union[int, Literal["all"]] = 1
+    # gives training more answers per instance; all: every needle (chain) of the instance; mixed:
+    # a uniformly drawn 1 to all of them in each instance, so that training also sees the
+    # one-question layout (needles up to the end of the filler at L) that eval.tasks.asked: 1 scores
+    asked: Union[int, Literal["all", "mixed"]] = 1
     values: int = 4  # multivalue: values stated for one name, all asked (RULER's NIAH multi-value)
     chains: int = 2  # vartrack: assignment chains, one of them queried (RULER's variable tracking)
     hops: int = 2  # vartrack: assignments after each chain's value (hops to resolve)
@@ -70,14 +72,14 @@ class SyntheticConfig:
         for key in ("needles", "values", "chains", "hops"):
             if getattr(self, key) < 1:
                 raise ConfigError(f"data.synthetic.{key} must be a positive integer (got {getattr(self, key)})")
-        if self.asked != "all":
+        if self.asked not in ("all", "mixed"):
             for task, most in (("multikey", self.needles), ("vartrack", self.chains)):
                 if task in self.tasks and not 1 <= self.asked <= most:
                     raise ConfigError(f"data.synthetic.asked must be in [1, {'needles' if task == 'multikey' else 'chains'}"
                                       f"={most}] for {task}: each question asks for a distinct one (got {self.asked}); "
-                                      "all asks every one")
+                                      "all asks every one, mixed 1 to all of them")
             if self.asked < 1:
-                raise ConfigError(f"data.synthetic.asked must be a positive integer or all (got {self.asked})")
+                raise ConfigError(f"data.synthetic.asked must be a positive integer, all or mixed (got {self.asked})")
         if not 1 <= self.name_letters <= 8:
             raise ConfigError(f"data.synthetic.name_letters must be in [1, 8] (got {self.name_letters})")
         numbers = 9 * 10 ** (self.key_digits - 1)  # the first digit is never 0
@@ -94,7 +96,7 @@ class SyntheticConfig:
 
     def asked_of(self, total: int) -> int:
         """Questions per instance of a task with ``total`` needles or chains."""
-        return total if self.asked == "all" else self.asked
+        return total if self.asked in ("all", "mixed") else self.asked
 
     @property
     def n_queries(self) -> int:

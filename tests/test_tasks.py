@@ -307,6 +307,37 @@ def test_multikey_with_several_asked_scores_each_asked_needle_once():
         SyntheticConfig(tasks=["multikey"], needles=4, asked=5)
 
 
+@pytest.mark.parametrize("name, total", [("multikey", 4), ("vartrack", 3)])
+def test_mixed_asks_one_to_all_and_reaches_where_one_question_puts_its_needle(name, total):
+    """Every needle asked leaves (total - 1) questions' tokens less room at L, so training that
+    always asks all never lays a piece where a one-question instance of L does; mixed asks a
+    uniform 1 to all and covers both layouts, each instance still exactly L long."""
+    size = {"needles": total} if name == "multikey" else {"chains": total, "hops": 1}
+    mixed, every, one = (task(name, asked=a, **size) for a in ("mixed", "all", 1))
+    assert mixed.min_length() == every.min_length() > one.min_length()  # room for the most questions
+    length, rng = 128, np.random.default_rng(0)
+
+    def draws(t, n=300):
+        out = []
+        for _ in range(n):
+            inst = t.make(rng, length)
+            assert inst.length == length
+            spans = re.findall(r"1+", "".join("1" if a else "0" for a in inst.answer))
+            before = text_of(inst.tokens)[:inst.answer.nonzero()[0][0]]
+            last_piece = max(m.end() for m in re.finditer(r"\d{5}\. |[a-z]{2} = [a-z]{2}\. ", before))
+            out.append((len(spans), last_piece))
+        return out
+
+    counts = [c for c, _ in draws(mixed)]
+    assert set(counts) == set(range(1, total + 1))  # every count of questions, 1 to all
+    assert min(counts.count(k) for k in range(1, total + 1)) > 300 / total / 2  # roughly uniform
+    reach = {label: max(p for _, p in draws(t)) for label, t in (("mixed", mixed), ("all", every), ("one", one))}
+    assert reach["all"] < reach["one"] - (total - 1) * 8  # all-asked never lays a piece that late
+    assert reach["mixed"] >= reach["one"] - 4  # mixed does
+    with pytest.raises(ConfigError, match="got -1\\); all asks every one, mixed 1 to all of them"):
+        SyntheticConfig(tasks=[name], asked=-1)
+
+
 def test_multivalue_answers_every_value_in_the_order_of_the_text():
     t = task("multivalue", values=3)
     for seed in range(5):

@@ -77,11 +77,11 @@ def build_task(name: str, cfg: SyntheticConfig, tokenizer: Tokenizer, text: bool
     if name == "addition":
         return Addition(tokenizer, cfg.addition_layout)
     if name == "multikey":
-        return Multikey(tokenizer, cfg.needles, digits, letters, cfg.asked_of(cfg.needles))
+        return Multikey(tokenizer, cfg.needles, digits, letters, cfg.asked_of(cfg.needles), cfg.asked == "mixed")
     if name == "multivalue":
         return Multivalue(tokenizer, cfg.values, digits, letters)
     if name == "vartrack":
-        return Vartrack(tokenizer, cfg.chains, cfg.hops, digits, letters, cfg.asked_of(cfg.chains))
+        return Vartrack(tokenizer, cfg.chains, cfg.hops, digits, letters, cfg.asked_of(cfg.chains), cfg.asked == "mixed")
     return TASKS[name](tokenizer)
 
 

@@ -110,8 +110,11 @@ class Haystack(Task):
         self.encode = checked_encoder(tokenizer, self.name)
         self.filler = FillerStream(self.encode, FILLER)
 
-    def compose(self, rng: np.random.Generator, depth: Optional[float]) -> tuple[list[Piece], list[QA]]:
-        """(pieces in the order of the text, the questions in the order asked, each with its answer)."""
+    asked, mixed = 1, False  # questions per instance; mixed: a uniform draw from 1 to ``asked`` each
+
+    def compose(self, rng: np.random.Generator, depth: Optional[float], questions: int) -> tuple[list[Piece], list[QA]]:
+        """(pieces in the order of the text, the ``questions`` questions in the order asked, each
+        with its answer)."""
         raise NotImplementedError
 
     def check_asked(self, asked: int, total: int, what: str) -> None:
@@ -119,6 +122,20 @@ class Haystack(Task):
         if not 1 <= asked <= total:
             raise TaskError(f"{self.name} asks for distinct {what}: data.synthetic.asked={asked} must be in "
                             f"[1, {what}={total}]")
+
+    def questions(self, rng: np.random.Generator) -> int:
+        """This instance's number of questions: ``asked``, or with ``mixed`` a uniform draw from 1
+        to ``asked``. Asking k questions leaves k - 1 questions' tokens less room for the pieces
+        at a length, so training that always asks every needle never puts one where a
+        one-question instance of the same length does; mixing the counts covers both layouts
+        and still teaches from several answers per instance."""
+        return int(rng.integers(1, self.asked + 1)) if self.mixed else self.asked
+
+    def asked_wording(self) -> str:
+        """How ``describe`` says the questions: "" for one, ", k asked", ", 1 to k asked"."""
+        if self.mixed:
+            return f", 1 to {self.asked} asked"
+        return f", {self.asked} asked" if self.asked > 1 else ""
 
     @staticmethod
     def pick_asked(rng: np.random.Generator, asked: int, total: int) -> list[int]:
@@ -153,7 +170,7 @@ class Haystack(Task):
     def min_length(self) -> int:
         # Every instance has pieces of the same characters counts; a part is at most one token
         # per UTF-8 byte (bytes, chars and byte-level BPE never do worse).
-        pieces, asked = self.compose(np.random.default_rng(0), 0.0)
+        pieces, asked = self.compose(np.random.default_rng(0), 0.0, self.asked)  # the most questions
         parts = [p for piece in pieces for p in piece.parts] + [p for question, answer in asked for p in question + answer]
         return sum(len(p.encode("utf-8")) for p in parts) - 1
 
@@ -161,7 +178,7 @@ class Haystack(Task):
         self.check_length(length)
         if depth is not None and not 0.0 <= depth <= 1.0:
             raise TaskError(f"a needle's depth must be in [0, 1] (got {depth})")
-        pieces, asked = self.compose(rng, depth)
+        pieces, asked = self.compose(rng, depth, self.questions(rng))
         laid = [self._tokens(p.parts) for p in pieces]
         qa = [(self._tokens(question), self._tokens(answer)) for question, answer in asked]
         room = length + 1 - sum(map(len, laid)) - sum(len(q) + len(a) for q, a in qa)

@@ -12,6 +12,7 @@
 
   With ``asked`` k > 1 (RULER's NIAH multi-query), k distinct needles are asked one after
   another, ``wq: 37704. nh: 13687``, every answer scored; the first asked sits at the depth.
+  ``mixed`` asks a uniformly drawn 1 to k of them in each instance.
 
 - ``multivalue``: ``values`` needles ``name: value. `` with one name and distinct values, at
   random offsets; the question asks for the name and the answer is every value, in the
@@ -39,21 +40,20 @@ class Multikey(Haystack):
     has_depth = True
 
     def __init__(self, tokenizer: Tokenizer, needles: int = 4, digits: int = 5, name_letters: int = 2,
-                 asked: int = 1):
+                 asked: int = 1, mixed: bool = False):
         self.check_asked(asked, needles, "needles")
-        self.needles, self.asked = needles, asked
+        self.needles, self.asked, self.mixed = needles, asked, mixed
         super().__init__(tokenizer, digits, name_letters)
 
-    def compose(self, rng: np.random.Generator, depth: Optional[float]):
+    def compose(self, rng: np.random.Generator, depth: Optional[float], questions: int):
         names, values = self.names(rng, self.needles), self.numbers(rng, self.needles)
-        order = self.pick_asked(rng, self.asked, self.needles)
+        order = self.pick_asked(rng, questions, self.needles)
         pieces = [Piece((n, ": ", v, ". "), depth if i == order[0] else None)
                   for i, (n, v) in enumerate(zip(names, values))]
         return pieces, self.one_after_another([(names[i], values[i]) for i in order])
 
     def describe(self) -> str:
-        asked = f", {self.asked} asked" if self.asked > 1 else ""
-        return f"multikey with {self.needles} needles{asked}"
+        return f"multikey with {self.needles} needles{self.asked_wording()}"
 
 
 class Multivalue(Haystack):
@@ -63,7 +63,7 @@ class Multivalue(Haystack):
         self.values = values
         super().__init__(tokenizer, digits, name_letters)
 
-    def compose(self, rng: np.random.Generator, depth: Optional[float]):
+    def compose(self, rng: np.random.Generator, depth: Optional[float], questions: int):
         (name,), values = self.names(rng, 1), self.numbers(rng, self.values)
         answer = [part for v in values for part in (" ", v)][1:]
         return [Piece((name, ": ", v, ". ")) for v in values], [((name, ": "), tuple(answer))]

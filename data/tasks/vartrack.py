@@ -32,12 +32,12 @@ class Vartrack(Haystack):
     name = "vartrack"
 
     def __init__(self, tokenizer: Tokenizer, chains: int = 2, hops: int = 2, digits: int = 5, name_letters: int = 2,
-                 asked: int = 1):
+                 asked: int = 1, mixed: bool = False):
         self.check_asked(asked, chains, "chains")
-        self.chains, self.hops, self.asked = chains, hops, asked
+        self.chains, self.hops, self.asked, self.mixed = chains, hops, asked, mixed
         super().__init__(tokenizer, digits, name_letters)
 
-    def compose(self, rng: np.random.Generator, depth: Optional[float]):
+    def compose(self, rng: np.random.Generator, depth: Optional[float], questions: int):
         per = self.hops + 1
         names, values = self.names(rng, self.chains * per), self.numbers(rng, self.chains)
         chains = [[Piece((names[c * per], " = ", values[c], ". "))]
@@ -45,9 +45,8 @@ class Vartrack(Haystack):
                   for c in range(self.chains)]
         order = rng.permutation(np.repeat(np.arange(self.chains), per))  # which chain continues at each step
         pieces = [chains[c].pop(0) for c in order.tolist()]
-        asked = self.pick_asked(rng, self.asked, self.chains)
+        asked = self.pick_asked(rng, questions, self.chains)
         return pieces, self.one_after_another([(names[c * per + self.hops], values[c]) for c in asked])
 
     def describe(self) -> str:
-        asked = f", {self.asked} asked" if self.asked > 1 else ""
-        return f"vartrack with {self.chains} chains of {self.hops} hops{asked}"
+        return f"vartrack with {self.chains} chains of {self.hops} hops{self.asked_wording()}"
