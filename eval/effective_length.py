@@ -12,7 +12,11 @@ how long they keep it:
 where R is the reference length (``eval.tasks.reference_length``, by default the run's
 training length L) and f is ``eval.tasks.effective_fraction`` (default 0.8). A length the
 encoding cannot serve (a learned table's end) counts as failing; a curve at 0 at R has none
-(it never did the task). The row's value comes from
+(it never did the task). Where a task offers a few candidate answers (a passkey among
+distractors, one of several needles or chains), the accuracy of a model that picks one at
+random, the task's chance c (data/tasks: ``Task.chance``), is taken off first: n counts
+while accuracy(n) − c ≥ f × (accuracy(R) − c), and a curve at or below c at R has none, so a
+model that never found the needle is not said to keep the task to every length. The row's value comes from
 its pooled accuracies (the mean over the seeds it pools); its 95% interval is a t-interval
 over the seeds' own effective lengths on log2 length (S − 1 degrees of freedom, as the
 breakdown length of perplexity reports, eval/context.py), given when at least two seeds
@@ -31,22 +35,24 @@ from eval.labels import label_order
 from eval.stats import t_interval
 
 
-def effective_length(curve: dict[int, Optional[float]], reference: int, fraction: float) -> Optional[int]:
+def effective_length(curve: dict[int, Optional[float]], reference: int, fraction: float,
+                     chance: float = 0.0) -> Optional[int]:
     """The effective length of an accuracy curve {length: accuracy, None where not served};
-    None where the accuracy at the reference length is 0, missing or not served."""
+    None where the accuracy at the reference length is at or below ``chance`` (0: never did the
+    task), missing or not served."""
     base = curve.get(reference)
-    if not base:
+    if base is None or base <= chance:
         return None
     best = reference
     for n in sorted(n for n in curve if n > reference):
-        if curve[n] is None or curve[n] < fraction * base:
+        if curve[n] is None or curve[n] - chance < fraction * (base - chance):
             break
         best = n
     return best
 
 
 def row_effective_length(seed_curves: list[dict[int, Optional[float]]], reference: int,
-                         fraction: float) -> Optional[dict]:
+                         fraction: float, chance: float = 0.0) -> Optional[dict]:
     """{point, low, high, seeds, censored, longest, reference, per_seed} of one row from its
     seeds' curves (point None where the row is at 0 at the reference length), or None where the
     reference length was not scored."""
@@ -55,11 +61,11 @@ def row_effective_length(seed_curves: list[dict[int, Optional[float]]], referenc
     lengths = sorted(set.intersection(*(set(c) for c in seed_curves)))
     pooled = {n: (None if any(c[n] is None for c in seed_curves) else float(np.mean([c[n] for c in seed_curves])))
               for n in lengths}
-    seeds = [effective_length(c, reference, fraction) for c in seed_curves]
+    seeds = [effective_length(c, reference, fraction, chance) for c in seed_curves]
     longest = max(lengths)
-    out = {"point": effective_length(pooled, reference, fraction), "low": None, "high": None,
+    out = {"point": effective_length(pooled, reference, fraction, chance), "low": None, "high": None,
            "seeds": len(seeds), "censored": sum(s == longest for s in seeds), "longest": longest,
-           "reference": reference, "per_seed": seeds}
+           "reference": reference, "per_seed": seeds, "chance": chance}
     if len(seeds) >= 2 and out["censored"] == 0 and None not in seeds:
         _, low, high = t_interval(np.log2(seeds))
         out.update(low=2 ** float(low), high=2 ** float(high))
@@ -71,14 +77,16 @@ def effective_text(found: Optional[dict]) -> str:
         return "– (reference length not scored)"
     point, ref = found["point"], found["reference"]
     if point is None:
-        return "– (0 at the reference length)"
+        return (f"– (at or below chance, {found['chance']:.3g}, at the reference length)" if found.get("chance")
+                else "– (0 at the reference length)")
     text = f"{point} (×{point / ref:g})"
     if found["censored"]:
         return f"≥ {text}; {found['censored']} of {found['seeds']} seeds keep it to the longest length"
     if found["low"] is not None:
         return f"{text} ({found['low']:.0f}–{found['high']:.0f})"
     if None in found["per_seed"]:
-        return f"{text}; {found['per_seed'].count(None)} of {found['seeds']} seeds at 0 at the reference length"
+        at = "at or below chance" if found.get("chance") else "at 0"
+        return f"{text}; {found['per_seed'].count(None)} of {found['seeds']} seeds {at} at the reference length"
     return f"{text} (one seed)"
 
 
@@ -88,24 +96,30 @@ def seed_curves(per_run: dict[str, dict[int, list[dict]]], accuracy) -> list[dic
 
 
 def effective_section(kept: dict[str, dict[str, dict[int, list[dict]]]], settings: dict[str, dict],
-                      accuracy) -> list[str]:
-    """The report's effective-length table of one task: a line per row, from the seeds it pools
-    (``kept``: label -> run -> length -> cells; ``settings``: run -> {reference, fraction};
-    ``accuracy``: cells -> a seed's accuracy or None)."""
-    lines, fractions = [], set()
+                      accuracy, task: str = "") -> list[str]:
+    """The report's effective-length table of ``task``: a line per row, from the seeds it pools
+    (``kept``: label -> run -> length -> cells; ``settings``: run -> {reference, fraction,
+    chance: {task: c}}; ``accuracy``: cells -> a seed's accuracy or None)."""
+    lines, fractions, chances = [], set(), set()
     for label in sorted(kept, key=label_order):
         if not kept[label]:
             lines.append(f"| {label} | – | – (no seed learned the task) |")
             continue
         first = settings[next(iter(kept[label]))]
         fractions.add(first["fraction"])
-        found = row_effective_length(seed_curves(kept[label], accuracy), first["reference"], first["fraction"])
+        chance = (first.get("chance") or {}).get(task, 0.0)
+        chances.add(chance)
+        found = row_effective_length(seed_curves(kept[label], accuracy), first["reference"], first["fraction"], chance)
         lines.append(f"| {label} | {first['reference']} | {effective_text(found)} |")
     if not lines:
         return []
     fraction = "/".join(f"{f:g}" for f in sorted(fractions)) or "f"
+    above = "/".join(f"{c:.3g}" for c in sorted(chances))
+    chance = ("" if not any(chances) else
+              f", both taken above the task's chance c = {above} (a random one of the candidate answers its prompt "
+              "offers: accuracy(n) − c ≥ f × (accuracy(R) − c))")
     return ["", "Effective length: the longest evaluated length up to which the row's accuracy stays at least "
-            f"{fraction} × its accuracy at the reference length R (every evaluated length between counts; "
+            f"{fraction} × its accuracy at the reference length R{chance} (every evaluated length between counts; "
             "eval/effective_length.py, after RULER's effective length, Hsieh et al. 2024), from the seeds that "
             "learned the task, with a 95% t-interval over their own effective lengths (log2 length):", "",
             "| row | R | effective length (95% interval) |", "|---|---:|---|", *lines]

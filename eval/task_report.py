@@ -82,11 +82,12 @@ Seeds = dict[str, dict[str, dict[int, list[dict]]]]  # label -> run -> length ->
 
 def settings_of(run: dict) -> dict:
     """A run's report settings (eval.tasks; results written before they existed: the defaults):
-    {reference: R, learned_at: threshold or None, fraction: f}."""
+    {reference: R, learned_at: threshold or None, fraction: f, chance: {task: c}}."""
     default, tasks = TaskEvalConfig(), (run.get("eval") or {}).get("tasks") or {}
     return {"reference": tasks.get("reference_length") or run["train_len"],
             "learned_at": tasks.get("learned_accuracy", default.learned_accuracy),
-            "fraction": tasks.get("effective_fraction", default.effective_fraction)}
+            "fraction": tasks.get("effective_fraction", default.effective_fraction),
+            "chance": run.get("chance") or {}}  # results written before it: 0, as they were reported
 
 
 def by_seed(runs: list[dict], rows: list[dict], task: str) -> Seeds:
@@ -284,7 +285,7 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
     train_lens = sorted({c["train_len"] for cells in table.values() for c in cells.values()})
     plot_accuracy(table, train_lens, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy")
     kept, settings = pooled_seeds(runs, rows, task)[0], {r["run"]: settings_of(r) for r in runs}
-    md += effective_section(kept, settings, seed_accuracy)
+    md += effective_section(kept, settings, seed_accuracy, task)
     grids = heatmap_grids(runs, rows, task) if depth else {}
     if grids:
         plot_heatmaps(grids, out / f"{task}_heatmap.png",

@@ -207,7 +207,8 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
     parent = latest.meta.get("parent")
     tasks = run_tasks(latest.cfg, latest.tokenizer, ev, parent)
     meta = {**run_metadata(latest, ev), "trained_on": trained_on(latest.cfg),
-            "tasks_trained": trained_tasks(latest.cfg, parent)}
+            "tasks_trained": trained_tasks(latest.cfg, parent),
+            "chance": {task.name: task.chance for task in tasks}}
     rows, kmax_rows = [], []
     for step, base in evaluated_checkpoints(run_dir, ev, latest, device):
         step_rows, step_kmax = _score_run(base, tasks, ev, meta, log)

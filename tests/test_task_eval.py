@@ -352,6 +352,34 @@ def test_effective_length_by_hand():
     assert kept["censored"] == 1 and kept["low"] is None and "1 of 2 seeds keep it" in effective_text(kept)
 
 
+def test_effective_length_above_chance():
+    """A curve at a random candidate's accuracy keeps nothing: 4 needles, one asked, chance 1/4."""
+    at_chance = {32: 0.25, 64: 0.25, 128: 0.25}
+    assert effective_length(at_chance, 32, 0.8) == 128  # without chance: "kept to the longest length"
+    assert effective_length(at_chance, 32, 0.8, chance=0.25) is None
+    curve = {32: 0.85, 64: 0.7, 128: 0.69}  # 0.8 × 0.85 = 0.68 kept; above chance 0.45 < 0.8 × 0.6 = 0.48
+    assert effective_length(curve, 32, 0.8) == 128 and effective_length(curve, 32, 0.8, chance=0.25) == 32
+    found = row_effective_length([at_chance, at_chance], 32, 0.8, chance=0.25)
+    assert found["point"] is None and "at or below chance, 0.25" in effective_text(found)
+
+
+def test_chance_of_each_task_by_hand():
+    from data.tasks import build_task, task_tokenizer
+    from configs.tasks import SyntheticConfig
+    tok = task_tokenizer()
+
+    def chance(name, **cfg):
+        return build_task(name, SyntheticConfig(tasks=[name], **cfg), tok).chance
+
+    assert chance("passkey", distractors=4) == pytest.approx(1 / 5) and chance("passkey") == 0.0
+    assert chance("multikey", needles=4) == pytest.approx(1 / 4)
+    assert chance("multikey", needles=4, asked=2) == pytest.approx(1 / 12)  # 4 · 3 ordered picks
+    assert chance("multikey", needles=3, asked="mixed") == pytest.approx((1 / 3 + 1 / 6 + 1 / 6) / 3)
+    assert chance("vartrack", chains=2) == pytest.approx(1 / 2)
+    assert chance("multivalue", values=3) == pytest.approx(1 / 6)  # the three values in a random order
+    assert chance("copy") == chance("addition") == chance("recall") == 0.0
+
+
 def cell_row(run: str, seed: int, length: int, correct: int, total: int = 10, **extra) -> dict:
     return {"run": run, "name": run, "encoding": "rope", "seed": seed, "train_len": 32, "task": "copy",
             "scaling": "none", "length": length, "depth": None, "status": "ok", "correct": correct, "total": total,

@@ -65,6 +65,14 @@ class Task:
             raise TaskError(f"{self.describe()} needs at least {self.min_length()} positions, but "
                             f"{what} is {length}: {self.too_short_hint()}")
 
+    @property
+    def chance(self) -> float:
+        """Exact-match accuracy of a model that has learned the format but not the lookup: one
+        that answers with a uniformly drawn one of the candidates a prompt offers (distinct
+        numbers of which one is asked), where there are two or more; 0 for tasks whose answer
+        is not one of a few candidates (copy, addition, recall, passkey without distractors)."""
+        return 0.0
+
     def describe(self) -> str:
         return f"task {self.name}"
 

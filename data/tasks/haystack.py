@@ -23,6 +23,7 @@ are names, so every question has exactly one answer.
 
 from __future__ import annotations
 
+import math
 import string
 from dataclasses import dataclass
 from typing import Callable, Optional, Sequence
@@ -130,6 +131,12 @@ class Haystack(Task):
         one-question instance of the same length does; mixing the counts covers both layouts
         and still teaches from several answers per instance."""
         return int(rng.integers(1, self.asked + 1)) if self.mixed else self.asked
+
+    def chance_of(self, candidates: int) -> float:
+        """``chance`` where the questions ask distinct ones of ``candidates`` values: every answer
+        drawn at random without repeats, averaged over the number of questions asked (mixed)."""
+        counts = range(1, self.asked + 1) if self.mixed else [self.asked]
+        return float(np.mean([1.0 / math.perm(candidates, k) for k in counts]))
 
     def asked_wording(self) -> str:
         """How ``describe`` says the questions: "" for one, ", k asked", ", 1 to k asked"."""

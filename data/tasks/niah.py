@@ -27,6 +27,7 @@ Vocabulary: lower-case letters (filler and names), digits, space, ``.`` and ``:`
 
 from __future__ import annotations
 
+import math
 from typing import Optional
 
 import numpy as np
@@ -52,6 +53,10 @@ class Multikey(Haystack):
                   for i, (n, v) in enumerate(zip(names, values))]
         return pieces, self.one_after_another([(names[i], values[i]) for i in order])
 
+    @property
+    def chance(self) -> float:
+        return self.chance_of(self.needles)
+
     def describe(self) -> str:
         return f"multikey with {self.needles} needles{self.asked_wording()}"
 
@@ -62,6 +67,10 @@ class Multivalue(Haystack):
     def __init__(self, tokenizer: Tokenizer, values: int = 4, digits: int = 5, name_letters: int = 2):
         self.values = values
         super().__init__(tokenizer, digits, name_letters)
+
+    @property
+    def chance(self) -> float:
+        return 1.0 / math.factorial(self.values)  # every value, in a random order
 
     def compose(self, rng: np.random.Generator, depth: Optional[float], questions: int):
         (name,), values = self.names(rng, 1), self.numbers(rng, self.values)

@@ -105,6 +105,10 @@ class Passkey(Task):
         self.filler = FillerStream(self._encode, w.filler, w.joiner)
         self._distractor_end = self._encode(DISTRACTOR_END)
 
+    @property
+    def chance(self) -> float:
+        return 1.0 / (self.distractors + 1) if self.distractors else 0.0  # the key or a distractor
+
     def _key_pieces(self, key: str) -> tuple[list[list[int]], list[int]]:
         """(the key sentence's encoded pieces, the encoded answer) for one key."""
         needle = [self._encode(p.format(key=key)) for p in self.wording.needle]

@@ -48,5 +48,9 @@ class Vartrack(Haystack):
         asked = self.pick_asked(rng, questions, self.chains)
         return pieces, self.one_after_another([(names[c * per + self.hops], values[c]) for c in asked])
 
+    @property
+    def chance(self) -> float:
+        return self.chance_of(self.chains)
+
     def describe(self) -> str:
         return f"vartrack with {self.chains} chains of {self.hops} hops{self.asked_wording()}"
