@@ -42,6 +42,7 @@ from eval.labels import label_order
 from eval.remake import read_results
 from eval.stats import Contrast
 from eval.tables import Comparison, degradation, percent, summarize, train_lengths
+from training.metrics import steady_train_seconds
 
 PROTOCOL = "same-tokens"
 
@@ -100,7 +101,7 @@ def regime_rows(name: str, results: dict) -> list[list[str]]:
         gain = context_gain(row_bins) if row_bins else None
         short = next((float(c.seed_values().mean()) for first, end, c in row_bins or [] if (first, end) == (8, 16)), math.nan)
         seeds = [r for r in results["runs"] if r["label"] == label]
-        minutes = np.mean([r.get("steady_train_seconds") or r["train_seconds"] for r in seeds]) / 60 if seeds else math.nan
+        minutes = np.mean([train_seconds(r) for r in seeds]) / 60 if seeds else math.nan
         found = breakdown(summary, label)
         cell_l = summary[label].get(train_len, {})
         out.append([name, label, f"{runs[label]['params'] / 1e6:.2f}M", str(train_len),
@@ -152,6 +153,15 @@ def attention_rows(name: str, diagnostics: Optional[dict]) -> list[list[str]]:
         cells += [_share(lengths.get(n, {}).get("entropy"), uniform_entropy(n)) for n in chosen]
         out.append([name, row["label"], f"{max(lengths) // train_len}L", *cells])
     return out
+
+
+def train_seconds(run: dict) -> float:
+    """A run's training time at its usual speed: the record's, else (results written before it
+    was recorded) from its metrics.jsonl where the run is at hand, else the wall time recorded."""
+    steady = run.get("steady_train_seconds")
+    if steady is None:
+        steady = steady_train_seconds(Path(run["run"]) / "metrics.jsonl", run.get("tokens_trained"))
+    return steady if steady is not None else run["train_seconds"]
 
 
 ATTENTION_HEAD = ["regime", "row", "longest", "distance L", "distance 2L", "distance longest", "entropy L",

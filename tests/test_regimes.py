@@ -112,3 +112,8 @@ def test_training_minutes_at_the_usual_speed_do_not_count_a_pause(tmp_path):
     path.write_text("\n".join(json.dumps(line) for line in lines) + "\n{\"step\": 50, \"tokens_per")
     assert steady_train_seconds(path, 4000) == pytest.approx(4000 / 995.0)
     assert steady_train_seconds(path, None) is None and steady_train_seconds(tmp_path / "none", 4000) is None
+    from eval.regimes import train_seconds
+    recorded = {"run": str(tmp_path), "tokens_trained": 4000, "train_seconds": 3600.0}  # results before the record
+    assert train_seconds(recorded) == pytest.approx(4000 / 995.0)  # read from the run's metrics.jsonl
+    assert train_seconds({**recorded, "steady_train_seconds": 5.0}) == 5.0
+    assert train_seconds({**recorded, "run": str(tmp_path / "gone")}) == 3600.0  # the run not at hand
