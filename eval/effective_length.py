@@ -96,7 +96,7 @@ def seed_curves(per_run: dict[str, dict[int, list[dict]]], accuracy) -> list[dic
 
 
 def effective_section(kept: dict[str, dict[str, dict[int, list[dict]]]], settings: dict[str, dict],
-                      accuracy, task: str = "") -> list[str]:
+                      accuracy, task: str) -> list[str]:
     """The report's effective-length table of ``task``: a line per row, from the seeds it pools
     (``kept``: label -> run -> length -> cells; ``settings``: run -> {reference, fraction,
     chance: {task: c}}; ``accuracy``: cells -> a seed's accuracy or None)."""

@@ -49,8 +49,8 @@ from common.errors import NonFiniteOutput, UserError
 from model.positional.rope import RoPE
 from model.positional.rope_scaling import effective_scale
 from common.cli import entry_point
-from training.provenance import git_commit
 from training.metrics import steady_train_seconds
+from training.provenance import git_commit
 from training.run_dir import RunDir
 from training.saved_run import SavedRun, load_run, rescaled, with_scaling
 

@@ -43,6 +43,7 @@ from eval.remake import read_results
 from eval.stats import Contrast
 from eval.tables import Comparison, degradation, percent, summarize, train_lengths
 from training.metrics import steady_train_seconds
+from training.run_dir import RunDir
 
 PROTOCOL = "same-tokens"
 
@@ -160,7 +161,7 @@ def train_seconds(run: dict) -> float:
     was recorded) from its metrics.jsonl where the run is at hand, else the wall time recorded."""
     steady = run.get("steady_train_seconds")
     if steady is None:
-        steady = steady_train_seconds(Path(run["run"]) / "metrics.jsonl", run.get("tokens_trained"))
+        steady = steady_train_seconds(RunDir(run["run"]).metrics, run.get("tokens_trained"))
     return steady if steady is not None else run["train_seconds"]
 
 

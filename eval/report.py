@@ -31,6 +31,7 @@ from eval.tables import (comparison_table, compare, degradation, degradation_tab
 from model.config import SCALING_TYPES
 from common.errors import ArgumentError
 from common.cli import check_output_dir
+from training.metrics import read_records
 from training.run_dir import RunDir
 
 PROTOCOL_TITLES = {
@@ -96,11 +97,7 @@ def training_curves(runs: list[dict]) -> dict[str, dict[str, list]]:
         if not path.is_file():
             continue
         curve: dict[str, list] = {"tokens": [], "loss": [], "val_tokens": [], "val_loss": []}
-        for line in path.read_text(encoding="utf-8").splitlines():
-            try:
-                record = json.loads(line)
-            except ValueError:  # a record cut short
-                continue
+        for record in read_records(path):
             if record.get("loss") is not None:
                 curve["tokens"].append(record["tokens"])
                 curve["loss"].append(record["loss"])

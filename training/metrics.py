@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import statistics
 import sys
 import time
 import uuid
@@ -157,28 +158,30 @@ class MetricsLog:
             self.wandb.finish()
 
 
+def read_records(path) -> list[dict]:
+    """The records of a metrics.jsonl, without a last line cut short by a kill."""
+    records = []
+    with open(path, encoding="utf-8") as f:
+        for line in f:
+            try:
+                record = json.loads(line)
+            except ValueError:  # a record cut short
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+    return records
+
+
 def steady_train_seconds(path, tokens: Optional[int]) -> Optional[float]:
     """``tokens`` over the median of the tokens/s that ``path`` (a metrics.jsonl) logged: the
     run's training time at its usual speed. A pause (a stopped or suspended job) or a burst of
     other load lengthens the recorded wall time (``train_seconds``) but moves the median of
-    the logged rates little. None without a rate or a token count."""
+    the logged rates little. None without a rate, a token count or a readable file."""
     if not tokens:
         return None
-    rates = []
     try:
-        with open(path, encoding="utf-8") as f:
-            for line in f:
-                try:
-                    rate = json.loads(line).get("tokens_per_sec")
-                except (ValueError, AttributeError):  # a line cut short by a kill
-                    continue
-                if isinstance(rate, (int, float)) and rate > 0:
-                    rates.append(float(rate))
+        rates = [r["tokens_per_sec"] for r in read_records(path)
+                 if isinstance(r.get("tokens_per_sec"), (int, float)) and r["tokens_per_sec"] > 0]
     except (OSError, UnicodeDecodeError):
         return None
-    if not rates:
-        return None
-    rates.sort()
-    middle = len(rates) // 2
-    median = rates[middle] if len(rates) % 2 else (rates[middle - 1] + rates[middle]) / 2
-    return tokens / median
+    return tokens / statistics.median(rates) if rates else None
