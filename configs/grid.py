@@ -19,6 +19,9 @@ when the grid loads and becomes ``eval.*`` overrides of every run, so each plann
 ``cfg.eval`` is what the grid evaluates it with. Every planned run is built and validated
 (``load_config``) before anything trains, so a typo in an axis fails at once, naming the key.
 ``slurm`` holds what each run asks a cluster for (``--launcher slurm``; configs/slurm.py).
+``archive`` names a directory where each run, once trained and evaluated, is kept as a
+record without weights (training/run_record.py), e.g. in the repository, so that a grid
+carries over to a fresh clone on another machine (scripts/grid_archive.py).
 
 A grid that contradicts itself is refused when it is planned, naming the contradiction: an
 axis that lists a value twice, an override (``overrides``, a variant, ``--set``) of a key an
@@ -64,6 +67,9 @@ class Grid:
     variants: dict[str, list[str]] = field(default_factory=dict)
     eval_overrides: list[str] = field(default_factory=list)  # the grid's eval section, as eval.* overrides
     report: Optional[str] = None
+    # Where each finished, evaluated run's record (no weights) is kept, e.g. in the repository,
+    # and restored from on another machine (scripts/grid_archive.py); None: not kept.
+    archive: Optional[str] = None
     slurm: Optional[SlurmConfig] = None  # None: the file has no slurm section
     source: Optional[Path] = None
     # Seeds added to chosen rows only: row (a run's name without its seed part) -> seeds,
@@ -233,6 +239,14 @@ def load_grid(path: str | Path) -> Grid:
             for k, v in variants.items()):
         raise ConfigError(f"{path}: 'variants' must map names (letters, digits, . + -) to lists of "
                           "key=value overrides")
+    archive = tree.get("archive")
+    if archive is not None and (not isinstance(archive, str) or not archive):
+        raise ConfigError(f"{path}: 'archive' must name a directory for the runs' records (e.g. "
+                          f"docs/results/{tree['name']}-runs), or be left out")
+    report = Path(tree.get("report") or f"reports/{tree['name']}")
+    if archive is not None and report in (Path(archive), *Path(archive).parents):
+        raise ConfigError(f"{path}: 'archive' ({archive}) lies inside the report directory ({report}), which "
+                          "each report replaces; give the archive a directory of its own")
     base = Path(origins.get("base", str(path))).parent / tree["base"]
     if not base.is_file():
         raise ConfigError(f"{path}: base config not found: {tree['base']} (looked for {base})")
@@ -240,7 +254,7 @@ def load_grid(path: str | Path) -> Grid:
                 overrides=[str(o) for o in tree.get("overrides", [])], axes=axes,
                 variants={k: [str(o) for o in v] for k, v in variants.items()},
                 eval_overrides=[f"eval.{k}={_text(v)}" for k, v in evaluation.items()],
-                report=tree.get("report"), source=path, more_seeds=_more_seeds(tree.get("more_seeds"), path),
+                report=tree.get("report"), archive=archive, source=path, more_seeds=_more_seeds(tree.get("more_seeds"), path),
                 slurm=slurm_config(tree["slurm"], str(origins.get("slurm", path))) if "slurm" in tree else None)
 
 

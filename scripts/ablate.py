@@ -17,6 +17,10 @@ get task accuracy (eval/tasks.py, report in its ``tasks/`` subdirectory); with
 ``diagnostics/`` subdirectory. Task settings that cannot work (a task longer than a length)
 stop the grid before anything trains.
 
+A grid with an ``archive`` directory keeps each run, once trained and evaluated, as a
+record without weights there (scripts/grid_archive.py): committed, it lets the same command
+on a fresh clone restore those runs instead of training them again.
+
 On a cluster, ``--launcher slurm`` submits each run as a Slurm job instead, with the grid's
 ``slurm:`` resources (scripts/slurm_launcher.py, docs/cluster.md); ``--status`` shows where
 every run stands, ``--cancel`` stops the grid's jobs, ``--report`` writes the reports once
@@ -55,6 +59,8 @@ from training.competence import reached_competence
 from common.cli import device_name, entry_point, positive_int, usage_when_empty
 from training.runtime import resolve_device
 from training.run_dir import RunDir
+from training.run_record import is_record, record_advice
+from scripts.grid_archive import archive_runs, record_of, restore_records
 from scripts.grid_jobs import eval_commands, planned_eval_file, train_command
 from scripts.job_files import failure_reason, write_files
 from scripts.grid_status import print_status
@@ -62,7 +68,19 @@ from scripts.slurm_launcher import cancel_grid, check_slurm, resources, submit_g
 
 
 def status(run: PlannedRun) -> tuple[str, str]:
-    """(state, detail): new | partial | done | conflict, as ``train.py --resume`` would see it."""
+    """(state, detail): new | partial | done | conflict, as ``train.py --resume`` would see it;
+    a record restored from the grid's archive is done, or a conflict when the grid asks for
+    more than it holds (scripts/grid_archive.py)."""
+    state, detail = _status(run)
+    run_dir = RunDir.of(run.cfg)
+    if state in ("partial", "conflict") and is_record(run_dir):
+        return "conflict", f"{detail}; {record_advice(run_dir)}"
+    if state == "done" and is_record(run_dir):
+        return state, f"{detail}, restored from the archive"
+    return state, detail
+
+
+def _status(run: PlannedRun) -> tuple[str, str]:
     run_dir = RunDir.of(run.cfg)
     try:
         ckpt = run_dir.latest_checkpoint() if run_dir.path.exists() else None
@@ -163,6 +181,9 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
             if ok and evaluate:
                 ok, reason = evaluate_one(run, slot)
                 reason = reason and f"evaluation: {reason}"
+            if ok and evaluate and grid.archive:  # kept at once: the machine may not last the grid
+                _, skipped = archive_runs(grid, [run], {run.name})
+                ok, reason = run.name not in skipped, f"archive: {skipped.get(run.name)}"
             with lock:
                 if not ok:
                     failures[run.name] = reason
@@ -270,11 +291,28 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="override the grid's slurm: resources, e.g. time=8:00:00 partition=gpu sbatch.qos=high")
     p.add_argument("--status", action="store_true", help="show each run's state and Slurm job, do nothing else")
     p.add_argument("--cancel", action="store_true", help="cancel the grid's queued and running Slurm jobs")
+    p.add_argument("--archive", action="store_true",
+                   help="train and evaluate nothing: copy the finished, evaluated runs into the grid's archive "
+                        "(its archive: key), e.g. while the grid trains in another process")
     p.add_argument("--report", action="store_true",
                    help="train nothing here: wait for the grid's Slurm jobs to end, then write its reports "
                         "(with --launcher slurm: after submitting)")
     usage_when_empty(p, argv)
     return p.parse_args(argv)
+
+
+def archive_grid(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]]) -> int:
+    """``--archive``: copy the finished, evaluated runs into the grid's archive; say which
+    were not, and why."""
+    if grid.archive is None:
+        raise UserError(f"{grid.source}: --archive needs the grid's 'archive' key, the directory its runs' "
+                        "records go to (e.g. archive: docs/results/NAME-runs)")
+    finished = {name for name, (state, _) in states.items() if state == "done"}
+    archived, skipped = archive_runs(grid, runs, finished)
+    print(f"archived {len(archived)} runs in {grid.archive}" + (f": {', '.join(archived)}" if archived else ""))
+    for name, why in skipped.items():
+        print(f"  not archived: {name}: {why}")
+    return 0
 
 
 def on_cluster(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]],
@@ -303,7 +341,17 @@ def run_grid(args: argparse.Namespace) -> int:
             check_report_dir(grid.report_dir / "tasks")
         if any(wants_diagnostics(run) for run in runs):
             check_report_dir(grid.report_dir / "diagnostics")
+    if grid.archive and not args.archive and not args.dry_run:
+        restored = restore_records(grid, runs)
+        if restored:
+            print(f"restored {len(restored)} runs from the grid's archive {grid.archive}")
     states = {run.name: status(run) for run in runs}
+    if args.archive:
+        return archive_grid(grid, runs, states)
+    if args.dry_run:
+        for run in runs:  # what the grid would restore instead of training
+            if states[run.name][0] == "new" and grid.archive and record_of(grid, run).is_dir():
+                states[run.name] = ("archived", f"record in {grid.archive}, restored when the grid runs")
     if args.status:
         return print_status(grid, runs, states)
     if args.cancel:
@@ -336,6 +384,10 @@ def run_grid(args: argparse.Namespace) -> int:
         if run.name not in failures and run not in finished:
             failures[run.name] = "not finished"
     if not args.skip_eval and finished:
+        if grid.archive:
+            archived, _ = archive_runs(grid, finished, {run.name for run in finished})
+            if archived:
+                print(f"{len(archived)} runs archived in {grid.archive}")
         evaluate(grid, runs, finished, failures, args.devices[0] if args.devices else "cpu")
     print(f"\n{len(finished)}/{len(runs)} runs finished.")
     for name, reason in failures.items():

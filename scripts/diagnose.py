@@ -22,7 +22,8 @@ from common.cli import device_name, entry_point, positive_float, positive_int, u
 from common.devices import DEVICE_NAMES
 from configs import override_section
 from configs.schema import EvalConfig, RunConfig
-from eval.diagnostics import run_diagnostics
+from eval.diagnostics import DIAGNOSTICS, run_diagnostics
+from eval.driver import cached_evaluation, check_requests, merged, read_eval_file
 from eval.report import check_report_dir
 from training.runtime import resolve_device
 
@@ -46,6 +47,11 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--sink-tokens", type=positive_int, dest="sink_tokens",
                    help="eval.diagnostics.sink_tokens: how many first tokens the sink mass counts (default 1)")
     p.add_argument("--split", choices=["valid", "test"], help="eval.split: which split of the run's own data")
+    p.add_argument("--eval-file", type=Path, help="a YAML mapping of eval keys applied before the flags "
+                                                 "(scripts/ablate.py passes each run's planned evaluation)")
+    p.add_argument("--cache-only", action="store_true",
+                   help="compute and cache the diagnostics in each run directory, without writing a report "
+                        "(scripts/ablate.py's jobs)")
     p.add_argument("--device", type=device_name, default="cpu", help=f"torch device: {DEVICE_NAMES}")
     p.add_argument("--out", type=Path, default=Path("reports/diagnostics"),
                    help="report directory: a new one, or an earlier report's, which is replaced")
@@ -63,13 +69,20 @@ def main(argv=None) -> int:
     tree = {"diagnostics": settings} if settings else {}
     if args.split:
         tree["split"] = args.split
+    tree = merged(read_eval_file(args.eval_file), tree) if args.eval_file else tree
     override_section(EvalConfig(), tree, "command line", "eval.")  # a bad value fails before any work
-    check_report_dir(args.out)
+    if not args.cache_only:
+        check_report_dir(args.out)
     device = str(resolve_device(args.device, "--device"))
 
     def eval_for(cfg: RunConfig) -> EvalConfig:
         return override_section(cfg.eval, tree, "command line", "eval.")
 
+    if args.cache_only:
+        check_requests(DIAGNOSTICS, args.runs, eval_for, device)
+        for run in args.runs:
+            cached_evaluation(DIAGNOSTICS, run, eval_for, device, print)
+        return 0
     results = run_diagnostics(args.runs, args.out, eval_for, device=device)
     print(f"wrote {args.out}/report.md, results.json and figures ({len(results['runs'])} runs)")
     return 0

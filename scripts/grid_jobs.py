@@ -4,21 +4,23 @@ it, the commands that fill its evaluation caches, and whether those caches are f
 
 What is evaluated follows what the run was trained on: perplexity (eval/extrapolation.py)
 for a run trained on text, task accuracy (eval/tasks.py) for a synthetic run or one whose
-eval asks for tasks. Every command appends its output to the run's ``train.log``
-(scripts/job_files.py).
+eval asks for tasks, and the attention diagnostics (scripts/diagnose.py) when its
+``eval.diagnostics.enabled`` is set. Every command appends its output to the run's
+``train.log`` (scripts/job_files.py).
 """
 
 from __future__ import annotations
 
 import dataclasses
 import sys
+from pathlib import Path
 from typing import Optional
 
 import yaml
 
 from configs.grid import Grid, PlannedRun
-from eval import extrapolation, tasks
-from eval.driver import cached_result
+from eval import diagnostics, extrapolation, tasks
+from eval.driver import Evaluation, cached_result
 from training.run_dir import RunDir
 
 
@@ -30,9 +32,26 @@ def train_command(grid: Grid, run: PlannedRun, device: Optional[str] = None) -> 
     return cmd
 
 
+def planned_evaluations(run: PlannedRun) -> dict[str, Evaluation]:
+    """{module run with ``python -m``: its evaluation} for every evaluation the grid plans for ``run``."""
+    planned = {}
+    if not tasks.is_synthetic(run.cfg):
+        planned["eval.extrapolation"] = extrapolation.EXTRAPOLATION
+    if tasks.wants_tasks(run.cfg, run.cfg.eval):
+        planned["eval.tasks"] = tasks.TASKS
+    if run.cfg.eval.diagnostics.enabled:
+        planned["scripts.diagnose"] = diagnostics.DIAGNOSTICS
+    return planned
+
+
 def eval_modules(run: PlannedRun) -> list[str]:
-    return (([] if tasks.is_synthetic(run.cfg) else ["eval.extrapolation"])
-            + (["eval.tasks"] if tasks.wants_tasks(run.cfg, run.cfg.eval) else []))
+    return list(planned_evaluations(run))
+
+
+def planned_caches(run: PlannedRun) -> list[Path]:
+    """The cache file of every evaluation the grid plans for ``run`` (RunDir.eval_cache)."""
+    run_dir = RunDir.of(run.cfg)
+    return [run_dir.eval_cache(e.name, e.cache_key(run.cfg, run.cfg.eval)) for e in planned_evaluations(run).values()]
 
 
 def planned_eval_file(run: PlannedRun) -> dict[str, str]:
@@ -49,10 +68,14 @@ def eval_commands(run: PlannedRun, device: str) -> list[list[str]]:
              "--cache-only", "--device", device] for module in eval_modules(run)]
 
 
+def not_cached(run: PlannedRun) -> list[str]:
+    """The evaluations the grid plans for ``run`` that are not cached for its newest checkpoint."""
+    run_dir = RunDir.of(run.cfg)
+    return [e.name for e in planned_evaluations(run).values()
+            if cached_result(e, run_dir, run.cfg, run.cfg.eval) is None]
+
+
 def evaluation_cached(run: PlannedRun) -> bool:
     """Whether every evaluation the grid plans for ``run`` is cached for its newest checkpoint."""
-    run_dir = RunDir.of(run.cfg)
-    evaluations = {"eval.extrapolation": extrapolation.EXTRAPOLATION, "eval.tasks": tasks.TASKS}
-    return all(cached_result(evaluations[module], run_dir, run.cfg, run.cfg.eval) is not None
-               for module in eval_modules(run))
+    return not not_cached(run)
 

@@ -39,6 +39,7 @@ from common.errors import ConfigError, DataError
 from configs.grid import Grid, PlannedRun, load_grid, row_of
 from eval.stats import t_interval
 from scripts.ablate import status
+from scripts.grid_archive import restore_records
 from training.run_dir import RunDir
 
 
@@ -83,6 +84,7 @@ def tune(grid: Grid) -> dict:
     planned = grid.plan()
     seeds = sweep_seeds(grid, planned)
     runs = [r for r in planned if r.cfg.train.seed in seeds]
+    restore_records(grid, runs)  # runs kept in the grid's archive count (scripts/grid_archive.py)
     pending = [r.name for r in runs if status(r)[0] != "done"]
     if pending:
         raise DataError(f"{len(pending)} of the grid's {len(runs)} runs are not finished ({', '.join(pending[:4])}"

@@ -41,6 +41,7 @@ from training.parent import load_parent, parent_record
 from training.probe import compile_decision, use_compile_cache
 from training.provenance import git_commit
 from training.run_dir import RunDir
+from training.run_record import check_not_record
 from training.runtime import Runtime
 
 
@@ -108,6 +109,8 @@ class Trainer:
 
     def _find_resume_point(self, cfg: RunConfig) -> Optional[Path]:
         ckpt = self.run_dir.latest_checkpoint() if self.run_dir.path.exists() else None
+        if ckpt is not None:
+            check_not_record(self.run_dir)  # no weights to continue from
         if ckpt is not None and cfg.train.resume == "never":
             raise UserError(f"{self.run_dir} already has a checkpoint ({ckpt.name}). Continue it with "
                             "--resume (or train.resume=auto), or start a new run with name=... ; "

@@ -1,0 +1,135 @@
+"""A grid's archive (scripts/grid_archive.py, training/run_record.py): finished, evaluated runs
+kept as records without weights, restored on a fresh clone so the grid carries over."""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+
+import pytest
+
+import train
+from common.errors import CheckpointError, ConfigError
+from configs.grid import load_grid
+from conftest import write_run_config
+from scripts import ablate, tune
+from training.run_dir import RunDir
+from training.run_record import is_record
+from training.saved_run import load_run
+
+
+def write_grid(tmp: Path, corpus: Path, extra: str = "", archive: str = "archive") -> Path:
+    base = write_run_config(tmp, corpus)
+    grid = tmp / "kept.yaml"
+    grid.write_text(f"""
+name: kept
+base: {base.name}
+out_dir: {tmp / 'runs'}
+overrides: [train.max_steps=8, train.eval_interval=8, train.ckpt_interval=4, model.pos.kind=kerple]
+variants:
+  lr1: []
+  lr3: [train.pos_lr_multiplier=3]
+axes:
+  train.seed: [1]
+eval: {{lengths: [32, 64], protocols: [nonoverlap], scalings: [none], max_tokens: 512,
+        diagnostics: {{enabled: true, windows: 2, lengths: [32, 64]}}}}
+report: {tmp / 'report'}
+archive: {tmp / archive}
+{extra}""")
+    return grid
+
+
+def report_rows(tmp: Path) -> list[tuple]:
+    results = json.loads((tmp / "report" / "results.json").read_text())
+    return sorted((r["run"].split("/")[-1], r["length"], r["protocol"], r["nll"]) for r in results["results"])
+
+
+def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, corpus, capsys):
+    grid_path = write_grid(tmp_path, corpus)
+    runs = load_grid(grid_path).plan()
+    assert ablate.main([str(grid_path)]) == 0
+    out = capsys.readouterr().out
+    assert "2/2 runs finished" in out
+    rows = report_rows(tmp_path)
+    diagnosed = (tmp_path / "report" / "diagnostics" / "results.json").read_text()
+
+    # Each record: the run's config, tokenizer, metrics, final checkpoint metadata and the
+    # grid's three evaluations (perplexity, diagnostics), no weights or optimizer state.
+    for run in runs:
+        record = tmp_path / "archive" / run.name
+        files = sorted(str(p.relative_to(record)) for p in record.rglob("*") if p.is_file())
+        assert {"config.yaml", "tokenizer.json", "metrics.jsonl", "record.json", "checkpoints/latest",
+                "checkpoints/step_000008/meta.json", "eval/planned.yaml"} <= set(files)
+        assert sum(f.startswith("eval/extrapolation-") for f in files) == 1
+        assert sum(f.startswith("eval/diagnostics-") for f in files) == 1
+        assert not [f for f in files if f.endswith((".safetensors", ".pt", ".log", ".partial.jsonl"))]
+
+    # A fresh clone: no run directories, only the archive. Nothing trains or is evaluated
+    # again, and the reports say the same.
+    shutil.rmtree(tmp_path / "runs")
+    shutil.rmtree(tmp_path / "report")
+    assert ablate.main([str(grid_path), "--dry-run", "--no-estimate"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("archived ") == 2 and not (tmp_path / "runs").exists()  # a dry run copies nothing
+    assert ablate.main([str(grid_path)]) == 0
+    out = capsys.readouterr().out
+    assert "restored 2 runs from the grid's archive" in out and out.count("restored from the archive") == 2
+    assert "runs archived" not in out  # records are not written again
+    for run in runs:
+        log = RunDir.of(run.cfg).log.read_text()
+        assert " -m train " not in log  # no training command ran
+        assert log.count("reusing") == 2  # perplexity and diagnostics from the record
+    assert report_rows(tmp_path) == rows
+    assert json.loads((tmp_path / "report" / "diagnostics" / "results.json").read_text())["cells"] == \
+        json.loads(diagnosed)["cells"]
+
+    # A record cannot be trained further, sampled or evaluated anew: each says why.
+    record = RunDir.of(runs[0].cfg)
+    assert is_record(record)
+    with pytest.raises(CheckpointError, match="is a run record .* train it again"):
+        load_run(record.path)
+    assert train.main([str(load_grid(grid_path).base), *runs[0].overrides, "train.max_steps=12",
+                       "train.resume=auto"]) == 2
+    assert "is a run record" in capsys.readouterr().err
+    longer = write_grid(tmp_path, corpus, extra="")
+    longer.write_text(longer.read_text().replace("train.max_steps=8", "train.max_steps=12"))
+    assert ablate.main([str(longer), "--dry-run", "--no-estimate"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("conflict") == 2 and "is a run record" in out
+    other_eval = write_grid(tmp_path, corpus)
+    other_eval.write_text(other_eval.read_text().replace("lengths: [32, 64], protocols", "lengths: [32, 48], protocols"))
+    assert ablate.main([str(other_eval)]) == 1
+    out = capsys.readouterr().out
+    assert out.count("failed:") == 2 and "is a run record" in out
+
+    # tune.py reads the records too (their validation loss at L), on a fresh clone as well.
+    shutil.rmtree(tmp_path / "runs")
+    assert tune.main([str(grid_path), "--out", str(tmp_path / "tuning")]) == 0
+    assert "kerple" in (tmp_path / "tuning" / "tuning.md").read_text()
+
+
+def test_archive_alone_keeps_what_another_process_finished(tmp_path, corpus, capsys):
+    grid_path = write_grid(tmp_path, corpus)
+    text = grid_path.read_text()
+    grid_path.write_text(text.replace(f"archive: {tmp_path / 'archive'}\n", ""))
+    assert ablate.main([str(grid_path), "--archive"]) == 2
+    assert "--archive needs the grid's 'archive' key" in capsys.readouterr().err
+    # Trained, one of them evaluated (as a grid trained with --skip-eval, then one evaluation).
+    assert ablate.main([str(grid_path), "--skip-eval", "--no-estimate"]) == 0
+    grid_path.write_text(text)
+    runs = load_grid(grid_path).plan()
+    ablate.evaluate_one(runs[0], ablate.Slot())
+    capsys.readouterr()
+    assert ablate.main([str(grid_path), "--archive"]) == 0
+    out = capsys.readouterr().out
+    assert f"archived 1 runs in {tmp_path / 'archive'}: {runs[0].name}" in out
+    assert f"not archived: {runs[1].name}: extrapolation, diagnostics not evaluated" in out
+    assert sorted(p.name for p in (tmp_path / "archive").iterdir()) == [runs[0].name]
+    assert not is_record(RunDir.of(runs[0].cfg))  # the run itself keeps its weights
+
+
+def test_an_archive_inside_the_report_is_refused(tmp_path, corpus):
+    grid_path = write_grid(tmp_path, corpus, archive="report/runs")
+    with pytest.raises(ConfigError, match="inside the report directory"):
+        load_grid(grid_path)

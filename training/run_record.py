@@ -1,0 +1,95 @@
+"""Run records: a finished, evaluated run without its weights, small enough to keep in git.
+
+A grid whose file names an ``archive`` directory (configs/grid.py) copies each of its runs
+there once it has trained and every evaluation the grid plans for it is cached
+(scripts/grid_archive.py). A record is a run directory (training/run_dir.py) with only::
+
+    config.yaml, tokenizer.json, metrics.jsonl      what it was and how it trained
+    checkpoints/latest, checkpoints/step_N/meta.json its final step, tokens and provenance
+    eval/planned.yaml, eval/<kind>-<key>.json       the grid's evaluations of that checkpoint
+    record.json                                     what this directory is
+
+so the grid survives the machine it ran on: on a fresh clone, scripts/ablate.py copies the
+records of runs it does not have on disk back into the grid's run directory, counts them
+as done, and its reports read their cached evaluations as if the runs had been evaluated
+there. A record holds no weights or optimizer state: it cannot be trained further, sampled,
+fine-tuned from, or evaluated with settings other than those it was archived with; each of
+those says so (``RECORD_ADVICE``) instead of failing on a missing file.
+"""
+
+from __future__ import annotations
+
+import json
+import shutil
+from pathlib import Path
+from typing import Iterable
+
+from common.atomic import atomic_directory
+from common.errors import CheckpointError
+from training.run_dir import META, RunDir
+
+RECORD = "record.json"
+RECORD_FORMAT = 1
+HOLDS = ("config, tokenizer, metrics, the final checkpoint's metadata and the grid's evaluation caches; "
+         "no weights or optimizer state")
+
+
+def record_file(run: RunDir) -> Path:
+    return run.path / RECORD
+
+
+def is_record(run: RunDir) -> bool:
+    """Whether ``run`` is a record (restored from an archive, or the archive's own copy)."""
+    return record_file(run).is_file()
+
+
+def record_advice(run: RunDir) -> str:
+    return (f"{run} is a run record ({HOLDS}), restored from a grid's archive (training/run_record.py): "
+            "its results can be reported with the evaluations it holds, but it cannot be trained further, "
+            "sampled, fine-tuned from or evaluated anew. To do that, train it again: remove the directory "
+            "and its copy in the grid's archive, then run the grid again")
+
+
+def check_not_record(run: RunDir) -> None:
+    """Raise a CheckpointError naming what a record is, before anything looks for weights."""
+    if is_record(run):
+        raise CheckpointError(record_advice(run))
+
+
+def record_paths(run: RunDir, caches: Iterable[Path]) -> list[Path]:
+    """The files of ``run`` a record keeps (relative paths), given the evaluation caches to
+    keep; raises CheckpointError when the run has no complete checkpoint."""
+    ckpt = run.latest_checkpoint()
+    if ckpt is None:
+        raise CheckpointError(f"{run} has no checkpoint: a run is archived once it has trained")
+    wanted = [run.config, run.tokenizer, run.metrics, run.latest_pointer, ckpt / META, run.planned_eval, *caches]
+    missing = [p for p in wanted if not p.is_file()]
+    if missing:
+        raise CheckpointError(f"{run} cannot be archived: {', '.join(str(p) for p in missing)} missing")
+    return [p.relative_to(run.path) for p in wanted]
+
+
+def write_record(run: RunDir, caches: Iterable[Path], dest: Path) -> None:
+    """Copy ``run``'s record (with the evaluation caches ``caches``) to ``dest``, replacing
+    an earlier record there in one rename."""
+    paths = record_paths(run, caches)
+    checkpoint = run.latest_checkpoint().name
+    dest.parent.mkdir(parents=True, exist_ok=True)
+    with atomic_directory(dest, replace=True) as tmp:
+        for rel in paths:
+            (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copyfile(run.path / rel, tmp / rel)
+        (tmp / RECORD).write_text(json.dumps({"format": RECORD_FORMAT, "checkpoint": checkpoint, "holds": HOLDS},
+                                             indent=1) + "\n")
+
+
+def restore_record(src: Path, run: RunDir) -> None:
+    """Copy the record ``src`` to the run directory ``run``, which must hold no checkpoint
+    (a directory left by a run that never saved one is replaced)."""
+    if not is_record(RunDir(src)):
+        raise CheckpointError(f"{src} is not a run record (no {RECORD}); a grid's archive holds only the records "
+                              "scripts/ablate.py writes: move it away")
+    if run.path.exists() and run.latest_checkpoint() is not None:
+        raise CheckpointError(f"{run} holds a run with checkpoints; it is not replaced by the record {src}")
+    with atomic_directory(run.path, replace=True) as tmp:
+        shutil.copytree(src, tmp, dirs_exist_ok=True)
