@@ -183,7 +183,8 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
                 reason = reason and f"evaluation: {reason}"
             if ok and evaluate and grid.archive:  # kept at once: the machine may not last the grid
                 _, skipped = archive_runs(grid, [run], {run.name})
-                ok, reason = run.name not in skipped, f"archive: {skipped.get(run.name)}"
+                if run.name in skipped:
+                    ok, reason = False, f"archive: {skipped[run.name]}"
             with lock:
                 if not ok:
                     failures[run.name] = reason

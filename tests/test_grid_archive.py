@@ -13,7 +13,7 @@ import train
 from common.errors import CheckpointError, ConfigError
 from configs.grid import load_grid
 from conftest import write_run_config
-from scripts import ablate, tune
+from scripts import ablate, grid_archive, tune
 from training.run_dir import RunDir
 from training.run_record import is_record
 from training.saved_run import load_run
@@ -40,6 +40,10 @@ archive: {tmp / archive}
     return grid
 
 
+def archive_bytes(tmp: Path) -> dict:
+    return {p.relative_to(tmp / "archive"): p.read_bytes() for p in (tmp / "archive").rglob("*") if p.is_file()}
+
+
 def report_rows(tmp: Path) -> list[tuple]:
     results = json.loads((tmp / "report" / "results.json").read_text())
     return sorted((r["run"].split("/")[-1], r["length"], r["protocol"], r["nll"]) for r in results["results"])
@@ -59,11 +63,16 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
     for run in runs:
         record = tmp_path / "archive" / run.name
         files = sorted(str(p.relative_to(record)) for p in record.rglob("*") if p.is_file())
-        assert {"config.yaml", "tokenizer.json", "metrics.jsonl", "record.json", "checkpoints/latest",
+        assert {"config.yaml", "tokenizer.json.gz", "metrics.jsonl.gz", "record.json", "checkpoints/latest",
                 "checkpoints/step_000008/meta.json", "eval/planned.yaml"} <= set(files)
-        assert sum(f.startswith("eval/extrapolation-") for f in files) == 1
-        assert sum(f.startswith("eval/diagnostics-") for f in files) == 1
+        assert sum(f.startswith("eval/extrapolation-") and f.endswith(".json.gz") for f in files) == 1
+        assert sum(f.startswith("eval/diagnostics-") and f.endswith(".json.gz") for f in files) == 1
         assert not [f for f in files if f.endswith((".safetensors", ".pt", ".log", ".partial.jsonl"))]
+    # Written again from the same run: the same bytes (nothing in a record says when it was written).
+    first = archive_bytes(tmp_path)
+    for run in runs:
+        grid_archive.archive_run(load_grid(grid_path), run)
+    assert archive_bytes(tmp_path) == first
 
     # A fresh clone: no run directories, only the archive. Nothing trains or is evaluated
     # again, and the reports say the same.
@@ -76,6 +85,9 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
     out = capsys.readouterr().out
     assert "restored 2 runs from the grid's archive" in out and out.count("restored from the archive") == 2
     assert "runs archived" not in out  # records are not written again
+    for run in runs:  # unpacked as they were
+        assert RunDir.of(run.cfg).metrics.read_text().count("val_loss") >= 1
+        assert not list(RunDir.of(run.cfg).path.rglob("*.gz"))
     for run in runs:
         log = RunDir.of(run.cfg).log.read_text()
         assert " -m train " not in log  # no training command ran
@@ -107,6 +119,20 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
     shutil.rmtree(tmp_path / "runs")
     assert tune.main([str(grid_path), "--out", str(tmp_path / "tuning")]) == 0
     assert "kerple" in (tmp_path / "tuning" / "tuning.md").read_text()
+
+
+def test_a_damaged_record_is_named_and_nothing_is_restored(tmp_path, corpus, capsys):
+    grid_path = write_grid(tmp_path, corpus)
+    assert ablate.main([str(grid_path), "--no-estimate"]) == 0
+    runs = load_grid(grid_path).plan()
+    shutil.rmtree(tmp_path / "runs")
+    damaged = next((tmp_path / "archive" / runs[1].name / "eval").glob("extrapolation-*.json.gz"))
+    damaged.write_bytes(damaged.read_bytes()[:40])
+    capsys.readouterr()
+    assert ablate.main([str(grid_path), "--no-estimate"]) == 2
+    err = capsys.readouterr().err
+    assert str(damaged) in err and "the record is damaged" in err and "Traceback" not in err
+    assert not RunDir.of(runs[1].cfg).path.exists()  # nothing half-restored
 
 
 def test_archive_alone_keeps_what_another_process_finished(tmp_path, corpus, capsys):

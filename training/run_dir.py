@@ -32,7 +32,7 @@ if TYPE_CHECKING:  # annotations only: the run directory does not depend on the 
     from configs.schema import RunConfig
 
 WEIGHTS, STATE, META = "model.safetensors", "state.pt", "meta.json"
-TOKENIZER = "tokenizer.json"
+TOKENIZER, METRICS = "tokenizer.json", "metrics.jsonl"
 
 
 class RunDir:
@@ -63,7 +63,7 @@ class RunDir:
 
     @property
     def metrics(self) -> Path:
-        return self.path / "metrics.jsonl"
+        return self.path / METRICS
 
     @property
     def log(self) -> Path:

@@ -4,10 +4,14 @@ A grid whose file names an ``archive`` directory (configs/grid.py) copies each o
 there once it has trained and every evaluation the grid plans for it is cached
 (scripts/grid_archive.py). A record is a run directory (training/run_dir.py) with only::
 
-    config.yaml, tokenizer.json, metrics.jsonl      what it was and how it trained
-    checkpoints/latest, checkpoints/step_N/meta.json its final step, tokens and provenance
-    eval/planned.yaml, eval/<kind>-<key>.json       the grid's evaluations of that checkpoint
-    record.json                                     what this directory is
+    config.yaml, tokenizer.json.gz, metrics.jsonl.gz  what it was and how it trained
+    checkpoints/latest, checkpoints/step_N/meta.json   its final step, tokens and provenance
+    eval/planned.yaml, eval/<kind>-<key>.json.gz      the grid's evaluations of that checkpoint
+    record.json                                       what this directory is
+
+The large files are gzipped (deterministically: the same run gives the same bytes), so a
+record costs the repository, and every copy of the working tree, a few hundred KB; they
+are unpacked when the record is restored.
 
 so the grid survives the machine it ran on: on a fresh clone, scripts/ablate.py copies the
 records of runs it does not have on disk back into the grid's run directory, counts them
@@ -19,6 +23,7 @@ those says so (``RECORD_ADVICE``) instead of failing on a missing file.
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -26,7 +31,7 @@ from typing import Iterable
 
 from common.atomic import atomic_directory
 from common.errors import CheckpointError
-from training.run_dir import META, RunDir
+from training.run_dir import META, METRICS, TOKENIZER, RunDir
 
 RECORD = "record.json"
 RECORD_FORMAT = 1
@@ -69,6 +74,11 @@ def record_paths(run: RunDir, caches: Iterable[Path]) -> list[Path]:
     return [p.relative_to(run.path) for p in wanted]
 
 
+def packed(rel: Path) -> bool:
+    """Whether a record keeps the file ``rel`` gzipped (the tokenizer, metrics and evaluation caches)."""
+    return rel.name in (TOKENIZER, METRICS) or (rel.parts[0] == "eval" and rel.suffix == ".json")
+
+
 def write_record(run: RunDir, caches: Iterable[Path], dest: Path) -> None:
     """Copy ``run``'s record (with the evaluation caches ``caches``) to ``dest``, replacing
     an earlier record there in one rename."""
@@ -78,7 +88,11 @@ def write_record(run: RunDir, caches: Iterable[Path], dest: Path) -> None:
     with atomic_directory(dest, replace=True) as tmp:
         for rel in paths:
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
-            shutil.copyfile(run.path / rel, tmp / rel)
+            if packed(rel):
+                data = gzip.compress((run.path / rel).read_bytes(), compresslevel=9, mtime=0)
+                (tmp / rel.with_name(rel.name + ".gz")).write_bytes(data)
+            else:
+                shutil.copyfile(run.path / rel, tmp / rel)
         (tmp / RECORD).write_text(json.dumps({"format": RECORD_FORMAT, "checkpoint": checkpoint, "holds": HOLDS},
                                              indent=1) + "\n")
 
@@ -93,3 +107,11 @@ def restore_record(src: Path, run: RunDir) -> None:
         raise CheckpointError(f"{run} holds a run with checkpoints; it is not replaced by the record {src}")
     with atomic_directory(run.path, replace=True) as tmp:
         shutil.copytree(src, tmp, dirs_exist_ok=True)
+        for path in list(tmp.rglob("*.gz")):
+            try:
+                path.with_suffix("").write_bytes(gzip.decompress(path.read_bytes()))
+            except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+                raise CheckpointError(f"{src / path.relative_to(tmp)} does not unpack ({e}); the record is damaged: "
+                                      "restore it from git (git checkout -- PATH), or remove it to train the run "
+                                      "again") from None
+            path.unlink()
