@@ -296,8 +296,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train and evaluate nothing: copy the finished, evaluated runs into the grid's archive "
                         "(its archive: key), e.g. while the grid trains in another process")
     p.add_argument("--report", action="store_true",
-                   help="train nothing here: wait for the grid's Slurm jobs to end, then write its reports "
-                        "(with --launcher slurm: after submitting)")
+                   help="train nothing here: write the grid's reports from the runs that are finished (records "
+                        "from its archive included); for a grid on Slurm, once its jobs have ended (with "
+                        "--launcher slurm: after submitting)")
     usage_when_empty(p, argv)
     return p.parse_args(argv)
 

@@ -154,6 +154,15 @@ def test_archive_alone_keeps_what_another_process_finished(tmp_path, corpus, cap
     assert sorted(p.name for p in (tmp_path / "archive").iterdir()) == [runs[0].name]
     assert not is_record(RunDir.of(runs[0].cfg))  # the run itself keeps its weights
 
+    # On a fresh clone, --report writes the report of what the archive holds, training nothing.
+    shutil.rmtree(tmp_path / "runs")
+    assert ablate.main([str(grid_path), "--report"]) == 1  # one run is not finished
+    out = capsys.readouterr().out
+    assert "1/2 runs finished" in out and f"failed: {runs[1].name}: not finished" in out
+    assert not RunDir.of(runs[1].cfg).path.exists()
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert runs[0].name.split("_")[0] in report and "Missing runs" in report
+
 
 def test_an_archive_inside_the_report_is_refused(tmp_path, corpus):
     grid_path = write_grid(tmp_path, corpus, archive="report/runs")
