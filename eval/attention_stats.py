@@ -27,7 +27,8 @@ from eval.attention_probe import LayerAttention
 
 Tensor = torch.Tensor
 CHUNK_ELEMENTS = 1 << 20  # probabilities per chunk of query rows (4 MB of float32; smaller chunks skip more masked keys)
-MAP_SIZE = 128  # an example attention map is averaged down to at most this many rows and columns
+MAP_SIZE = 64  # an example attention map is averaged down to at most this many rows and columns (a run's
+# cached diagnostics, which keep it, stay small enough to commit as a grid's record)
 
 
 def log2_bin(values: Tensor) -> Tensor:

@@ -48,7 +48,7 @@ from model.encodings import KINDS, served_length
 from training.memory import Estimate, attention_map_estimate, largest
 from training.saved_run import SavedRun, load_run
 
-DIAGNOSTICS_FORMAT = 2  # bumped when a measure changes, so cached diagnostics are computed again
+DIAGNOSTICS_FORMAT = 3  # bumped when a measure changes, so cached diagnostics are computed again
 MAP_MULTIPLE = 8  # the example attention maps: at L and at 8L (else the longest length)
 
 
