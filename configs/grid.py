@@ -254,7 +254,8 @@ def load_grid(path: str | Path) -> Grid:
                 overrides=[str(o) for o in tree.get("overrides", [])], axes=axes,
                 variants={k: [str(o) for o in v] for k, v in variants.items()},
                 eval_overrides=[f"eval.{k}={_text(v)}" for k, v in evaluation.items()],
-                report=tree.get("report"), archive=archive, source=path, more_seeds=_more_seeds(tree.get("more_seeds"), path),
+                report=tree.get("report"), archive=archive, source=path,
+                more_seeds=_more_seeds(tree.get("more_seeds"), path),
                 slurm=slurm_config(tree["slurm"], str(origins.get("slurm", path))) if "slurm" in tree else None)
 
 

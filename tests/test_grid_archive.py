@@ -110,7 +110,8 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
     out = capsys.readouterr().out
     assert out.count("conflict") == 2 and "is a run record" in out
     other_eval = write_grid(tmp_path, corpus)
-    other_eval.write_text(other_eval.read_text().replace("lengths: [32, 64], protocols", "lengths: [32, 48], protocols"))
+    other_eval.write_text(other_eval.read_text().replace("lengths: [32, 64], protocols",
+                                                         "lengths: [32, 48], protocols"))
     assert ablate.main([str(other_eval)]) == 1
     out = capsys.readouterr().out
     assert out.count("failed:") == 2 and "is a run record" in out

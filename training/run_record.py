@@ -9,16 +9,16 @@ there once it has trained and every evaluation the grid plans for it is cached
     eval/planned.yaml, eval/<kind>-<key>.json.gz      the grid's evaluations of that checkpoint
     record.json                                       what this directory is
 
-The large files are gzipped (deterministically: the same run gives the same bytes), so a
-record costs the repository, and every copy of the working tree, a few hundred KB; they
-are unpacked when the record is restored.
-
 so the grid survives the machine it ran on: on a fresh clone, scripts/ablate.py copies the
 records of runs it does not have on disk back into the grid's run directory, counts them
 as done, and its reports read their cached evaluations as if the runs had been evaluated
 there. A record holds no weights or optimizer state: it cannot be trained further, sampled,
 fine-tuned from, or evaluated with settings other than those it was archived with; each of
-those says so (``RECORD_ADVICE``) instead of failing on a missing file.
+those says so (``record_advice``) instead of failing on a missing file.
+
+The large files are gzipped (deterministically: the same run gives the same bytes), so a
+record costs the repository, and every copy of the working tree, a few hundred KB; they
+are unpacked when the record is restored.
 """
 
 from __future__ import annotations
