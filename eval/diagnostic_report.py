@@ -271,6 +271,17 @@ def _jsonable(value):
     return value
 
 
+def _reduced(cell: dict, meta: dict) -> dict:
+    """One run's cell at one length as results.json keeps it: its status and notes, and each
+    measure per window (``window_measures``)."""
+    kept = {k: v for k, v in cell.items() if not isinstance(v, (list, np.ndarray))}
+    if cell.get("status") != "ok":
+        return kept
+    if "needle_uniform" in cell:
+        kept["needle_uniform"] = cell["needle_uniform"]
+    return kept | window_measures(cell, meta)
+
+
 def write_diagnostics_report(results: dict, out: Path) -> None:
     """report.md, results.json (the runs' cells and the pooled rows) and figures in ``out``."""
     rows = pooled_rows(results)
@@ -282,7 +293,11 @@ def write_diagnostics_report(results: dict, out: Path) -> None:
         write_text_atomic(out / "report.md", markdown)
         return markdown
 
-    # The example maps stay in the runs' caches: in results.json they would be most of its size.
-    cells = {run: {n: {k: v for k, v in cell.items() if k != "map"} for n, cell in by_length.items()}
+    # results.json keeps each run's measures per window as the pooling reads them
+    # (window_measures), not the per-head, per-position arrays they come from, nor the example
+    # maps: those stay in the runs' caches (and a grid's records); kept here they made a study
+    # of 60 runs tens of MB.
+    metas = {meta["run"]: meta for meta in results["runs"]}
+    cells = {run: {n: _reduced(cell, metas[run]) for n, cell in by_length.items()}
              for run, by_length in results["cells"].items()}
     write_report_files(out, _jsonable({**results, "cells": cells, "rows": pooled}), write_markdown, DIAGNOSTIC_FIGURES)

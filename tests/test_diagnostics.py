@@ -332,7 +332,10 @@ def test_a_synthetic_run_is_diagnosed_on_its_task_instances(tmp_path):
     results = json.loads((out / "results.json").read_text())
     assert results["runs"][0]["sample"].startswith("2 test instances of passkey")
     cell = results["cells"][results["runs"][0]["run"]]["64"]
-    assert np.asarray(cell["needle"]).shape == (2, 2, 4) and len(cell["needle_uniform"]) == 2
+    # results.json keeps each measure per window (per head where the report draws heads).
+    assert np.asarray(cell["needle_heads"]).shape == (2, 2, 4) and len(cell["needle_uniform"]) == 2
+    assert np.asarray(cell["needle"]).shape == (2,) and np.asarray(cell["entropy_by_position"]).shape[0] == 2
+    assert "map" not in cell and "qk_pairs" not in cell
 
 
 def test_a_grid_with_diagnostics_writes_them_into_its_report(tmp_path, capsys):
