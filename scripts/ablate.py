@@ -386,7 +386,7 @@ def run_grid(args: argparse.Namespace) -> int:
         if run.name not in failures and run not in finished:
             failures[run.name] = "not finished"
     if not args.skip_eval and finished:
-        if grid.archive:
+        if grid.archive and (slurm is not None or args.report):  # a local run was archived by its worker
             archived, _ = archive_runs(grid, finished, {run.name for run in finished})
             if archived:
                 print(f"{len(archived)} runs archived in {grid.archive}")

@@ -44,10 +44,6 @@ def planned_evaluations(run: PlannedRun) -> dict[str, Evaluation]:
     return planned
 
 
-def eval_modules(run: PlannedRun) -> list[str]:
-    return list(planned_evaluations(run))
-
-
 def planned_caches(run: PlannedRun) -> list[Path]:
     """The cache file of every evaluation the grid plans for ``run`` (RunDir.eval_cache)."""
     run_dir = RunDir.of(run.cfg)
@@ -65,7 +61,7 @@ def eval_commands(run: PlannedRun, device: str) -> list[list[str]]:
     first) into its caches; the grid's reports then read them."""
     run_dir = RunDir.of(run.cfg)
     return [[sys.executable, "-m", module, str(run_dir), "--eval-file", str(run_dir.planned_eval),
-             "--cache-only", "--device", device] for module in eval_modules(run)]
+             "--cache-only", "--device", device] for module in planned_evaluations(run)]
 
 
 def not_cached(run: PlannedRun) -> list[str]:
