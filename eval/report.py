@@ -11,12 +11,12 @@ positions)" and are left out of the plots.
 
 from __future__ import annotations
 
-import json
 from itertools import combinations
 from pathlib import Path
 from typing import Callable, Optional
 
 from common.atomic import write_text_atomic
+from common.jsonfile import dumps_report
 from common.storage import is_storage_error, make_dir, storage_error
 from eval.ablations import ablations_note, is_ablation, sweep_ablations, sweep_choices
 from eval.budget import budget_section
@@ -335,7 +335,7 @@ def write_report_files(out: Path, results: dict, write_markdown: Callable[[], st
     check_report_dir(out)
     try:
         make_dir(out, "the report directory")
-        write_text_atomic(out / "results.json", json.dumps(results, indent=1))
+        write_text_atomic(out / "results.json", dumps_report(results))
         markdown = write_markdown()
         for pattern in figures:
             for stale in out.glob(pattern):

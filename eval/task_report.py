@@ -24,13 +24,14 @@ first error falls (eval/task_positions.py).
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
 
 import numpy as np
 
+from common.atomic import write_text_atomic
+from common.jsonfile import dumps_report
 from configs.tasks import TASK_NAMES, TaskEvalConfig
 from eval.effective_length import effective_section
 from eval.kmax import __doc__ as KMAX_DOC
@@ -296,7 +297,7 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
 
 def write_task_report(results: dict, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
-    (out / "results.json").write_text(json.dumps(results, indent=1))
+    write_text_atomic(out / "results.json", dumps_report(results))
     runs, rows = results["runs"], results["results"]
     lengths = sorted({r["length"] for r in rows})
     remade = (f", made again {results['remade']} from its results.json (python -m eval.remake)"
