@@ -132,7 +132,10 @@ def crossing(lengths: list[int], log_ratios: list[float], train_len: int,
 
 def breakdown(summary: dict[str, dict[int, dict]], label: str) -> Optional[dict]:
     """The row's breakdown length: {point, low, high, seeds, beyond, longest}, or None where it
-    was not scored at L and past it."""
+    was not scored at L and past it. Where every seed (two or more) breaks down within the
+    evaluated lengths, the point is the geometric mean of the seeds' own breakdown lengths and
+    the interval a t-interval around it in log length; otherwise the point is where the seeds'
+    mean log-ratio curve crosses, with no interval."""
     train_len = train_lengths(summary).get(label)
     cells = summary[label]
     at_l = cells.get(train_len, {}).get("cell")
@@ -147,7 +150,7 @@ def breakdown(summary: dict[str, dict[int, dict]], label: str) -> Optional[dict]
     if len(seeds) >= 2 and out["beyond"] == 0:
         logs = np.log2(seeds)
         half = t_quantile(0.975, len(seeds) - 1) * logs.std(ddof=1) / math.sqrt(len(seeds))
-        out.update(low=2 ** (logs.mean() - half), high=2 ** (logs.mean() + half))
+        out.update(point=2 ** logs.mean(), low=2 ** (logs.mean() - half), high=2 ** (logs.mean() + half))
     return out
 
 
@@ -175,8 +178,10 @@ def breakdown_section(summaries: dict[str, dict[str, dict[int, dict]]]) -> list[
         return []
     return ["", "### Breakdown length", "",
             f"The evaluation length at which each row's perplexity first exceeds its own at L by 5% ({protocol} "
-            "protocol; interpolated in log length between evaluated lengths), with a 95% t-interval over the seeds' "
-            "own breakdown lengths. For comparison, Press et al. (2022, Figure 1 and Table 2; WikiText-103, "
+            "protocol; interpolated in log length between evaluated lengths). Where every seed breaks down within the "
+            "evaluated lengths, the value is the geometric mean of the seeds' own breakdown lengths with a 95% "
+            "t-interval over them (in log length); otherwise it is where the seeds' mean curve crosses, and no "
+            "interval is given. For comparison, Press et al. (2022, Figure 1 and Table 2; WikiText-103, "
             "L = 512) find sinusoidal breaking down within tens of tokens past L, rotary within about 100–200, "
             "the T5 bias later and ALiBi not at all.", "",
             "| row | L | breakdown length (95% interval) |", "|---|---:|---:|",

@@ -16,12 +16,14 @@ encoding cannot serve (a learned table's end) counts as failing; a curve at 0 at
 distractors, one of several needles or chains), the accuracy of a model that picks one at
 random, the task's chance c (data/tasks: ``Task.chance``), is taken off first: n counts
 while accuracy(n) − c ≥ f × (accuracy(R) − c), and a curve at or below c at R has none, so a
-model that never found the needle is not said to keep the task to every length. The row's value comes from
-its pooled accuracies (the mean over the seeds it pools); its 95% interval is a t-interval
-over the seeds' own effective lengths on log2 length (S − 1 degrees of freedom, as the
-breakdown length of perplexity reports, eval/context.py), given when at least two seeds
-pool and none keeps the task to the longest evaluated length (the true value of such a seed
-is only known to be at least that: the row then says how many did). With lengths a factor
+model that never found the needle is not said to keep the task to every length. Where at
+least two seeds pool and each has a value short of the longest evaluated length, the row's
+value is the geometric mean of the seeds' own effective lengths and its 95% interval a
+t-interval around it on log2 length (S − 1 degrees of freedom, as the breakdown length of
+perplexity reports, eval/context.py), so the value always lies inside its interval.
+Otherwise (one seed; a seed that keeps the task to the longest length, whose true value is
+only known to be at least that; a seed at 0 at R) the value comes from the pooled curve
+(the mean accuracy over the seeds), with no interval, and the row says why. With lengths a factor
 2 apart, each seed's value is only known to lie below the next evaluated length.
 """
 
@@ -67,8 +69,8 @@ def row_effective_length(seed_curves: list[dict[int, Optional[float]]], referenc
            "seeds": len(seeds), "censored": sum(s == longest for s in seeds), "longest": longest,
            "reference": reference, "per_seed": seeds, "chance": chance}
     if len(seeds) >= 2 and out["censored"] == 0 and None not in seeds:
-        _, low, high = t_interval(np.log2(seeds))
-        out.update(low=2 ** float(low), high=2 ** float(high))
+        mean, low, high = t_interval(np.log2(seeds))
+        out.update(point=2 ** float(mean), low=2 ** float(low), high=2 ** float(high))
     return out
 
 
@@ -79,7 +81,7 @@ def effective_text(found: Optional[dict]) -> str:
     if point is None:
         return (f"– (at or below chance, {found['chance']:.3g}, at the reference length)" if found.get("chance")
                 else "– (0 at the reference length)")
-    text = f"{point} (×{point / ref:g})"
+    text = f"{point:.0f} (×{point / ref:.3g})"
     if found["censored"]:
         return f"≥ {text}; {found['censored']} of {found['seeds']} seeds keep it to the longest length"
     if found["low"] is not None:
@@ -121,5 +123,7 @@ def effective_section(kept: dict[str, dict[str, dict[int, list[dict]]]], setting
     return ["", "Effective length: the longest evaluated length up to which the row's accuracy stays at least "
             f"{fraction} × its accuracy at the reference length R{chance} (every evaluated length between counts; "
             "eval/effective_length.py, after RULER's effective length, Hsieh et al. 2024), from the seeds that "
-            "learned the task, with a 95% t-interval over their own effective lengths (log2 length):", "",
+            "learned the task: the geometric mean of their own effective lengths with a 95% t-interval (log2 length), "
+            "or, where a seed keeps the task to the longest length or only one pools, that of their mean accuracy "
+            "curve:", "",
             "| row | R | effective length (95% interval) |", "|---|---:|---|", *lines]

@@ -35,15 +35,18 @@ def _summary(per_seed_log_ppl: dict[int, list[float]], train_len: int = 128) -> 
 def test_breakdown_points_and_interval_over_seeds():
     s = _summary({128: [4.0, 4.1, 4.2], 256: [4.03, 4.12, 4.21], 512: [4.1, 4.2, 4.3], 1024: [4.4, 4.5, 4.6]})
     found = breakdown(s, "row")
-    # Mean log-ratios 0.02 at 256 and 0.1 at 512: 2^(8 + (0.04879 − 0.02)/0.08).
-    assert found["point"] == pytest.approx(2 ** (8 + (math.log(1.05) - 0.02) / 0.08), rel=1e-9)
+    # Every seed crosses: the value is their geometric mean, the centre of the t-interval.
     seeds = [crossing([256, 512, 1024], [r256, 0.1, 0.4], 128) for r256 in (0.03, 0.02, 0.01)]
     logs = np.log2(seeds)
     half = 4.302652729911275 * logs.std(ddof=1) / math.sqrt(3)  # t(0.975, 2)
+    assert found["point"] == pytest.approx(2 ** logs.mean(), rel=1e-12)
     assert (found["low"], found["high"]) == pytest.approx((2 ** (logs.mean() - half), 2 ** (logs.mean() + half)))
+    assert found["low"] < found["point"] < found["high"]
     assert found["beyond"] == 0 and "×" in breakdown_text(found)
     split = breakdown(_summary({128: [4.0, 4.1], 2048: [4.01, 4.3]}), "row")  # one seed crosses, one does not
-    assert split["point"] is not None and split["beyond"] == 1 and split["low"] is None
+    assert split["beyond"] == 1 and split["low"] is None
+    # Mean log-ratio 0.21/2 = 0.105 at 2048: the seeds' mean curve crosses, interpolated from L.
+    assert split["point"] == pytest.approx(2 ** (7 + math.log(1.05) / 0.105 * 4), rel=1e-9)
     assert breakdown_text(split).endswith("1 of 2 seeds stay within 5% to 2048")
     flat = breakdown(_summary({128: [4.0, 4.1], 2048: [4.01, 4.11]}), "row")
     assert flat["point"] is None and breakdown_text(flat) == "> 2048"

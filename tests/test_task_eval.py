@@ -344,12 +344,20 @@ def test_effective_length_by_hand():
              {32: 0.96, 64: 0.96, 128: 0.9, 256: 0.2}]
     found = row_effective_length(seeds, 32, 0.8)
     assert found["per_seed"] == [64, 32, 128]
-    assert found["point"] == 32  # pooled 0.987 at 32, 0.787 at 64: below 0.8 × 0.987 = 0.789
+    # The pooled curve (0.987 at 32, 0.787 at 64: below 0.8 × 0.987 = 0.789) would say 32; with
+    # an interval over the seeds the value is their geometric mean, the interval's centre.
     half = t_quantile(0.975, 2) * np.std([6, 5, 7], ddof=1) / np.sqrt(3)  # log2 of 64, 32, 128
+    assert found["point"] == pytest.approx(64)
     assert found["low"] == pytest.approx(2 ** (6 - half)) and found["high"] == pytest.approx(2 ** (6 + half))
+    assert effective_text(found) == f"64 (×2) ({2 ** (6 - half):.0f}–{2 ** (6 + half):.0f})"
     assert found["censored"] == 0
     kept = row_effective_length([seeds[2], {32: 1.0, 64: 1.0, 128: 1.0, 256: 1.0}], 32, 0.8)
     assert kept["censored"] == 1 and kept["low"] is None and "1 of 2 seeds keep it" in effective_text(kept)
+    # From the pooled curve (0.98, 0.98, 0.95, 0.6): the second seed keeps the task to 256, its
+    # own value only known to be at least that, so there is no interval to centre on.
+    assert kept["point"] == 128
+    one = row_effective_length([seeds[0]], 32, 0.8)
+    assert one["point"] == 64 and effective_text(one) == "64 (×2) (one seed)"
 
 
 def test_effective_length_above_chance():
