@@ -103,11 +103,12 @@ def regime_rows(name: str, results: dict) -> list[list[str]]:
         short = next((float(c.seed_values().mean()) for first, end, c in row_bins or [] if (first, end) == (8, 16)), math.nan)
         seeds = [r for r in results["runs"] if r["label"] == label]
         minutes = np.mean([train_seconds(r) for r in seeds]) / 60 if seeds else math.nan
+        wall = any(not at_usual_speed(r) for r in seeds)
         found = breakdown(summary, label)
         cell_l = summary[label].get(train_len, {})
         out.append([name, label, f"{runs[label]['params'] / 1e6:.2f}M", str(train_len),
                     f"{runs[label]['steps']} × {runs[label]['tokens_trained'] // runs[label]['steps']}",
-                    f"{minutes:.1f}", str(len(seeds)), f"{cell_l.get('ppl', math.nan):.2f}",
+                    f"{minutes:.1f}" + (" (wall)" if wall else ""), str(len(seeds)), f"{cell_l.get('ppl', math.nan):.2f}",
                     *_gain_text(gain, short, _bits_per_nat(summary, label, train_len)),
                     breakdown_text(found) if found else "–",
                     _ratio(ratios.get(label, {}).get(2 * train_len)),
@@ -156,13 +157,24 @@ def attention_rows(name: str, diagnostics: Optional[dict]) -> list[list[str]]:
     return out
 
 
-def train_seconds(run: dict) -> float:
-    """A run's training time at its usual speed: the record's, else (results written before it
-    was recorded) from its metrics.jsonl where the run is at hand, else the wall time recorded."""
+def _steady_seconds(run: dict) -> Optional[float]:
     steady = run.get("steady_train_seconds")
     if steady is None:
         steady = steady_train_seconds(RunDir(run["run"]).metrics, run.get("tokens_trained"))
+    return steady
+
+
+def train_seconds(run: dict) -> float:
+    """A run's training time at its usual speed: the record's, else (results written before it
+    was recorded) from its metrics.jsonl where the run is at hand, else the wall time recorded."""
+    steady = _steady_seconds(run)
     return steady if steady is not None else run["train_seconds"]
+
+
+def at_usual_speed(run: dict) -> bool:
+    """Whether ``train_seconds(run)`` is at the run's usual speed, not the wall time (a run
+    evaluated before the speed was recorded, whose metrics are no longer at hand)."""
+    return _steady_seconds(run) is not None
 
 
 ATTENTION_HEAD = ["regime", "row", "longest", "distance L", "distance 2L", "distance longest", "entropy L",
@@ -198,8 +210,9 @@ def regimes_markdown(grids: list[tuple[str, Path, dict]], diagnostics: Optional[
              "Ratios: perplexity at n over perplexity at L on the same tokens, paired by seed, with the interval "
              "across training runs. Press et al. (2022, Figure 1 and Table 2) is the pattern to compare with. "
              "Train min: each row's mean training time at its runs' usual speed (tokens trained over the median "
-             "of the tokens/s each run logged, so a pause or a burst of other load does not count; the recorded "
-             "wall time where a run logged no rate); equal compute is set by each grid's step budget "
+             "of the tokens/s each run logged, so a pause or a burst of other load does not count); \"(wall)\" marks "
+             "a row with a run whose results predate that record and whose metrics are not at hand, read at its "
+             "recorded wall time, pauses and contention included; equal compute is set by each grid's step budget "
              "(steps × tokens) at its shape, not by these minutes.", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * 2 + "---:|" * (len(HEAD) - 2)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]

@@ -117,3 +117,6 @@ def test_training_minutes_at_the_usual_speed_do_not_count_a_pause(tmp_path):
     assert train_seconds(recorded) == pytest.approx(4000 / 995.0)  # read from the run's metrics.jsonl
     assert train_seconds({**recorded, "steady_train_seconds": 5.0}) == 5.0
     assert train_seconds({**recorded, "run": str(tmp_path / "gone")}) == 3600.0  # the run not at hand
+    from eval.regimes import at_usual_speed
+    assert at_usual_speed(recorded) and at_usual_speed({**recorded, "run": "gone", "steady_train_seconds": 5.0})
+    assert not at_usual_speed({**recorded, "run": str(tmp_path / "gone")})  # the table marks it "(wall)"
