@@ -29,8 +29,16 @@ LINEAR = ("linear attention forms no attention matrix (its weights φ(q)ᵀφ(k)
           "per RoPE frequency pair does, on the features its numerator rotates")
 
 
+# What ``window_measures`` gives, and a report's results.json keeps (``_reduced``).
+MEASURES = ("entropy", "distance", "sink", "needle", "entropy_by_position", "distance_histogram", "sink_heads",
+            "sink_rate", "needle_heads", "qk_share")
+
+
 def window_measures(cell: dict, meta: dict) -> dict[str, np.ndarray]:
-    """Each measure of one run at one length, reduced per window: (W,) or (W, …)."""
+    """Each measure of one run at one length, reduced per window: (W,) or (W, …). A cell read
+    back from a report's results.json (``per_window``) holds them already."""
+    if cell.get("per_window"):
+        return {name: np.asarray(cell[name], dtype=np.float64) for name in MEASURES if name in cell}
     out = {}
     for name in ("entropy", "distance", "sink", "needle"):
         if name in cell:
@@ -163,10 +171,12 @@ def _markdown(results: dict, rows: list[dict], out: Path) -> str:
     epsilons = sorted({r["epsilon"] for r in runs})
     sink_tokens = sorted({r["sink_tokens"] for r in runs})
     first = "the first token" if sink_tokens == [1] else f"the first {'/'.join(map(str, sink_tokens))} tokens"
+    remade = (f" Made again {results['remade']} from its results.json (python -m eval.remake)."
+              if results.get("remade") else "")
     lines = ["# Attention diagnostics", "",
              "What attention does as the length grows, at the training length L and beyond: entropy, attended "
              "distance, attention sinks, where RoPE's q·k norm sits across frequencies, and attention on a "
-             "passkey's needle. docs/diagnostics.md defines each measure and its source.", "",
+             f"passkey's needle. docs/diagnostics.md defines each measure and its source.{remade}", "",
              *provenance(runs), "", "## Runs", "", "| run | row | encoding | attention | seed | sample | commit | seconds |",
              "|---|---|---|---|---:|---|---|---:|"]
     for r in runs:
@@ -196,7 +206,7 @@ def _markdown(results: dict, rows: list[dict], out: Path) -> str:
                   "Sink mass:", "", *_table(softmax, lengths, "sink", ".3f"), "",
                   "Sink rate (fraction of heads above ε):", "", *_table(softmax, lengths, "sink_rate", ".2f"), "",
                   "![sink mass by layer and head](sink_heads.png)"]
-    lines += _needle_section(rows, lengths, out) + _pair_section(rows, out) + _map_section(rows, out)
+    lines += _needle_section(rows, lengths, out) + _pair_section(rows, out) + _map_section(rows, out, bool(results.get("remade")))
     notes = _notes(rows)
     if notes:
         lines += ["", "## Not measured", "", *notes]
@@ -240,18 +250,26 @@ def _pair_section(rows: list[dict], out: Path) -> list[str]:
     return lines + ["", "![q·k norm by frequency pair](qk_by_frequency.png)"]
 
 
-def _map_section(rows: list[dict], out: Path) -> list[str]:
-    lines = []
+def _map_section(rows: list[dict], out: Path, remade: bool = False) -> list[str]:
+    """The example maps, drawn from the runs' cells; a report made again from its results.json
+    (which keeps no maps; the same rows in the same order) links the figures drawn beside it
+    when the runs' caches were at hand."""
+    lines, kept = [], False
     for i, row in enumerate(rows):
         maps = {n: m for n, m in row.get("map", {}).items() if m is not None}
+        name = f"attention_map_{i}.png"
         if maps:
-            name = f"attention_map_{i}.png"
             plot_attention_maps(row, maps, out / name)
-            lines += ["", f"![attention maps of {row['label']}]({name})"]
+        elif remade and (out / name).is_file():
+            kept = True
+        else:
+            continue
+        lines += ["", f"![attention maps of {row['label']}]({name})"]
     if lines:
         lines = ["", "## Example attention maps", "",
                  "One window (the first run of each row), each layer's attention averaged over its heads and over "
-                 "blocks of the map; colour on a log scale."] + lines
+                 "blocks of the map; colour on a log scale." + (" Drawn when the runs' caches were at hand (results.json "
+                                                                "keeps no maps)." if kept else "")] + lines
     return lines
 
 
@@ -279,7 +297,7 @@ def _reduced(cell: dict, meta: dict) -> dict:
         return kept
     if "needle_uniform" in cell:
         kept["needle_uniform"] = cell["needle_uniform"]
-    return kept | window_measures(cell, meta)
+    return kept | window_measures(cell, meta) | {"per_window": True}
 
 
 def write_diagnostics_report(results: dict, out: Path) -> None:

@@ -3,8 +3,10 @@
 A report's results.json holds every number its tables and figures come from (per-unit sums
 of every run and cell, per-position curves, the runs' training curves), so a change of
 method — new intervals, a new section — is applied to a committed report without its runs
-or any evaluation: the report is written again over itself (or into ``--out``). Perplexity
-and task reports are told apart by their contents. ``--reference ROW`` changes the row a
+or any evaluation: the report is written again over itself (or into ``--out``). Perplexity,
+task and attention diagnostics reports are told apart by their contents (a diagnostics
+report's results.json keeps no example maps: made again in place, it links the figures drawn
+beside it). ``--reference ROW`` changes the row a
 perplexity report compares every other row with. The numbers in results.json are never
 edited; the report says when it was made again.
 """
@@ -20,6 +22,7 @@ from typing import Optional
 
 from common.cli import entry_point, usage_when_empty
 from common.errors import ArgumentError, DataError
+from eval.diagnostic_report import write_diagnostics_report
 from eval.reference import missing_reference
 from eval.report import write_report
 from eval.task_report import write_task_report
@@ -36,8 +39,9 @@ def read_results(path: Path) -> dict:
         raise DataError(f"{path} does not exist; give a report's results.json (or its directory)") from None
     except (OSError, ValueError) as e:
         raise DataError(f"{path} cannot be read as a report's results.json ({e})") from None
-    if not isinstance(results, dict) or not isinstance(results.get("runs"), list) or "results" not in results:
-        raise DataError(f"{path} is not a report's results.json (it has no runs and results)")
+    if not isinstance(results, dict) or not isinstance(results.get("runs"), list) or not (
+            "results" in results or isinstance(results.get("cells"), dict)):
+        raise DataError(f"{path} is not a report's results.json (it has no runs and results, or runs and cells)")
     return results
 
 
@@ -46,6 +50,11 @@ def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = No
     results = read_results(path)
     out = Path(out) if out is not None else (Path(path) if Path(path).is_dir() else Path(path).parent)
     results["remade"] = time.strftime("%Y-%m-%d %H:%M:%S")
+    if "cells" in results:  # an attention diagnostics report (eval/diagnostics.py)
+        if reference is not None:
+            raise ArgumentError("--reference applies to perplexity reports; this is a diagnostics report")
+        write_diagnostics_report(results, out)
+        return out
     if "kmax" in results:  # a task report (eval/tasks.py)
         if reference is not None:
             raise ArgumentError("--reference applies to perplexity reports; this is a task report")

@@ -284,6 +284,56 @@ def test_report_pools_seeds_skips_what_does_not_apply_and_reuses_its_cache(diag_
     assert capsys.readouterr().out.count("reusing") == 5
 
 
+def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp_path, monkeypatch):
+    """eval.remake on a diagnostics report: the same tables from results.json alone, whether it
+    holds the runs' full cells (reports written before results.json kept measures per window)
+    or the per-window measures; in place the example maps drawn beside it stay linked."""
+    from eval import diagnostic_report, diagnostics, remake
+    from eval.diagnostic_report import _jsonable
+    runs = [diag_runs / name for name in ("rope-a", "rope-b", "alibi", "linear")]
+    out = tmp_path / "report"
+    assert diagnose.main([*map(str, runs), "--lengths", "64", "--windows", "2", "--out", str(out)]) == 0
+    original = (out / "report.md").read_text()
+    reduced = json.loads((out / "results.json").read_text())
+
+    def tables(text):  # the report without the sentences that say it was made again
+        if " Made again" in text:
+            text = text.replace(text[text.index(" Made again"):text.index("(python -m eval.remake).") + 24], "")
+        return text.replace(" Drawn when the runs' caches were at hand (results.json keeps no maps).", "")
+
+    def without_maps(text):
+        if "## Example attention maps" not in text:
+            return text
+        head, tail = text.split("\n## Example attention maps", 1)
+        return head + ("\n## " + tail.split("\n## ", 1)[1] if "\n## " in tail else "\n")
+
+    remake.remake(out)
+    again = (out / "report.md").read_text()
+    assert "Made again" in again and tables(again) == original
+    assert "](attention_map_0.png)" in again and "Drawn when the runs' caches were at hand" in again
+    assert json.loads((out / "results.json").read_text())["cells"] == reduced["cells"]
+
+    elsewhere = tmp_path / "elsewhere"
+    remake.remake(out / "results.json", out=elsewhere)  # no figure beside it: no map section
+    assert "Example attention maps" not in (elsewhere / "report.md").read_text()
+    assert tables((elsewhere / "report.md").read_text()) == without_maps(original)
+
+    # A results.json with the runs' full cells (per head and position, as the regime pilot's).
+    captured = {}
+    monkeypatch.setattr(diagnostics, "write_diagnostics_report", lambda results, out: captured.update(results))
+    assert diagnose.main([*map(str, runs), "--lengths", "64", "--windows", "2", "--out", str(tmp_path / "unused")]) == 0
+    monkeypatch.undo()
+    assert "map" in captured["cells"][str(runs[0])]["64"]
+    full = tmp_path / "full"
+    full.mkdir()
+    (full / "results.json").write_text(json.dumps(_jsonable(captured)))
+    remake.remake(full)
+    assert without_maps(tables((full / "report.md").read_text())) == without_maps(original)
+    rewritten = json.loads((full / "results.json").read_text())
+    assert rewritten["cells"] == reduced["cells"]
+    assert {"per_window", *diagnostic_report.MEASURES[:3]} <= set(rewritten["cells"][str(runs[0])]["64"])
+
+
 def test_user_errors_are_one_line_and_exit_2(diag_runs, tmp_path, capsys):
     run = str(diag_runs / "alibi")
     for argv in ([run, "--epsilon", "1.5", "--out", str(tmp_path / "a")],
