@@ -115,6 +115,7 @@ def effective_section(kept: dict[str, dict[str, dict[int, list[dict]]]], setting
         lines.append(f"| {label} | {first['reference']} | {effective_text(found)} |")
     if not lines:
         return []
+    fractions = fractions or {v["fraction"] for v in settings.values() if "fraction" in v}  # no row learned it
     fraction = "/".join(f"{f:g}" for f in sorted(fractions)) or "f"
     above = "/".join(f"{c:.3g}" for c in sorted(chances))
     chance = ("" if not any(chances) else

@@ -360,6 +360,14 @@ def test_effective_length_by_hand():
     assert one["point"] == 64 and effective_text(one) == "64 (×2) (one seed)"
 
 
+def test_effective_length_section_names_the_fraction_even_where_no_row_learned():
+    from eval.effective_length import effective_section
+    settings = {"r0": {"reference": 32, "fraction": 0.8, "chance": {}}, "r1": {"reference": 32, "fraction": 0.8}}
+    lines = effective_section({"rope": {}, "alibi": {}}, settings, lambda cells: None, "copy")
+    assert "at least 0.8 × its accuracy" in lines[1]
+    assert lines[-2:] == ["| alibi | – | – (no seed learned the task) |", "| rope | – | – (no seed learned the task) |"]
+
+
 def test_effective_length_above_chance():
     """A curve at a random candidate's accuracy keeps nothing: 4 needles, one asked, chance 1/4."""
     at_chance = {32: 0.25, 64: 0.25, 128: 0.25}
