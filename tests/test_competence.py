@@ -6,6 +6,7 @@ import json
 import signal
 from pathlib import Path
 
+import numpy as np
 import pytest
 
 import train
@@ -113,3 +114,56 @@ def test_seeds_trained_to_competence_pool_whatever_their_tokens(tmp_path):
 def test_bad_stop_settings_are_clear(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("]", r"\]")):
         load_config(config(tmp_path), overrides)
+
+
+def multikey(tmp: Path) -> Path:
+    """Multikey with 3 needles, each training instance asking 1 to 3 of them (asked: mixed),
+    scored by the evaluation on one question (eval.tasks.asked: 1, RULER's multi-key)."""
+    path = tmp / "multikey.yaml"
+    path.write_text(f"""
+name: multikey
+out_dir: {tmp / 'runs'}
+model: {{d_model: 32, n_layers: 1, n_heads: 4, n_kv_heads: 2}}
+data: {{source: synthetic, tokenizer: {{kind: char}},
+       synthetic: {{tasks: [multikey], needles: 3, asked: mixed}}}}
+train: {{seq_len: 96, batch_size: 4, max_steps: 4, warmup_steps: 1, eval_interval: 2, eval_batches: 1,
+        ckpt_interval: 2, seed: 0, stop_at_accuracy: 0.95}}
+eval: {{tasks: {{asked: 1}}}}
+log: {{progress: false}}
+""")
+    return path
+
+
+def test_competence_is_judged_on_the_questions_the_evaluation_asks(tmp_path, monkeypatch):
+    import training.data
+    from data.tasks import length_set
+    from training.data import TaskTraining, scored_tasks
+
+    cfg = load_config(multikey(tmp_path))
+    data = TaskTraining(cfg.data.synthetic)
+    (trained,) = data.tasks
+    assert trained.mixed and trained.asked == 3
+    (scored,) = scored_tasks(data.tasks, cfg.data.synthetic, data.tokenizer, 1)
+    assert scored.name == "multikey" and scored.asked == 1 and not scored.mixed
+    assert scored_tasks(data.tasks, cfg.data.synthetic, data.tokenizer, None) == data.tasks  # as trained
+    # One question per instance: one answer span, where the mixed task asks up to three.
+    def spans(task):
+        return [int(np.diff(np.r_[0, inst.answer.astype(int)]).clip(min=0).sum()) for inst in length_set(task, 96, 32)]
+    assert set(spans(scored)) == {1} and max(spans(trained)) > 1
+
+    # The trainer hands the stop the evaluation's question count.
+    seen = []
+    def fake(tasks, seq_len, n):
+        seen.append([(t.name, t.asked, t.mixed) for t in tasks])
+        return lambda model: {t.name: 1.0 for t in tasks}
+    monkeypatch.setattr(training.data, "task_accuracies", fake)
+    assert train.main([str(multikey(tmp_path))]) == 0
+    assert seen == [[("multikey", 1, False)]]
+    meta = read_meta(RunDir(tmp_path / "runs" / "multikey").latest_checkpoint())
+    assert meta["competence"]["reached"] and meta["step"] == 2
+
+
+def test_an_evaluation_question_count_the_task_cannot_ask_is_clear(tmp_path, capsys):
+    assert train.main([str(multikey(tmp_path)), "eval.tasks.asked=4"]) == 2
+    err = capsys.readouterr().err
+    assert "eval.tasks.asked=4" in err and "Traceback" not in err

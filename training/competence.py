@@ -5,7 +5,10 @@ With ``train.stop_at_accuracy: a`` a synthetic run (or a text run, on the tasks 
 (``train.eval_interval`` steps and the last step), the exact-match accuracy at L =
 ``train.seq_len`` of each of its tasks on a fixed set of ``train.eval_batches ×
 train.batch_size`` instances at that length (data/tasks/batches.py: ``length_set``, the
-same for every seed; the same scoring as evaluation, training/exact_match.py). Once every
+same for every seed; the same scoring as evaluation, training/exact_match.py), each
+multikey/vartrack instance asking as many questions as the evaluation does
+(``eval.tasks.asked`` where set, else as trained: a run trained with ``asked: mixed`` and
+scored on one question is judged on one question, as the report judges it). Once every
 task is at ``a`` or above the run saves its checkpoint and ends; ``train.max_steps`` is
 then the budget. Either way each checkpoint's meta.json records the outcome
 (``competence``: the threshold, whether and at which step it was reached, the latest

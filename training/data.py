@@ -10,24 +10,27 @@ stand in for it (scripts/bench_worker.py trains on random tokens through ``TextD
   function of the model. ``n_batches`` global batches (``batch_size × world_size``
   sequences each), so a run validates on the same data whatever its number of ranks.
 
-Synthetic tasks add ``accuracies(seq_len, n)``: each task's exact-match accuracy at
-``seq_len`` on fixed instances, a function of the model (training/competence.py). A text
+Synthetic tasks add ``accuracies(seq_len, n, asked)``: each task's exact-match accuracy
+at ``seq_len`` on fixed instances, a function of the model (training/competence.py), with
+``asked`` questions per multikey/vartrack instance where given (the evaluation's
+``eval.tasks.asked``, so competence is judged on what the report scores), else as trained. A text
 run with ``data.mix`` trains on text windows and retrieval instances in each batch
 (``MixedData``), validates on text, and has ``accuracies`` for its mixed tasks.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import functools
 from dataclasses import dataclass, field
-from typing import Any, Callable, Protocol, Union
+from typing import Any, Callable, Optional, Protocol, Union
 
 import numpy as np
 import torch
 from torch import nn
 
 from configs.schema import RunConfig
-from common.errors import DataError
+from common.errors import ConfigError, DataError
 from configs.tasks import MixConfig, SyntheticConfig
 from data.prepare import PreparedData, prepare_data
 from data.samplers import TrainSampler
@@ -84,8 +87,22 @@ class TaskTraining(TaskData):
         batches = self.validation_batches(seq_len, batch_size * world_size, n_batches)
         return functools.partial(answer_loss, batches=batches)
 
-    def accuracies(self, seq_len: int, n: int) -> Accuracies:
-        return task_accuracies(self.tasks, seq_len, n)
+    def accuracies(self, seq_len: int, n: int, asked: Optional[int] = None) -> Accuracies:
+        return task_accuracies(scored_tasks(self.tasks, self.cfg, self.tokenizer, asked), seq_len, n)
+
+
+def scored_tasks(tasks: list[Task], synthetic: SyntheticConfig, tokenizer, asked: Optional[int]) -> list[Task]:
+    """``tasks`` as the evaluation scores them: with ``asked`` questions per multikey/vartrack
+    instance (``eval.tasks.asked``; RULER's multi-key asks one) where that differs from how
+    they were trained (``data.synthetic.asked``, e.g. ``mixed``), else ``tasks`` themselves."""
+    if asked is None or asked == synthetic.asked:
+        return tasks
+    try:
+        scored = dataclasses.replace(synthetic, asked=asked)
+    except ConfigError as e:
+        raise ConfigError(f"eval.tasks.asked={asked}, the questions the competence stop "
+                          f"(train.stop_at_accuracy) scores per instance: {e}") from None
+    return [build_task(task.name, scored, tokenizer) for task in tasks]
 
 
 def task_accuracies(tasks: list[Task], seq_len: int, n: int) -> Accuracies:
@@ -130,14 +147,15 @@ class MixedData(TextData):
 
     mix: MixConfig = field(default_factory=MixConfig)
     tasks: list[Task] = field(default_factory=list)
+    synthetic: SyntheticConfig = field(default_factory=SyntheticConfig)  # how the tasks are built
 
     @classmethod
     def mixed(cls, prepared: PreparedData, mix: MixConfig, synthetic: SyntheticConfig) -> MixedData:
         tasks = [build_task(name, synthetic, prepared.tokenizer) for name in mix.tasks]
-        return cls(prepared.tokenizer, prepared.split("train"), prepared.split("valid"), mix, tasks)
+        return cls(prepared.tokenizer, prepared.split("train"), prepared.split("valid"), mix, tasks, synthetic)
 
-    def accuracies(self, seq_len: int, n: int) -> Accuracies:
-        return task_accuracies(self.tasks, seq_len, n)
+    def accuracies(self, seq_len: int, n: int, asked: Optional[int] = None) -> Accuracies:
+        return task_accuracies(scored_tasks(self.tasks, self.synthetic, self.tokenizer, asked), seq_len, n)
 
     def train_sampler(self, seq_len: int, batch_size: int, seed: int, rank: int = 0,
                       world_size: int = 1) -> MixedSampler:
