@@ -28,6 +28,11 @@ MAY_DIFFER: tuple[str, ...] = (
     "train.log_interval", "train.resume", "train.compile", "train.device",
 )
 SEED = "train.seed"
+# An evaluation key that steers training: with train.stop_at_accuracy the competence stop
+# scores multikey/vartrack with the questions the evaluation asks (training/competence.py),
+# so two runs that differ in it may stop at different steps. It counts where it is set and
+# a competence stop reads it (unset, it leaves the identity as it was before it steered).
+STEERS_STOP = "eval.tasks.asked"
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -47,7 +52,12 @@ def _counts(key: str, ignored: tuple[str, ...]) -> bool:
 def experiment_identity(cfg: RunConfig, ignore: Iterable[str] = ()) -> dict[str, object]:
     """Dotted key -> value for every key that defines the experiment (and is not ignored)."""
     ignored = MAY_DIFFER + tuple(ignore)
-    return {k: v for k, v in _flatten(config_to_dict(cfg)).items() if _counts(k, ignored)}
+    flat = _flatten(config_to_dict(cfg))
+    identity = {k: v for k, v in flat.items() if _counts(k, ignored)}
+    if cfg.train.stop_at_accuracy is not None and flat.get(STEERS_STOP) is not None \
+            and _counts(STEERS_STOP, tuple(ignore)):
+        identity[STEERS_STOP] = flat[STEERS_STOP]
+    return identity
 
 
 def experiment_differences(a: RunConfig, b: RunConfig, ignore: Iterable[str] = ()) -> list[str]:

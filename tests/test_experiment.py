@@ -72,3 +72,15 @@ def test_grid_eval_is_typed_and_reaches_every_run(tmp_path, corpus):
         with pytest.raises(Exception, match=message.replace("[", r"\[").replace("]", r"\]")) as info:
             load_grid(path)
         assert "bad.yaml" in str(info.value)
+
+
+def test_the_questions_a_competence_stop_scores_make_another_experiment():
+    """eval.tasks.asked steers training only through train.stop_at_accuracy: with the stop
+    it decides when a run ends (training/competence.py), without it it is evaluation alone."""
+    synthetic = "configs/synthetic-cpu.yaml"
+    stop = ["data.synthetic.tasks=[multikey]", "data.synthetic.asked=mixed", "train.stop_at_accuracy=0.95"]
+    assert experiment_differences(load_config(synthetic, stop),
+                                  load_config(synthetic, [*stop, "eval.tasks.asked=1"])) == ["eval.tasks.asked"]
+    assert experiment_differences(load_config(synthetic, stop[:2]),
+                                  load_config(synthetic, [*stop[:2], "eval.tasks.asked=1"])) == []
+    assert seed_group(load_config(synthetic, stop)) != seed_group(load_config(synthetic, [*stop, "eval.tasks.asked=1"]))
