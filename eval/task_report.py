@@ -31,10 +31,10 @@ from typing import Optional
 import numpy as np
 
 from common.atomic import write_text_atomic
-from common.jsonfile import dumps_report
 from configs.tasks import TASK_NAMES, TaskEvalConfig
 from eval.effective_length import effective_section
 from eval.kmax import __doc__ as KMAX_DOC
+from eval.report import write_report_files
 from eval.labels import encoding_label, label_order, with_scaling
 from eval.stats import pooled_accuracy_interval
 from eval.tables import length_table
@@ -295,9 +295,17 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
     return md + positions_section(task, kept, settings, out)
 
 
+TASK_FIGURES = ("accuracy_*.png", "*_heatmap.png", "*_first_error.png")
+
+
 def write_task_report(results: dict, out: Path) -> None:
-    out.mkdir(parents=True, exist_ok=True)
-    write_text_atomic(out / "results.json", dumps_report(results))
+    """results.json, report.md and the figures, written as the perplexity report's are
+    (eval/report.py: ``write_report_files``): each file atomically, an earlier report's
+    figures this one no longer links removed only once it is whole."""
+    write_report_files(out, results, lambda: _write_markdown(results, out), TASK_FIGURES)
+
+
+def _write_markdown(results: dict, out: Path) -> str:
     runs, rows = results["runs"], results["results"]
     lengths = sorted({r["length"] for r in rows})
     remade = (f", made again {results['remade']} from its results.json (python -m eval.remake)"
@@ -322,4 +330,6 @@ def write_task_report(results: dict, out: Path) -> None:
                f"Here: threshold {k['threshold']:g}, {k['samples']} prompts per (length, depth) cell, depths "
                f"{', '.join(f'{d:g}' for d in depths)}, lengths {', '.join(map(str, lengths))}.", "",
                *kmax_table(runs, rows, results["kmax"])]
-    (out / "report.md").write_text("\n".join(md) + "\n")
+    markdown = "\n".join(md) + "\n"
+    write_text_atomic(out / "report.md", markdown)
+    return markdown
