@@ -207,6 +207,9 @@ class RunConfig:
                               "synthetic run (data.source=synthetic) or a text run that mixes tasks in (data.mix); "
                               "it stops on the tasks' exact-match accuracy at train.seq_len. Remove it for a run "
                               "trained on text alone")
+        if self.train.stop_at_accuracy is not None:  # the stop scores what the evaluation asks: refuse now
+            stopped_on = self.data.synthetic.tasks if self.data.source == "synthetic" else mix.tasks
+            self.data.synthetic.scored_as(self.eval.tasks.asked, stopped_on)
         if self.train.pos_lr_multiplier != 1.0 and not KINDS[pos.kind].trained:
             raise ConfigError(f"train.pos_lr_multiplier={self.train.pos_lr_multiplier} has nothing to act on: "
                               f"model.pos.kind={pos.kind} has no learned parameters (those that do: "

@@ -10,6 +10,7 @@ keeps the registry's keys equal to it).
 
 from __future__ import annotations
 
+import dataclasses
 import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
@@ -93,6 +94,18 @@ class SyntheticConfig:
         if wanted > names // 2:
             raise ConfigError(f"data.synthetic.name_letters={self.name_letters} gives {names} names, too few for "
                               f"{wanted} distinct names per instance; use more name_letters or fewer needles/chains")
+
+    def scored_as(self, asked: Optional[int], tasks: typing.Sequence[str]) -> "SyntheticConfig":
+        """These settings as ``tasks`` are scored with ``asked`` questions per multikey/vartrack
+        instance (``eval.tasks.asked``; None: as trained): the one place both the evaluation
+        (eval/tasks.py) and the competence stop (training/data.py) make that override, checked
+        against the tasks actually scored (a text run's mixed tasks, not data.synthetic.tasks)."""
+        if asked is None or (asked == self.asked and list(tasks) == list(self.tasks)):
+            return self
+        try:
+            return dataclasses.replace(self, asked=asked, tasks=list(tasks))
+        except ConfigError as e:
+            raise ConfigError(f"eval.tasks.asked={asked}, the questions scored per instance: {e}") from None
 
     def asked_of(self, total: int) -> int:
         """Questions per instance of a task with ``total`` needles or chains."""

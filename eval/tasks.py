@@ -95,14 +95,12 @@ def planned_parent(cfg: RunConfig) -> Optional[dict]:
 
 def run_tasks(cfg: RunConfig, tokenizer, ev: EvalConfig, parent: Optional[dict] = None) -> list[Task]:
     """The tasks to score a run on, each checked against every evaluated length."""
-    synthetic = cfg.data.synthetic
-    if ev.tasks.asked is not None and ev.tasks.asked != synthetic.asked:
-        try:
-            synthetic = dataclasses.replace(synthetic, asked=ev.tasks.asked)
-        except ConfigError as e:
-            raise TaskError(f"eval.tasks.asked={ev.tasks.asked}: {e}") from None
-    tasks = [build_task(name, synthetic, tokenizer, text=in_paper_wording(cfg, name, parent))
-             for name in resolved_tasks(cfg, ev, parent)]
+    names = resolved_tasks(cfg, ev, parent)
+    try:
+        synthetic = cfg.data.synthetic.scored_as(ev.tasks.asked, names)
+    except ConfigError as e:
+        raise TaskError(str(e)) from None
+    tasks = [build_task(name, synthetic, tokenizer, text=in_paper_wording(cfg, name, parent)) for name in names]
     for task in tasks:
         for length in ev.resolved_lengths(cfg.train.seq_len):
             task.check_length(length, "the evaluated length")

@@ -167,3 +167,15 @@ def test_an_evaluation_question_count_the_task_cannot_ask_is_clear(tmp_path, cap
     assert train.main([str(multikey(tmp_path)), "eval.tasks.asked=4"]) == 2
     err = capsys.readouterr().err
     assert "eval.tasks.asked=4" in err and "Traceback" not in err
+
+
+def test_the_question_count_is_checked_against_the_tasks_a_mixed_text_run_scores(tmp_path):
+    """A text run's competence stop scores its data.mix tasks, not data.synthetic.tasks (the
+    default passkey): an impossible eval.tasks.asked is refused when the config loads."""
+    mixed = ["data.source=builtin", "data.tokenizer.kind=bpe", "data.mix.tasks=[multikey]", "data.mix.fraction=0.25",
+             "data.synthetic.needles=3"]
+    with pytest.raises(ConfigError, match=r"eval.tasks.asked=4, the questions scored per instance: .*needles=3"):
+        load_config(config(tmp_path), [*mixed, "eval.tasks.asked=4"])
+    assert load_config(config(tmp_path), [*mixed, "eval.tasks.asked=3"]).eval.tasks.asked == 3
+    # Without the stop the same count is the evaluation's business alone (checked when it runs).
+    assert load_config(config(tmp_path), [*mixed, "eval.tasks.asked=4", "train.stop_at_accuracy=null"])

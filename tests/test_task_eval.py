@@ -254,7 +254,7 @@ def test_eval_tasks_asked_scores_multikey_with_fewer_questions_than_trained(tmp_
     assert (trained.asked, scored.asked) == (3, 1)
     answers = lambda task: int(np.diff(task.make(np.random.default_rng(0), 96).answer.astype(int)).clip(0).sum())
     assert (answers(trained), answers(scored)) == (3, 1)  # answer spans in one instance
-    with pytest.raises(TaskError, match="eval.tasks.asked=5: data.synthetic.asked must be in \\[1, needles=4\\]"):
+    with pytest.raises(TaskError, match="eval.tasks.asked=5, the questions scored per instance: data.synthetic.asked must be in \\[1, needles=4\\]"):
         eval_tasks.run_tasks(cfg, tok, eval_tasks_for(tasks={"asked": 5})(cfg))
 
 
@@ -348,8 +348,10 @@ def test_effective_length_by_hand():
     # an interval over the seeds the value is their geometric mean, the interval's centre.
     half = t_quantile(0.975, 2) * np.std([6, 5, 7], ddof=1) / np.sqrt(3)  # log2 of 64, 32, 128
     assert found["point"] == pytest.approx(64)
-    assert found["low"] == pytest.approx(2 ** (6 - half)) and found["high"] == pytest.approx(2 ** (6 + half))
-    assert effective_text(found) == f"64 (×2) ({2 ** (6 - half):.0f}–{2 ** (6 + half):.0f})"
+    # 2^(6 ∓ 2.48) = 11.4 … 357 reaches past both ends of where an effective length lies: cut to [32, 256].
+    assert 2 ** (6 - half) < 32 and 2 ** (6 + half) > 256
+    assert (found["low"], found["high"]) == (32, 256)
+    assert effective_text(found) == "64 (×2) (32–256)"
     assert found["censored"] == 0
     kept = row_effective_length([seeds[2], {32: 1.0, 64: 1.0, 128: 1.0, 256: 1.0}], 32, 0.8)
     assert kept["censored"] == 1 and kept["low"] is None and "1 of 2 seeds keep it" in effective_text(kept)
@@ -358,6 +360,13 @@ def test_effective_length_by_hand():
     assert kept["point"] == 128
     one = row_effective_length([seeds[0]], 32, 0.8)
     assert one["point"] == 64 and effective_text(one) == "64 (×2) (one seed)"
+    # Inside that range the interval is the t-interval itself: seeds at 128, 128 and 256 of 32…512.
+    short, far = {32: 1.0, 64: 1.0, 128: 1.0, 256: 0.5, 512: 0.0}, {32: 1.0, 64: 1.0, 128: 1.0, 256: 1.0, 512: 0.0}
+    inner = row_effective_length([short, short, far], 32, 0.8)
+    half = t_quantile(0.975, 2) * np.std([7, 7, 8], ddof=1) / np.sqrt(3)
+    assert inner["per_seed"] == [128, 128, 256]
+    assert (inner["low"], inner["high"]) == pytest.approx((2 ** (22 / 3 - half), 2 ** (22 / 3 + half)))
+    assert 32 < inner["low"] and inner["high"] < 512
 
 
 def test_effective_length_section_names_the_fraction_even_where_no_row_learned():

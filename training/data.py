@@ -20,7 +20,6 @@ run with ``data.mix`` trains on text windows and retrieval instances in each bat
 
 from __future__ import annotations
 
-import dataclasses
 import functools
 from dataclasses import dataclass, field
 from typing import Any, Callable, Optional, Protocol, Union
@@ -30,7 +29,7 @@ import torch
 from torch import nn
 
 from configs.schema import RunConfig
-from common.errors import ConfigError, DataError
+from common.errors import DataError
 from configs.tasks import MixConfig, SyntheticConfig
 from data.prepare import PreparedData, prepare_data
 from data.samplers import TrainSampler
@@ -95,13 +94,9 @@ def scored_tasks(tasks: list[Task], synthetic: SyntheticConfig, tokenizer, asked
     """``tasks`` as the evaluation scores them: with ``asked`` questions per multikey/vartrack
     instance (``eval.tasks.asked``; RULER's multi-key asks one) where that differs from how
     they were trained (``data.synthetic.asked``, e.g. ``mixed``), else ``tasks`` themselves."""
-    if asked is None or asked == synthetic.asked:
+    scored = synthetic.scored_as(asked, [task.name for task in tasks])
+    if scored is synthetic:
         return tasks
-    try:
-        scored = dataclasses.replace(synthetic, asked=asked)
-    except ConfigError as e:
-        raise ConfigError(f"eval.tasks.asked={asked}, the questions the competence stop "
-                          f"(train.stop_at_accuracy) scores per instance: {e}") from None
     return [build_task(task.name, scored, tokenizer) for task in tasks]
 
 
