@@ -36,8 +36,9 @@ MEASURES = ("entropy", "distance", "sink", "needle", "entropy_by_position", "dis
 
 def window_measures(cell: dict, meta: dict) -> dict[str, np.ndarray]:
     """Each measure of one run at one length, reduced per window: (W,) or (W, …). A cell read
-    back from a report's results.json (``per_window``) holds them already."""
-    if cell.get("per_window"):
+    back from a report's results.json holds them already: marked ``per_window``, or, in the
+    files written before that mark existed, told by the measures only a reduced cell has."""
+    if cell.get("per_window") or "sink_rate" in cell or "qk_share" in cell:
         return {name: np.asarray(cell[name], dtype=np.float64) for name in MEASURES if name in cell}
     out = {}
     for name in ("entropy", "distance", "sink", "needle"):
@@ -100,7 +101,6 @@ def pooled_rows(results: dict) -> list[dict]:
                                  for name in sorted(names)}
             needle_uniform = [u for c, _ in ok for u in c.get("needle_uniform", [])]
             row["uniform"][n] = float(np.mean(needle_uniform)) if needle_uniform else None
-            row.setdefault("map", {})[n] = ok[0][0].get("map")
         rows.append(row)
     return rows
 
@@ -302,7 +302,17 @@ def _reduced(cell: dict, meta: dict) -> dict:
 
 def write_diagnostics_report(results: dict, out: Path) -> None:
     """report.md, results.json (the runs' cells and the pooled rows) and figures in ``out``."""
-    rows = pooled_rows(results)
+    # results.json keeps each run's measures per window as the pooling reads them
+    # (window_measures), not the per-head, per-position arrays they come from, nor the example
+    # maps: those stay in the runs' caches (and a grid's records); kept here they made a study
+    # of 60 runs tens of MB. The rows are pooled from the cells exactly as kept (rounded), so a
+    # report made again from its results.json (eval.remake) gives the same numbers.
+    metas = {meta["run"]: meta for meta in results["runs"]}
+    cells = {run: {n: _jsonable(_reduced(cell, metas[run])) for n, cell in by_length.items()}
+             for run, by_length in results["cells"].items()}
+    kept = {**results, "cells": cells}
+    rows = pooled_rows(kept)
+    _example_maps(rows, results["cells"])
     pooled = [{k: v for k, v in row.items() if k not in ("runs", "map")} | {"runs": [r["run"] for r in row["runs"]]}
               for row in rows]
 
@@ -311,11 +321,13 @@ def write_diagnostics_report(results: dict, out: Path) -> None:
         write_text_atomic(out / "report.md", markdown)
         return markdown
 
-    # results.json keeps each run's measures per window as the pooling reads them
-    # (window_measures), not the per-head, per-position arrays they come from, nor the example
-    # maps: those stay in the runs' caches (and a grid's records); kept here they made a study
-    # of 60 runs tens of MB.
-    metas = {meta["run"]: meta for meta in results["runs"]}
-    cells = {run: {n: _reduced(cell, metas[run]) for n, cell in by_length.items()}
-             for run, by_length in results["cells"].items()}
-    write_report_files(out, _jsonable({**results, "cells": cells, "rows": pooled}), write_markdown, DIAGNOSTIC_FIGURES)
+    write_report_files(out, _jsonable({**kept, "rows": pooled}), write_markdown, DIAGNOSTIC_FIGURES)
+
+
+def _example_maps(rows: list[dict], cells: dict) -> None:
+    """Each row's example map per length, from its first run with an ok cell there: read from
+    the runs' full cells (a results.json keeps none, so a remade report has None)."""
+    for row in rows:
+        for n in row["lengths"]:
+            ok = [c for c in (cells[r["run"]].get(str(n)) for r in row["runs"]) if c and c["status"] == "ok"]
+            row.setdefault("map", {})[n] = ok[0].get("map") if ok else None

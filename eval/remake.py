@@ -8,7 +8,9 @@ task and attention diagnostics reports are told apart by their contents (a diagn
 report's results.json keeps no example maps: made again in place, it links the figures drawn
 beside it). ``--reference ROW`` changes the row a
 perplexity report compares every other row with. The numbers in results.json are never
-edited; the report says when it was made again.
+edited (a diagnostics results.json that still keeps its runs' full cells, the first format,
+is reduced to per-window measures as a new report would be); the report says when it was
+made again. A results.json whose contents no report can be made from is a DataError.
 """
 
 from __future__ import annotations
@@ -53,7 +55,12 @@ def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = No
     if "cells" in results:  # an attention diagnostics report (eval/diagnostics.py)
         if reference is not None:
             raise ArgumentError("--reference applies to perplexity reports; this is a diagnostics report")
-        write_diagnostics_report(results, out)
+        try:
+            write_diagnostics_report(results, out)
+        except (KeyError, TypeError, ValueError, IndexError) as e:  # numpy's AxisError is both of the last two
+            raise DataError(f"{path} looks like a diagnostics report's results.json but its cells cannot be "
+                            f"read ({type(e).__name__}: {e}); make the report again from its runs with "
+                            "scripts/diagnose.py") from None
         return out
     if "kmax" in results:  # a task report (eval/tasks.py)
         if reference is not None:

@@ -284,7 +284,7 @@ def test_report_pools_seeds_skips_what_does_not_apply_and_reuses_its_cache(diag_
     assert capsys.readouterr().out.count("reusing") == 5
 
 
-def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp_path, monkeypatch):
+def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp_path, monkeypatch, capsys):
     """eval.remake on a diagnostics report: the same tables from results.json alone, whether it
     holds the runs' full cells (reports written before results.json kept measures per window)
     or the per-window measures; in place the example maps drawn beside it stay linked."""
@@ -311,7 +311,25 @@ def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp
     again = (out / "report.md").read_text()
     assert "Made again" in again and tables(again) == original
     assert "](attention_map_0.png)" in again and "Drawn when the runs' caches were at hand" in again
-    assert json.loads((out / "results.json").read_text())["cells"] == reduced["cells"]
+    remade = json.loads((out / "results.json").read_text())
+    assert remade["cells"] == reduced["cells"] and remade["rows"] == reduced["rows"]  # pooled from what is kept
+
+    # Written between per-window cells and their mark (5850b92..aa51880): no per_window key.
+    unmarked = tmp_path / "unmarked"
+    unmarked.mkdir()
+    (unmarked / "results.json").write_text(json.dumps({**reduced, "cells": {
+        run: {n: {k: v for k, v in cell.items() if k != "per_window"} for n, cell in by_length.items()}
+        for run, by_length in reduced["cells"].items()}}))
+    remake.remake(unmarked)
+    assert json.loads((unmarked / "results.json").read_text())["rows"] == reduced["rows"]
+    # Cells no report can be made from: one line, exit 2.
+    broken = tmp_path / "broken"
+    broken.mkdir()
+    (broken / "results.json").write_text(json.dumps({**reduced, "cells": {
+        run: {n: {**cell, "entropy": 7} for n, cell in by_length.items()} for run, by_length in reduced["cells"].items()}}))
+    assert remake.main([str(broken / "results.json")]) == 2
+    err = capsys.readouterr().err
+    assert "cannot be read" in err and "Traceback" not in err and err.count("\n") == 1
 
     elsewhere = tmp_path / "elsewhere"
     remake.remake(out / "results.json", out=elsewhere)  # no figure beside it: no map section
