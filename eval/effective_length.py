@@ -20,7 +20,8 @@ model that never found the needle is not said to keep the task to every length. 
 least two seeds pool and each has a value short of the longest evaluated length, the row's
 value is the geometric mean of the seeds' own effective lengths and its 95% interval a
 t-interval around it on log2 length (S − 1 degrees of freedom, as the breakdown length of
-perplexity reports, eval/context.py), so the value always lies inside its interval.
+perplexity reports, eval/context.py), cut to [R, the longest evaluated length] where an
+effective length lies, so the value always lies inside its interval.
 Otherwise (one seed; a seed that keeps the task to the longest length, whose true value is
 only known to be at least that; a seed at 0 at R) the value comes from the pooled curve
 (the mean accuracy over the seeds), with no interval, and the row says why. With lengths a factor
@@ -70,7 +71,9 @@ def row_effective_length(seed_curves: list[dict[int, Optional[float]]], referenc
            "reference": reference, "per_seed": seeds, "chance": chance}
     if len(seeds) >= 2 and out["censored"] == 0 and None not in seeds:
         mean, low, high = t_interval(np.log2(seeds))
-        out.update(point=2 ** float(mean), low=2 ** float(low), high=2 ** float(high))
+        # An effective length is an evaluated length from the reference to the longest, so the
+        # interval is cut to that range: the truth is in it, so the coverage holds.
+        out.update(point=2 ** float(mean), low=max(2 ** float(low), reference), high=min(2 ** float(high), longest))
     return out
 
 
@@ -124,7 +127,8 @@ def effective_section(kept: dict[str, dict[str, dict[int, list[dict]]]], setting
     return ["", "Effective length: the longest evaluated length up to which the row's accuracy stays at least "
             f"{fraction} × its accuracy at the reference length R{chance} (every evaluated length between counts; "
             "eval/effective_length.py, after RULER's effective length, Hsieh et al. 2024), from the seeds that "
-            "learned the task: the geometric mean of their own effective lengths with a 95% t-interval (log2 length), "
+            "learned the task: the geometric mean of their own effective lengths with a 95% t-interval (log2 length, "
+            "cut to [R, the longest evaluated length]), "
             "or, where a seed keeps the task to the longest length or only one pools, that of their mean accuracy "
             "curve:", "",
             "| row | R | effective length (95% interval) |", "|---|---:|---|", *lines]

@@ -54,6 +54,16 @@ def test_breakdown_points_and_interval_over_seeds():
     assert breakdown_text(mean_flat) == "> 2048 (1 of 3 seeds cross)"
 
 
+def test_a_breakdown_interval_stops_at_the_training_length():
+    # Seeds cross at 129.4 and 2^(8 + 0.0488/0.1 · 3) = 704.9 (hand-computed from crossing's formula):
+    # log2 mean 8.433, half-width 12.706 · 1.244 / √2 = 11.18, so the t-interval reaches down to
+    # 2^-2.7 tokens; a breakdown lies past L = 128 by definition.
+    found = breakdown(_summary({128: [4.0, 4.0], 256: [4.5, 4.0], 2048: [4.6, 4.1]}), "row")
+    a, b = 2 ** (7 + math.log(1.05) / 0.5), 2 ** (8 + math.log(1.05) / 0.1 * 3)
+    assert found["point"] == pytest.approx(math.sqrt(a * b), rel=1e-9)
+    assert found["low"] == 128 and found["high"] > 2 ** 19
+
+
 def test_context_gain_is_the_difference_of_two_position_bins():
     """Two seeds of a context-free model at L = 64: the gain is mean NLL on [8, 16) minus on
     [32, 64), computed from the windows by hand, and its interval covers 0 (no context used)."""
