@@ -211,8 +211,8 @@ def regimes_markdown(grids: list[tuple[str, Path, dict]], diagnostics: Optional[
              "across training runs. Press et al. (2022, Figure 1 and Table 2) is the pattern to compare with. "
              "Train min: each row's mean training time at its runs' usual speed (tokens trained over the median "
              "of the tokens/s each run logged, so a pause or a burst of other load does not count); \"(wall)\" marks "
-             "a row with a run whose results predate that record and whose metrics are not at hand, read at its "
-             "recorded wall time, pauses and contention included; equal compute is set by each grid's step budget "
+             "a row with a run whose usual speed is unknown (its results predate that record and its metrics.jsonl is "
+             "not at hand, or it logged no rate), read at its recorded wall time, pauses and contention included; equal compute is set by each grid's step budget "
              "(steps × tokens) at its shape, not by these minutes.", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * 2 + "---:|" * (len(HEAD) - 2)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
