@@ -382,16 +382,19 @@ def run_grid(args: argparse.Namespace) -> int:
     elif todo:
         failures.update(run_all(grid, todo, slots_for(args), evaluate=not args.skip_eval))
     finished = [run for run in runs if run.name not in failures and status(run)[0] == "done"]
-    for run in runs:
-        if run.name not in failures and run not in finished:
-            failures[run.name] = "not finished"
+    unfinished = [run.name for run in runs if run.name not in failures and run not in finished]
+    missing = {**failures, **{name: "not finished" for name in unfinished}}  # what the reports list as missing
+    if not args.report:  # --report writes what is finished: the rest is the grid's state, not a failure
+        failures = missing
     if not args.skip_eval and finished:
         if grid.archive and (slurm is not None or args.report):  # a local run was archived by its worker
             archived, _ = archive_runs(grid, finished, {run.name for run in finished})
             if archived:
                 print(f"{len(archived)} runs archived in {grid.archive}")
-        evaluate(grid, runs, finished, failures, args.devices[0] if args.devices else "cpu")
+        evaluate(grid, runs, finished, missing, args.devices[0] if args.devices else "cpu")
     print(f"\n{len(finished)}/{len(runs)} runs finished.")
+    if args.report and unfinished:
+        print(f"  not finished, so not in the reports ({len(unfinished)}): {', '.join(unfinished)}")
     for name, reason in failures.items():
         print(f"  failed: {name}: {reason}")
     return 1 if failures else 0
