@@ -30,8 +30,9 @@ MAY_DIFFER: tuple[str, ...] = (
 SEED = "train.seed"
 # An evaluation key that steers training: with train.stop_at_accuracy the competence stop
 # scores multikey/vartrack with the questions the evaluation asks (training/competence.py),
-# so two runs that differ in it may stop at different steps. It counts where it is set and
-# a competence stop reads it (unset, it leaves the identity as it was before it steered).
+# so two runs that differ in it may stop at different steps. It counts where a competence
+# stop reads it and it differs from data.synthetic.asked (unset or equal, the stop scores
+# the tasks as trained, and the identity is what it was before the key steered anything).
 STEERS_STOP = "eval.tasks.asked"
 
 
@@ -54,7 +55,8 @@ def experiment_identity(cfg: RunConfig, ignore: Iterable[str] = ()) -> dict[str,
     ignored = MAY_DIFFER + tuple(ignore)
     flat = _flatten(config_to_dict(cfg))
     identity = {k: v for k, v in flat.items() if _counts(k, ignored)}
-    if cfg.train.stop_at_accuracy is not None and flat.get(STEERS_STOP) is not None \
+    asked = flat.get(STEERS_STOP)
+    if cfg.train.stop_at_accuracy is not None and asked is not None and asked != cfg.data.synthetic.asked \
             and _counts(STEERS_STOP, tuple(ignore)):
         identity[STEERS_STOP] = flat[STEERS_STOP]
     return identity

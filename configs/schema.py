@@ -207,6 +207,8 @@ class RunConfig:
                               "synthetic run (data.source=synthetic) or a text run that mixes tasks in (data.mix); "
                               "it stops on the tasks' exact-match accuracy at train.seq_len. Remove it for a run "
                               "trained on text alone")
+        if mix.tasks:  # the mixed tasks are built from data.synthetic's settings: refuse what they cannot make
+            self.data.synthetic.for_tasks(mix.tasks)
         if self.train.stop_at_accuracy is not None:  # the stop scores what the evaluation asks: refuse now
             stopped_on = self.data.synthetic.tasks if self.data.source == "synthetic" else mix.tasks
             self.data.synthetic.scored_as(self.eval.tasks.asked, stopped_on)

@@ -95,15 +95,26 @@ class SyntheticConfig:
             raise ConfigError(f"data.synthetic.name_letters={self.name_letters} gives {names} names, too few for "
                               f"{wanted} distinct names per instance; use more name_letters or fewer needles/chains")
 
+    def for_tasks(self, tasks: typing.Sequence[str]) -> "SyntheticConfig":
+        """These settings checked against the tasks actually built from them, where those are
+        not ``tasks`` (a text run's ``data.mix.tasks``; data.synthetic.tasks keeps its default)."""
+        if list(tasks) == list(self.tasks):
+            return self
+        try:
+            return dataclasses.replace(self, tasks=list(tasks))
+        except ConfigError as e:
+            raise ConfigError(f"{e} (checked against the tasks built from data.synthetic: {', '.join(tasks)})") from None
+
     def scored_as(self, asked: Optional[int], tasks: typing.Sequence[str]) -> "SyntheticConfig":
         """These settings as ``tasks`` are scored with ``asked`` questions per multikey/vartrack
         instance (``eval.tasks.asked``; None: as trained): the one place both the evaluation
         (eval/tasks.py) and the competence stop (training/data.py) make that override, checked
         against the tasks actually scored (a text run's mixed tasks, not data.synthetic.tasks)."""
-        if asked is None or (asked == self.asked and list(tasks) == list(self.tasks)):
-            return self
+        built = self.for_tasks(tasks)
+        if asked is None or asked == built.asked:
+            return built
         try:
-            return dataclasses.replace(self, asked=asked, tasks=list(tasks))
+            return dataclasses.replace(built, asked=asked)
         except ConfigError as e:
             raise ConfigError(f"eval.tasks.asked={asked}, the questions scored per instance: {e}") from None
 

@@ -83,4 +83,8 @@ def test_the_questions_a_competence_stop_scores_make_another_experiment():
                                   load_config(synthetic, [*stop, "eval.tasks.asked=1"])) == ["eval.tasks.asked"]
     assert experiment_differences(load_config(synthetic, stop[:2]),
                                   load_config(synthetic, [*stop[:2], "eval.tasks.asked=1"])) == []
+    # Asking what the run trained on is scoring it as trained: the same stop, the same experiment.
+    as_trained = [*stop[:1], "data.synthetic.asked=2", "data.synthetic.needles=3", *stop[2:]]
+    assert experiment_differences(load_config(synthetic, as_trained),
+                                  load_config(synthetic, [*as_trained, "eval.tasks.asked=2"])) == []
     assert seed_group(load_config(synthetic, stop)) != seed_group(load_config(synthetic, [*stop, "eval.tasks.asked=1"]))

@@ -95,7 +95,7 @@ def scored_tasks(tasks: list[Task], synthetic: SyntheticConfig, tokenizer, asked
     instance (``eval.tasks.asked``; RULER's multi-key asks one) where that differs from how
     they were trained (``data.synthetic.asked``, e.g. ``mixed``), else ``tasks`` themselves."""
     scored = synthetic.scored_as(asked, [task.name for task in tasks])
-    if scored is synthetic:
+    if scored.asked == synthetic.asked:
         return tasks
     return [build_task(task.name, scored, tokenizer) for task in tasks]
 
