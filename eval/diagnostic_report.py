@@ -307,10 +307,7 @@ def write_diagnostics_report(results: dict, out: Path) -> None:
     # maps: those stay in the runs' caches (and a grid's records); kept here they made a study
     # of 60 runs tens of MB. The rows are pooled from the cells exactly as kept (rounded), so a
     # report made again from its results.json (eval.remake) gives the same numbers.
-    metas = {meta["run"]: meta for meta in results["runs"]}
-    cells = {run: {n: _jsonable(_reduced(cell, metas[run])) for n, cell in by_length.items()}
-             for run, by_length in results["cells"].items()}
-    kept = {**results, "cells": cells}
+    kept = kept_results(results)
     rows = pooled_rows(kept)
     _example_maps(rows, results["cells"])
     pooled = [{k: v for k, v in row.items() if k not in ("runs", "map")} | {"runs": [r["run"] for r in row["runs"]]}
@@ -322,6 +319,15 @@ def write_diagnostics_report(results: dict, out: Path) -> None:
         return markdown
 
     write_report_files(out, _jsonable({**kept, "rows": pooled}), write_markdown, DIAGNOSTIC_FIGURES)
+
+
+def kept_results(results: dict) -> dict:
+    """``results`` with each run's cells as results.json keeps them: reduced per window and
+    rounded (``_reduced``, ``_jsonable``)."""
+    metas = {meta["run"]: meta for meta in results["runs"]}
+    cells = {run: {n: _jsonable(_reduced(cell, metas[run])) for n, cell in by_length.items()}
+             for run, by_length in results["cells"].items()}
+    return {**results, "cells": cells}
 
 
 def _example_maps(rows: list[dict], cells: dict) -> None:

@@ -24,7 +24,7 @@ from typing import Optional
 
 from common.cli import entry_point, usage_when_empty
 from common.errors import ArgumentError, DataError
-from eval.diagnostic_report import write_diagnostics_report
+from eval.diagnostic_report import kept_results, pooled_rows, write_diagnostics_report
 from eval.reference import missing_reference
 from eval.report import write_report
 from eval.task_report import write_task_report
@@ -55,12 +55,13 @@ def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = No
     if "cells" in results:  # an attention diagnostics report (eval/diagnostics.py)
         if reference is not None:
             raise ArgumentError("--reference applies to perplexity reports; this is a diagnostics report")
-        try:
-            write_diagnostics_report(results, out)
+        try:  # read and pool the cells before anything is written
+            pooled_rows(kept_results(results))
         except (KeyError, TypeError, ValueError, IndexError) as e:  # numpy's AxisError is both of the last two
             raise DataError(f"{path} looks like a diagnostics report's results.json but its cells cannot be "
                             f"read ({type(e).__name__}: {e}); make the report again from its runs with "
                             "scripts/diagnose.py") from None
+        write_diagnostics_report(results, out)
         return out
     if "kmax" in results:  # a task report (eval/tasks.py)
         if reference is not None:
