@@ -384,7 +384,8 @@ def run_grid(args: argparse.Namespace) -> int:
     finished = [run for run in runs if run.name not in failures and status(run)[0] == "done"]
     unfinished = [run.name for run in runs if run.name not in failures and run not in finished]
     missing = {**failures, **{name: "not finished" for name in unfinished}}  # what the reports list as missing
-    if not args.report:  # --report writes what is finished: the rest is the grid's state, not a failure
+    local_report = args.report and slurm is None  # what is not finished may be training in another process
+    if not local_report:  # here, or on Slurm once its jobs have ended, an unfinished run failed
         failures = missing
     if not args.skip_eval and finished:
         if grid.archive and (slurm is not None or args.report):  # a local run was archived by its worker
@@ -393,7 +394,7 @@ def run_grid(args: argparse.Namespace) -> int:
                 print(f"{len(archived)} runs archived in {grid.archive}")
         evaluate(grid, runs, finished, missing, args.devices[0] if args.devices else "cpu")
     print(f"\n{len(finished)}/{len(runs)} runs finished.")
-    if args.report and unfinished:
+    if local_report and unfinished:
         print(f"  not finished, so not in the reports ({len(unfinished)}): {', '.join(unfinished)}")
     for name, reason in failures.items():
         print(f"  failed: {name}: {reason}")
