@@ -136,7 +136,7 @@ def breakdown(summary: dict[str, dict[int, dict]], label: str) -> Optional[dict]
     """The row's breakdown length: {point, low, high, seeds, beyond, longest}, or None where it
     was not scored at L and past it. Where every seed (two or more) breaks down within the
     evaluated lengths, the point is the geometric mean of the seeds' own breakdown lengths and
-    the interval a t-interval around it in log length; otherwise the point is where the seeds'
+    the interval a t-interval around it in log length, cut at L (a breakdown lies past L); otherwise the point is where the seeds'
     mean log-ratio curve crosses, with no interval."""
     train_len = train_lengths(summary).get(label)
     cells = summary[label]

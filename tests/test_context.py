@@ -55,9 +55,9 @@ def test_breakdown_points_and_interval_over_seeds():
 
 
 def test_a_breakdown_interval_stops_at_the_training_length():
-    # Seeds cross at 129.4 and 2^(8 + 0.0488/0.1 · 3) = 704.9 (hand-computed from crossing's formula):
-    # log2 mean 8.433, half-width 12.706 · 1.244 / √2 = 11.18, so the t-interval reaches down to
-    # 2^-2.7 tokens; a breakdown lies past L = 128 by definition.
+    # Seeds cross at 2^(7 + ln 1.05 / 0.5) = 137.0 and 2^(8 + ln 1.05 / 0.1 · 3) = 706.1: log2 mean
+    # 8.281, half-width 12.706 · 1.673 / √2 = 15.03, so the t-interval reaches down to 2^-6.75
+    # tokens; a breakdown lies past L = 128 by definition.
     found = breakdown(_summary({128: [4.0, 4.0], 256: [4.5, 4.0], 2048: [4.6, 4.1]}), "row")
     a, b = 2 ** (7 + math.log(1.05) / 0.5), 2 ** (8 + math.log(1.05) / 0.1 * 3)
     assert found["point"] == pytest.approx(math.sqrt(a * b), rel=1e-9)

@@ -436,3 +436,19 @@ def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
     assert names == ["[0, ¼)", "[¼, ½)", "[½, 1)", "[1, 2)", "none"] and lengths == [32, 64]
     # At 64, six instances fail at 16..21 tokens ([1, 2) × m_R), four are right.
     assert grid[:, 0].tolist() == [0, 0, 0, 0, 1.0] and grid[:, 1].tolist() == [0, 0, 0, 0.6, 0.4]
+
+
+def test_a_task_report_replaces_an_earlier_ones_figures_it_no_longer_draws(tmp_path):
+    """Written as the perplexity report is: an earlier report's figure this one does not link
+    goes (once the new one is whole), other report files stay, and report.md is UTF-8."""
+    runs = [{"run": "r0", "name": "rope_seed-0", "encoding": "rope", "group": "g", "stem": "rope", "seed": 0,
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
+             "tasks_trained": ["copy"]}]
+    rows = [cell_row("r0", 0, n, 10, first_error=[16] * 10, answer_tokens=[16] * 10) for n in (32, 64)]
+    (tmp_path / "report.md").write_text("an earlier report\n")
+    (tmp_path / "accuracy_passkey.png").write_bytes(b"stale")  # drawn by an earlier report with passkey
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    assert not (tmp_path / "accuracy_passkey.png").exists()
+    assert (tmp_path / "accuracy_copy.png").read_bytes()[:4] == b"\x89PNG"
+    assert "×" in (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
