@@ -22,7 +22,7 @@ seeds; seed k's mean NLL per token is ``m[k] = Σ_u x[k, u] / T``.
   ``V_doc`` is added, and the t quantile uses the Welch–Satterthwaite degrees of freedom
   of the sum (Satterthwaite 1946; guarded, see ``satterthwaite``). The seed-by-document interaction enters both parts,
   so the interval errs on the wide side; tests/test_stats.py simulates known seed and
-  document variances at 3, 5 and 10 seeds and checks that it covers the true value at
+  document variances at 2, 3, 5 and 10 seeds and checks that it covers the true value at
   least 93% of the time at a nominal 95% (a percentile bootstrap over 3 seeds covers
   about 76%). A ranking is a claim about the method, so marks use this interval only.
 
