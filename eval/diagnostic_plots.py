@@ -20,6 +20,8 @@ from matplotlib.ticker import LogLocator
 from eval.attention_stats import bin_edges
 from eval.plots import DASHES, MARKERS, encoding_color, mark_train_len, plain_ticks
 
+UNIFORM = "black"  # the uniform-attention reference: not NoPE's grey (model/encodings.py), nor any encoding's colour
+
 MAP_FLOOR = 1e-4  # the attention maps' colour scale starts here (a uniform row over 8L = 1024 keys is ~1e-3)
 
 
@@ -85,7 +87,7 @@ def plot_entropy_distance(rows: list[dict], uniform_entropy: Callable[[int], flo
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.2))
     for ax, name, uniform, ylabel in ((axes[0], "entropy", uniform_entropy, "attention entropy (nats)"),
                                       (axes[1], "distance", uniform_distance, "mean attended distance (tokens)")):
-        ax.plot(lengths, [uniform(n) for n in lengths], color="grey", linestyle="--", linewidth=1,
+        ax.plot(lengths, [uniform(n) for n in lengths], color=UNIFORM, linestyle="--", linewidth=1,
                 label="uniform attention")
         _against_length(ax, rows, name, styles)
         ax.set_xlabel("evaluation length (tokens)")
@@ -116,7 +118,7 @@ def plot_position_entropy(rows: list[dict], lengths: list[int], path: Path) -> N
     for ax, n in zip(axes[0], lengths):
         x = _bin_centres(n)
         ax.plot(x, [np.log(np.arange(a, b) + 1).mean() for a, b in zip(bin_edges(n)[:-1], bin_edges(n)[1:])],
-                color="grey", linestyle="--", linewidth=1, label="uniform attention")
+                color=UNIFORM, linestyle="--", linewidth=1, label="uniform attention")
         for row in rows:
             p = row["lengths"].get(n, {}).get("entropy_by_position")
             if p is None:
@@ -147,7 +149,7 @@ def plot_distance_histogram(rows: list[dict], lengths: list[int], path: Path) ->
         x = np.arange(len(labels))
         edges = bin_edges(n)
         uniform = [np.mean([max(0, min(i + 1, b) - a) / (i + 1) for i in range(n)]) for a, b in zip(edges, edges[1:])]
-        ax.plot(x, uniform, color="grey", linestyle="--", linewidth=1, label="uniform attention")
+        ax.plot(x, uniform, color=UNIFORM, linestyle="--", linewidth=1, label="uniform attention")
         for row in rows:
             p = row["lengths"].get(n, {}).get("distance_histogram")
             if p is None:
