@@ -1,0 +1,133 @@
+"""The task report: effective length with its interval, chance, pooling the seeds that
+learned a task, and how the report's files are written (eval/effective_length.py,
+eval/task_report.py, eval/task_positions.py)."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from eval.effective_length import effective_length, effective_text, row_effective_length
+from eval.stats import t_quantile, wilson_interval
+from eval.task_positions import first_error_grid
+from eval.task_report import write_task_report
+
+
+def test_effective_length_by_hand():
+    curve = {16: 0.5, 32: 1.0, 64: 0.9, 128: 0.79, 256: 0.95}
+    assert effective_length(curve, 32, 0.8) == 64  # 128 falls below 0.8: 256 recovering does not count
+    assert effective_length(curve, 32, 0.75) == 256
+    assert effective_length({**curve, 128: None}, 32, 0.5) == 64  # a length not served fails
+    assert effective_length({32: 0.0, 64: 0.0}, 32, 0.8) is None and effective_length({64: 1.0}, 32, 0.8) is None
+    seeds = [{32: 1.0, 64: 0.9, 128: 0.1, 256: 0.0}, {32: 1.0, 64: 0.5, 128: 0.0, 256: 0.0},
+             {32: 0.96, 64: 0.96, 128: 0.9, 256: 0.2}]
+    found = row_effective_length(seeds, 32, 0.8)
+    assert found["per_seed"] == [64, 32, 128]
+    # The pooled curve (0.987 at 32, 0.787 at 64: below 0.8 × 0.987 = 0.789) would say 32; with
+    # an interval over the seeds the value is their geometric mean, the interval's centre.
+    half = t_quantile(0.975, 2) * np.std([6, 5, 7], ddof=1) / np.sqrt(3)  # log2 of 64, 32, 128
+    assert found["point"] == pytest.approx(64)
+    # 2^(6 ∓ 2.48) = 11.4 … 357 reaches past both ends of where an effective length lies: cut to [32, 256].
+    assert 2 ** (6 - half) < 32 and 2 ** (6 + half) > 256
+    assert (found["low"], found["high"]) == (32, 256)
+    assert effective_text(found) == "64 (×2) (32–256)"
+    assert found["censored"] == 0
+    kept = row_effective_length([seeds[2], {32: 1.0, 64: 1.0, 128: 1.0, 256: 1.0}], 32, 0.8)
+    assert kept["censored"] == 1 and kept["low"] is None and "1 of 2 seeds keep it" in effective_text(kept)
+    # From the pooled curve (0.98, 0.98, 0.95, 0.6): the second seed keeps the task to 256, its
+    # own value only known to be at least that, so there is no interval to centre on.
+    assert kept["point"] == 128
+    one = row_effective_length([seeds[0]], 32, 0.8)
+    assert one["point"] == 64 and effective_text(one) == "64 (×2) (one seed)"
+    # Inside that range the interval is the t-interval itself: seeds at 128, 128 and 256 of 32…512.
+    short, far = {32: 1.0, 64: 1.0, 128: 1.0, 256: 0.5, 512: 0.0}, {32: 1.0, 64: 1.0, 128: 1.0, 256: 1.0, 512: 0.0}
+    inner = row_effective_length([short, short, far], 32, 0.8)
+    half = t_quantile(0.975, 2) * np.std([7, 7, 8], ddof=1) / np.sqrt(3)
+    assert inner["per_seed"] == [128, 128, 256]
+    assert (inner["low"], inner["high"]) == pytest.approx((2 ** (22 / 3 - half), 2 ** (22 / 3 + half)))
+    assert 32 < inner["low"] and inner["high"] < 512
+
+
+def test_effective_length_section_names_the_fraction_even_where_no_row_learned():
+    from eval.effective_length import effective_section
+    settings = {"r0": {"reference": 32, "fraction": 0.8, "chance": {}}, "r1": {"reference": 32, "fraction": 0.8}}
+    lines = effective_section({"rope": {}, "alibi": {}}, settings, lambda cells: None, "copy")
+    assert "at least 0.8 × its accuracy" in lines[1]
+    assert lines[-2:] == ["| alibi | – | – (no seed learned the task) |", "| rope | – | – (no seed learned the task) |"]
+
+
+def test_effective_length_above_chance():
+    """A curve at a random candidate's accuracy keeps nothing: 4 needles, one asked, chance 1/4."""
+    at_chance = {32: 0.25, 64: 0.25, 128: 0.25}
+    assert effective_length(at_chance, 32, 0.8) == 128  # without chance: "kept to the longest length"
+    assert effective_length(at_chance, 32, 0.8, chance=0.25) is None
+    curve = {32: 0.85, 64: 0.7, 128: 0.69}  # 0.8 × 0.85 = 0.68 kept; above chance 0.45 < 0.8 × 0.6 = 0.48
+    assert effective_length(curve, 32, 0.8) == 128 and effective_length(curve, 32, 0.8, chance=0.25) == 32
+    found = row_effective_length([at_chance, at_chance], 32, 0.8, chance=0.25)
+    assert found["point"] is None and "at or below chance, 0.25" in effective_text(found)
+
+
+def test_chance_of_each_task_by_hand():
+    from data.tasks import build_task, task_tokenizer
+    from configs.tasks import SyntheticConfig
+    tok = task_tokenizer()
+
+    def chance(name, **cfg):
+        return build_task(name, SyntheticConfig(tasks=[name], **cfg), tok).chance
+
+    assert chance("passkey", distractors=4) == pytest.approx(1 / 5) and chance("passkey") == 0.0
+    assert chance("multikey", needles=4) == pytest.approx(1 / 4)
+    assert chance("multikey", needles=4, asked=2) == pytest.approx(1 / 12)  # 4 · 3 ordered picks
+    assert chance("multikey", needles=3, asked="mixed") == pytest.approx((1 / 3 + 1 / 6 + 1 / 6) / 3)
+    assert chance("vartrack", chains=2) == pytest.approx(1 / 2)
+    assert chance("multivalue", values=3) == pytest.approx(1 / 6)  # the three values in a random order
+    assert chance("copy") == chance("addition") == chance("recall") == 0.0
+
+
+def cell_row(run: str, seed: int, length: int, correct: int, total: int = 10, **extra) -> dict:
+    return {"run": run, "name": run, "encoding": "rope", "seed": seed, "train_len": 32, "task": "copy",
+            "scaling": "none", "length": length, "depth": None, "status": "ok", "correct": correct, "total": total,
+            "accuracy": correct / total, "ci_low": 0.0, "ci_high": 1.0, **extra}
+
+
+def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
+    """Seed 0 learned copy at L (10/10), seed 1 did not (5/10): cells beyond L are seed 0's alone."""
+    runs = [{"run": f"r{s}", "name": f"rope_seed-{s}", "encoding": "rope", "group": "g", "stem": "rope", "seed": s,
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
+             "trained_on": "copy",  # a results.json written before tasks_trained was recorded
+             **({"competence": {"reached": True, "step": 300}} if s == 0 else
+                {"competence": {"reached": False, "threshold": 0.95, "accuracy": {"copy": 0.5}}})} for s in (0, 1)]
+    errors = {0: {32: [16] * 10, 64: [32] * 4 + [16, 17, 18, 19, 20, 21]}, 1: {32: [16] * 5 + [0] * 5, 64: [0] * 10}}
+    rows = [cell_row(f"r{s}", s, n, c, first_error=errors[s][n], answer_tokens=[n // 2] * 10)
+            for s, table in ((0, {32: 10, 64: 4}), (1, {32: 5, 64: 0})) for n, c in table.items()]
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    low, high = wilson_interval(4, 10)
+    assert "| rope | 1/2 | 1.00 " in report and f"| 0.40 [{low:.2f}, {high:.2f}] |" in report
+    assert "| rope | 1/2 | 1.00 / (0.50) | 0.40 / (0.00) |" in report  # every seed, the unlearned in ()
+    assert "| rope | 32 | 32 (×1) (one seed) |" in report  # 0.4 < 0.8 × 1.0 at 64
+    assert "| rope | 1.00 | 0.75 |" in report  # right before the first error at 64: (4 + (16 + … + 21) / 32) / 10
+    assert "at step 300" in report and "**not reached** (0.50 < 0.95)" in report
+    assert (tmp_path / "copy_first_error.png").read_bytes()[:4] == b"\x89PNG"
+    names, lengths, grid = first_error_grid({"r0": {n: [r for r in rows if r["run"] == "r0" and r["length"] == n]
+                                                    for n in (32, 64)}}, 32)
+    # m_R = 16 answer tokens; answers at 64 are 32 long, so an error falls below 2 × m_R.
+    assert names == ["[0, ¼)", "[¼, ½)", "[½, 1)", "[1, 2)", "none"] and lengths == [32, 64]
+    # At 64, six instances fail at 16..21 tokens ([1, 2) × m_R), four are right.
+    assert grid[:, 0].tolist() == [0, 0, 0, 0, 1.0] and grid[:, 1].tolist() == [0, 0, 0, 0.6, 0.4]
+
+
+def test_a_task_report_replaces_an_earlier_ones_figures_it_no_longer_draws(tmp_path):
+    """Written as the perplexity report is: an earlier report's figure this one does not link
+    goes (once the new one is whole), other report files stay, and report.md is UTF-8."""
+    runs = [{"run": "r0", "name": "rope_seed-0", "encoding": "rope", "group": "g", "stem": "rope", "seed": 0,
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
+             "tasks_trained": ["copy"]}]
+    rows = [cell_row("r0", 0, n, 10, first_error=[16] * 10, answer_tokens=[16] * 10) for n in (32, 64)]
+    (tmp_path / "report.md").write_text("an earlier report\n")
+    (tmp_path / "accuracy_passkey.png").write_bytes(b"stale")  # drawn by an earlier report with passkey
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    assert not (tmp_path / "accuracy_passkey.png").exists()
+    assert (tmp_path / "accuracy_copy.png").read_bytes()[:4] == b"\x89PNG"
+    assert "×" in (tmp_path / "report.md").read_text(encoding="utf-8")
+    assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
