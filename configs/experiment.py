@@ -58,7 +58,7 @@ def experiment_identity(cfg: RunConfig, ignore: Iterable[str] = ()) -> dict[str,
     asked = flat.get(STEERS_STOP)
     if cfg.train.stop_at_accuracy is not None and asked is not None and asked != cfg.data.synthetic.asked \
             and _counts(STEERS_STOP, tuple(ignore)):
-        identity[STEERS_STOP] = flat[STEERS_STOP]
+        identity[STEERS_STOP] = asked
     return identity
 
 

@@ -103,7 +103,8 @@ class SyntheticConfig:
         try:
             return dataclasses.replace(self, tasks=list(tasks))
         except ConfigError as e:
-            raise ConfigError(f"{e} (checked against the tasks built from data.synthetic: {', '.join(tasks)})") from None
+            raise ConfigError(f"{e} (checked against the tasks built from data.synthetic: "
+                              f"{', '.join(tasks)})") from None
 
     def scored_as(self, asked: Optional[int], tasks: typing.Sequence[str]) -> "SyntheticConfig":
         """These settings as ``tasks`` are scored with ``asked`` questions per multikey/vartrack

@@ -136,8 +136,8 @@ def breakdown(summary: dict[str, dict[int, dict]], label: str) -> Optional[dict]
     """The row's breakdown length: {point, low, high, seeds, beyond, longest}, or None where it
     was not scored at L and past it. Where every seed (two or more) breaks down within the
     evaluated lengths, the point is the geometric mean of the seeds' own breakdown lengths and
-    the interval a t-interval around it in log length, cut at L (a breakdown lies past L); otherwise the point is where the seeds'
-    mean log-ratio curve crosses, with no interval."""
+    the interval a t-interval around it in log length, cut at L (a breakdown lies past L);
+    otherwise the point is where the seeds' mean log-ratio curve crosses, with no interval."""
     train_len = train_lengths(summary).get(label)
     cells = summary[label]
     at_l = cells.get(train_len, {}).get("cell")
@@ -186,9 +186,9 @@ def breakdown_section(summaries: dict[str, dict[str, dict[int, dict]]]) -> list[
             "protocol; interpolated in log length between evaluated lengths). Where every seed breaks down within the "
             "evaluated lengths (two or more seeds), the value is the geometric mean of the seeds' own breakdown "
             "lengths with a 95% t-interval over them (in log length, cut at L: a breakdown lies past L); otherwise "
-            "it is where the seeds' mean curve crosses, and no interval is given. For comparison, Press et al. (2022, Figure 1 and Table 2; WikiText-103, "
-            "L = 512) find sinusoidal breaking down within tens of tokens past L, rotary within about 100–200, "
-            "the T5 bias later and ALiBi not at all.", "",
+            "it is where the seeds' mean curve crosses, and no interval is given. For comparison, Press et al. "
+            "(2022, Figure 1 and Table 2; WikiText-103, L = 512) find sinusoidal breaking down within tens of "
+            "tokens past L, rotary within about 100–200, the T5 bias later and ALiBi not at all.", "",
             "| row | L | breakdown length (95% interval) |", "|---|---:|---:|",
             *[f"| {label} | {found['train_len']} | {breakdown_text(found)} |" for label, found in rows]]
 

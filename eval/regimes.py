@@ -212,8 +212,9 @@ def regimes_markdown(grids: list[tuple[str, Path, dict]], diagnostics: Optional[
              "Train min: each row's mean training time at its runs' usual speed (tokens trained over the median "
              "of the tokens/s each run logged, so a pause or a burst of other load does not count); \"(wall)\" marks "
              "a row with a run whose usual speed is unknown (its results predate that record and its metrics.jsonl is "
-             "not at hand, or it logged no rate), read at its recorded wall time, pauses and contention included; equal compute is set by each grid's step budget "
-             "(steps × tokens) at its shape, not by these minutes.", "",
+             "not at hand, or it logged no rate), read at its recorded wall time, pauses and contention included; "
+             "equal compute is set by each grid's step budget (steps × tokens) at its shape, not by these "
+             "minutes.", "",
              "| " + " | ".join(HEAD) + " |", "|" + "---|" * 2 + "---:|" * (len(HEAD) - 2)]
     lines += ["| " + " | ".join(row) + " |" for row in rows]
     if diagnostics is not None:

@@ -34,8 +34,8 @@ from common.atomic import write_text_atomic
 from configs.tasks import TASK_NAMES, TaskEvalConfig
 from eval.effective_length import effective_section
 from eval.kmax import __doc__ as KMAX_DOC
-from eval.report import write_report_files
 from eval.labels import encoding_label, label_order, with_scaling
+from eval.report import write_report_files
 from eval.stats import pooled_accuracy_interval
 from eval.tables import length_table
 from eval.task_plots import plot_accuracy, plot_heatmaps
