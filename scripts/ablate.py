@@ -25,11 +25,18 @@ On a cluster, ``--launcher slurm`` submits each run as a Slurm job instead, with
 ``slurm:`` resources (scripts/slurm_launcher.py, docs/cluster.md); ``--status`` shows where
 every run stands, ``--cancel`` stops the grid's jobs, ``--report`` writes the reports once
 they have ended.
+
+``--rows PATTERN …`` trains and evaluates only the rows it names (shell-style patterns on
+run names without their ``seed-N`` part, e.g. ``--rows rope 'fire-*'``): a long grid's
+headline rows first, the rest later by the same command without it. The reports are still
+written from every finished run of the grid; the rows left out are listed as not finished,
+not as failures.
 """
 
 from __future__ import annotations
 
 import argparse
+import fnmatch
 import os
 import queue
 import shlex
@@ -45,7 +52,7 @@ from tqdm import tqdm
 
 from configs import load_config
 from configs.experiment import experiment_differences
-from configs.grid import Grid, PlannedRun, load_grid
+from configs.grid import Grid, PlannedRun, load_grid, row_of
 from configs.schema import EvalConfig, RunConfig
 from configs.slurm import SlurmConfig
 from scripts.grid_estimate import estimate_grid, print_estimates, save_estimates, saved_estimates
@@ -299,8 +306,24 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train nothing here: write the grid's reports from the runs that are finished (records "
                         "from its archive included); for a grid on Slurm, once its jobs have ended (with "
                         "--launcher slurm: after submitting)")
+    p.add_argument("--rows", nargs="+", default=None, metavar="PATTERN",
+                   help="train and evaluate only these rows (run names without seed-N; shell patterns such as "
+                        "'fire-*'); the reports still include every finished run")
     usage_when_empty(p, argv)
     return p.parse_args(argv)
+
+
+def chosen_runs(grid: Grid, runs: list[PlannedRun], patterns: Optional[list[str]]) -> set[str]:
+    """The names of the runs ``--rows`` picks (all of them without it); a pattern that matches
+    no row is refused, with the grid's rows."""
+    if not patterns:
+        return {run.name for run in runs}
+    rows = list(dict.fromkeys(row_of(run.name) for run in runs))
+    unmatched = [p for p in patterns if not fnmatch.filter(rows, p)]
+    if unmatched:
+        raise UserError(f"--rows {' '.join(unmatched)}: no row of {grid.source} matches; its rows are "
+                        f"{', '.join(rows)}")
+    return {run.name for run in runs if any(fnmatch.fnmatchcase(row_of(run.name), p) for p in patterns)}
 
 
 def archive_grid(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]]) -> int:
@@ -348,6 +371,7 @@ def run_grid(args: argparse.Namespace) -> int:
         if restored:
             print(f"restored {len(restored)} runs from the grid's archive {grid.archive}")
     states = {run.name: status(run) for run in runs}
+    chosen = chosen_runs(grid, runs, args.rows)
     if args.archive:
         return archive_grid(grid, runs, states)
     if args.dry_run:
@@ -363,8 +387,8 @@ def run_grid(args: argparse.Namespace) -> int:
     print(f"grid {grid.name}: {len(runs)} runs from {base} → {Path(grid.out_dir) / grid.name}")
     for run in runs:
         state, detail = states[run.name]
-        print(f"  {run.name:<40} {state:<8} {detail}")
-    pending = [run for run in runs if states[run.name][0] in ("new", "partial")]
+        print(f"  {run.name:<40} {state:<8} {detail}" + ("" if run.name in chosen else "  (not in --rows)"))
+    pending = [run for run in runs if states[run.name][0] in ("new", "partial") and run.name in chosen]
     if pending and slurm is None and not args.report and not args.no_estimate:
         # Times each distinct shape once (cached), which also warms the compile caches the runs use.
         estimates = estimate_grid(grid, pending, slots_for(args)[0].threads)
@@ -375,9 +399,9 @@ def run_grid(args: argparse.Namespace) -> int:
         print("train one by hand with:", shlex.join(["python", "train.py", base, *runs[0].overrides]))
         return 0
     failures = {name: detail for name, (state, detail) in states.items() if state == "conflict"}
-    todo = [run for run in runs if states[run.name][0] in ("new", "partial", "done")]
+    todo = [run for run in runs if states[run.name][0] in ("new", "partial", "done") and run.name in chosen]
     if slurm is not None or args.report:
-        if not on_cluster(grid, runs, states, slurm, args):
+        if not on_cluster(grid, [run for run in runs if run.name in chosen], states, slurm, args):
             return 0
     elif todo:
         failures.update(run_all(grid, todo, slots_for(args), evaluate=not args.skip_eval))
@@ -385,8 +409,9 @@ def run_grid(args: argparse.Namespace) -> int:
     unfinished = [run.name for run in runs if run.name not in failures and run not in finished]
     missing = {**failures, **{name: "not finished" for name in unfinished}}  # what the reports list as missing
     local_report = args.report and slurm is None  # what is not finished may be training in another process
-    if not local_report:  # here, or on Slurm once its jobs have ended, an unfinished run failed
-        failures = missing
+    if not local_report:  # here, or on Slurm once its jobs have ended, an unfinished chosen run failed
+        failures = {name: why for name, why in missing.items() if name in chosen}
+    left_out = [name for name in unfinished if name not in chosen]
     if not args.skip_eval and finished:
         if grid.archive and (slurm is not None or args.report):  # a local run was archived by its worker
             archived, _ = archive_runs(grid, finished, {run.name for run in finished})
@@ -396,6 +421,8 @@ def run_grid(args: argparse.Namespace) -> int:
     print(f"\n{len(finished)}/{len(runs)} runs finished.")
     if local_report and unfinished:
         print(f"  not finished, so not in the reports ({len(unfinished)}): {', '.join(unfinished)}")
+    elif left_out:
+        print(f"  not in --rows and not finished, so not in the reports ({len(left_out)}): {', '.join(left_out)}")
     for name, reason in failures.items():
         print(f"  failed: {name}: {reason}")
     return 1 if failures else 0

@@ -117,6 +117,17 @@ def tune(grid: Grid) -> dict:
             "added_later": len(planned) - len(runs), "encodings": encodings}
 
 
+def more_seeds_block(grid: Grid, found: dict, seeds: list[int]) -> dict[str, list[int]]:
+    """The grid's more_seeds with ``seeds`` added to every chosen row: rows that already have
+    added seeds (a study's fixed rows given their seeds while the sweep trained) keep them and
+    gain only the ones they lack, so the block pasted over the grid's own names no seed twice."""
+    block = {row: list(added) for row, added in grid.more_seeds.items()}
+    for entry in found["encodings"].values():
+        have = block.setdefault(entry["chosen"], [])
+        have += [seed for seed in seeds if seed not in have]
+    return block
+
+
 def verdict(low: Optional[float], seeds: int) -> str:
     if low is None:
         return f"undecided at {seeds} seed{'s' if seeds != 1 else ''} (no interval)"
@@ -190,10 +201,11 @@ def main(argv=None) -> int:
         chosen = entry["rows"][entry["chosen"]]
         print(f"  {encoding}: [{', '.join(chosen['overrides'])}]")
     if args.more_seeds:
-        seeds = ", ".join(map(str, args.more_seeds))
-        print("\nmore seeds for the chosen rows, as a block for the grid file:\nmore_seeds:")
-        for entry in found["encodings"].values():
-            print(f"  {entry['chosen']}: [{seeds}]")
+        print("\nmore seeds for the chosen rows, as a block for the grid file"
+              + (" (it replaces the grid's own more_seeds block, whose seeds it keeps)" if grid.more_seeds else "")
+              + ":\nmore_seeds:")
+        for row, seeds in more_seeds_block(grid, found, args.more_seeds).items():
+            print(f"  {row}: [{', '.join(map(str, seeds))}]")
     print(f"\nwrote {out / 'tuning.md'} and {out / 'tuning.json'}")
     return 0
 

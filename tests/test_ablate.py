@@ -374,3 +374,24 @@ def test_more_seeds_adds_training_runs_to_chosen_rows_only(tmp_path, corpus):
         path.write_text(path.read_text().rsplit("more_seeds", 1)[0] + f"more_seeds: {bad}\n")
         with pytest.raises(ConfigError, match=message):
             load_grid(path).plan()
+
+
+def test_rows_trains_only_the_rows_named_and_reports_every_finished_run(tmp_path, corpus, capsys):
+    """--rows: a grid's chosen rows first; the others stay untouched, are listed as left out,
+    not failed, and the same command without --rows trains them later."""
+    path = write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi, none]\n  train.seed: [0]")
+    runs = {r.name: r for r in load_grid(path).plan()}
+    assert ablate.main([str(path), "--rows", "kind-alib*", "kind-none", "--no-estimate"]) == 0
+    out = capsys.readouterr().out
+    assert "kind-rope_seed-0" in out and "(not in --rows)" in out
+    assert ablate.status(runs["kind-alibi_seed-0"])[0] == "done" and ablate.status(runs["kind-none_seed-0"])[0] == "done"
+    assert not RunDir.of(runs["kind-rope_seed-0"].cfg).path.exists()
+    assert "2/3 runs finished" in out and "not in --rows and not finished, so not in the reports (1): kind-rope" in out
+    assert "failed:" not in out
+    report = (tmp_path / "report" / "report.md").read_text()
+    assert "kind-alibi" in report and "kind-none" in report
+    # A pattern that names no row: refused before anything runs, with the grid's rows.
+    assert ablate.main([str(path), "--rows", "kind-rop", "--no-estimate"]) == 2
+    err = capsys.readouterr().err
+    assert "--rows kind-rop: no row" in err and "kind-rope, kind-alibi, kind-none" in err
+    assert not RunDir.of(runs["kind-rope_seed-0"].cfg).path.exists()

@@ -228,3 +228,14 @@ def test_failed_command_fails_the_job_with_the_log_reason(tmp_path):
     job = executor.submit(RunJob("r", [cmd], str(tmp_path / "train.log"), str(tmp_path)))
     with pytest.raises(submitit.core.utils.FailedJobError, match="r: exit 2: error: no such corpus"):
         job.result()
+
+
+def test_rows_submits_only_the_rows_named(tmp_path, corpus, monkeypatch, capsys):
+    slurm = FakeSlurm(tmp_path, monkeypatch)
+    grid = write_grid(tmp_path, corpus)
+    assert ablate.main([str(grid), "--launcher", "slurm", "--rows", "kind-alibi", "kind-none"]) == 0
+    train, _ = slurm.scripts()
+    assert "#SBATCH --array=0-1%2\n" in train  # two runs, two at once
+    record = json.loads((tmp_path / "runs" / "g" / "_slurm" / "jobs.json").read_text())
+    assert set(record) == {"kind-alibi", "kind-none"}
+    assert "(not in --rows)" in capsys.readouterr().out

@@ -127,3 +127,20 @@ def test_more_seeds_that_repeat_the_sweeps_own_are_refused(tmp_path, corpus, mon
                                       "rope": [2.7, 2.8]})
     assert tune.main([str(grid), "--more-seeds", "1", "2"]) == 2
     assert "seeds 1 are the sweep's own; give new ones" in capsys.readouterr().err
+
+
+def test_the_block_keeps_seeds_the_grid_already_added(tmp_path, corpus, monkeypatch, capsys):
+    """Fixed rows given their added seeds while the sweep trained (ablate.py --rows) keep them:
+    the printed block, pasted over the grid's own, names every seed once."""
+    grid = sweep(tmp_path, corpus, seeds=(0, 1))
+    grid.write_text(grid.read_text() + "more_seeds: {rope: [2, 3]}\n")
+    fake_finished(monkeypatch, grid, {"t5-lr1": [3.0, 3.1], "t5-lr10": [2.8, 2.85], "t5-lr30": [2.9, 2.95],
+                                      "rope": [2.7, 2.8, 2.75, 2.72]})
+    assert tune.main([str(grid), "--more-seeds", "2", "3", "4"]) == 0
+    out = capsys.readouterr().out
+    assert "it replaces the grid's own more_seeds block" in out
+    block = out[out.index("more_seeds:"):out.index("\nwrote")]
+    assert block.splitlines()[1:] == ["  rope: [2, 3, 4]", "  t5-lr10: [2, 3, 4]"]
+    grid.write_text(grid.read_text().rsplit("more_seeds:", 1)[0] + block + "\n")
+    names = [r.name for r in load_grid(grid).plan()]
+    assert names.count("rope_seed-4") == 1 and "t5-lr10_seed-2" in names and "t5-lr1_seed-2" not in names
