@@ -13,7 +13,8 @@ report gives every row's mean validation loss over its seeds with a t-interval, 
 row with the lowest mean, and sets every other row against it by seed (a paired
 t-interval, df = seeds − 1): a row whose interval excludes 0 is worse across training runs;
 one whose interval includes 0 is "undecided at N seeds", and the choice between them is the
-lower mean and no more. The chosen rows' overrides are printed as variant lines for a
+lower mean and no more. A choice at the end of a numeric range swept (the largest learning
+rate tried, say) is flagged: the best value may lie beyond it, and the sweep should grow. The chosen rows' overrides are printed as variant lines for a
 study grid, and the whole sweep is kept in ``DIR/tuning.md`` and ``DIR/tuning.json``
 (default: the grid's report directory), which a study that uses the choice cites.
 
@@ -36,6 +37,7 @@ from typing import Optional
 from common.atomic import write_text_atomic
 from common.cli import entry_point, non_negative_int, usage_when_empty
 from common.errors import ConfigError, DataError
+from configs.experiment import experiment_identity
 from configs.grid import Grid, PlannedRun, load_grid, row_of
 from eval.stats import t_interval
 from scripts.ablate import status
@@ -90,8 +92,10 @@ def tune(grid: Grid) -> dict:
         raise DataError(f"{len(pending)} of the grid's {len(runs)} runs are not finished ({', '.join(pending[:4])}"
                         f"{', …' if len(pending) > 4 else ''}); run python scripts/ablate.py {grid.source} first")
     losses: dict[str, dict[str, dict[int, float]]] = defaultdict(lambda: defaultdict(dict))
+    identities: dict[str, dict] = {}  # each row's experiment, seed aside
     for run in runs:
         losses[encoding_of(run)][row_of(run.name)][run.cfg.train.seed] = final_val_loss(run)
+        identities.setdefault(row_of(run.name), experiment_identity(run.cfg, ignore=("train.seed",)))
     settings = row_settings(grid, [row for rows in losses.values() for row in rows])
     encodings = {}
     for encoding, rows in losses.items():
@@ -112,7 +116,8 @@ def tune(grid: Grid) -> dict:
                                   "low": None if low is None else float(low),
                                   "high": None if high is None else float(high),
                                   "verdict": verdict(low, len(diffs))}
-        encodings[encoding] = {"chosen": chosen, "rows": summary}
+        encodings[encoding] = {"chosen": chosen, "rows": summary,
+                               "edges": sweep_edges(chosen, {row: identities[row] for row in summary})}
     return {"grid": grid.name, "source": str(grid.source), "seeds": sorted(seeds),
             "added_later": len(planned) - len(runs), "encodings": encodings}
 
@@ -126,6 +131,28 @@ def more_seeds_block(grid: Grid, found: dict, seeds: list[int]) -> dict[str, lis
         have = block.setdefault(entry["chosen"], [])
         have += [seed for seed in seeds if seed not in have]
     return block
+
+
+def sweep_edges(chosen: str, identities: dict[str, dict]) -> list[str]:
+    """Each numeric setting at which the chosen row sits at the end of the range swept (three
+    values or more), among the rows that differ from it in that setting alone
+    (``train.pos_lr_multiplier`` 30 of 1, 10, 30): the best value may lie beyond it, so the sweep should be extended before a
+    study relies on the choice."""
+    mine = identities[chosen]
+    edges = []
+    for key in sorted({k for ident in identities.values() for k in set(ident) | set(mine)
+                       if ident.get(k) != mine.get(k)}):
+        values = [ident.get(key) for ident in identities.values()
+                  if {k for k in set(ident) | set(mine) if ident.get(k) != mine.get(k)} <= {key}]
+        numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
+        # Two settings are a comparison, not a range.
+        if len(set(values)) < 3 or not numeric or mine.get(key) not in (min(values), max(values)):
+            continue
+        end = "largest" if mine.get(key) == max(values) else "smallest"
+        edges.append(f"{key} = {mine.get(key):g} is the {end} value swept "
+                     f"({', '.join(f'{v:g}' for v in sorted(set(values)))}): a value beyond it may do better; "
+                     "extend the sweep before a study relies on the choice")
+    return edges
 
 
 def verdict(low: Optional[float], seeds: int) -> str:
@@ -155,8 +182,10 @@ def report_text(found: dict) -> str:
     for encoding, entry in found["encodings"].items():
         if encoding in single:
             continue
-        lines += [f"## {encoding}: {entry['chosen']}", "",
-                  "| row | overrides | seeds | validation loss | against the chosen row | |",
+        lines += [f"## {encoding}: {entry['chosen']}", ""]
+        lines += [f"Chosen at the edge of the sweep: {edge}." for edge in entry.get("edges", [])]
+        lines += [""] if entry.get("edges") else []
+        lines += ["| row | overrides | seeds | validation loss | against the chosen row | |",
                   "|---|---|---|---|---|---|"]
         for row, r in sorted(entry["rows"].items(), key=lambda kv: kv[1]["mean"]):
             against = r.get("vs_chosen")
@@ -200,6 +229,9 @@ def main(argv=None) -> int:
     for encoding, entry in found["encodings"].items():
         chosen = entry["rows"][entry["chosen"]]
         print(f"  {encoding}: [{', '.join(chosen['overrides'])}]")
+    for encoding, entry in found["encodings"].items():
+        for edge in entry["edges"]:
+            print(f"  note: {encoding} was chosen at the edge of its sweep: {edge}")
     if args.more_seeds:
         print("\nmore seeds for the chosen rows, as a block for the grid file"
               + (" (it replaces the grid's own more_seeds block, whose seeds it keeps)" if grid.more_seeds else "")

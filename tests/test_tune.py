@@ -57,6 +57,23 @@ def test_the_lowest_mean_is_chosen_and_each_other_row_is_set_against_it_by_seed(
     assert rows["t5-lr1"]["vs_chosen"]["verdict"] == "worse across training runs"
     assert rows["t5-lr30"]["vs_chosen"]["verdict"] == "undecided at 3 seeds"
     assert "vs_chosen" not in rows["t5-lr10"]
+    assert t5["edges"] == [] and found["encodings"]["rope"]["edges"] == []  # 10 lies inside 1-30
+
+
+def test_a_choice_at_the_end_of_the_range_swept_is_flagged(tmp_path, corpus, monkeypatch, capsys):
+    grid = sweep(tmp_path, corpus)
+    fake_finished(monkeypatch, grid, {"t5-lr1": [3.00, 3.10, 2.95], "t5-lr10": [2.80, 2.85, 2.76],
+                                      "t5-lr30": [2.70, 2.78, 2.69], "rope": [2.7, 2.8, 2.9]})
+    assert tune.main([str(grid)]) == 0
+    out = capsys.readouterr().out
+    edge = ("train.pos_lr_multiplier = 30 is the largest value swept (1, 10, 30): a value beyond it may do better; "
+            "extend the sweep before a study relies on the choice")
+    assert f"Chosen at the edge of the sweep: {edge}." in out
+    assert f"note: t5 was chosen at the edge of its sweep: {edge}" in out
+    assert json.loads((tmp_path / "report" / "tuning.json").read_text())["encodings"]["t5"]["edges"] == [edge]
+    # Two settings are a comparison, not a range: the lower of two is no edge.
+    identities = {"a": {"x": 1, "y": 128}, "b": {"x": 1, "y": 512}, "c": {"x": 10, "y": 128}}
+    assert tune.sweep_edges("a", identities) == []
 
 
 def test_unfinished_runs_are_refused_with_the_command_that_finishes_them(tmp_path, corpus, capsys):
