@@ -411,7 +411,7 @@ def run_grid(args: argparse.Namespace) -> int:
     local_report = args.report and slurm is None  # what is not finished may be training in another process
     if not local_report:  # here, or on Slurm once its jobs have ended, an unfinished chosen run failed
         failures = {name: why for name, why in missing.items() if name in chosen}
-    left_out = [name for name in unfinished if name not in chosen]
+    left_out = [name for name in missing if name not in chosen]  # unfinished, or a conflict left alone
     if not args.skip_eval and finished:
         if grid.archive and (slurm is not None or args.report):  # a local run was archived by its worker
             archived, _ = archive_runs(grid, finished, {run.name for run in finished})
