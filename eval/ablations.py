@@ -66,4 +66,7 @@ def ablations_note(ablations: dict[str, str]) -> list[str]:
     return ["", f"**Ablations.** The sweep beside this report ({TUNING}, tuning.md) chose one setting per "
             "encoding on validation loss at L; the settings it did not choose are ablations: "
             + "; ".join(parts) + ". They appear in the perplexity tables; their paired comparisons form a "
-            "table and a multiple-comparison family of their own, and the figures draw the study's rows only."]
+            "table and a multiple-comparison family of their own, and the figures draw the study's rows only. "
+            "The sweep's seeds of each chosen row are among its seeds here, and they were chosen for the lowest "
+            "validation loss at L: at L they may flatter the chosen setting a little (the winner's curse of any "
+            "choice on the data that then measures it); the seeds added after the choice carry no such selection."]

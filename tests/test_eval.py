@@ -327,6 +327,7 @@ def test_settings_a_sweep_did_not_choose_are_ablations_with_their_own_table_and_
     assert main([*runs, *common, "--out", str(out)]) == 0
     report = (out / "report.md").read_text()
     assert "**Ablations.**" in report and "`learned` (chosen instead: `rope`)" in report
+    assert "the seeds added after the choice carry no such selection" in report  # the winner's curse, said
     study, _, ablation = report.partition("Ablations against the reference")
     assert "| learned vs rope |" not in study and "| learned vs rope |" in ablation
     assert "| learned |" in study  # still in the perplexity tables
