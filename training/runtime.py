@@ -10,16 +10,20 @@ gradient scaler).
 from __future__ import annotations
 
 import contextlib
+import json
 import math
 import os
+import platform
 import statistics
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Callable, Optional
 
 import torch
 import torch.distributed as dist
 
+from common.atomic import write_text_atomic
 from common.devices import check_device_name
 from common.errors import ConfigError
 
@@ -180,6 +184,52 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[i
             "median_by_size": {str(n): r for n, r in median.items()}}
 
 
+def peak_record_path() -> Path:
+    """Where the best matmul rates seen are kept: beside the shapes' probes (training/probe.py)."""
+    return Path(os.environ.get("ROPELAB_PROBE_CACHE") or Path.home() / ".cache" / "ropelab" / "probes") / "matmul-peaks.json"
+
+
+def _processor(device: torch.device) -> str:
+    """What the peak belongs to: the GPU's name, or the CPU's model (a home directory shared by
+    a cluster's machines keeps one rate per model)."""
+    if device.type == "cuda":
+        return torch.cuda.get_device_name(device)
+    try:
+        with open("/proc/cpuinfo", encoding="utf-8") as f:
+            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
+        if names:
+            return names[0]
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "cpu"
+
+
+def remembered_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...]) -> tuple[float, bool]:
+    """(the matmul peak for MFU, whether an earlier measurement set it): the rate measured now,
+    never below the best this processor, dtype, thread count and torch have shown before.
+    The fastest of a few repeats is not enough on a CPU that other work keeps busy the whole
+    time (a grid's other run, a test suite): every repeat is slow, the peak comes out halved
+    and MFU above 100%. The record is a convenience: one that cannot be read or written is
+    measured again."""
+    measured = float(measure_matmul_peak(device, dtype, sizes)["flops"])
+    key = f"{device.type} | {_processor(device)} | {str(dtype).replace('torch.', '')} | " \
+          f"{torch.get_num_threads()} threads | torch {torch.__version__}"
+    path = peak_record_path()
+    try:
+        seen = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        seen = {}
+    earlier = seen.get(key) if isinstance(seen, dict) else None
+    earlier = float(earlier) if isinstance(earlier, (int, float)) and math.isfinite(earlier) and earlier > 0 else 0.0
+    if measured > earlier:
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(path, json.dumps({**(seen if isinstance(seen, dict) else {}), key: measured}, indent=1))
+        except OSError:
+            pass
+    return max(measured, earlier), earlier > measured
+
+
 def peak_flops_from_env(text: str) -> float:
     """ROPELAB_PEAK_FLOPS: a device's peak FLOP/s for MFU, a positive finite number (e.g. 989e12)."""
     try:
@@ -205,7 +255,8 @@ def _peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[Optional[floa
         return None, f"not measured ({dtype} matmuls on a CPU are too slow to time at startup)"
     if device.type in ("cpu", "cuda"):  # no datasheet figure: measure (~0.1 s on a CPU)
         sizes = GPU_PEAK_SIZES if device.type == "cuda" else (1024,)
-        return measure_matmul_peak(device, dtype, sizes)["flops"], "measured matmul"
+        peak, earlier = remembered_peak(device, dtype, sizes)
+        return peak, "measured matmul" + (f", the best seen here ({peak_record_path()})" if earlier else "")
     return None, "unknown"
 
 
