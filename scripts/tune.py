@@ -14,8 +14,8 @@ row with the lowest mean, and sets every other row against it by seed (a paired
 t-interval, df = seeds − 1): a row whose interval excludes 0 is worse across training runs;
 one whose interval includes 0 is "undecided at N seeds", and the choice between them is the
 lower mean and no more. A choice at the end of a numeric range swept (the largest learning
-rate tried, say) is flagged: the best value may lie beyond it, and the sweep should grow. The chosen rows' overrides are printed as variant lines for a
-study grid, and the whole sweep is kept in ``DIR/tuning.md`` and ``DIR/tuning.json``
+rate tried, say) is flagged: the best value may lie beyond it, and the sweep should grow.
+The chosen rows' overrides are printed as variant lines for a study grid, and the whole sweep is kept in ``DIR/tuning.md`` and ``DIR/tuning.json``
 (default: the grid's report directory), which a study that uses the choice cites.
 
 A study may also grow the sweep grid itself: ``--more-seeds 2 3 4`` prints a ``more_seeds``
@@ -136,14 +136,14 @@ def more_seeds_block(grid: Grid, found: dict, seeds: list[int]) -> dict[str, lis
 def sweep_edges(chosen: str, identities: dict[str, dict]) -> list[str]:
     """Each numeric setting at which the chosen row sits at the end of the range swept (three
     values or more), among the rows that differ from it in that setting alone
-    (``train.pos_lr_multiplier`` 30 of 1, 10, 30): the best value may lie beyond it, so the sweep should be extended before a
-    study relies on the choice."""
+    (``train.pos_lr_multiplier`` 30 of 1, 10, 30): the best value may lie beyond it, so the
+    sweep should be extended before a study relies on the choice."""
     mine = identities[chosen]
+    differs = {row: {k for k in set(ident) | set(mine) if ident.get(k) != mine.get(k)}
+               for row, ident in identities.items()}
     edges = []
-    for key in sorted({k for ident in identities.values() for k in set(ident) | set(mine)
-                       if ident.get(k) != mine.get(k)}):
-        values = [ident.get(key) for ident in identities.values()
-                  if {k for k in set(ident) | set(mine) if ident.get(k) != mine.get(k)} <= {key}]
+    for key in sorted(set().union(*differs.values())):
+        values = [identities[row].get(key) for row, keys in differs.items() if keys <= {key}]
         numeric = all(isinstance(v, (int, float)) and not isinstance(v, bool) for v in values)
         # Two settings are a comparison, not a range.
         if len(set(values)) < 3 or not numeric or mine.get(key) not in (min(values), max(values)):

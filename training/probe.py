@@ -40,7 +40,7 @@ from configs.loader import config_to_dict
 from configs.schema import RunConfig
 from model.transformer import Transformer
 from training.optim import build_optimizer
-from training.runtime import Runtime
+from training.runtime import Runtime, cache_dir
 from training.validation import windows_per_batch
 
 PROBE_STEPS = 3  # timed steps of each kind (after one untimed warm-up step)
@@ -48,10 +48,6 @@ COMPILE_MARGIN = 1.25  # compile only when the steps saved exceed the compile ti
 FIRST_COMPILE_GUESS_S = 60.0  # before any probe: what a cold compile may cost at these sizes
 BEST_SPEEDUP_GUESS = 1.3  # before any probe: the most a compiled step has been seen to gain here
 PROBE_ROWS = 8  # windows per timed forward at most (fewer as the length grows), as evaluation batches them
-
-
-def cache_dir() -> Path:
-    return Path(os.environ.get("ROPELAB_PROBE_CACHE") or Path.home() / ".cache" / "ropelab" / "probes")
 
 
 def use_compile_cache() -> None:

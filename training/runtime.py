@@ -184,9 +184,14 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[i
             "median_by_size": {str(n): r for n, r in median.items()}}
 
 
+def cache_dir() -> Path:
+    """Where the machine's timings are kept: the shapes' probes (training/probe.py) and the
+    best matmul rates seen."""
+    return Path(os.environ.get("ROPELAB_PROBE_CACHE") or Path.home() / ".cache" / "ropelab" / "probes")
+
+
 def peak_record_path() -> Path:
-    """Where the best matmul rates seen are kept: beside the shapes' probes (training/probe.py)."""
-    return Path(os.environ.get("ROPELAB_PROBE_CACHE") or Path.home() / ".cache" / "ropelab" / "probes") / "matmul-peaks.json"
+    return cache_dir() / "matmul-peaks.json"
 
 
 def _processor(device: torch.device) -> str:
@@ -219,12 +224,13 @@ def remembered_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, 
         seen = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError):
         seen = {}
-    earlier = seen.get(key) if isinstance(seen, dict) else None
+    seen = seen if isinstance(seen, dict) else {}
+    earlier = seen.get(key)
     earlier = float(earlier) if isinstance(earlier, (int, float)) and math.isfinite(earlier) and earlier > 0 else 0.0
     if measured > earlier:
         try:
             path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(path, json.dumps({**(seen if isinstance(seen, dict) else {}), key: measured}, indent=1))
+            write_text_atomic(path, json.dumps({**seen, key: measured}, indent=1))
         except OSError:
             pass
     return max(measured, earlier), earlier > measured
