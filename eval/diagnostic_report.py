@@ -300,8 +300,9 @@ def _reduced(cell: dict, meta: dict) -> dict:
     return kept | window_measures(cell, meta) | {"per_window": True}
 
 
-def write_diagnostics_report(results: dict, out: Path) -> None:
-    """report.md, results.json (the runs' cells and the pooled rows) and figures in ``out``."""
+def write_diagnostics_report(results: dict, out: Path, carried: tuple[Path, ...] = ()) -> None:
+    """report.md, results.json (the runs' cells and the pooled rows) and figures in ``out``;
+    ``carried``: example maps of the report made again elsewhere (write_report_files)."""
     # results.json keeps each run's measures per window as the pooling reads them
     # (window_measures), not the per-head, per-position arrays they come from, nor the example
     # maps: those stay in the runs' caches (and a grid's records); kept here they made a study
@@ -318,7 +319,7 @@ def write_diagnostics_report(results: dict, out: Path) -> None:
         write_text_atomic(out / "report.md", markdown)
         return markdown
 
-    write_report_files(out, _jsonable({**kept, "rows": pooled}), write_markdown, DIAGNOSTIC_FIGURES)
+    write_report_files(out, _jsonable({**kept, "rows": pooled}), write_markdown, DIAGNOSTIC_FIGURES, carried)
 
 
 def kept_results(results: dict) -> dict:

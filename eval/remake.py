@@ -5,9 +5,9 @@ of every run and cell, per-position curves, the runs' training curves), so a cha
 method — new intervals, a new section — is applied to a committed report without its runs
 or any evaluation: the report is written again over itself (or into ``--out``). Perplexity,
 task and attention diagnostics reports are told apart by their contents (a diagnostics
-report's results.json keeps no example maps: made again in place, it links the figures drawn
-beside it). ``--reference ROW`` changes the row a
-perplexity report compares every other row with. The numbers in results.json are never
+report's results.json keeps no example maps, nor does an early perplexity report's keep its
+training curves: made again, the report links the figures drawn beside it, which ``--out`` copies
+along). ``--reference ROW`` changes the row a perplexity report compares every other row with. The numbers in results.json are never
 edited (a diagnostics results.json that still keeps its runs' full cells, the first format,
 is reduced to per-window measures as a new report would be); the report says when it was
 made again. A results.json whose contents no report can be made from is a DataError.
@@ -50,7 +50,8 @@ def read_results(path: Path) -> dict:
 def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = None) -> Path:
     """Write the report of ``path`` (a results.json) into ``out`` (default: its own directory)."""
     results = read_results(path)
-    out = Path(out) if out is not None else (Path(path) if Path(path).is_dir() else Path(path).parent)
+    source = Path(path) if Path(path).is_dir() else Path(path).parent
+    out = Path(out) if out is not None else source
     results["remade"] = time.strftime("%Y-%m-%d %H:%M:%S")
     if "cells" in results:  # an attention diagnostics report (eval/diagnostics.py)
         if reference is not None:
@@ -61,7 +62,8 @@ def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = No
             raise DataError(f"{path} looks like a diagnostics report's results.json but its cells cannot be "
                             f"read ({type(e).__name__}: {e}); make the report again from its runs with "
                             "scripts/diagnose.py") from None
-        write_diagnostics_report(results, out)
+        # results.json keeps no maps
+        write_diagnostics_report(results, out, carried_figures(source, out, ("attention_map_*.png",)))
         return out
     if "kmax" in results:  # a task report (eval/tasks.py)
         if reference is not None:
@@ -71,11 +73,22 @@ def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = No
     if reference is not None:
         for run in results["runs"]:
             run["eval"]["reference"] = reference
-    write_report(results, out)
+    # An early results.json keeps no training curves: they are only in the figure.
+    write_report(results, out, () if results.get("training_curves") else
+                 carried_figures(source, out, ("training_loss.png",)))
     missing = missing_reference(results)
     if missing:
         print(f"warning: {missing}", file=sys.stderr)
     return out
+
+
+def carried_figures(source: Path, out: Path, patterns: tuple[str, ...]) -> tuple[Path, ...]:
+    """The figures that results.json cannot draw again (``patterns``, globbed in the report's own
+    directory ``source``), for the report made in ``out`` to link as the original does; none
+    when ``out`` is ``source``."""
+    if out.exists() and out.resolve() == source.resolve():
+        return ()
+    return tuple(sorted(f for pattern in patterns for f in source.glob(pattern) if f.is_file()))
 
 
 def parse_args(argv=None) -> argparse.Namespace:

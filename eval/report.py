@@ -11,6 +11,7 @@ positions)" and are left out of the plots.
 
 from __future__ import annotations
 
+import shutil
 from itertools import combinations
 from pathlib import Path
 from typing import Callable, Optional
@@ -314,9 +315,10 @@ def check_report_dir(out: Path) -> None:
     sweep_choices(out)  # a sweep record there that cannot be read is said before any evaluation
 
 
-def write_report(results: dict, out: Path) -> None:
+def write_report(results: dict, out: Path, carried: tuple[Path, ...] = ()) -> None:
     """results.json, report.md and the figures; the runs' training curves are kept in
-    results.json, so a report can be made again from it alone (python -m eval.remake)."""
+    results.json, so a report can be made again from it alone (python -m eval.remake).
+    ``carried``: figures of the report made again elsewhere (write_report_files)."""
     found = sweep_ablations(out, results["runs"])
     if found is not None:  # else those recorded when the report was first made (eval.remake elsewhere)
         results["ablations"] = found
@@ -324,17 +326,23 @@ def write_report(results: dict, out: Path) -> None:
         curves = training_curves(results["runs"])
         if curves:
             results["training_curves"] = curves
-    write_report_files(out, results, lambda: _write_markdown(results, out), REPORT_FIGURES)
+    write_report_files(out, results, lambda: _write_markdown(results, out), REPORT_FIGURES, carried)
 
 
-def write_report_files(out: Path, results: dict, write_markdown: Callable[[], str], figures: tuple[str, ...]) -> None:
+def write_report_files(out: Path, results: dict, write_markdown: Callable[[], str], figures: tuple[str, ...],
+                       carried: tuple[Path, ...] = ()) -> None:
     """results.json, then ``write_markdown()`` (which draws the figures and writes report.md,
     returning its text), then an earlier report's figures (glob ``figures``) that it does not link
-    are removed: only after the new report is whole, so a failed write loses nothing. A refusal
-    of the file system is a StorageError naming ``out``."""
+    are removed: only after the new report is whole, so a failed write loses nothing. ``carried``
+    are figures results.json cannot draw again (a report made again elsewhere, eval.remake): copied
+    into ``out`` first, so the markdown links them. A refusal of the file system is a StorageError
+    naming ``out``."""
     check_report_dir(out)
     try:
         make_dir(out, "the report directory")
+        for figure in carried:
+            if not (out / figure.name).exists() or not (out / figure.name).samefile(figure):
+                shutil.copyfile(figure, out / figure.name)
         write_text_atomic(out / "results.json", dumps_report(results))
         markdown = write_markdown()
         for pattern in figures:

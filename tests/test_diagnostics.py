@@ -332,9 +332,21 @@ def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp
     assert "cannot be read" in err and "Traceback" not in err and err.count("\n") == 1
 
     elsewhere = tmp_path / "elsewhere"
-    remake.remake(out / "results.json", out=elsewhere)  # no figure beside it: no map section
-    assert "Example attention maps" not in (elsewhere / "report.md").read_text()
-    assert tables((elsewhere / "report.md").read_text()) == without_maps(original)
+    remake.remake(out / "results.json", out=elsewhere)  # the maps, which results.json lacks, come along
+    assert tables((elsewhere / "report.md").read_text()) == original
+    maps = sorted(f.name for f in out.glob("attention_map_*.png"))
+    assert maps and sorted(f.name for f in elsewhere.glob("attention_map_*.png")) == maps
+    assert all((elsewhere / m).read_bytes() == (out / m).read_bytes() for m in maps)
+    nowhere = tmp_path / "nowhere"
+    remake.remake(unmarked / "results.json", out=nowhere)  # no figure beside it: no map section
+    assert "Example attention maps" not in (nowhere / "report.md").read_text()
+    assert tables((nowhere / "report.md").read_text()) == without_maps(original)
+    taken = tmp_path / "taken"
+    taken.mkdir()
+    (taken / "notes.txt").write_text("mine")
+    assert remake.main([str(out / "results.json"), "--out", str(taken)]) == 2  # not a report's directory
+    assert sorted(f.name for f in taken.iterdir()) == ["notes.txt"]
+    capsys.readouterr()
 
     # A results.json with the runs' full cells (per head and position, as the regime pilot's).
     captured = {}

@@ -40,6 +40,30 @@ def test_a_report_is_made_again_from_its_results_alone(report, tmp_path):
     assert body(text) == body((out / "report.md").read_text())
 
 
+def test_an_early_report_made_again_elsewhere_keeps_its_training_figure(report, tmp_path):
+    """A results.json written before it kept the training curves, runs gone: made again in its
+    own directory or into --out elsewhere, the report links the figure drawn when it was made."""
+    tmp, out = report
+    early = tmp_path / "early"
+    shutil.copytree(out, early)
+    results = json.loads((early / "results.json").read_text())
+    del results["training_curves"]
+    for run in results["runs"]:
+        run["run"] = str(tmp_path / "gone" / run["name"])  # the runs are not at hand
+    (early / "results.json").write_text(json.dumps(results))
+    figure = (early / "training_loss.png").read_bytes()
+    for where in (early, tmp_path / "elsewhere"):
+        args = [str(early / "results.json")] + ([] if where == early else ["--out", str(where)])
+        assert remake.main(args) == 0
+        text = (where / "report.md").read_text()
+        assert "## Training" in text and "when this report was first made" in text
+        assert (where / "training_loss.png").read_bytes() == figure
+    (early / "training_loss.png").unlink()  # nothing to carry: no section, nothing invented
+    assert remake.main([str(early / "results.json"), "--out", str(tmp_path / "bare")]) == 0
+    assert "## Training" not in (tmp_path / "bare" / "report.md").read_text()
+    assert not (tmp_path / "bare" / "training_loss.png").exists()
+
+
 @pytest.mark.parametrize("content,message", [
     (None, "does not exist"), ("{", "cannot be read"), ('{"a": 1}', "not a report's results.json")])
 def test_bad_results_are_one_line_errors(tmp_path, capsys, content, message):
