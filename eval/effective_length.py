@@ -129,6 +129,6 @@ def effective_section(kept: dict[str, dict[str, dict[int, list[dict]]]], setting
             "eval/effective_length.py, after RULER's effective length, Hsieh et al. 2024), from the seeds that "
             "learned the task: the geometric mean of their own effective lengths with a 95% t-interval (log2 length, "
             "cut to [R, the longest evaluated length]), "
-            "or, where a seed keeps the task to the longest length or only one pools, that of their mean accuracy "
-            "curve:", "",
+            "or, where a seed keeps the task to the longest length, a seed is at or below chance at R or only one "
+            "pools, that of their mean accuracy curve:", "",
             "| row | R | effective length (95% interval) |", "|---|---:|---|", *lines]
