@@ -39,7 +39,7 @@ import json
 import re
 from dataclasses import dataclass, field, fields
 from pathlib import Path
-from typing import Any, Optional
+from typing import Any, Iterable, Optional
 
 from configs.experiment import MAY_DIFFER, experiment_identity
 from configs.loader import load_config, load_config_tree, override_section
@@ -181,6 +181,25 @@ def _same_experiment(a: PlannedRun, b: PlannedRun) -> str:
 def row_of(name: str) -> str:
     """A run's row: its name without the seed part (``alibi_seed-3`` -> ``alibi``)."""
     return "_".join(part for part in name.split("_") if not part.startswith("seed-")) or "run"
+
+
+def fold_seeds(names: Iterable[str]) -> list[str]:
+    """Run names (or paths) with their seeds folded in bash's brace form, in first-seen order:
+    ``alibi_seed-2, alibi_seed-3, rope_seed-2`` -> ``alibi_seed-{2,3}, rope_seed-2``; a name
+    without a trailing seed stays as it is. A grid's unfinished runs read a line per row."""
+    groups: dict[tuple[str, bool], list[str]] = {}
+    for name in names:
+        found = re.fullmatch(r"(.*seed-)(\d+)", name)
+        key = (found.group(1), True) if found else (name, False)
+        groups.setdefault(key, []).append(found.group(2) if found else "")
+    out = []
+    for (stem, seeded), seeds in groups.items():
+        if not seeded:
+            out += [stem] * len(seeds)
+        else:
+            unique = sorted(set(seeds), key=int)
+            out.append(f"{stem}{unique[0]}" if len(unique) == 1 else f"{stem}{{{','.join(unique)}}}")
+    return out
 
 
 def _text(value: Any) -> str:

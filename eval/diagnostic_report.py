@@ -21,7 +21,7 @@ from eval.diagnostic_plots import (plot_attention_maps, plot_distance_histogram,
                                    plot_needle, plot_pair_shares, plot_position_entropy, plot_sink_heatmaps)
 from eval.labels import label_groups
 from eval.report import write_report_files
-from eval.report_runs import provenance
+from eval.report_runs import missing_lines, provenance
 from eval.stats import t_interval
 
 LINEAR = ("linear attention forms no attention matrix (its weights φ(q)ᵀφ(k), rotated in the numerator only, "
@@ -211,7 +211,7 @@ def _markdown(results: dict, rows: list[dict], out: Path) -> str:
     if notes:
         lines += ["", "## Not measured", "", *notes]
     if results["missing"]:
-        lines += ["", "## Missing runs", "", *[f"- {m['run']}: {m['error']}" for m in results["missing"]]]
+        lines += ["", "## Missing runs", "", *missing_lines(results["missing"])]
     return "\n".join(lines) + "\n"
 
 

@@ -24,7 +24,7 @@ from eval.budget import budget_section
 from eval.context import breakdown_section, context_section
 from eval.labels import label_order, row_label, split_step, with_scaling
 from eval.reference import no_default_reference, report_reference
-from eval.report_runs import evaluation_provenance, provenance, runs_table
+from eval.report_runs import evaluation_provenance, missing_lines, provenance, runs_table
 from eval.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
 from eval.tables import (comparison_table, compare, degradation, degradation_table, mark_table,
                          identical_rows, interval_table, length_table, power_table, scored_line, summarize,
@@ -368,7 +368,7 @@ def _write_markdown(results: dict, out: Path) -> str:
           *runs_table(runs), *ablations_note(results.get("ablations") or {})]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""]
-        md += [f"- {m['run']}: {m['error']}" for m in results["missing"]]
+        md += missing_lines(results["missing"])
     md += _training_section(results, out)
     corpora = list(dict.fromkeys(r["corpus"] for r in rows))
     for index, corpus in enumerate(corpora):

@@ -3,6 +3,7 @@ started, and a table of the runs with their sizes and wall times."""
 
 from __future__ import annotations
 
+from configs.grid import fold_seeds
 from eval.tables import durations
 
 
@@ -69,3 +70,13 @@ def runs_table(runs: list[dict]) -> list[str]:
     train, evaluation, together = durations(train, evaluation, train + evaluation)
     lines += ["", f"Wall time (this machine): training {train}, evaluation {evaluation}, together {together}."]
     return lines
+
+
+def missing_lines(missing: list[dict]) -> list[str]:
+    """A report's list of missing runs ({run, error} each, as results.json keeps them): a line
+    per reason and row, the seeds folded (``.../alibi_seed-{2,3}: not finished``), so a grid
+    reported while half trained lists its rows rather than every run."""
+    by_error: dict[str, list[str]] = {}
+    for m in missing:
+        by_error.setdefault(str(m["error"]), []).append(str(m["run"]))
+    return [f"- {name}: {error}" for error, runs in by_error.items() for name in fold_seeds(runs)]

@@ -52,7 +52,7 @@ from tqdm import tqdm
 
 from configs import load_config
 from configs.experiment import experiment_differences
-from configs.grid import Grid, PlannedRun, load_grid, row_of
+from configs.grid import Grid, PlannedRun, fold_seeds, load_grid, row_of
 from configs.schema import EvalConfig, RunConfig
 from configs.slurm import SlurmConfig
 from scripts.grid_estimate import estimate_grid, print_estimates, save_estimates, saved_estimates
@@ -420,9 +420,10 @@ def run_grid(args: argparse.Namespace) -> int:
         evaluate(grid, runs, finished, missing, args.devices[0] if args.devices else "cpu")
     print(f"\n{len(finished)}/{len(runs)} runs finished.")
     if local_report and unfinished:
-        print(f"  not finished, so not in the reports ({len(unfinished)}): {', '.join(unfinished)}")
+        print(f"  not finished, so not in the reports ({len(unfinished)}): {', '.join(fold_seeds(unfinished))}")
     elif left_out:
-        print(f"  not in --rows and not finished, so not in the reports ({len(left_out)}): {', '.join(left_out)}")
+        print(f"  not in --rows and not finished, so not in the reports ({len(left_out)}): "
+              f"{', '.join(fold_seeds(left_out))}")
     for name, reason in failures.items():
         print(f"  failed: {name}: {reason}")
     return 1 if failures else 0

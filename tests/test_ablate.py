@@ -390,8 +390,23 @@ def test_rows_trains_only_the_rows_named_and_reports_every_finished_run(tmp_path
     assert "failed:" not in out
     report = (tmp_path / "report" / "report.md").read_text()
     assert "kind-alibi" in report and "kind-none" in report
+    assert f"- {tmp_path / 'runs' / 'tiny-grid' / 'kind-rope_seed-0'}: not finished" in report
     # A pattern that names no row: refused before anything runs, with the grid's rows.
     assert ablate.main([str(path), "--rows", "kind-rop", "--no-estimate"]) == 2
     err = capsys.readouterr().err
     assert "--rows kind-rop: no row" in err and "kind-rope, kind-alibi, kind-none" in err
     assert not RunDir.of(runs["kind-rope_seed-0"].cfg).path.exists()
+
+
+def test_unfinished_runs_are_listed_a_line_per_row():
+    """A grid reported while half trained (--rows, an interim report) lists its rows with their
+    seeds folded, on stdout and in the reports' Missing runs, not every run on its own."""
+    from configs.grid import fold_seeds
+    from eval.report_runs import missing_lines
+    names = ["alibi_seed-3", "rope_seed-10", "alibi_seed-2", "rope_seed-2", "seed-0", "seed-1", "run", "x_seed-4"]
+    assert fold_seeds(names) == ["alibi_seed-{2,3}", "rope_seed-{2,10}", "seed-{0,1}", "run", "x_seed-4"]
+    assert fold_seeds([]) == [] and fold_seeds(["a_seed-1", "a_seed-1"]) == ["a_seed-1"]
+    missing = [{"run": "/r/a_seed-0", "error": "not finished"}, {"run": "/r/b_seed-0", "error": "CUDA out of memory"},
+               {"run": "/r/a_seed-1", "error": "not finished"}, {"run": "/r/b_seed-1", "error": "not finished"}]
+    assert missing_lines(missing) == ["- /r/a_seed-{0,1}: not finished", "- /r/b_seed-1: not finished",
+                                      "- /r/b_seed-0: CUDA out of memory"]
