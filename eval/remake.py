@@ -6,11 +6,11 @@ method — new intervals, a new section — is applied to a committed report wit
 or any evaluation: the report is written again over itself (or into ``--out``). Perplexity,
 task and attention diagnostics reports are told apart by their contents (a diagnostics
 report's results.json keeps no example maps, nor does an early perplexity report's keep its
-training curves: made again, the report links the figures drawn beside it, which ``--out`` copies
-along). ``--reference ROW`` changes the row a perplexity report compares every other row with. The numbers in results.json are never
-edited (a diagnostics results.json that still keeps its runs' full cells, the first format,
-is reduced to per-window measures as a new report would be); the report says when it was
-made again. A results.json whose contents no report can be made from is a DataError.
+training curves: made again, the report links the figures drawn beside it, which ``--out``
+copies along). ``--reference ROW`` changes the row a perplexity report compares every other
+row with. The numbers in results.json are never edited (a diagnostics results.json that
+still keeps its runs' full cells, the first format, is reduced to per-window measures as a
+new report would be); the report says when it was made again. A results.json whose contents no report can be made from is a DataError.
 """
 
 from __future__ import annotations

@@ -340,9 +340,8 @@ def write_report_files(out: Path, results: dict, write_markdown: Callable[[], st
     check_report_dir(out)
     try:
         make_dir(out, "the report directory")
-        for figure in carried:
-            if not (out / figure.name).exists() or not (out / figure.name).samefile(figure):
-                shutil.copyfile(figure, out / figure.name)
+        for figure in carried:  # never the report's own directory (eval.remake.carried_figures)
+            shutil.copyfile(figure, out / figure.name)
         write_text_atomic(out / "results.json", dumps_report(results))
         markdown = write_markdown()
         for pattern in figures:

@@ -15,8 +15,9 @@ t-interval, df = seeds − 1): a row whose interval excludes 0 is worse across t
 one whose interval includes 0 is "undecided at N seeds", and the choice between them is the
 lower mean and no more. A choice at the end of a numeric range swept (the largest learning
 rate tried, say) is flagged: the best value may lie beyond it, and the sweep should grow.
-The chosen rows' overrides are printed as variant lines for a study grid, and the whole sweep is kept in ``DIR/tuning.md`` and ``DIR/tuning.json``
-(default: the grid's report directory), which a study that uses the choice cites.
+The chosen rows' overrides are printed as variant lines for a study grid, and the whole sweep
+is kept in ``DIR/tuning.md`` and ``DIR/tuning.json`` (default: the grid's report directory),
+which a study that uses the choice cites.
 
 A study may also grow the sweep grid itself: ``--more-seeds 2 3 4`` prints a ``more_seeds``
 block that adds those seeds to every chosen row, and the rows not chosen stay in its report
