@@ -27,8 +27,9 @@ every run stands, ``--cancel`` stops the grid's jobs, ``--report`` writes the re
 they have ended.
 
 ``--rows PATTERN …`` trains and evaluates only the rows it names (shell-style patterns on
-run names without their ``seed-N`` part, e.g. ``--rows rope 'fire-*'``): a long grid's
-headline rows first, the rest later by the same command without it. The reports are still
+run names without their ``seed-N`` part, e.g. ``--rows rope 'fire-*'``, or on whole run
+names, e.g. one parent's fine-tunes by ``'*_seed-0_*'``): a long grid's headline rows first,
+the rest later by the same command without it. The reports are still
 written from every finished run of the grid; the rows left out are listed as not finished,
 not as failures.
 """
@@ -307,23 +308,29 @@ def parse_args(argv=None) -> argparse.Namespace:
                         "from its archive included); for a grid on Slurm, once its jobs have ended (with "
                         "--launcher slurm: after submitting)")
     p.add_argument("--rows", nargs="+", default=None, metavar="PATTERN",
-                   help="train and evaluate only these rows (run names without seed-N; shell patterns such as "
-                        "'fire-*'); the reports still include every finished run")
+                   help="train and evaluate only these rows (run names without seed-N, or whole run names; shell "
+                        "patterns such as 'fire-*'); the reports still include every finished run")
     usage_when_empty(p, argv)
     return p.parse_args(argv)
 
 
 def chosen_runs(grid: Grid, runs: list[PlannedRun], patterns: Optional[list[str]]) -> set[str]:
-    """The names of the runs ``--rows`` picks (all of them without it); a pattern that matches
-    no row is refused, with the grid's rows."""
+    """The names of the runs ``--rows`` picks (all of them without it). A pattern picks a run
+    when it matches the run's row (its name without seed parts) or its whole name, so that one
+    parent's fine-tunes can be chosen by the parent's seed (``'*parents*_seed-0_*'``), which
+    their row drops. A pattern that matches neither for any run is refused, with the grid's rows."""
     if not patterns:
         return {run.name for run in runs}
+
+    def picks(pattern: str, name: str) -> bool:
+        return fnmatch.fnmatchcase(row_of(name), pattern) or fnmatch.fnmatchcase(name, pattern)
+
     rows = list(dict.fromkeys(row_of(run.name) for run in runs))
-    unmatched = [p for p in patterns if not fnmatch.filter(rows, p)]
+    unmatched = [p for p in patterns if not any(picks(p, run.name) for run in runs)]
     if unmatched:
-        raise UserError(f"--rows {' '.join(unmatched)}: no row of {grid.source} matches; its rows are "
-                        f"{', '.join(rows)}")
-    return {run.name for run in runs if any(fnmatch.fnmatchcase(row_of(run.name), p) for p in patterns)}
+        raise UserError(f"--rows {' '.join(unmatched)}: no row of {grid.source} matches (nor any run's "
+                        f"whole name); its rows are {', '.join(rows)}")
+    return {run.name for run in runs if any(picks(p, run.name) for p in patterns)}
 
 
 def archive_grid(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]]) -> int:

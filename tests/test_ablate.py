@@ -14,7 +14,7 @@ import train
 from configs.grid import load_grid, row_of, run_stem
 from conftest import write_run_config
 from model.config import POS_KINDS
-from common.errors import ConfigError
+from common.errors import ConfigError, UserError
 from scripts import ablate
 from training.checkpoint import read_meta
 from training.run_dir import RunDir
@@ -410,3 +410,20 @@ def test_unfinished_runs_are_listed_a_line_per_row():
                {"run": "/r/a_seed-1", "error": "not finished"}, {"run": "/r/b_seed-1", "error": "not finished"}]
     assert missing_lines(missing) == ["- /r/a_seed-{0,1}: not finished", "- /r/b_seed-1: not finished",
                                       "- /r/b_seed-0: CUDA out of memory"]
+
+
+def test_rows_picks_one_parents_fine_tunes_by_the_whole_run_name():
+    """A fine-tune's row drops its parent's seed, so a pattern on rows alone cannot pick one
+    parent's fine-tunes; --rows also matches whole run names for that, and still refuses a
+    pattern that matches nothing."""
+    grid = load_grid(ROOT / "configs" / "ablations" / "context-extension-retrieval-cpu-local.yaml")
+    runs = grid.plan()
+    parent0 = ablate.chosen_runs(grid, runs, ["*parents-cpu-local_seed-0_*"])
+    assert parent0 and len(parent0) < len(runs)
+    assert all("_seed-0_seed-" in name for name in parent0)
+    assert {row_of(name) for name in parent0} == {row_of(r.name) for r in runs}  # every method, one parent
+    yarn = ablate.chosen_runs(grid, runs, ["yarn*"])  # rows still match as before
+    assert yarn == {r.name for r in runs if r.name.startswith("yarn")} and yarn
+    assert ablate.chosen_runs(grid, runs, None) == {r.name for r in runs}
+    with pytest.raises(UserError, match="no row of .* matches"):
+        ablate.chosen_runs(grid, runs, ["*_seed-7_*"])
