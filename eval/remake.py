@@ -10,7 +10,8 @@ training curves: made again, the report links the figures drawn beside it, which
 copies along). ``--reference ROW`` changes the row a perplexity report compares every other
 row with. The numbers in results.json are never edited (a diagnostics results.json that
 still keeps its runs' full cells, the first format, is reduced to per-window measures as a
-new report would be); the report says when it was made again. A results.json whose contents no report can be made from is a DataError.
+new report would be); the report says when it was made again. A results.json whose contents
+no report can be made from is a DataError.
 """
 
 from __future__ import annotations
