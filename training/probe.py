@@ -33,7 +33,6 @@ from pathlib import Path
 from typing import Optional
 
 import torch
-import torch._dynamo
 
 from common.atomic import write_text_atomic
 from configs.loader import config_to_dict
