@@ -143,7 +143,11 @@ def _first_compiled(base: torch.nn.Module, cfg: RunConfig, rt: Runtime) -> tuple
     Dynamo is reset first, as a run's own process starts: every compile here traces the same
     ``forward``, and a grid's estimate times many shapes in one process, so without the reset
     the ninth compile would pass dynamo's recompile limit, run eager, and record eager times
-    as compiled ones (which ``compile: auto`` then reads). The caches on disk are kept."""
+    as compiled ones (which ``compile: auto`` then reads). The caches on disk are kept.
+    Dynamo is imported here rather than at the top: it costs about a second of every
+    ``train.py`` start, and most runs never compile."""
+    import torch._dynamo
+
     torch._dynamo.reset()
     model = copy.deepcopy(base)
     step = _step_fn(model, torch.compile(model), cfg, rt)
