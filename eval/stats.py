@@ -53,13 +53,21 @@ from dataclasses import dataclass
 from typing import Optional, Sequence
 
 import numpy as np
-from scipy import stats as sps
 
 LEVEL = 0.95
 ALPHA = 1 - LEVEL
 POWER = 0.8
 MAX_SEEDS = 100  # seeds_needed looks no further
-Z95 = float(sps.norm.ppf(0.975))  # the 97.5% quantile of the standard normal
+# The 97.5% quantile of the standard normal, as scipy's norm.ppf(0.975) gives it to the last
+# digit (tests/test_stats.py checks); a literal so that importing this module does not import
+# scipy.stats (~0.7 s), which evaluation subprocesses that only fill caches never use.
+Z95 = 1.959963984540054
+
+
+def _scipy_stats():
+    """scipy.stats, imported at first use (see Z95)."""
+    from scipy import stats
+    return stats
 
 
 def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
@@ -123,7 +131,7 @@ class Estimate:
         """Two-sided p-value of 'the true value is 0'."""
         if self.se == 0:
             return 1.0 if self.point == 0 else 0.0
-        return float(2 * sps.t.sf(abs(self.point) / self.se, self.df))
+        return float(2 * _scipy_stats().t.sf(abs(self.point) / self.se, self.df))
 
 
 def satterthwaite(parts: Sequence[Part]) -> float:
@@ -133,7 +141,8 @@ def satterthwaite(parts: Sequence[Part]) -> float:
     otherwise hand the sum the document part's many degrees of freedom exactly when the
     standard error is already too small (plain Satterthwaite covers ~92% in the mixed
     regime of tests/test_stats.py; this ≥ 94.5% there, and the same width elsewhere)."""
-    guarded = [(p.variance * (p.df / float(sps.chi2.ppf(0.25, p.df))) if p.per_seed is not None and p.df > 0
+    chi2 = _scipy_stats().chi2
+    guarded = [(p.variance * (p.df / float(chi2.ppf(0.25, p.df))) if p.per_seed is not None and p.df > 0
                 else p.variance, p.df) for p in parts]
     total = sum(v for v, _ in guarded)
     denominator = sum(v ** 2 / df for v, df in guarded if df > 0 and v > 0)
@@ -141,7 +150,8 @@ def satterthwaite(parts: Sequence[Part]) -> float:
 
 
 def t_quantile(q: float, df: float) -> float:
-    return float(sps.norm.ppf(q)) if math.isinf(df) else float(sps.t.ppf(q, df))
+    stats = _scipy_stats()
+    return float(stats.norm.ppf(q)) if math.isinf(df) else float(stats.t.ppf(q, df))
 
 
 @dataclass

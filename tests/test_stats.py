@@ -243,3 +243,9 @@ def test_t_quantiles_are_the_tables_and_t_intervals_cover_the_mean():
     assert 0.935 < np.mean(covered) < 0.965
     columns = t_interval(np.stack([draws[:5, 0], draws[:5, 1]], axis=1))  # elementwise along axis 0
     assert columns[0].shape == (2,) and columns[1][0] == pytest.approx(t_interval(draws[:5, 0])[1])
+
+
+def test_the_normal_quantile_literal_is_scipys_to_the_last_digit():
+    from eval.stats import Z95
+
+    assert Z95 == float(sps.norm.ppf(0.975))  # a literal only so that importing eval.stats skips scipy.stats
