@@ -69,7 +69,7 @@ from training.runtime import resolve_device
 from training.run_dir import RunDir
 from training.run_record import is_record, record_advice
 from scripts.grid_archive import archive_runs, record_of, restore_records
-from scripts.grid_jobs import eval_commands, planned_eval_file, train_command
+from scripts.grid_jobs import eval_commands, evaluation_cached, planned_eval_file, train_command
 from scripts.job_files import failure_reason, write_files
 from scripts.grid_status import print_status
 from scripts.slurm_launcher import cancel_grid, check_slurm, resources, submit_grid, wait_for_grid
@@ -147,7 +147,11 @@ def train_one(grid: Grid, run: PlannedRun, slot: Slot) -> tuple[bool, str]:
 
 def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
     """Evaluate one finished run in subprocesses with its planned eval config, filling the
-    run's evaluation caches (the grid's reports then read them; scripts/grid_jobs.py)."""
+    run's evaluation caches (the grid's reports then read them; scripts/grid_jobs.py). A run
+    whose caches are all filled for its newest checkpoint starts no process (as on Slurm,
+    scripts/slurm_launcher.py): a grid started again passes its evaluated runs at once."""
+    if evaluation_cached(run):
+        return True, ""
     write_files(planned_eval_file(run))
     for cmd in eval_commands(run, slot.device or "cpu"):
         ok, reason = _call(cmd, RunDir.of(run.cfg).log, slot)

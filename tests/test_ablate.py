@@ -217,6 +217,8 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
     out = capsys.readouterr().out
     assert out.count(" done ") == 4 and out.count("reusing") == 4
     assert mtimes == {r.name: RunDir.of(r.cfg).latest_pointer.stat().st_mtime_ns for r in runs}
+    # ... and no evaluation process was started for them: their logs hold the first pass's only.
+    assert [RunDir.of(r.cfg).log.read_text().count("-m eval.extrapolation ") for r in runs] == [1] * 4
     # New evaluation settings in the grid: finished runs are evaluated again, never retrained.
     grid_path.write_text(grid_path.read_text().replace("lengths: [16, 32, 64]", "lengths: [16, 48]"))
     assert ablate.main([str(grid_path)]) == 0
