@@ -150,9 +150,9 @@ def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
     run's evaluation caches (the grid's reports then read them; scripts/grid_jobs.py). A run
     whose caches are all filled for its newest checkpoint starts no process (as on Slurm,
     scripts/slurm_launcher.py): a grid started again passes its evaluated runs at once."""
+    write_files(planned_eval_file(run))  # kept in the run's record (training/run_record.py) either way
     if evaluation_cached(run):
         return True, ""
-    write_files(planned_eval_file(run))
     for cmd in eval_commands(run, slot.device or "cpu"):
         ok, reason = _call(cmd, RunDir.of(run.cfg).log, slot)
         if not ok:
