@@ -8,18 +8,20 @@ from typing import Optional
 
 ROOT = Path(__file__).resolve().parents[1]
 # The project's code: a change here, committed or not, can change a number. A new file that
-# git does not track yet counts too (a module imported by the code under test), while
-# untracked files elsewhere (notes, a scratch script at the top level) do not.
+# git does not track yet counts too (a module imported by the code under test). Files
+# elsewhere do not, tracked or not: notes, a scratch script at the top level, and the
+# committed reports under docs/ that a grid writes again into its own working tree (which
+# once marked every run it trained after its report "-dirty").
 CODE = ("common", "model", "configs", "data", "training", "eval", "scripts", "train.py")
 
 
 def git_commit(root: Path = ROOT, code: tuple[str, ...] = CODE) -> Optional[str]:
-    """The commit of ``root`` with "-dirty" if a tracked file changed or an untracked one lies
-    inside the ``code`` paths, or None outside git."""
+    """The commit of ``root`` with "-dirty" if a file inside the ``code`` paths differs from it
+    (changed, deleted or untracked), or None outside git."""
     try:
         sha = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
                              timeout=10).stdout.strip()
-        tracked = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+        tracked = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no", "--", *code], cwd=root,
                                  capture_output=True, text=True, timeout=10).stdout.strip()
         untracked = subprocess.run(["git", "ls-files", "--others", "--exclude-standard", "--", *code], cwd=root,
                                    capture_output=True, text=True, timeout=10).stdout.strip()
