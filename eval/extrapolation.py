@@ -88,6 +88,7 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
             "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"),
             "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
             "max_len": saved.model.pos.max_len, "git_commit": meta.get("git_commit"),
+            "commits": meta.get("commits"),
             "train_seconds": meta.get("train_seconds"),
             "steady_train_seconds": steady_train_seconds(RunDir(saved.run_dir).metrics, meta.get("tokens")),
             "parent": meta.get("parent"),

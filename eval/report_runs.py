@@ -19,8 +19,14 @@ def evaluation_provenance(rows: list[dict]) -> list[str]:
     return [text + (" (**not all from a clean tree**)." if dirty else ", each a clean tree.")]
 
 
+def trained_at(run: dict) -> list[str]:
+    """The commits that trained ``run``, oldest first: every session's where its checkpoint
+    records them (training/trainer.py), else the last session's only."""
+    return run.get("commits") or [run.get("git_commit") or "unknown"]
+
+
 def provenance(runs: list[dict]) -> list[str]:
-    commits = sorted({r.get("git_commit") or "unknown" for r in runs})
+    commits = sorted({c for r in runs for c in trained_at(r)})
     dirty = [c for c in commits if c == "unknown" or c.endswith("-dirty")]
     if len(commits) == 1 and not dirty:
         which = "The run was" if len(runs) == 1 else f"All {len(runs)} runs were"
@@ -31,6 +37,11 @@ def provenance(runs: list[dict]) -> list[str]:
     if dirty:
         lines.append("**Not reproducible from a clean commit**: " + ", ".join(f"`{c}`" for c in dirty)
                      + " (uncommitted changes, or no git).")
+    resumed = [f"`{r['name']}` ({' then '.join(f'`{c[:12]}`' for c in trained_at(r))})"
+               for r in runs if len(trained_at(r)) > 1]
+    if resumed:
+        lines.append("Resumed under other code (its steps were trained at more than one commit): "
+                     + ", ".join(resumed) + ".")
     return lines + _parents(runs)
 
 

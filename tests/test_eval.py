@@ -253,6 +253,12 @@ def test_provenance_names_every_commit_and_says_whether_each_is_clean():
     assert "clean" not in mixed[0]
     assert mixed[1].startswith("**Not reproducible from a clean commit**") and "-dirty" in mixed[1]
     assert "`unknown`" in mixed[1]
+    # A run resumed under other code: both commits count, and the run is named with them.
+    resumed = provenance([{"name": "r", "git_commit": "b" * 40, "commits": ["a" * 40, "b" * 40]},
+                          {"name": "s", "git_commit": "b" * 40, "commits": ["b" * 40]}])
+    assert resumed == [f"Runs were trained from 2 commits: `{'a' * 18}`, `{'b' * 18}`, each a clean tree.",
+                       f"Resumed under other code (its steps were trained at more than one commit): "
+                       f"`r` (`{'a' * 12}` then `{'b' * 12}`)."]
 
 
 def test_the_reference_row_is_chosen_on_the_command_line_and_a_missing_one_is_said(tiny_runs, tmp_path, capsys):

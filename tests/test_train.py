@@ -98,15 +98,20 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, corpus, monkeypa
     with monkeypatch.context() as m:
         tick_per_step(m, 0.25)
         stop_after(13, m)
+        m.setattr(training.trainer, "git_commit", lambda: "a" * 40)
         assert train.main([str(cfg), "name=broken"]) == 128 + signal.SIGTERM
     run_dir = tmp_path / "runs" / "broken"
     assert read_meta(latest_checkpoint(run_dir))["step"] == 13
+    assert read_meta(latest_checkpoint(run_dir))["commits"] == ["a" * 40]
     assert max(records(run_dir)) == 13
     assert read_meta(latest_checkpoint(run_dir))["train_seconds"] == 13 * 0.25  # recorded unrounded
     with monkeypatch.context() as m:
         tick_per_step(m, 0.25)  # a new session's clock starts again at 0
+        m.setattr(training.trainer, "git_commit", lambda: "b" * 40)  # resumed under other code
         assert train.main([str(cfg), "name=broken", "--resume"]) == 0
     assert read_meta(latest_checkpoint(run_dir))["train_seconds"] == 30 * 0.25  # the sum of both sessions
+    meta = read_meta(latest_checkpoint(run_dir))
+    assert meta["git_commit"] == "b" * 40 and meta["commits"] == ["a" * 40, "b" * 40]  # both sessions' code
     straight, resumed = records(tmp_path / "runs" / "straight"), records(run_dir)
     assert sorted(resumed) == list(range(1, 31))
     assert resumed == straight  # bitwise: every logged loss identical

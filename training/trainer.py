@@ -90,6 +90,7 @@ class Trainer:
         self.scaler = torch.amp.GradScaler(rt.device.type) if rt.dtype == torch.float16 else None
         self.step, self.tokens_seen, self.best_val, self.wandb_id = 0, 0, math.inf, None
         self.parent: Optional[dict] = None  # where the starting weights came from (init.run)
+        self.earlier_commits: list[str] = []  # the commits of this run's earlier sessions, oldest first
         self.compiled: Optional[bool] = None  # train.compile=auto's decision, once made
         if resume_from is None and self.cfg.init.run:
             parent = load_parent(self.cfg, self.tokenizer)
@@ -195,6 +196,7 @@ class Trainer:
         state = load_state(ckpt)
         load_weights(self.model, ckpt)
         self.parent = meta.get("parent")
+        self.earlier_commits = list(meta.get("commits") or filter(None, [meta.get("git_commit")]))
         try:
             self.load_state_dict(state)
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
@@ -249,6 +251,11 @@ class Trainer:
         with self.rt.autocast():
             return self.validation_loss(unwrap(self.model))
 
+    def commits(self) -> list[str]:
+        """Every commit that trained some of this run's steps, oldest first, each once: a run
+        resumed under other code says so (eval/report_runs.py names it in the report)."""
+        return list(dict.fromkeys([*self.earlier_commits, *filter(None, [self.git_commit])]))
+
     def save(self, val_loss: Optional[float] = None) -> None:
         now = time.perf_counter()
         self.train_seconds += now - self._session_start
@@ -257,6 +264,7 @@ class Trainer:
             meta = {"tokens": self.tokens_seen, "val_loss": val_loss,
                     "finished": self._complete(), "total_steps": self.total_steps,
                     "params": self.model.num_params(), "git_commit": self.git_commit,
+                    "commits": self.commits(),
                     "train_seconds": self.train_seconds, "parent": self.parent, **self.fingerprints,
                     **({"competence": self.competence.record()} if self.competence else {})}
             # A fine-tuned run's step 0 is its parent's weights: the budget curve starts there.
