@@ -95,6 +95,19 @@ def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
     assert all(e.train_s > 0 and e.eval_s > 0 for e in estimates.values())  # from the cached timings
 
 
+def test_training_from_changed_code_is_warned_of_before_it_starts(tmp_path, corpus, capsys, monkeypatch):
+    grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]")
+    monkeypatch.setattr(ablate, "git_commit", lambda: "c" * 40)
+    assert ablate.main([str(grid), "--dry-run", "--no-estimate"]) == 0
+    assert "warning" not in capsys.readouterr().err
+    monkeypatch.setattr(ablate, "git_commit", lambda: "c" * 40 + "-dirty")
+    assert ablate.main([str(grid), "--dry-run", "--no-estimate"]) == 0
+    err = capsys.readouterr().err
+    assert f"the runs trained now record {'c' * 12}-dirty" in err and "commit first" in err
+    assert ablate.main([str(grid), "--report"]) == 0  # trains nothing: nothing to warn of
+    assert "warning: the code differs" not in capsys.readouterr().err
+
+
 def test_a_shape_timed_on_a_busy_machine_says_so(tmp_path, corpus, monkeypatch):
     """Other work on the CPUs slows the timed steps: the record keeps that, and the estimate
     says which shape and how to time it again. Quiet is when the others' load is under half
