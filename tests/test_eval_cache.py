@@ -182,6 +182,23 @@ def test_cells_are_shared_by_content_between_runs_and_configs(tiny_runs, tmp_pat
     assert calls == [16, 16, 32, 32]  # other weights (another seed) are scored
     assert len(list((grid / ".eval-cells").glob("*.json"))) == 2 + 1 + 1 + 2  # a: 16, 32; 64 none, yarn; c
 
+    # Cells scored by uncommitted code are reused by an evaluation from such a tree, never by
+    # a clean one: a result from committed code does not inherit the other's provenance.
+    shutil.copytree(tiny_runs / "rope-a", grid / "d", ignore=shutil.ignore_patterns("eval"))
+    shutil.copytree(tiny_runs / "rope-a", grid / "e", ignore=shutil.ignore_patterns("eval"))
+    shutil.rmtree(grid / ".eval-cells")
+    calls.clear()
+    monkeypatch.setattr(ex, "git_commit", lambda: "d" * 40 + "-dirty")
+    driver.cached_evaluation(ex.EXTRAPOLATION, grid / "d", lambda cfg: ev, "cpu", quiet)
+    assert calls == [16, 16, 32, 32]
+    calls.clear()
+    driver.cached_evaluation(ex.EXTRAPOLATION, grid / "b", lambda cfg: wider, "cpu", quiet)
+    assert calls == [64, 64, 64, 64]  # 16 and 32 from d's cells, both trees changed; 64 is new
+    calls.clear()
+    monkeypatch.setattr(ex, "git_commit", lambda: "d" * 40)
+    _, rows_e, _ = driver.cached_evaluation(ex.EXTRAPOLATION, grid / "e", lambda cfg: ev, "cpu", quiet)
+    assert calls == [16, 16, 32, 32] and {r["eval_commit"] for r in rows_e} == {"d" * 40}
+
 
 def test_weights_digest_covers_every_encoding_and_every_weight():
     """Every encoding's state dict can be digested (FIRE has a 0-dim parameter), and the digest
