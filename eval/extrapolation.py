@@ -50,7 +50,7 @@ from model.positional.rope import RoPE
 from model.positional.rope_scaling import effective_scale
 from common.cli import entry_point
 from training.metrics import steady_train_seconds
-from training.provenance import git_commit
+from training.provenance import git_commit, is_dirty
 from training.run_dir import RunDir
 from training.saved_run import SavedRun, load_run, rescaled, with_scaling
 
@@ -176,7 +176,7 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
             stored = store.get(where) if where is not None else None
             if stored is not None and length == curve_at and stored["curve"] is None:
                 stored = None  # scored without the per-position curve this evaluation wants
-            if stored is not None and _changed_code(stored) and not _is_dirty(meta.get("eval_commit")):
+            if stored is not None and _changed_code(stored) and not is_dirty(meta.get("eval_commit")):
                 stored = None  # scored by uncommitted code: a clean evaluation scores it itself
             if stored is not None:  # the same weights, tables and tokens, scored for another run or config
                 cell_rows = [{**_cell_header(meta, data, ev, scaling, length, r["protocol"]), **r}
@@ -198,14 +198,10 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
     return rows, curves
 
 
-def _is_dirty(commit: Optional[str]) -> bool:
-    return bool(commit) and commit.endswith("-dirty")
-
-
 def _changed_code(stored: dict) -> bool:
     """Whether a stored cell was scored by code that differed from its commit: reused by a
     clean evaluation, its rows would carry that provenance into a result from clean code."""
-    return any(_is_dirty(r.get("eval_commit")) for r in stored["results"])
+    return any(is_dirty(r.get("eval_commit")) for r in stored["results"])
 
 
 def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: CorpusTokens, meta: dict, log,

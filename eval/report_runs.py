@@ -5,6 +5,7 @@ from __future__ import annotations
 
 from configs.grid import fold_seeds
 from eval.tables import durations
+from training.provenance import is_dirty
 
 
 def evaluation_provenance(rows: list[dict]) -> list[str]:
@@ -14,7 +15,7 @@ def evaluation_provenance(rows: list[dict]) -> list[str]:
         return []
     if commits == ["unknown"]:
         return ["The evaluations were computed before each cell recorded the commit that scored it."]
-    dirty = [c for c in commits if c == "unknown" or c.endswith("-dirty")]
+    dirty = [c for c in commits if c == "unknown" or is_dirty(c)]
     text = "The evaluations were computed at " + ", ".join(f"`{c[:18]}`" for c in commits)
     return [text + (" (**not all from a clean tree**)." if dirty else ", each a clean tree.")]
 
@@ -27,7 +28,7 @@ def trained_at(run: dict) -> list[str]:
 
 def provenance(runs: list[dict]) -> list[str]:
     commits = sorted({c for r in runs for c in trained_at(r)})
-    dirty = [c for c in commits if c == "unknown" or c.endswith("-dirty")]
+    dirty = [c for c in commits if c == "unknown" or is_dirty(c)]
     if len(commits) == 1 and not dirty:
         which = "The run was" if len(runs) == 1 else f"All {len(runs)} runs were"
         lines = [f"{which} trained from commit `{commits[0][:12]}`, a clean tree."]
@@ -58,7 +59,7 @@ def _parents(runs: list[dict]) -> list[str]:
         tokens = f"{parent['tokens']:,} tokens" if parent.get("tokens") else "its tokens unrecorded"
         lines.append(f"Fine-tuned from `{where}` ({checkpoint}: step {parent.get('step')}, {tokens} at training "
                      f"length {parent.get('train_len')}, commit `{commit[:12]}`"
-                     f"{', **not a clean tree**' if commit.endswith('-dirty') else ''}): "
+                     f"{', **not a clean tree**' if is_dirty(commit) else ''}): "
                      + ", ".join(children) + ".")
     return [""] + lines if lines else []
 

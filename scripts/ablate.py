@@ -63,7 +63,7 @@ from eval.tasks import check_planned, run_task_evaluation, wants_tasks
 from eval.report import check_report_dir
 from common.errors import UserError
 from training.checkpoint import read_meta
-from training.provenance import CODE, git_commit
+from training.provenance import CODE, git_commit, is_dirty
 from training.competence import reached_competence
 from common.cli import device_name, entry_point, positive_int, usage_when_empty
 from training.runtime import resolve_device
@@ -402,7 +402,7 @@ def run_grid(args: argparse.Namespace) -> int:
         print(f"  {run.name:<40} {state:<8} {detail}" + ("" if run.name in chosen else "  (not in --rows)"))
     pending = [run for run in runs if states[run.name][0] in ("new", "partial") and run.name in chosen]
     commit = git_commit() if pending and not args.report else None
-    if commit and commit.endswith("-dirty"):  # said before hours of training, not found in the report
+    if is_dirty(commit):  # said before hours of training, not found in the report
         print(f"warning: the code differs from commit {commit[:12]} (git status -- {' '.join(CODE)}): "
               f"the runs trained now record {commit[:12]}-dirty and the reports call them not reproducible "
               "from a clean commit; commit first, or train from a clean worktree", file=sys.stderr)

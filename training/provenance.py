@@ -28,3 +28,8 @@ def git_commit(root: Path = ROOT, code: tuple[str, ...] = CODE) -> Optional[str]
     except (OSError, subprocess.SubprocessError):
         return None
     return (sha + ("-dirty" if tracked or untracked else "")) if sha else None
+
+
+def is_dirty(commit: Optional[str]) -> bool:
+    """Whether ``commit`` (as git_commit gives it) names a tree whose code differed from it."""
+    return bool(commit) and commit.endswith("-dirty")
