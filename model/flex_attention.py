@@ -19,6 +19,14 @@ d 512, 8 heads, bf16).
 
 On a CPU ``flex_attention`` runs eagerly, as a slow reference (no backward): the tests
 compare it with the SDPA path there.
+
+Block sizes: for 64-dim heads in bf16 on an H100/H200, inductor's default forward tiles
+(128 × 128, 3 stages) needed 245,760 bytes of shared memory inside a whole-model
+``torch.compile`` (torch 2.11), above the 232,448 the GPU has, and every ALiBi run of
+configs/ablations/core-gpu-local.yaml stopped at its first step ("No valid triton configs").
+Heads of up to 64 therefore ask for 64 × 64 tiles (``KERNEL_OPTIONS``), the generic default
+that PyTorch's maintainers suggest for this error (pytorch/pytorch#133254, #139507); larger
+heads keep inductor's choice, which already uses narrower tiles for them.
 """
 
 from __future__ import annotations
@@ -53,15 +61,25 @@ def flex_causal_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, ta
     else:
         def score_mod(score, b, h, q_idx, k_idx):
             return score + table[h, torch.clamp(positions[b, q_idx] - positions[b, k_idx], min=0)]
-    kernel = _compiled() if q.is_cuda else flex_attention
     mask = _causal_block_mask(q.shape[2], str(q.device))
-    return kernel(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=True)
+    if not q.is_cuda:
+        return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=True)
+    return _compiled()(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=True,
+                       kernel_options=kernel_options(q.shape[-1]))
 
 
 # The compiled kernel refuses smaller heads ("embedding dimension … must be at least 16",
 # PyTorch 2.11); such models take the SDPA path.
 MIN_HEAD_DIM = 16
+# Forward tiles for heads of up to SMALL_TILES_HEAD_DIM (see the module docstring).
+SMALL_TILES_HEAD_DIM = 64
+KERNEL_OPTIONS = {"BLOCK_M": 64, "BLOCK_N": 64}
 FLEX_TABLE_GRAD_TORCH = (2, 11)
+
+
+def kernel_options(head_dim: int) -> dict | None:
+    """FlexAttention's ``kernel_options`` for this head size (None: inductor's defaults)."""
+    return dict(KERNEL_OPTIONS) if head_dim <= SMALL_TILES_HEAD_DIM else None
 
 
 def torch_version(text: str = torch.__version__) -> tuple[int, int]:

@@ -8,7 +8,8 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from model.flex_attention import flex_causal_attention, torch_version, trains_tables, usable_for_flex
+from model.flex_attention import (flex_causal_attention, kernel_options, torch_version, trains_tables,
+                                  usable_for_flex)
 from model.transformer import Transformer
 
 
@@ -33,6 +34,19 @@ def test_flex_equals_the_chunked_sdpa_path(kind, per_sequence):
             warnings.simplefilter("ignore")  # eager FlexAttention warns that it is a debug path
             got = flex_causal_attention(q, k, v, positions, table)
     assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+
+
+def test_small_heads_ask_for_tiles_that_fit_in_shared_memory():
+    """64-dim heads in bf16 overflowed an H100/H200's shared memory with inductor's default
+    128 x 128 forward tiles (tests/test_cuda.py checks the compiled step on a GPU); they ask
+    for 64 x 64, which divide the 128-token blocks of the causal block mask."""
+    for head_dim in (16, 32, 64):
+        options = kernel_options(head_dim)
+        assert options == {"BLOCK_M": 64, "BLOCK_N": 64}
+        assert 128 % options["BLOCK_M"] == 0 and 128 % options["BLOCK_N"] == 0
+    options["BLOCK_M"] = 32
+    assert kernel_options(64)["BLOCK_M"] == 64  # each call gets its own copy
+    assert kernel_options(128) is None and kernel_options(256) is None
 
 
 def test_trained_tables_use_flex_from_the_checked_torch_version_on():
