@@ -177,16 +177,23 @@ def test_greedy_generation_on_cuda_with_and_without_cache(kind):
     assert torch.equal(a, b)
 
 
-def loss_and_grads(model: Transformer, idx: torch.Tensor, targets: torch.Tensor, dtype=None):
+def loss_and_grads(model: Transformer, idx: torch.Tensor, targets: torch.Tensor, dtype=None, call=None):
+    """The loss and every parameter's gradient; ``call``: what runs the forward (e.g. the
+    compiled wrapper of ``model``), the model itself by default."""
     model.zero_grad(set_to_none=True)
     if dtype is None:
-        loss = model(idx, targets=targets)
+        loss = (call or model)(idx, targets=targets)
     else:
         with torch.autocast("cuda", dtype=dtype):
-            loss = model(idx, targets=targets)
+            loss = (call or model)(idx, targets=targets)
     loss.backward()
     return loss.detach().float(), {n: p.grad.detach().float().clone() for n, p in model.named_parameters()
                                    if p.grad is not None}
+
+
+def flat(grads: dict) -> torch.Tensor:
+    """Every gradient in one vector, in name order."""
+    return torch.cat([g.flatten() for _, g in sorted(grads.items())])
 
 
 def relative(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -204,7 +211,6 @@ def test_bf16_autocast_training_step_tracks_float32(kind):
     loss, grads = loss_and_grads(gpu, idx, targets, torch.bfloat16)
     assert math.isfinite(loss.item()) and abs(loss.item() - ref_loss.item()) < 0.02 * ref_loss.item()
     assert grads.keys() == ref_grads.keys()
-    flat = lambda gs: torch.cat([g.flatten() for _, g in sorted(gs.items())])  # noqa: E731
     assert relative(flat(grads), flat(ref_grads)) < 0.05
     scale = flat(ref_grads).norm()
     for name, g in grads.items():  # gradients too small to matter at bf16's precision are skipped
@@ -241,12 +247,8 @@ def test_compiled_bf16_training_step_at_study_head_sizes(kind, head_dim):
     compiled = torch.compile(compiled_model)
     idx, targets = tokens(B=2, T=512).cuda(), tokens(B=2, T=512).cuda()
     want_loss, want = loss_and_grads(eager, idx, targets, torch.bfloat16)
-    with torch.autocast("cuda", dtype=torch.bfloat16):
-        loss = compiled(idx, targets=targets)
-    loss.backward()
-    grads = {n: p.grad.float() for n, p in compiled_model.named_parameters() if p.grad is not None}
+    loss, grads = loss_and_grads(compiled_model, idx, targets, torch.bfloat16, call=compiled)
     assert math.isfinite(loss.item()) and abs(loss.item() - want_loss.item()) < 0.01 * want_loss.item()
-    flat = lambda gs: torch.cat([g.flatten() for _, g in sorted(gs.items())])  # noqa: E731
     assert grads.keys() == want.keys()
     assert relative(flat(grads), flat(want)) < 0.05
 
