@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import pytest
@@ -25,6 +26,19 @@ def tiny_config(kind: str = "rope", *, pairing: str = "half", rotary_fraction: f
     return ModelConfig(pos=PosConfig(kind=kind, max_len=max_len, rope=rope, cope=cope), **fields)
 
 
+def pytest_configure(config):
+    """Under pytest-xdist (``-n auto``) each worker gets its share of the cores, it and the
+    training and evaluation processes it starts: two workers with torch's default of a
+    thread per core would each spin on both cores of a 2-core machine."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers:
+        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+        threads = str(max(1, cores // int(workers)))
+        torch.set_num_threads(int(threads))
+        for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
+            os.environ.setdefault(name, threads)
+
+
 @pytest.fixture(autouse=True)
 def _deterministic():
     torch.manual_seed(0)
@@ -35,7 +49,6 @@ def _deterministic():
 def _private_caches(tmp_path_factory):
     """Shape timings and compiled kernels (training/probe.py) go to the session's own directory,
     never the user's cache."""
-    import os
     root = tmp_path_factory.mktemp("caches")
     saved = {k: os.environ.get(k) for k in ("ROPELAB_PROBE_CACHE", "TORCHINDUCTOR_CACHE_DIR")}
     os.environ["ROPELAB_PROBE_CACHE"], os.environ["TORCHINDUCTOR_CACHE_DIR"] = str(root / "probes"), str(root / "inductor")
