@@ -8,6 +8,7 @@ used (training/runtime.py: ``resolve_device``), with a message saying what is vi
 
 from __future__ import annotations
 
+import os
 import re
 
 from common.errors import ConfigError
@@ -21,3 +22,9 @@ def check_device_name(name: object, key: str) -> str:
     if not isinstance(name, str) or not _DEVICE.match(name):
         raise ConfigError(f"{key}: {name!r} is not a device; use {DEVICE_NAMES}")
     return name
+
+
+def usable_cpus() -> int:
+    """The CPUs this process may run on (its affinity mask where the OS has one: a Slurm job's
+    or container's share, not the machine's count)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)

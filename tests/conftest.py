@@ -8,6 +8,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from common.devices import usable_cpus
 from model.config import POS_KINDS, CopeConfig, ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
 
 ALL_KINDS = list(POS_KINDS)
@@ -32,11 +33,10 @@ def pytest_configure(config):
     thread per core would each spin on both cores of a 2-core machine."""
     workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
     if workers:
-        cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
-        threads = str(max(1, cores // int(workers)))
-        torch.set_num_threads(int(threads))
+        threads = max(1, usable_cpus() // int(workers))
+        torch.set_num_threads(threads)
         for name in ("OMP_NUM_THREADS", "MKL_NUM_THREADS"):
-            os.environ.setdefault(name, threads)
+            os.environ.setdefault(name, str(threads))
 
 
 @pytest.fixture(autouse=True)

@@ -35,6 +35,7 @@ from typing import Optional
 import torch
 
 from common.atomic import write_text_atomic
+from common.devices import usable_cpus
 from configs.loader import config_to_dict
 from configs.schema import RunConfig
 from model.transformer import Transformer
@@ -82,7 +83,7 @@ def machine_busy(device_type: str = "cpu") -> str:
         return ""
     try:
         load = os.getloadavg()[0]
-        cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+        cpus = usable_cpus()
     except OSError:
         return ""
     return f"load average {load:.1f} on {cpus} CPU{'s' if cpus != 1 else ''}" if load - 1 >= cpus / 2 else ""
