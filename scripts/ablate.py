@@ -66,6 +66,7 @@ from training.checkpoint import read_meta
 from training.provenance import CODE, git_commit, is_dirty
 from training.competence import reached_competence
 from common.cli import device_name, entry_point, positive_int, usage_when_empty
+from common.devices import usable_cpus
 from training.runtime import resolve_device
 from training.run_dir import RunDir
 from training.run_record import is_record, record_advice
@@ -219,9 +220,9 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
 def slots_for(args: argparse.Namespace) -> list[Slot]:
     if args.devices:  # "cpu" may be named more than once: those jobs share the cores
         cpu_jobs = args.devices.count("cpu")
-        cpu_threads = args.threads or (max(1, (os.cpu_count() or 1) // cpu_jobs) if cpu_jobs > 1 else None)
+        cpu_threads = args.threads or (max(1, usable_cpus() // cpu_jobs) if cpu_jobs > 1 else None)
         return [Slot(device=d, threads=cpu_threads if d == "cpu" else None) for d in args.devices]
-    threads = args.threads or (max(1, (os.cpu_count() or 1) // args.jobs) if args.jobs > 1 else None)
+    threads = args.threads or (max(1, usable_cpus() // args.jobs) if args.jobs > 1 else None)
     return [Slot(threads=threads) for _ in range(args.jobs)]
 
 
@@ -291,8 +292,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train runs in parallel, one per device (e.g. cuda:0 cuda:1; cpu cpu is --jobs 2); "
                         "default: --jobs")
     p.add_argument("--jobs", type=positive_int, default=1,
-                   help="runs trained and evaluated at once on the CPU, each with cpu_count/jobs threads")
-    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads per job (default: cpu_count / jobs)")
+                   help="runs trained and evaluated at once on the CPU, each with usable CPUs/jobs threads (the CPUs this process may run on)")
+    p.add_argument("--threads", type=positive_int, default=None, help="CPU threads per job (default: usable CPUs / jobs)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="overrides for every run (part of the runs' identity)")
     p.add_argument("--skip-eval", action="store_true", help="train only")

@@ -264,7 +264,7 @@ def test_variants_are_named_rows_crossed_with_the_axes(tmp_path, corpus):
 
 
 def test_cpu_jobs_are_single_threaded_slots(monkeypatch):
-    monkeypatch.setattr(ablate.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(ablate, "usable_cpus", lambda: 2)
     args = ablate.parse_args(["grid.yaml", "--jobs", "2"])
     slots = ablate.slots_for(args)
     assert len(slots) == 2 and all(s.threads == 1 for s in slots)
@@ -348,7 +348,7 @@ def test_cpu_workers_split_the_cores(tmp_path, monkeypatch):
         calls.append((cmd, env.get("OMP_NUM_THREADS")))
         return 0
     monkeypatch.setattr(ablate.subprocess, "call", fake_call)
-    monkeypatch.setattr(ablate.os, "cpu_count", lambda: 4)
+    monkeypatch.setattr(ablate, "usable_cpus", lambda: 4)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     grid = load_grid(write_synthetic_grid(tmp_path))
     slots = ablate.slots_for(ablate.parse_args(["grid.yaml", "--devices", "cpu", "cpu"]))
