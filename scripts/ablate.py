@@ -292,7 +292,8 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train runs in parallel, one per device (e.g. cuda:0 cuda:1; cpu cpu is --jobs 2); "
                         "default: --jobs")
     p.add_argument("--jobs", type=positive_int, default=1,
-                   help="runs trained and evaluated at once on the CPU, each with usable CPUs/jobs threads (the CPUs this process may run on)")
+                   help="runs trained and evaluated at once on the CPU, each with usable CPUs/jobs threads "
+                        "(the CPUs this process may run on)")
     p.add_argument("--threads", type=positive_int, default=None, help="CPU threads per job (default: usable CPUs / jobs)")
     p.add_argument("--set", nargs="+", default=[], metavar="KEY=VALUE",
                    help="overrides for every run (part of the runs' identity)")
