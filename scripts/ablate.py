@@ -218,12 +218,12 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
 
 
 def slots_for(args: argparse.Namespace) -> list[Slot]:
+    def cpu_threads(jobs: int) -> Optional[int]:  # jobs sharing the CPUs split them; one job: torch's default
+        return args.threads or (max(1, usable_cpus() // jobs) if jobs > 1 else None)
     if args.devices:  # "cpu" may be named more than once: those jobs share the cores
-        cpu_jobs = args.devices.count("cpu")
-        cpu_threads = args.threads or (max(1, usable_cpus() // cpu_jobs) if cpu_jobs > 1 else None)
-        return [Slot(device=d, threads=cpu_threads if d == "cpu" else None) for d in args.devices]
-    threads = args.threads or (max(1, usable_cpus() // args.jobs) if args.jobs > 1 else None)
-    return [Slot(threads=threads) for _ in range(args.jobs)]
+        threads = cpu_threads(args.devices.count("cpu"))
+        return [Slot(device=d, threads=threads if d == "cpu" else None) for d in args.devices]
+    return [Slot(threads=cpu_threads(args.jobs)) for _ in range(args.jobs)]
 
 
 def planned_eval(runs: list[PlannedRun]):
