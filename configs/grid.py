@@ -21,7 +21,9 @@ when the grid loads and becomes ``eval.*`` overrides of every run, so each plann
 ``slurm`` holds what each run asks a cluster for (``--launcher slurm``; configs/slurm.py).
 ``archive`` names a directory where each run, once trained and evaluated, is kept as a
 record without weights (training/run_record.py), e.g. in the repository, so that a grid
-carries over to a fresh clone on another machine (scripts/grid_archive.py).
+carries over to a fresh clone on another machine (scripts/grid_archive.py);
+``archive_weights: true`` keeps the final weights in each record too, for a grid whose
+runs other grids fine-tune from (``init.run``).
 
 A grid that contradicts itself is refused when it is planned, naming the contradiction: an
 axis that lists a value twice, an override (``overrides``, a variant, ``--set``) of a key an
@@ -70,6 +72,9 @@ class Grid:
     # Where each finished, evaluated run's record (no weights) is kept, e.g. in the repository,
     # and restored from on another machine (scripts/grid_archive.py); None: not kept.
     archive: Optional[str] = None
+    # Whether the records keep the final checkpoint's weights (for parents that other grids
+    # fine-tune from with init.run); they cost the repository 4 bytes a parameter.
+    archive_weights: bool = False
     slurm: Optional[SlurmConfig] = None  # None: the file has no slurm section
     source: Optional[Path] = None
     # Seeds added to chosen rows only: row (a run's name without its seed part) -> seeds,
@@ -262,6 +267,13 @@ def load_grid(path: str | Path) -> Grid:
     if archive is not None and (not isinstance(archive, str) or not archive):
         raise ConfigError(f"{path}: 'archive' must name a directory for the runs' records (e.g. "
                           f"docs/results/{tree['name']}-runs), or be left out")
+    archive_weights = tree.get("archive_weights", False)
+    if not isinstance(archive_weights, bool):
+        raise ConfigError(f"{path}: 'archive_weights' must be true or false (whether the archive's records keep "
+                          f"the final weights), not {archive_weights!r}")
+    if archive_weights and archive is None:
+        raise ConfigError(f"{path}: 'archive_weights: true' keeps weights in the grid's archive, but the grid "
+                          f"names none; add archive: DIR (e.g. docs/results/{tree['name']}-runs)")
     report = Path(tree.get("report") or f"reports/{tree['name']}")
     if archive is not None and report in (Path(archive), *Path(archive).parents):
         raise ConfigError(f"{path}: 'archive' ({archive}) lies inside the report directory ({report}), which "
@@ -273,7 +285,7 @@ def load_grid(path: str | Path) -> Grid:
                 overrides=[str(o) for o in tree.get("overrides", [])], axes=axes,
                 variants={k: [str(o) for o in v] for k, v in variants.items()},
                 eval_overrides=[f"eval.{k}={_text(v)}" for k, v in evaluation.items()],
-                report=tree.get("report"), archive=archive, source=path,
+                report=tree.get("report"), archive=archive, archive_weights=archive_weights, source=path,
                 more_seeds=_more_seeds(tree.get("more_seeds"), path),
                 slurm=slurm_config(tree["slurm"], str(origins.get("slurm", path))) if "slurm" in tree else None)
 

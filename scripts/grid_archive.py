@@ -11,10 +11,11 @@ over to a fresh clone on another machine.
   that has no checkpoint on disk back into the grid's run directory, so the run counts as
   done and its reports read the evaluations the record holds. scripts/tune.py does the same.
 
-A record holds no weights: changing an evaluation setting of the grid after a run was
-archived leaves that run without the new result (it fails with the reason and the report
-lists it as missing); so does raising its training budget. The fix is to train it again:
-remove its record and its run directory.
+A record holds no weights (unless the grid keeps them: ``archive_weights: true``, for
+parents other grids fine-tune from): changing an evaluation setting of the grid after a run
+was archived leaves that run without the new result (it fails with the reason and the report
+lists it as missing). Raising its training budget does so with weights too (a record keeps
+no optimizer state). The fix is to train it again: remove its record and its run directory.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ from common.errors import UserError
 from configs.grid import Grid, PlannedRun
 from scripts.grid_jobs import not_cached, planned_caches
 from training.run_dir import RunDir
-from training.run_record import is_record, restore_record, write_record
+from training.run_record import is_record, record_has_weights, restore_record, write_record
 
 
 def record_of(grid: Grid, run: PlannedRun) -> Path:
@@ -58,16 +59,25 @@ def why_not_archived(run: PlannedRun, finished: bool) -> str:
 
 def archive_run(grid: Grid, run: PlannedRun) -> None:
     """Write ``run``'s record to the grid's archive (it must be finished and evaluated)."""
-    write_record(RunDir.of(run.cfg), planned_caches(run), record_of(grid, run))
+    write_record(RunDir.of(run.cfg), planned_caches(run), record_of(grid, run), weights=grid.archive_weights)
+
+
+def _evaluated_since(grid: Grid, run: PlannedRun) -> bool:
+    """Whether ``run`` holds an evaluation cache the grid plans that its archived record lacks."""
+    record, run_dir = record_of(grid, run), RunDir.of(run.cfg)
+    return any(cache.is_file() and not (record / f"{cache.relative_to(run_dir.path)}.gz").is_file()
+               for cache in planned_caches(run))
 
 
 def archive_runs(grid: Grid, runs: list[PlannedRun], finished: set[str]) -> tuple[list[str], dict[str, str]]:
     """Archive every run of ``runs`` that is finished (its name in ``finished``) and evaluated;
     (archived names, {name: why not} for the others). A record restored from the archive is
-    not written again."""
+    not written again, unless it kept its weights and was evaluated anew since (its archived
+    copy lacks an evaluation the grid plans)."""
     archived, skipped = [], {}
     for run in runs:
-        if is_record(RunDir.of(run.cfg)):
+        run_dir = RunDir.of(run.cfg)
+        if is_record(run_dir) and not (record_has_weights(run_dir) and _evaluated_since(grid, run)):
             continue
         why = why_not_archived(run, run.name in finished)
         if why:

@@ -8,6 +8,7 @@ import shutil
 from pathlib import Path
 
 import pytest
+import torch
 
 import train
 from common.errors import CheckpointError, ConfigError
@@ -169,4 +170,61 @@ def test_archive_alone_keeps_what_another_process_finished(tmp_path, corpus, cap
 def test_an_archive_inside_the_report_is_refused(tmp_path, corpus):
     grid_path = write_grid(tmp_path, corpus, archive="report/runs")
     with pytest.raises(ConfigError, match="inside the report directory"):
+        load_grid(grid_path)
+
+
+def test_a_grid_that_keeps_weights_can_be_fine_tuned_from_on_a_fresh_clone(tmp_path, corpus, capsys):
+    grid_path = write_grid(tmp_path, corpus, extra="archive_weights: true")
+    grid = load_grid(grid_path)
+    runs = grid.plan()
+    assert ablate.main([str(grid_path), "--no-estimate"]) == 0
+    trained = {run.name: load_run(RunDir.of(run.cfg).path).model.state_dict() for run in runs}
+    for run in runs:  # the final weights, as trained; still no optimizer state
+        record = tmp_path / "archive" / run.name
+        assert (record / "checkpoints" / "step_000008" / "model.safetensors").is_file()
+        assert not list(record.rglob("*.pt"))
+        assert json.loads((record / "record.json").read_text())["weights"] is True
+
+    # A fresh clone: the records come back with their weights, which load as they were trained.
+    shutil.rmtree(tmp_path / "runs")
+    assert ablate.main([str(grid_path), "--no-estimate"]) == 0
+    capsys.readouterr()
+    parent = RunDir.of(runs[0].cfg)
+    assert is_record(parent)
+    loaded = load_run(parent.path).model.state_dict()
+    assert all(torch.equal(loaded[k], trained[runs[0].name][k]) for k in loaded)
+
+    # A child fine-tunes from it (init.run); the parent itself is not trained further.
+    base = str(grid.base)
+    assert train.main([base, *runs[0].overrides, f"out_dir={tmp_path / 'children'}", "name=child",
+                       f"init.run={parent.path}", "train.max_steps=2", "train.eval_interval=2"]) == 0
+    assert RunDir(tmp_path / "children" / "child").latest_checkpoint() is not None
+    capsys.readouterr()
+    assert train.main([base, *runs[0].overrides, "train.max_steps=12", "train.resume=auto"]) == 2
+    err = capsys.readouterr().err
+    assert "is a run record" in err and "not trained further" in err and "Traceback" not in err
+
+    # Evaluated anew with another setting (a record without weights cannot be), and archived
+    # again with the evaluations the grid now plans.
+    other_eval = write_grid(tmp_path, corpus, extra="archive_weights: true")
+    other_eval.write_text(other_eval.read_text().replace("lengths: [32, 64], protocols", "lengths: [32, 48], protocols"))
+    assert ablate.main([str(other_eval), "--no-estimate"]) == 0
+    out = capsys.readouterr().out
+    assert "failed" not in out, out
+    for run in load_grid(other_eval).plan():
+        kept = {p.name for p in (tmp_path / "archive" / run.name / "eval").glob("*.json.gz")}
+        assert kept == {f"{p.name}.gz" for p in grid_archive.planned_caches(run)}
+        assert not kept & {f"{p.name}.gz" for p in grid_archive.planned_caches(runs[0])
+                           if p.name.startswith("extrapolation")}
+
+
+@pytest.mark.parametrize("extra,archive,message", [
+    ("archive_weights: yes-please", "archive", "'archive_weights' must be true or false"),
+    ("archive_weights: true", None, "names none; add archive: DIR"),
+])
+def test_bad_archive_weights_are_refused(tmp_path, corpus, extra, archive, message):
+    grid_path = write_grid(tmp_path, corpus, extra=extra)
+    if archive is None:
+        grid_path.write_text(grid_path.read_text().replace(f"archive: {tmp_path / 'archive'}\n", ""))
+    with pytest.raises(ConfigError, match=message):
         load_grid(grid_path)

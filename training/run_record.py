@@ -1,4 +1,4 @@
-"""Run records: a finished, evaluated run without its weights, small enough to keep in git.
+"""Run records: a finished, evaluated run without its optimizer state, small enough to keep in git.
 
 A grid whose file names an ``archive`` directory (configs/grid.py) copies each of its runs
 there once it has trained and every evaluation the grid plans for it is cached
@@ -12,13 +12,19 @@ there once it has trained and every evaluation the grid plans for it is cached
 so the grid survives the machine it ran on: on a fresh clone, scripts/ablate.py copies the
 records of runs it does not have on disk back into the grid's run directory, counts them
 as done, and its reports read their cached evaluations as if the runs had been evaluated
-there. A record holds no weights or optimizer state: it cannot be trained further, sampled,
-fine-tuned from, or evaluated with settings other than those it was archived with; each of
-those says so (``record_advice``) instead of failing on a missing file.
+there. A record holds no optimizer state and, by default, no weights: it cannot be trained
+further, sampled, fine-tuned from, or evaluated with settings other than those it was
+archived with; each of those says so (``record_advice``) instead of failing on a missing file.
 
-The large files are gzipped (deterministically: the same run gives the same bytes), so a
-record costs the repository, and every copy of the working tree, a few hundred KB; they
-are unpacked when the record is restored.
+A grid that other grids start from (``archive_weights: true``: parents that fine-tunes load
+with ``init.run``) keeps the final checkpoint's weights as well (checkpoints/step_N/
+model.safetensors, as trained, in fp32): such a record can be fine-tuned from, sampled and
+evaluated anew, but still not trained further. The weights cost the repository their size
+(4 bytes a parameter; safetensors does not compress), so only grids others need keep them.
+
+The large text files are gzipped (deterministically: the same run gives the same bytes), so a
+record without weights costs the repository, and every copy of the working tree, a few
+hundred KB; they are unpacked when the record is restored.
 """
 
 from __future__ import annotations
@@ -31,12 +37,14 @@ from typing import Iterable
 
 from common.atomic import atomic_directory
 from common.errors import CheckpointError
-from training.run_dir import META, METRICS, TOKENIZER, RunDir
+from training.run_dir import META, METRICS, TOKENIZER, WEIGHTS, RunDir
 
 RECORD = "record.json"
-RECORD_FORMAT = 1
+RECORD_FORMAT = 1  # "weights": true, in a record that keeps them, does not change the format
 HOLDS = ("config, tokenizer, metrics, the final checkpoint's metadata and the grid's evaluation caches; "
          "no weights or optimizer state")
+HOLDS_WEIGHTS = ("config, tokenizer, metrics, the final checkpoint's metadata and weights and the grid's "
+                 "evaluation caches; no optimizer state")
 
 
 def record_file(run: RunDir) -> Path:
@@ -48,26 +56,49 @@ def is_record(run: RunDir) -> bool:
     return record_file(run).is_file()
 
 
+def record_has_weights(run: RunDir) -> bool:
+    """Whether the record ``run`` keeps its final weights (its grid's ``archive_weights``)."""
+    try:
+        return bool(json.loads(record_file(run).read_text()).get("weights", False))
+    except (OSError, ValueError, AttributeError):
+        return False  # unreadable: treated as the first records, which kept none
+
+
 def record_advice(run: RunDir) -> str:
+    again = ("To do that, train it again: remove the directory and its copy in the grid's archive, then run "
+             "the grid again")
+    if record_has_weights(run):
+        return (f"{run} is a run record ({HOLDS_WEIGHTS}), restored from a grid's archive "
+                "(training/run_record.py): it can be reported, evaluated, sampled and fine-tuned from (init.run), "
+                f"but not trained further. {again}")
     return (f"{run} is a run record ({HOLDS}), restored from a grid's archive (training/run_record.py): "
             "its results can be reported with the evaluations it holds, but it cannot be trained further, "
-            "sampled, fine-tuned from or evaluated anew. To do that, train it again: remove the directory "
-            "and its copy in the grid's archive, then run the grid again")
+            f"sampled, fine-tuned from or evaluated anew. {again}")
 
 
 def check_not_record(run: RunDir) -> None:
-    """Raise a CheckpointError naming what a record is, before anything looks for weights."""
+    """Before training continues: raise a CheckpointError naming what a record is (none holds
+    optimizer state, so none is trained further)."""
     if is_record(run):
         raise CheckpointError(record_advice(run))
 
 
-def record_paths(run: RunDir, caches: Iterable[Path]) -> list[Path]:
+def check_loadable(run: RunDir) -> None:
+    """Before weights are loaded: raise a CheckpointError naming what a record is, unless it
+    keeps its weights."""
+    if is_record(run) and not record_has_weights(run):
+        raise CheckpointError(record_advice(run))
+
+
+def record_paths(run: RunDir, caches: Iterable[Path], weights: bool = False) -> list[Path]:
     """The files of ``run`` a record keeps (relative paths), given the evaluation caches to
-    keep; raises CheckpointError when the run has no complete checkpoint."""
+    keep and whether it keeps the final weights; raises CheckpointError when the run has no
+    complete checkpoint."""
     ckpt = run.latest_checkpoint()
     if ckpt is None:
         raise CheckpointError(f"{run} has no checkpoint: a run is archived once it has trained")
-    wanted = [run.config, run.tokenizer, run.metrics, run.latest_pointer, ckpt / META, run.planned_eval, *caches]
+    wanted = [run.config, run.tokenizer, run.metrics, run.latest_pointer, ckpt / META, run.planned_eval, *caches,
+              *([ckpt / WEIGHTS] if weights else [])]
     missing = [p for p in wanted if not p.is_file()]
     if missing:
         raise CheckpointError(f"{run} cannot be archived: {', '.join(str(p) for p in missing)} missing")
@@ -79,10 +110,10 @@ def packed(rel: Path) -> bool:
     return rel.name in (TOKENIZER, METRICS) or (rel.parts[0] == "eval" and rel.suffix == ".json")
 
 
-def write_record(run: RunDir, caches: Iterable[Path], dest: Path) -> None:
-    """Copy ``run``'s record (with the evaluation caches ``caches``) to ``dest``, replacing
-    an earlier record there in one rename."""
-    paths = record_paths(run, caches)
+def write_record(run: RunDir, caches: Iterable[Path], dest: Path, weights: bool = False) -> None:
+    """Copy ``run``'s record (with the evaluation caches ``caches``, and its final weights when
+    ``weights``) to ``dest``, replacing an earlier record there in one rename."""
+    paths = record_paths(run, caches, weights)
     checkpoint = run.latest_checkpoint().name
     dest.parent.mkdir(parents=True, exist_ok=True)
     with atomic_directory(dest, replace=True) as tmp:
@@ -93,8 +124,9 @@ def write_record(run: RunDir, caches: Iterable[Path], dest: Path) -> None:
                 (tmp / rel.with_name(rel.name + ".gz")).write_bytes(data)
             else:
                 shutil.copyfile(run.path / rel, tmp / rel)
-        (tmp / RECORD).write_text(json.dumps({"format": RECORD_FORMAT, "checkpoint": checkpoint, "holds": HOLDS},
-                                             indent=1) + "\n")
+        about = {"format": RECORD_FORMAT, "checkpoint": checkpoint, "holds": HOLDS_WEIGHTS if weights else HOLDS,
+                 **({"weights": True} if weights else {})}  # a record without weights: as the first ones were
+        (tmp / RECORD).write_text(json.dumps(about, indent=1) + "\n")
 
 
 def restore_record(src: Path, run: RunDir) -> None:

@@ -26,7 +26,7 @@ from training.checkpoint import NonFiniteWeights, load_newest, load_weights, rea
 from training.consistency import check_parts
 from training.divergence import non_finite_checkpoint, retrain_advice
 from training.run_dir import RunDir
-from training.run_record import check_not_record
+from training.run_record import check_loadable
 
 
 @dataclass
@@ -77,7 +77,7 @@ def load_run(run_dir: str | Path, which: str = "latest", device: str | torch.dev
     (training/consistency.py)."""
     run = RunDir(run_dir)
     trained = read_run_config(run)
-    check_not_record(run)  # no weights to load
+    check_loadable(run)  # a record without weights has none to load
     cfg = with_scaling(trained, scaling)
     tokenizer = run_tokenizer(run, cfg)
     model = Transformer(cfg.model)
