@@ -26,7 +26,7 @@ from common.errors import UserError
 from configs.grid import Grid, PlannedRun
 from scripts.grid_jobs import not_cached, planned_caches
 from training.run_dir import RunDir
-from training.run_record import is_record, record_has_weights, restore_record, write_record
+from training.run_record import is_record, kept_as, record_has_weights, restore_record, write_record
 
 
 def record_of(grid: Grid, run: PlannedRun) -> Path:
@@ -65,7 +65,7 @@ def archive_run(grid: Grid, run: PlannedRun) -> None:
 def _evaluated_since(grid: Grid, run: PlannedRun) -> bool:
     """Whether ``run`` holds an evaluation cache the grid plans that its archived record lacks."""
     record, run_dir = record_of(grid, run), RunDir.of(run.cfg)
-    return any(cache.is_file() and not (record / f"{cache.relative_to(run_dir.path)}.gz").is_file()
+    return any(cache.is_file() and not (record / kept_as(cache.relative_to(run_dir.path))).is_file()
                for cache in planned_caches(run))
 
 

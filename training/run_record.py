@@ -110,6 +110,11 @@ def packed(rel: Path) -> bool:
     return rel.name in (TOKENIZER, METRICS) or (rel.parts[0] == "eval" and rel.suffix == ".json")
 
 
+def kept_as(rel: Path) -> Path:
+    """Where a record keeps the run's file ``rel`` (relative paths): gzipped ones with ``.gz`` added."""
+    return rel.with_name(rel.name + ".gz") if packed(rel) else rel
+
+
 def write_record(run: RunDir, caches: Iterable[Path], dest: Path, weights: bool = False) -> None:
     """Copy ``run``'s record (with the evaluation caches ``caches``, and its final weights when
     ``weights``) to ``dest``, replacing an earlier record there in one rename."""
@@ -121,7 +126,7 @@ def write_record(run: RunDir, caches: Iterable[Path], dest: Path, weights: bool 
             (tmp / rel).parent.mkdir(parents=True, exist_ok=True)
             if packed(rel):
                 data = gzip.compress((run.path / rel).read_bytes(), compresslevel=9, mtime=0)
-                (tmp / rel.with_name(rel.name + ".gz")).write_bytes(data)
+                (tmp / kept_as(rel)).write_bytes(data)
             else:
                 shutil.copyfile(run.path / rel, tmp / rel)
         about = {"format": RECORD_FORMAT, "checkpoint": checkpoint, "holds": HOLDS_WEIGHTS if weights else HOLDS,
