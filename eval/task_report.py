@@ -247,7 +247,9 @@ def _competence(run: dict) -> str:
         return "–"
     if record.get("reached"):
         return f"at step {record['step']}"
-    accuracy = ", ".join(f"{a:.2f}" for a in (record.get("accuracy") or {}).values())
+    # Three decimals: the competence check scores 256 instances (steps of 0.004), so two would
+    # print 0.977 against a threshold of 0.98 as "0.98 < 0.98".
+    accuracy = ", ".join(f"{a:.3f}" for a in (record.get("accuracy") or {}).values())
     return f"**not reached** ({accuracy} < {record['threshold']:g})"
 
 
