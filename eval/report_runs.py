@@ -3,6 +3,8 @@ started, and a table of the runs with their sizes and wall times."""
 
 from __future__ import annotations
 
+from typing import Optional
+
 from configs.grid import fold_seeds
 from eval.tables import durations
 from training.provenance import is_dirty
@@ -43,7 +45,46 @@ def provenance(runs: list[dict]) -> list[str]:
     if resumed:
         lines.append("Resumed under other code (its steps were trained at more than one commit): "
                      + ", ".join(resumed) + ".")
-    return lines + _parents(runs)
+    return lines + schedule_lines(runs) + _parents(runs)
+
+
+def planned_schedules(run: dict) -> Optional[tuple[tuple[int, int], ...]]:
+    """The learning-rate schedules ``run`` trained under, ((from step, planned total steps), ...)
+    oldest first (training/trainer.py: ``schedules``); None where its checkpoint predates the record."""
+    plans = run.get("schedules") or ([[0, run["total_steps"]]] if run.get("total_steps") else None)
+    return tuple((int(a), int(b)) for a, b in plans) if plans else None
+
+
+def _schedule_text(plans: tuple[tuple[int, int], ...]) -> str:
+    text = f"{plans[0][1]:,} steps"
+    return text + "".join(f", re-planned for {total:,} at step {start:,}" for start, total in plans[1:])
+
+
+def schedule_lines(runs: list[dict]) -> list[str]:
+    """Where the runs' learning-rate schedules make a row other than it looks: seeds pooled in
+    one row that were planned for different budgets (runs stopped at competence pool whatever
+    their budget, so a grid that raised train.max_steps keeps its stopped runs beside new ones),
+    and runs re-planned mid-run for more steps (a cosine decay restarted from where it was is
+    not the decay a fresh run at the final budget follows)."""
+    groups: dict[str, dict[tuple, list[str]]] = {}
+    for run in runs:
+        plans = planned_schedules(run)
+        if plans is not None:
+            groups.setdefault(run.get("group") or run.get("name", ""), {}).setdefault(plans, []).append(
+                run.get("name", "?"))
+    lines = []
+    for by_plan in groups.values():
+        if len(by_plan) > 1:
+            lines.append("**Seeds of one row trained under different learning-rate schedules** (the row pools runs "
+                         "of different experiments; retrain them at one budget to compare like with like): "
+                         + "; ".join(f"{', '.join(f'`{n}`' for n in fold_seeds(names))} {_schedule_text(plans)}"
+                                     for plans, names in by_plan.items()) + ".")
+    replanned = [f"`{name}` ({_schedule_text(plans)})" for by_plan in groups.values()
+                 for plans, names in by_plan.items() if len(plans) > 1 for name in names]
+    if replanned:
+        lines.append("Re-planned mid-run for more steps (the learning-rate schedule restarted its decay from the step "
+                     "it had reached): " + ", ".join(replanned) + ".")
+    return lines
 
 
 def _parents(runs: list[dict]) -> list[str]:

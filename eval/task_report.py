@@ -36,7 +36,7 @@ from eval.effective_length import effective_section
 from eval.kmax import __doc__ as KMAX_DOC
 from eval.labels import encoding_label, label_order, with_scaling
 from eval.report import write_report_files
-from eval.report_runs import missing_lines
+from eval.report_runs import missing_lines, schedule_lines
 from eval.stats import pooled_accuracy_interval
 from eval.tables import length_table
 from eval.task_plots import plot_accuracy, plot_heatmaps
@@ -316,6 +316,8 @@ def _write_markdown(results: dict, out: Path) -> str:
     md = ["# Task accuracy report", "", f"Created {results['created']}{remade}. Training length L = "
           f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}. " + HEADER, "", "## Runs", "",
           *_runs_table(results)]
+    for line in schedule_lines(runs):
+        md += ["", line]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""] + missing_lines(results["missing"])
     tasks = sorted({r["task"] for r in rows}, key=TASK_NAMES.index)

@@ -54,15 +54,19 @@ def test_resuming_for_fewer_steps_than_planned(config, monkeypatch, capsys):
                        "cannot resume", "planned for 12", "is at step 4", "Resume with train.max_steps=12")
     assert snapshot(run / "checkpoints") == before
     assert train.main([str(config), "train.max_steps=12", "--resume"]) == 0  # the advice
-    assert json.loads((run / "checkpoints" / "step_000012" / "meta.json").read_text())["finished"]
+    meta = json.loads((run / "checkpoints" / "step_000012" / "meta.json").read_text())
+    assert meta["finished"] and meta["schedules"] == [[0, 12]]  # resumed on its plan: one schedule
 
 
 def test_resuming_for_more_steps_says_the_schedule_is_re_planned(config, monkeypatch, capsys):
+    run = config.parent / "runs" / "tiny"
     stopped_at(monkeypatch, 4, [str(config), "train.max_steps=12"])
     capsys.readouterr()
     assert train.main([str(config), "train.max_steps=16", "--resume"]) == 0
     assert "was planned for 12 steps and now trains for 16: its learning-rate schedule is re-planned from step 4" \
         in capsys.readouterr().err
+    # The checkpoint keeps both plans, so the reports can say the run is not a fresh 16-step run.
+    assert json.loads((run / "checkpoints" / "step_000016" / "meta.json").read_text())["schedules"] == [[0, 12], [4, 16]]
 
 
 # --------------------------------------------------------------- a loss that becomes NaN

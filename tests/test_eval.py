@@ -261,6 +261,26 @@ def test_provenance_names_every_commit_and_says_whether_each_is_clean():
                        f"`r` (`{'a' * 12}` then `{'b' * 12}`)."]
 
 
+def test_rows_whose_seeds_had_different_schedules_are_named():
+    from eval.report_runs import provenance, schedule_lines
+    same = [{"name": f"a_seed-{k}", "group": "g", "total_steps": 100, "schedules": [[0, 100]]} for k in range(2)]
+    assert schedule_lines(same) == []
+    assert schedule_lines([{"name": "old", "group": "g"}]) == []  # a checkpoint before the record: nothing to say
+    # A grid raised max_steps: seed 2 is new at 200; seeds 0-1 stopped at competence under 100.
+    mixed = same + [{"name": "a_seed-2", "group": "g", "total_steps": 200}]
+    lines = schedule_lines(mixed)
+    assert len(lines) == 1 and "different learning-rate schedules" in lines[0]
+    assert "`a_seed-{0,1}` 100 steps" in lines[0] and "`a_seed-2` 200 steps" in lines[0]
+    assert schedule_lines(mixed[:2] + [{**mixed[2], "group": "h"}]) == []  # other rows: nothing pooled
+    # An extended run: named with both plans, and its row is mixed with the fresh seeds.
+    extended = same + [{"name": "a_seed-2", "group": "g", "total_steps": 200, "schedules": [[0, 100], [100, 200]]}]
+    lines = schedule_lines(extended)
+    assert len(lines) == 2 and lines[1] == ("Re-planned mid-run for more steps (the learning-rate schedule restarted "
+                                            "its decay from the step it had reached): `a_seed-2` (100 steps, "
+                                            "re-planned for 200 at step 100).")
+    assert lines[1] in provenance([{**r, "git_commit": "a" * 40} for r in extended])
+
+
 def test_the_reference_row_is_chosen_on_the_command_line_and_a_missing_one_is_said(tiny_runs, tmp_path, capsys):
     from eval.extrapolation import main
     runs = [str(tiny_runs / name) for name in ("rope-a", "learned")]

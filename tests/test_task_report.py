@@ -95,6 +95,7 @@ def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
     runs = [{"run": f"r{s}", "name": f"rope_seed-{s}", "encoding": "rope", "group": "g", "stem": "rope", "seed": s,
              "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
              "trained_on": "copy",  # a results.json written before tasks_trained was recorded
+             "total_steps": 600 if s == 0 else 1000,  # seed 0 stopped under a budget the grid raised since
              **({"competence": {"reached": True, "step": 300}} if s == 0 else
                 {"competence": {"reached": False, "threshold": 0.98, "accuracy": {"copy": 0.977}}})} for s in (0, 1)]
     errors = {0: {32: [16] * 10, 64: [32] * 4 + [16, 17, 18, 19, 20, 21]}, 1: {32: [16] * 5 + [0] * 5, 64: [0] * 10}}
@@ -108,6 +109,8 @@ def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
     assert "| rope | 32 | 32 (×1) (one seed) |" in report  # 0.4 < 0.8 × 1.0 at 64
     assert "| rope | 1.00 | 0.75 |" in report  # right before the first error at 64: (4 + (16 + … + 21) / 32) / 10
     assert "at step 300" in report and "**not reached** (0.977 < 0.98)" in report  # never "0.98 < 0.98"
+    assert ("different learning-rate schedules** (the row pools runs of different experiments; retrain them at one "
+            "budget to compare like with like): `rope_seed-0` 600 steps; `rope_seed-1` 1,000 steps.") in report
     assert (tmp_path / "copy_first_error.png").read_bytes()[:4] == b"\x89PNG"
     names, lengths, grid = first_error_grid({"r0": {n: [r for r in rows if r["run"] == "r0" and r["length"] == n]
                                                     for n in (32, 64)}}, 32)
