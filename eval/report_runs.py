@@ -64,7 +64,7 @@ def schedule_lines(runs: list[dict]) -> list[str]:
     """Where the runs' learning-rate schedules make a row other than it looks: seeds pooled in
     one row that were planned for different budgets (runs stopped at competence pool whatever
     their budget, so a grid that raised train.max_steps keeps its stopped runs beside new ones),
-    and runs re-planned mid-run for more steps (a cosine decay restarted from where it was is
+    and runs re-planned mid-run (a cosine decay given a new length where it was is
     not the decay a fresh run at the final budget follows)."""
     groups: dict[str, dict[tuple, list[str]]] = {}
     for run in runs:
@@ -82,8 +82,7 @@ def schedule_lines(runs: list[dict]) -> list[str]:
     replanned = [f"`{name}` ({_schedule_text(plans)})" for by_plan in groups.values()
                  for plans, names in by_plan.items() if len(plans) > 1 for name in names]
     if replanned:
-        lines.append("Re-planned mid-run for more steps (the learning-rate schedule restarted its decay from the step "
-                     "it had reached): " + ", ".join(replanned) + ".")
+        lines.append("Re-planned mid-run (the learning-rate schedule took a new length from the step it had reached): " + ", ".join(replanned) + ".")
     return lines
 
 

@@ -275,9 +275,9 @@ def test_rows_whose_seeds_had_different_schedules_are_named():
     # An extended run: named with both plans, and its row is mixed with the fresh seeds.
     extended = same + [{"name": "a_seed-2", "group": "g", "total_steps": 200, "schedules": [[0, 100], [100, 200]]}]
     lines = schedule_lines(extended)
-    assert len(lines) == 2 and lines[1] == ("Re-planned mid-run for more steps (the learning-rate schedule restarted "
-                                            "its decay from the step it had reached): `a_seed-2` (100 steps, "
-                                            "re-planned for 200 at step 100).")
+    assert len(lines) == 2 and lines[1] == ("Re-planned mid-run (the learning-rate schedule took a new length from the "
+                                            "step it had reached): `a_seed-2` (100 steps, re-planned for 200 at "
+                                            "step 100).")
     assert lines[1] in provenance([{**r, "git_commit": "a" * 40} for r in extended])
 
 
