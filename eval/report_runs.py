@@ -70,8 +70,7 @@ def schedule_lines(runs: list[dict]) -> list[str]:
     for run in runs:
         plans = planned_schedules(run)
         if plans is not None:
-            groups.setdefault(run.get("group") or run.get("name", ""), {}).setdefault(plans, []).append(
-                run.get("name", "?"))
+            groups.setdefault(run.get("group") or run["name"], {}).setdefault(plans, []).append(run["name"])
     lines = []
     for by_plan in groups.values():
         if len(by_plan) > 1:
@@ -79,8 +78,8 @@ def schedule_lines(runs: list[dict]) -> list[str]:
                          "of different experiments; retrain them at one budget to compare like with like): "
                          + "; ".join(f"{', '.join(f'`{n}`' for n in fold_seeds(names))} {_schedule_text(plans)}"
                                      for plans, names in by_plan.items()) + ".")
-    replanned = [f"`{name}` ({_schedule_text(plans)})" for by_plan in groups.values()
-                 for plans, names in by_plan.items() if len(plans) > 1 for name in names]
+    replanned = [f"`{run['name']}` ({_schedule_text(plans)})" for run in runs
+                 if (plans := planned_schedules(run)) is not None and len(plans) > 1]
     if replanned:
         lines.append("Re-planned mid-run (the learning-rate schedule took a new length from the step it had reached): " + ", ".join(replanned) + ".")
     return lines

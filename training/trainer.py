@@ -91,10 +91,11 @@ class Trainer:
         self.step, self.tokens_seen, self.best_val, self.wandb_id = 0, 0, math.inf, None
         self.parent: Optional[dict] = None  # where the starting weights came from (init.run)
         self.earlier_commits: list[str] = []  # the commits of this run's earlier sessions, oldest first
-        # The learning-rate schedules of this run's earlier sessions, [from step, planned total steps]
-        # oldest first, and the step this session resumed from (see ``schedules``).
-        self.earlier_schedules: list[list[int]] = []
-        self.resumed_at = 0
+        # Every learning-rate schedule this run trained under, [from step, planned total steps]
+        # oldest first: more than one where a resumed session re-planned it (a grid that raised
+        # train.max_steps; training/consistency.py), which the reports name, since such a run is
+        # not the run a fresh start at its final budget would train (eval/report_runs.py).
+        self.schedules: list[list[int]] = [[0, self.total_steps]]
         self.compiled: Optional[bool] = None  # train.compile=auto's decision, once made
         if resume_from is None and self.cfg.init.run:
             parent = load_parent(self.cfg, self.tokenizer)
@@ -202,8 +203,10 @@ class Trainer:
         self.parent = meta.get("parent")
         self.earlier_commits = list(meta.get("commits") or filter(None, [meta.get("git_commit")]))
         planned = meta.get("total_steps")
-        self.earlier_schedules = [list(p) for p in meta.get("schedules") or ([[0, planned]] if planned else [])]
-        self.resumed_at = int(meta.get("step", 0))
+        earlier = [list(p) for p in meta.get("schedules") or ([[0, planned]] if planned else [])]
+        if earlier and earlier[-1][1] != self.total_steps:
+            earlier.append([int(meta.get("step", 0)), self.total_steps])
+        self.schedules = earlier or self.schedules
         try:
             self.load_state_dict(state)
         except (KeyError, ValueError, RuntimeError, TypeError) as e:
@@ -263,16 +266,6 @@ class Trainer:
         resumed under other code says so (eval/report_runs.py names it in the report)."""
         return list(dict.fromkeys([*self.earlier_commits, *filter(None, [self.git_commit])]))
 
-    def schedules(self) -> list[list[int]]:
-        """Every learning-rate schedule this run trained under, [from step, planned total steps]
-        oldest first: more than one where a session re-planned it for more steps (a grid that
-        raised train.max_steps; training/consistency.py), which the reports name, since such a
-        run is not the run a fresh start at its final budget would train (eval/report_runs.py)."""
-        plans = [list(p) for p in self.earlier_schedules]
-        if not plans or plans[-1][1] != self.total_steps:
-            plans.append([self.resumed_at if plans else 0, self.total_steps])
-        return plans
-
     def save(self, val_loss: Optional[float] = None) -> None:
         now = time.perf_counter()
         self.train_seconds += now - self._session_start
@@ -281,7 +274,7 @@ class Trainer:
             meta = {"tokens": self.tokens_seen, "val_loss": val_loss,
                     "finished": self._complete(), "total_steps": self.total_steps,
                     "params": self.model.num_params(), "git_commit": self.git_commit,
-                    "commits": self.commits(), "schedules": self.schedules(),
+                    "commits": self.commits(), "schedules": self.schedules,
                     "train_seconds": self.train_seconds, "parent": self.parent, **self.fingerprints,
                     **({"competence": self.competence.record()} if self.competence else {})}
             # A fine-tuned run's step 0 is its parent's weights: the budget curve starts there.
