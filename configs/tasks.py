@@ -55,6 +55,9 @@ class SyntheticConfig:
     chains: int = 2  # vartrack: assignment chains, one of them queried (RULER's variable tracking)
     hops: int = 2  # vartrack: assignments after each chain's value (hops to resolve)
     name_letters: int = 2  # multikey, multivalue, vartrack: letters of a name or variable
+    # multikey, multivalue, vartrack: "name: value", "y = x" (true) or "name:value", "y=x"
+    # (false: the name right before the ":" its answer follows; data/tasks/haystack.py)
+    spaced: bool = True
 
     def __post_init__(self) -> None:
         if not self.tasks or len(set(self.tasks)) != len(self.tasks):

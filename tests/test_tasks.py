@@ -20,6 +20,7 @@ from data.tasks.haystack import FILLER as FILLER_TEXT
 from data.tasks.passkey import WORDINGS
 from data.tasks.vartrack import Vartrack
 from data.tokenizers import ByteTokenizer, CharTokenizer, train_tokenizer
+from configs.loader import load_config
 from configs.schema import TokenizerConfig
 from model.loss import IGNORE_INDEX
 
@@ -347,6 +348,39 @@ def test_multivalue_answers_every_value_in_the_order_of_the_text():
         pieces, _ = laid_out(text[:-len(answer) - len(f"{asked}: ")], NEEDLE)
         assert {name for _, (name, _) in pieces} == {asked} and len(pieces) == 3  # one name, three values
         assert answer == " ".join(v for _, (_, v) in pieces) and len(set(answer.split())) == 3
+
+
+@pytest.mark.parametrize("name", ["multikey", "multivalue", "vartrack"])
+def test_unspaced_wording_puts_the_name_right_before_the_separator_its_answer_follows(name):
+    """data.synthetic.spaced=false: "wq:37704", "y=x" and the question "wq:", so the token
+    before the answer's first is the separator and the one before that the name's last letter;
+    the default keeps the spaced wording (and its draws)."""
+    spaced, unspaced = task(name), task(name, spaced=False)
+    pieces = {"multikey": 4, "multivalue": 4, "vartrack": 2 * 3}[name]  # needles, values, assignments
+    assert unspaced.min_length() == spaced.min_length() - pieces * (2 if name == "vartrack" else 1) - 1
+    assert "unspaced" in unspaced.describe() and "unspaced" not in spaced.describe()
+    for seed in range(4):
+        inst = unspaced.make(np.random.default_rng(seed), 128, 0.5 if name == "multikey" else None)
+        first = int(inst.answer.nonzero()[0][0])
+        text, prompt = text_of(inst.tokens), text_of(inst.tokens[:first])
+        assert ": " not in text and " = " not in text and prompt.endswith(":")
+        asked = re.search(r"([a-z]{2}):$", prompt).group(1)
+        body = prompt[:-len(asked) - 1]
+        if name == "vartrack":
+            assigned = dict(re.findall(r"([a-z]{2})=([a-z]{2}|\d{5})\. ", body))
+            value = asked
+            while not value.isdigit():
+                value = assigned[value]
+            assert len(assigned) == 6 and answer_of(inst) == value
+        else:
+            needles = re.findall(r"([a-z]{2}):(\d{5})\. ", body)
+            assert len(needles) == 4
+            if name == "multikey":
+                assert dict(needles)[asked] == answer_of(inst) and len({n for n, _ in needles}) == 4
+            else:
+                assert {n for n, _ in needles} == {asked} and answer_of(inst) == " ".join(v for _, v in needles)
+    cfg = load_config(ROOT / "configs/synthetic-cpu.yaml", [f"data.synthetic.tasks=[{name}]", "data.synthetic.spaced=false"])
+    assert build_task(name, cfg.data.synthetic, TOK).spaced is False
 
 
 def resolve(text: str, variable: str) -> str:

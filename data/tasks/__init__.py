@@ -77,11 +77,13 @@ def build_task(name: str, cfg: SyntheticConfig, tokenizer: Tokenizer, text: bool
     if name == "addition":
         return Addition(tokenizer, cfg.addition_layout)
     if name == "multikey":
-        return Multikey(tokenizer, cfg.needles, digits, letters, cfg.asked_of(cfg.needles), cfg.asked == "mixed")
+        return Multikey(tokenizer, cfg.needles, digits, letters, cfg.asked_of(cfg.needles), cfg.asked == "mixed",
+                        cfg.spaced)
     if name == "multivalue":
-        return Multivalue(tokenizer, cfg.values, digits, letters)
+        return Multivalue(tokenizer, cfg.values, digits, letters, cfg.spaced)
     if name == "vartrack":
-        return Vartrack(tokenizer, cfg.chains, cfg.hops, digits, letters, cfg.asked_of(cfg.chains), cfg.asked == "mixed")
+        return Vartrack(tokenizer, cfg.chains, cfg.hops, digits, letters, cfg.asked_of(cfg.chains), cfg.asked == "mixed",
+                        cfg.spaced)
     return TASKS[name](tokenizer)
 
 

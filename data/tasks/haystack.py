@@ -19,6 +19,14 @@ written, whatever the tokenizer.
 Numbers have ``key_digits`` digits, the first non-zero; names (``name_letters`` lower-case
 letters) never equal a word of the filler. Within an instance, numbers are distinct and so
 are names, so every question has exactly one answer.
+
+``spaced`` (data.synthetic.spaced, default true) writes ``name: value`` and ``y = x``; false
+writes ``name:value`` and ``y=x``. Spaced, the answer's first token follows a space that
+follows ``:``, so finding the asked needle means matching the name two and three tokens
+back (2-letter names), where every needle's ``: `` matches; unspaced, the name sits right
+before the ``:`` the answer follows, the lookup a previous-token head and an induction head
+make (Olsson et al. 2022). Small models trained from scratch on the spaced wording can learn
+to copy a value without learning which (docs/tasks.md).
 """
 
 from __future__ import annotations
@@ -106,8 +114,9 @@ class Haystack(Task):
 
     has_depth = False
 
-    def __init__(self, tokenizer: Tokenizer, digits: int = 5, name_letters: int = 2):
-        self.digits, self.name_letters = digits, name_letters
+    def __init__(self, tokenizer: Tokenizer, digits: int = 5, name_letters: int = 2, spaced: bool = True):
+        self.digits, self.name_letters, self.spaced = digits, name_letters, spaced
+        self.colon, self.equals = (": ", " = ") if spaced else (":", "=")
         self.encode = checked_encoder(tokenizer, self.name)
         self.filler = FillerStream(self.encode, FILLER)
 
@@ -141,8 +150,12 @@ class Haystack(Task):
     def asked_wording(self) -> str:
         """How ``describe`` says the questions: "" for one, ", k asked", ", 1 to k asked"."""
         if self.mixed:
-            return f", 1 to {self.asked} asked"
-        return f", {self.asked} asked" if self.asked > 1 else ""
+            return f", 1 to {self.asked} asked" + self.spacing_wording()
+        return (f", {self.asked} asked" if self.asked > 1 else "") + self.spacing_wording()
+
+    def spacing_wording(self) -> str:
+        """How ``describe`` says the wording: "" spaced, ", unspaced" otherwise."""
+        return "" if self.spaced else ", unspaced"
 
     @staticmethod
     def pick_asked(rng: np.random.Generator, asked: int, total: int) -> list[int]:
@@ -152,11 +165,10 @@ class Haystack(Task):
             return [int(rng.integers(total))]
         return rng.choice(total, size=asked, replace=False).tolist()
 
-    @staticmethod
-    def one_after_another(questions: Sequence[tuple[str, str]]) -> list[QA]:
+    def one_after_another(self, questions: Sequence[tuple[str, str]]) -> list[QA]:
         """(name asked, its value) in the order asked: each later question follows the answer
         before it, "wq: 37704. nh: 13687"."""
-        return [((*([". "] if k else []), name, ": "), (value,)) for k, (name, value) in enumerate(questions)]
+        return [((*([". "] if k else []), name, self.colon), (value,)) for k, (name, value) in enumerate(questions)]
 
     def names(self, rng: np.random.Generator, k: int) -> list[str]:
         """``k`` distinct names, none a word of the filler."""

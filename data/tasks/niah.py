@@ -41,15 +41,15 @@ class Multikey(Haystack):
     has_depth = True
 
     def __init__(self, tokenizer: Tokenizer, needles: int = 4, digits: int = 5, name_letters: int = 2,
-                 asked: int = 1, mixed: bool = False):
+                 asked: int = 1, mixed: bool = False, spaced: bool = True):
         self.check_asked(asked, needles, "needles")
         self.needles, self.asked, self.mixed = needles, asked, mixed
-        super().__init__(tokenizer, digits, name_letters)
+        super().__init__(tokenizer, digits, name_letters, spaced)
 
     def compose(self, rng: np.random.Generator, depth: Optional[float], questions: int):
         names, values = self.names(rng, self.needles), self.numbers(rng, self.needles)
         order = self.pick_asked(rng, questions, self.needles)
-        pieces = [Piece((n, ": ", v, ". "), depth if i == order[0] else None)
+        pieces = [Piece((n, self.colon, v, ". "), depth if i == order[0] else None)
                   for i, (n, v) in enumerate(zip(names, values))]
         return pieces, self.one_after_another([(names[i], values[i]) for i in order])
 
@@ -64,9 +64,10 @@ class Multikey(Haystack):
 class Multivalue(Haystack):
     name = "multivalue"
 
-    def __init__(self, tokenizer: Tokenizer, values: int = 4, digits: int = 5, name_letters: int = 2):
+    def __init__(self, tokenizer: Tokenizer, values: int = 4, digits: int = 5, name_letters: int = 2,
+                 spaced: bool = True):
         self.values = values
-        super().__init__(tokenizer, digits, name_letters)
+        super().__init__(tokenizer, digits, name_letters, spaced)
 
     @property
     def chance(self) -> float:
@@ -75,7 +76,7 @@ class Multivalue(Haystack):
     def compose(self, rng: np.random.Generator, depth: Optional[float], questions: int):
         (name,), values = self.names(rng, 1), self.numbers(rng, self.values)
         answer = [part for v in values for part in (" ", v)][1:]
-        return [Piece((name, ": ", v, ". ")) for v in values], [((name, ": "), tuple(answer))]
+        return [Piece((name, self.colon, v, ". ")) for v in values], [((name, self.colon), tuple(answer))]
 
     def describe(self) -> str:
-        return f"multivalue with {self.values} values"
+        return f"multivalue with {self.values} values{self.spacing_wording()}"

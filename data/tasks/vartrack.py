@@ -32,16 +32,16 @@ class Vartrack(Haystack):
     name = "vartrack"
 
     def __init__(self, tokenizer: Tokenizer, chains: int = 2, hops: int = 2, digits: int = 5, name_letters: int = 2,
-                 asked: int = 1, mixed: bool = False):
+                 asked: int = 1, mixed: bool = False, spaced: bool = True):
         self.check_asked(asked, chains, "chains")
         self.chains, self.hops, self.asked, self.mixed = chains, hops, asked, mixed
-        super().__init__(tokenizer, digits, name_letters)
+        super().__init__(tokenizer, digits, name_letters, spaced)
 
     def compose(self, rng: np.random.Generator, depth: Optional[float], questions: int):
         per = self.hops + 1
         names, values = self.names(rng, self.chains * per), self.numbers(rng, self.chains)
-        chains = [[Piece((names[c * per], " = ", values[c], ". "))]
-                  + [Piece((names[c * per + h], " = ", names[c * per + h - 1], ". ")) for h in range(1, per)]
+        chains = [[Piece((names[c * per], self.equals, values[c], ". "))]
+                  + [Piece((names[c * per + h], self.equals, names[c * per + h - 1], ". ")) for h in range(1, per)]
                   for c in range(self.chains)]
         order = rng.permutation(np.repeat(np.arange(self.chains), per))  # which chain continues at each step
         pieces = [chains[c].pop(0) for c in order.tolist()]
