@@ -150,8 +150,8 @@ class Haystack(Task):
     def asked_wording(self) -> str:
         """How ``describe`` says the questions: "" for one, ", k asked", ", 1 to k asked"."""
         if self.mixed:
-            return f", 1 to {self.asked} asked" + self.spacing_wording()
-        return (f", {self.asked} asked" if self.asked > 1 else "") + self.spacing_wording()
+            return f", 1 to {self.asked} asked"
+        return f", {self.asked} asked" if self.asked > 1 else ""
 
     def spacing_wording(self) -> str:
         """How ``describe`` says the wording: "" spaced, ", unspaced" otherwise."""

@@ -58,7 +58,7 @@ class Multikey(Haystack):
         return self.chance_of(self.needles)
 
     def describe(self) -> str:
-        return f"multikey with {self.needles} needles{self.asked_wording()}"
+        return f"multikey with {self.needles} needles{self.asked_wording()}{self.spacing_wording()}"
 
 
 class Multivalue(Haystack):

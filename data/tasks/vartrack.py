@@ -53,4 +53,4 @@ class Vartrack(Haystack):
         return self.chance_of(self.chains)
 
     def describe(self) -> str:
-        return f"vartrack with {self.chains} chains of {self.hops} hops{self.asked_wording()}"
+        return f"vartrack with {self.chains} chains of {self.hops} hops{self.asked_wording()}{self.spacing_wording()}"
