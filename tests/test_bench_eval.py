@@ -59,6 +59,22 @@ def test_a_directory_that_is_not_a_run_is_refused(tmp_path, capsys):
     assert "not a run directory" in capsys.readouterr().err
 
 
+def test_runs_with_a_key_the_older_code_predates_get_a_hint(tiny_runs, tmp_path, capsys):
+    """The base side reads the runs' config.yaml; a key newer than REV fails there, with
+    what to do said."""
+    from tests.conftest import copy_runs
+
+    (run,) = copy_runs(tiny_runs, ["rope-a"], tmp_path / "runs")
+    cfg = run / "config.yaml"
+    cfg.write_text(cfg.read_text().replace("model:\n", "model:\n  newer_key: 1\n", 1))
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: g\neval:\n  lengths: [32]\n  max_tokens: 200\n")
+    assert bench_eval.main([str(run), "--compare", "HEAD", "--grid", str(grid), "--threads", "1"]) == 2
+    err = capsys.readouterr().err
+    assert "the base side's evaluation failed" in err and "newer_key" in err
+    assert "at least as new as the one that trained the runs" in err
+
+
 def test_a_grid_that_inherits_its_eval_block(tmp_path):
     (tmp_path / "parent.yaml").write_text("name: p\neval:\n  lengths: [32]\n  max_tokens: 500\n")
     (tmp_path / "child.yaml").write_text("inherit: parent.yaml\nname: c\n")
