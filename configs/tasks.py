@@ -140,10 +140,18 @@ class MixConfig:
     data/tasks/haystack.py written with the run's own tokenizer; their answer tokens alone
     are targets) and the rest are text windows, so the model retrieves at its training
     length while its perplexity stays a language model's. Validation is on text alone.
+
+    ``loss_share``: the share of each batch's loss that the task rows' answer tokens carry,
+    the text rows' tokens the rest (each group a mean over its own targets). By default the
+    task rows' share of the batch's rows: a row counts alike whichever it is. A plain mean
+    over all targets would give a task row's few answer tokens a tiny part of the loss
+    (passkey at L = 128: 5 answer tokens against 128 text tokens a row, so half the rows
+    would carry 4% of it).
     """
 
     tasks: list[TaskName] = field(default_factory=list)
     fraction: float = 0.0
+    loss_share: Optional[float] = None
 
     def __post_init__(self) -> None:
         if bool(self.tasks) != (self.fraction > 0):
@@ -160,6 +168,14 @@ class MixConfig:
                               "synthetic task alphabet (train on data.source=synthetic for them)")
         if len(set(self.tasks)) != len(self.tasks):
             raise ConfigError(f"data.mix.tasks lists a task twice: {self.tasks}")
+        if self.loss_share is not None:
+            if not self.tasks:
+                raise ConfigError("data.mix.loss_share is the mixed tasks' share of the loss; set data.mix.tasks "
+                                  "and data.mix.fraction too, or leave it out")
+            if not 0.0 < self.loss_share < 1.0:
+                raise ConfigError(f"data.mix.loss_share must be in (0, 1): the share of each batch's loss the "
+                                  f"task rows carry, the text rows the rest (got {self.loss_share}); leave it out "
+                                  "for the task rows' share of the batch")
 
 
 @dataclass

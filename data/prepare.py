@@ -137,9 +137,8 @@ def prepare_data(cfg: DataConfig, progress: bool = True,
     ``splits`` limits the work to those splits (evaluation needs one); by default all.
     With more than one tokenizing process (``data.num_proc``), tokenizing a new corpus runs in
     a pool of *spawned* processes, which import the calling script again: a script that
-    calls this must keep its work under
-    ``if __name__ == "__main__":``, or each worker re-runs it and waits for the lock its
-    parent holds.
+    calls this must keep its work under a main-module guard (the ``__name__`` check), or
+    each worker re-runs it and waits for the lock its parent holds.
     """
     corpus = open_corpus(cfg)
     wanted = None if splits is None else tuple(splits)

@@ -21,11 +21,15 @@ Targets equal to ``IGNORE_INDEX`` are not scored, as with ``F.cross_entropy``'s
 ``ignore_index``: the mean is over the other targets, and their rows get no gradient.
 Synthetic tasks use it so that only answer tokens count (data/tasks/). The mask is applied
 arithmetically, never by selecting rows, so no step waits on the device to count them.
+Optional per-target ``weights`` make the mean a weighted one, Σ wᵢ·nllᵢ / Σ wᵢ over the
+scored targets (``data.mix.loss_share`` gives a batch's task rows their share of the loss
+that way, training/data.py).
 """
 
 from __future__ import annotations
 
 import math
+from typing import Optional
 
 import torch
 
@@ -50,23 +54,24 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     """Mean NLL of ``h @ weightᵀ`` against ``targets``; gradients computed in forward."""
 
     @staticmethod
-    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def forward(ctx, h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
+                weights: Optional[torch.Tensor] = None) -> torch.Tensor:
         n, vocab = h.shape[0], weight.shape[0]
         dtype, stat = _dtypes(h)
         w = weight.to(dtype)
         grad_h = torch.empty(h.shape, dtype=h.dtype, device=h.device)
         grad_w = torch.zeros(weight.shape, dtype=stat, device=h.device)
         total = torch.zeros((), dtype=stat, device=h.device)
-        scored, targets = _scored(targets)
-        count = scored.sum()  # a tensor: dividing by it never waits for the device
+        keep_all, targets = _kept(targets, weights, stat)
+        count = keep_all.sum()  # a tensor: dividing by it never waits for the device
         step = chunk_rows(n, vocab)
         for start in range(0, n, step):
             hc, yc = h[start:start + step].to(dtype), targets[start:start + step]
-            keep = scored[start:start + step, None].to(stat)  # (n_c, 1): 0 for ignored rows
+            keep = keep_all[start:start + step, None]  # (n_c, 1): 0 for ignored rows, else the weight
             logp = torch.log_softmax((hc @ w.t()).to(stat), dim=-1)  # (n_c, V)
             total -= (logp.gather(1, yc[:, None]) * keep).sum()
-            # d(mean NLL)/d logits = (softmax - onehot) / count on scored rows, 0 elsewhere,
-            # built in place in logp's buffer.
+            # d(mean NLL)/d logits = (softmax - onehot) · keep / count (keep: 1 or the
+            # target's weight on scored rows, 0 elsewhere), built in place in logp's buffer.
             grad = logp.exp_()
             grad.scatter_add_(1, yc[:, None], grad.new_full((yc.shape[0], 1), -1.0))
             grad = grad.mul_(keep).div_(count).to(dtype)
@@ -78,13 +83,24 @@ class _FusedLinearCrossEntropy(torch.autograd.Function):
     @staticmethod
     def backward(ctx, grad_out: torch.Tensor):
         grad_h, grad_w = ctx.saved_tensors
-        return grad_h * grad_out.to(grad_h.dtype), grad_w * grad_out.to(grad_w.dtype), None
+        return grad_h * grad_out.to(grad_h.dtype), grad_w * grad_out.to(grad_w.dtype), None, None
 
 
 def _scored(targets: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
     """(bool mask of scored targets, targets with ignored ones replaced by a valid id 0)."""
     scored = targets != IGNORE_INDEX
     return scored, torch.where(scored, targets, torch.zeros_like(targets))
+
+
+def _kept(targets: torch.Tensor, weights: Optional[torch.Tensor], dtype: torch.dtype
+          ) -> tuple[torch.Tensor, torch.Tensor]:
+    """(each target's weight in the mean, ``dtype``: 0 where ignored, else 1 or its entry of
+    ``weights``; targets with ignored ones replaced by a valid id 0)."""
+    scored, targets = _scored(targets)
+    keep = scored.to(dtype)
+    if weights is not None:
+        keep = keep * weights.reshape(-1).to(dtype)
+    return keep, targets
 
 
 def _chunked_nll(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
@@ -102,17 +118,22 @@ def _chunked_nll(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor) -
 
 
 def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.Tensor,
-                         reduction: str = "mean") -> torch.Tensor:
+                         reduction: str = "mean", weights: Optional[torch.Tensor] = None) -> torch.Tensor:
     """Cross-entropy of logits ``h @ weightᵀ`` against ``targets``, never holding all logits.
 
     ``h`` is (..., d), ``targets`` the matching (...) integer ids, ``weight`` (V, d).
     ``reduction``: ``"mean"`` (a scalar, differentiable) or ``"none"`` (per-target NLL
     shaped like ``targets``, no gradient). Results are float32 (float64 for float64 inputs).
     Targets equal to ``IGNORE_INDEX`` are left out of the mean and read 0 with ``"none"``;
-    a mean over no scored target is NaN, as with ``F.cross_entropy``.
+    a mean over no scored target is NaN, as with ``F.cross_entropy``. ``weights`` (shaped
+    like ``targets``, ``"mean"`` only): the weighted mean Σ wᵢ·nllᵢ / Σ wᵢ over the scored
+    targets; the weights' scale does not matter, only their ratios.
     """
     if reduction not in ("mean", "none"):
         raise ValueError(f"reduction must be 'mean' or 'none', not {reduction!r}")
+    if weights is not None and (reduction != "mean" or weights.shape != targets.shape):
+        raise ValueError(f"weights go with reduction='mean' and the targets' shape {tuple(targets.shape)} "
+                         f"(got reduction={reduction!r}, weights {tuple(weights.shape)})")
     flat_h, flat_y = h.reshape(-1, h.shape[-1]), targets.reshape(-1)
     if reduction == "none":
         with torch.no_grad():
@@ -120,8 +141,10 @@ def linear_cross_entropy(h: torch.Tensor, weight: torch.Tensor, targets: torch.T
     needs_grad = torch.is_grad_enabled() and (h.requires_grad or weight.requires_grad)
     if not needs_grad:
         with torch.no_grad():
-            return _chunked_nll(flat_h, weight, flat_y).sum() / (flat_y != IGNORE_INDEX).sum()
-    return _FusedLinearCrossEntropy.apply(flat_h, weight, flat_y)
+            nll = _chunked_nll(flat_h, weight, flat_y)
+            keep, _ = _kept(flat_y, weights, nll.dtype)
+            return (nll * keep).sum() / keep.sum()
+    return _FusedLinearCrossEntropy.apply(flat_h, weight, flat_y, weights)
 
 
 def perplexity_of(nll: float) -> float:

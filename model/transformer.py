@@ -52,7 +52,8 @@ class Transformer(nn.Module):
 
     def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
                 fit_len: Optional[int] = None, targets: Optional[torch.Tensor] = None,
-                reduction: str = "mean", first_target: int = 0) -> torch.Tensor:
+                reduction: str = "mean", first_target: int = 0,
+                target_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
         """Logits (B, T, vocab) for tokens ``idx`` (B, T) at ``positions``, default 0 … T-1.
 
         ``positions`` is (T,), shared by the batch, or (B, T), ascending per sequence (the
@@ -65,6 +66,8 @@ class Transformer(nn.Module):
         ``first_target`` (with ``reduction="none"``): only targets from that index on are
         scored, the earlier ones read 0 and their positions skip the final norm and the head
         (evaluation windows whose first positions are context only: sliding, same-tokens).
+        ``target_weights`` (B, T), with the mean: a weighted mean instead (model/loss.py), as
+        ``data.mix.loss_share`` asks of a mixed batch.
         """
         if first_target and (targets is None or reduction != "none"):
             raise ValueError("first_target needs targets and reduction='none'")
@@ -89,7 +92,7 @@ class Transformer(nn.Module):
             return torch.nn.functional.pad(nll, (first_target, 0))
         x = self.norm(x)
         if targets is not None:
-            return linear_cross_entropy(x, self.head.weight, targets, reduction)
+            return linear_cross_entropy(x, self.head.weight, targets, reduction, target_weights)
         return self.head(x)  # (B, T, vocab)
 
     # --- initialisation -------------------------------------------------------------

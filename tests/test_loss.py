@@ -149,3 +149,41 @@ def test_model_answer_only_loss_ignores_everything_else():
     assert out2.item() == out.item()
     for a, b in zip(grads, torch.autograd.grad(out2, list(model.parameters()))):
         torch.testing.assert_close(a, b, rtol=0, atol=0)
+
+
+def test_weighted_mean_and_gradients_match_the_definition(small_chunks):
+    """With per-target weights: Σ w·nll / Σ w over the scored targets, values and gradients,
+    with and without gradients; the weights' scale does not matter; ignored targets stay out."""
+    h, w, y = _inputs()
+    y = _with_ignored(y)
+    g = torch.Generator().manual_seed(3)
+    weights = torch.rand(y.shape, generator=g, dtype=torch.float64) + 0.1
+    nll = F.cross_entropy(h @ w.t(), y, ignore_index=-100, reduction="none")
+    scored = (y != -100).double()
+    ref = (nll * weights * scored).sum() / (weights * scored).sum()
+    ref_grads = torch.autograd.grad(ref * 2.0, (h, w))
+    out = linear_cross_entropy(h, w, y, weights=weights)
+    torch.testing.assert_close(out, ref, rtol=1e-12, atol=1e-12)
+    for a, b in zip(torch.autograd.grad(out * 2.0, (h, w)), ref_grads):
+        torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    torch.testing.assert_close(linear_cross_entropy(h, w, y, weights=weights * 7.0), ref, rtol=1e-12, atol=1e-12)
+    with torch.no_grad():
+        torch.testing.assert_close(linear_cross_entropy(h, w, y, weights=weights), ref.detach(), rtol=1e-12,
+                                   atol=1e-12)
+    # Equal weights are the plain mean.
+    torch.testing.assert_close(linear_cross_entropy(h, w, y, weights=torch.full(y.shape, 0.3, dtype=torch.float64)),
+                               linear_cross_entropy(h, w, y), rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="weights go with reduction='mean'"):
+        linear_cross_entropy(h, w, y, reduction="none", weights=weights)
+    with pytest.raises(ValueError, match="the targets' shape"):
+        linear_cross_entropy(h, w, y, weights=weights[:5])
+
+
+def test_model_weighted_loss_through_the_targets_path():
+    torch.manual_seed(0)
+    model = Transformer(ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4))
+    x, y = torch.randint(0, 97, (2, 12)), torch.randint(0, 97, (2, 12))
+    weights = torch.tensor([[1.0] * 12, [3.0] * 12])
+    nll = F.cross_entropy(model(x).flatten(0, 1), y.flatten(), reduction="none").view(2, 12)
+    ref = (nll[0].mean() + 3 * nll[1].mean()) / 4
+    torch.testing.assert_close(model(x, targets=y, target_weights=weights), ref, rtol=1e-6, atol=1e-6)

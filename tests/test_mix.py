@@ -17,7 +17,7 @@ from data.samplers import TrainSampler
 from data.tasks import TaskSampler, build_task
 from eval import tasks as eval_tasks
 from model.loss import IGNORE_INDEX
-from training.data import MixedData, MixedSampler, mixed_rows, prepare
+from training.data import MixedData, MixedSampler, mix_weights, mixed_rows, prepare
 from training.runtime import Runtime
 
 CPU = Runtime(torch.device("cpu"), torch.float32)
@@ -68,11 +68,48 @@ def test_a_mixed_run_trains_validates_on_text_and_is_scored_on_its_tasks(mixed, 
     assert results["runs"][0]["trained_on"] == "text (local) + 0.25 passkey+multikey"
 
 
+def test_the_task_rows_carry_their_share_of_the_loss(mixed, tmp_path):
+    """By default a task row weighs what a text row does (2 of 8 rows: a quarter of the loss),
+    whatever its few answer tokens; data.mix.loss_share sets the share; the trainer's step
+    uses it."""
+    from model.transformer import Transformer
+    from training.trainer import Trainer
+
+    _, cfg_path, cfg = mixed
+    data = prepare(cfg, CPU)
+    x, y = data.train_sampler(64, 8, seed=5).next_batch()
+    torch.manual_seed(0)
+    model = Transformer(cfg.with_vocab_size(data.tokenizer.vocab_size).model)
+    with torch.no_grad():
+        nll = model(x, targets=y, reduction="none")
+        scored = (y != IGNORE_INDEX).float()
+        text, task = nll[:6].sum() / scored[:6].sum(), nll[6:].sum() / scored[6:].sum()
+        for share, sampler in ((0.25, data.train_sampler(64, 8, seed=5)),
+                               (0.6, prepare(load_config(cfg_path, [*MIX, "data.mix.loss_share=0.6"]), CPU)
+                                .train_sampler(64, 8, seed=5))):
+            assert sampler.loss_share == pytest.approx(share)
+            weights = sampler.target_weights(sampler.next_batch()[1])
+            torch.testing.assert_close(model(x, targets=y, target_weights=weights), (1 - share) * text + share * task)
+        assert abs(float(model(x, targets=y)) - float(0.75 * text + 0.25 * task)) > 1e-3  # the plain mean differs
+    run_cfg = load_config(cfg_path, [*MIX, "data.mix.loss_share=0.6", "train.batch_size=8", "train.compile=false",
+                                     f"out_dir={tmp_path}", "name=share"])
+    trainer = Trainer(run_cfg, CPU)
+    xs, ys = prepare(run_cfg, CPU).train_sampler(64, 8, seed=run_cfg.train.seed).next_batch()
+    with torch.no_grad():
+        weights = mix_weights(ys, 2, 0.6)
+        expected = float(trainer.model(xs, targets=ys, target_weights=weights))
+    loss, _ = trainer.train_step()
+    assert loss == pytest.approx(expected, rel=1e-5)
+
+
 @pytest.mark.parametrize("overrides,message", [
     (["data.mix.tasks=[copy]", "data.mix.fraction=0.25"], "copy exist only in the synthetic task alphabet"),
     (["data.mix.tasks=[passkey]"], "data.mix.tasks and data.mix.fraction go together"),
     (["data.mix.tasks=[passkey]", "data.mix.fraction=0.01"], "it must leave at least one task row"),
     (["data.mix.tasks=[passkey]", "data.mix.fraction=1.0"], "data.mix.fraction must be in [0, 1)"),
+    (["data.mix.tasks=[passkey]", "data.mix.fraction=0.5", "data.mix.loss_share=1.0"],
+     "data.mix.loss_share must be in (0, 1)"),
+    (["data.mix.loss_share=0.5"], "set data.mix.tasks and data.mix.fraction too"),
     (["data.source=synthetic", "data.tokenizer.kind=char", "data.mix.tasks=[passkey]", "data.mix.fraction=0.5"],
      "a synthetic run trains on data.synthetic.tasks alone"),
 ])

@@ -34,6 +34,7 @@ from configs.tasks import MixConfig, SyntheticConfig
 from data.prepare import PreparedData, prepare_data
 from data.samplers import TrainSampler
 from data.tasks import Task, TaskData, TaskSampler, build_task, length_set
+from model.loss import IGNORE_INDEX
 from training.exact_match import exact_match
 from training.runtime import Runtime
 from training.validation import answer_loss, validation_loss
@@ -112,12 +113,33 @@ def mixed_rows(mix: MixConfig, batch_size: int) -> int:
     return round(mix.fraction * batch_size)
 
 
+def mix_weights(targets: torch.Tensor, task_rows: int, share: float) -> torch.Tensor:
+    """Per-target loss weights (float32, shaped like ``targets``) of a mixed batch whose last
+    ``task_rows`` rows are task instances: the task rows' scored targets share ``share`` of
+    the weighted mean (model/loss.py), the text rows' the rest, alike within each group.
+    Counted on the device, so no step waits for it."""
+    scored = (targets != IGNORE_INDEX).to(torch.float32)
+    first_task = targets.shape[0] - task_rows
+    text_w = (1.0 - share) / scored[:first_task].sum().clamp_min(1.0)
+    task_w = share / scored[first_task:].sum().clamp_min(1.0)
+    is_task = (torch.arange(targets.shape[0], device=targets.device) >= first_task)[:, None]
+    return torch.where(is_task, task_w, text_w).expand(targets.shape).contiguous()
+
+
 class MixedSampler:
     """Each batch: the text sampler's windows, then the task sampler's instances (answer
-    targets only); both advance together, so the state is both counters."""
+    targets only); both advance together, so the state is both counters. ``loss_share``:
+    the task rows' share of the loss (``data.mix.loss_share``; ``target_weights``)."""
 
-    def __init__(self, text: TrainSampler, tasks: TaskSampler):
+    def __init__(self, text: TrainSampler, tasks: TaskSampler, task_rows: int, loss_share: float):
         self.text, self.tasks = text, tasks
+        self.task_rows, self.loss_share = task_rows, loss_share
+
+    def target_weights(self, targets: torch.Tensor) -> Optional[torch.Tensor]:
+        """This batch's per-target loss weights, or None where it has no task rows (nothing to weigh)."""
+        if self.task_rows == 0:
+            return None
+        return mix_weights(targets, self.task_rows, self.loss_share)
 
     @property
     def batches_drawn(self) -> int:
@@ -157,7 +179,8 @@ class MixedData(TextData):
         rows = mixed_rows(self.mix, batch_size)
         text = TrainSampler(self.train, seq_len, batch_size - rows, seed=seed, rank=rank, world_size=world_size)
         tasks = TaskSampler(self.tasks, seq_len, rows, seed, self.tokenizer.eot_id, rank, world_size)
-        return MixedSampler(text, tasks)
+        share = self.mix.loss_share if self.mix.loss_share is not None else rows / batch_size
+        return MixedSampler(text, tasks, rows, share)
 
 
 def prepare(cfg: RunConfig, rt: Runtime) -> TrainingData:

@@ -32,7 +32,7 @@ from training.checkpoint import (NonFiniteWeights, load_newest, load_state, load
                                  save_checkpoint, set_aside, unwrap)
 from training.consistency import check_continuation, fingerprints
 from training.competence import CompetenceStop
-from training.data import TrainingData, prepare
+from training.data import MixedSampler, TrainingData, prepare
 from training.divergence import diverged, non_finite_checkpoint
 from training.memory import check_training
 from training.metrics import MetricsLog
@@ -228,7 +228,8 @@ class Trainer:
             last = micro == t.grad_accum - 1
             sync = contextlib.nullcontext() if last or rt.world_size == 1 else self.forward_model.no_sync()
             with sync, rt.autocast():
-                loss = self.forward_model(x, positions, targets=y) / t.grad_accum
+                weights = self.sampler.target_weights(y) if isinstance(self.sampler, MixedSampler) else None
+                loss = self.forward_model(x, positions, targets=y, target_weights=weights) / t.grad_accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
         loss_value = rt.mean_across_ranks(loss_sum)
