@@ -103,7 +103,8 @@ def evaluate(side: str, tree: Path, runs: list[Path], eval_file: Path, scratch: 
         if side == "base" and "unknown key" in proc.stderr:
             # The older code reads the runs' config.yaml, which may carry keys added after it.
             hint = ("\nthe runs' config.yaml has a key the code at --compare predates: compare against a "
-                    "revision at least as new as the one that trained the runs (`commits` in their checkpoints' meta.json)")
+                    "revision at least as new as the one that trained the runs (`commits` in their "
+                    "checkpoints' meta.json)")
         raise UserError(f"the {side} side's evaluation failed (exit {proc.returncode}):\n{tail}{hint}")
     results = json.loads((out / "results.json").read_text())
     shutil.rmtree(work, ignore_errors=True)

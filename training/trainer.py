@@ -80,6 +80,8 @@ class Trainer:
         self.optimizer = build_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2), rt.device.type,
                                          t.pos_lr_multiplier)
         self.sampler = data.train_sampler(t.seq_len, t.batch_size, t.seed, rt.rank, rt.world_size)
+        # A mixed batch's per-target loss weights (data.mix.loss_share); plain batches have none.
+        self.target_weights = self.sampler.target_weights if isinstance(self.sampler, MixedSampler) else None
         self.validation_loss = data.validation(t.seq_len, t.batch_size, t.eval_batches, rt.world_size)
         self.competence = None if t.stop_at_accuracy is None else CompetenceStop(
             t.stop_at_accuracy, data.accuracies(t.seq_len, t.eval_batches * t.batch_size * rt.world_size,
@@ -228,7 +230,7 @@ class Trainer:
             last = micro == t.grad_accum - 1
             sync = contextlib.nullcontext() if last or rt.world_size == 1 else self.forward_model.no_sync()
             with sync, rt.autocast():
-                weights = self.sampler.target_weights(y) if isinstance(self.sampler, MixedSampler) else None
+                weights = self.target_weights(y) if self.target_weights else None
                 loss = self.forward_model(x, positions, targets=y, target_weights=weights) / t.grad_accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
