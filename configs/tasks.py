@@ -58,6 +58,10 @@ class SyntheticConfig:
     # multikey, multivalue, vartrack: "name: value", "y = x" (true) or "name:value", "y=x"
     # (false: the name right before the ":" its answer follows; data/tasks/haystack.py)
     spaced: bool = True
+    # vartrack: what the asked variable's answer is: its chain's value ("ba: 83194", RULER's one
+    # value) or the chain itself back to the value ("ba: ib = 83194"), each name then its
+    # value a lookup of its own, as RULER's answer lists the chain's names (data/tasks/vartrack.py)
+    vartrack_answer: Literal["value", "chain"] = "value"
 
     def __post_init__(self) -> None:
         if not self.tasks or len(set(self.tasks)) != len(self.tasks):

@@ -13,8 +13,15 @@ distractors. Example (2 chains, 1 hop, length 64)::
 (``ba = ib``, ``ib = 83194``; the chain ``nh = wq``, ``wq = 25774`` is the distractor.)
 
 RULER asks instead for every variable that holds a given value; asking for the value of
-one variable keeps the answer a fixed number of tokens for exact match. Variables are
-distinct names of ``name_letters`` letters, the chains' values distinct numbers.
+one variable keeps the answer a fixed number of tokens for exact match.
+
+``answer="chain"`` (data.synthetic.vartrack_answer) answers with the asked variable's chain
+back to its value, ``ba: ib = 83194`` above (2 hops: ``z: y = x = 83194``): each name, then
+the value, is one lookup (the name just written, found before ``=`` earlier in the text),
+as RULER's answer lists a chain's names one after another, where ``answer="value"`` needs
+all ``hops`` + 1 lookups before the first answer token. Exact match still takes every hop.
+
+Variables are distinct names of ``name_letters`` letters, the chains' values distinct numbers.
 Vocabulary: lower-case letters, digits, space, ``.``, ``=`` and ``:``.
 """
 
@@ -24,6 +31,7 @@ from typing import Optional
 
 import numpy as np
 
+from data.tasks.base import TaskError
 from data.tasks.haystack import Haystack, Piece
 from data.tokenizers import Tokenizer
 
@@ -32,9 +40,11 @@ class Vartrack(Haystack):
     name = "vartrack"
 
     def __init__(self, tokenizer: Tokenizer, chains: int = 2, hops: int = 2, digits: int = 5, name_letters: int = 2,
-                 asked: int = 1, mixed: bool = False, spaced: bool = True):
+                 asked: int = 1, mixed: bool = False, spaced: bool = True, answer: str = "value"):
         self.check_asked(asked, chains, "chains")
-        self.chains, self.hops, self.asked, self.mixed = chains, hops, asked, mixed
+        if answer not in ("value", "chain"):
+            raise TaskError(f"vartrack answers with the value or the chain (got answer={answer!r})")
+        self.chains, self.hops, self.asked, self.mixed, self.answer = chains, hops, asked, mixed, answer
         super().__init__(tokenizer, digits, name_letters, spaced)
 
     def compose(self, rng: np.random.Generator, depth: Optional[float], questions: int):
@@ -46,11 +56,20 @@ class Vartrack(Haystack):
         order = rng.permutation(np.repeat(np.arange(self.chains), per))  # which chain continues at each step
         pieces = [chains[c].pop(0) for c in order.tolist()]
         asked = self.pick_asked(rng, questions, self.chains)
-        return pieces, self.one_after_another([(names[c * per + self.hops], values[c]) for c in asked])
+        qa = self.one_after_another([(names[c * per + self.hops], values[c]) for c in asked])
+        if self.answer == "value":
+            return pieces, qa
+        # the chain from the asked variable's source back to the value: "y = x = 83194"
+        chain = [tuple(p for h in range(self.hops - 1, -1, -1) for p in (names[c * per + h], self.equals)) + (values[c],)
+                 for c in asked]
+        return pieces, [(question, answer) for (question, _), answer in zip(qa, chain)]
 
     @property
     def chance(self) -> float:
+        # the chain as answer too: a first name drawn from the chains' sources picks a chain and the
+        # rest can follow from it (a draw from every name in the text would do worse)
         return self.chance_of(self.chains)
 
     def describe(self) -> str:
-        return f"vartrack with {self.chains} chains of {self.hops} hops{self.asked_wording()}{self.spacing_wording()}"
+        answered = ", answered with the chain" if self.answer == "chain" else ""
+        return f"vartrack with {self.chains} chains of {self.hops} hops{self.asked_wording()}{self.spacing_wording()}{answered}"
