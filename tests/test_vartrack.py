@@ -4,6 +4,7 @@ spells the asked variable's chain back to its value, and every hop of it is righ
 from __future__ import annotations
 
 import re
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -13,7 +14,6 @@ from configs.loader import load_config
 from configs.tasks import SyntheticConfig
 from data.tasks import TaskData, TaskError, build_task
 from data.tasks.vartrack import Vartrack
-from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 TOK = TaskData(SyntheticConfig()).tokenizer
@@ -59,11 +59,11 @@ def test_the_chain_answer_walks_every_hop_back_to_the_value(hops, spaced):
         text = TOK.decode(inst.tokens.tolist())
         question = text[:len(text) - len(answer)]
         asked = re.search(rf"([a-z]{{{letters}}}){colon}$", question).group(1)
-        body = question[:-len(asked) - len(colon)]
+        before = question[:-len(asked) - len(colon)]
         # the answer's every step is the assignment the text makes: asked = n1 = n2 = ... = value
         steps = answer.split(eq)
         assert len(steps) == hops + 1 and steps[-1].isdigit() and len(steps[-1]) == 5
-        table = assignments(body, spaced, letters)
+        table = assignments(before, spaced, letters)
         walk = [table[asked]]
         while not walk[-1].isdigit():
             walk.append(table[walk[-1]])

@@ -51,7 +51,7 @@ class Multikey(Haystack):
         order = self.pick_asked(rng, questions, self.needles)
         pieces = [Piece((n, self.colon, v, ". "), depth if i == order[0] else None)
                   for i, (n, v) in enumerate(zip(names, values))]
-        return pieces, self.one_after_another([(names[i], values[i]) for i in order])
+        return pieces, self.one_after_another([(names[i], (values[i],)) for i in order])
 
     @property
     def chance(self) -> float:

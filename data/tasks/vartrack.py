@@ -56,13 +56,17 @@ class Vartrack(Haystack):
         order = rng.permutation(np.repeat(np.arange(self.chains), per))  # which chain continues at each step
         pieces = [chains[c].pop(0) for c in order.tolist()]
         asked = self.pick_asked(rng, questions, self.chains)
-        qa = self.one_after_another([(names[c * per + self.hops], values[c]) for c in asked])
+        held = [names[c * per:(c + 1) * per] for c in asked]  # each asked chain's names, the value's holder first
+        return pieces, self.one_after_another([(chain[-1], self.answer_of(chain, values[c]))
+                                               for chain, c in zip(held, asked)])
+
+    def answer_of(self, chain: list[str], value: str) -> tuple[str, ...]:
+        """The answer's parts for the chain's last variable (``chain``: its names, the value's
+        holder first): the value, or the chain from the asked variable's source back to the
+        value, "y = x = 83194"."""
         if self.answer == "value":
-            return pieces, qa
-        # the chain from the asked variable's source back to the value: "y = x = 83194"
-        chain = [tuple(p for h in range(self.hops - 1, -1, -1) for p in (names[c * per + h], self.equals)) + (values[c],)
-                 for c in asked]
-        return pieces, [(question, answer) for (question, _), answer in zip(qa, chain)]
+            return (value,)
+        return (*(p for name in reversed(chain[:-1]) for p in (name, self.equals)), value)
 
     @property
     def chance(self) -> float:
@@ -72,4 +76,5 @@ class Vartrack(Haystack):
 
     def describe(self) -> str:
         answered = ", answered with the chain" if self.answer == "chain" else ""
-        return f"vartrack with {self.chains} chains of {self.hops} hops{self.asked_wording()}{self.spacing_wording()}{answered}"
+        return (f"vartrack with {self.chains} chains of {self.hops} hops{self.asked_wording()}{self.spacing_wording()}"
+                f"{answered}")
