@@ -354,6 +354,13 @@ def archive_grid(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str
     return 0
 
 
+def in_training_order(runs: list[PlannedRun], states: dict[str, tuple[str, str]]) -> list[PlannedRun]:
+    """Partially trained runs first, then the rest in the grid's order: a grid taken up again
+    (another session, a machine that may not last) finishes what it began before it starts
+    anything new, so fewer half-trained runs are left to lose."""
+    return sorted(runs, key=lambda run: states[run.name][0] != "partial")
+
+
 def on_cluster(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]],
                slurm: Optional[SlurmConfig], args: argparse.Namespace) -> bool:
     """Submit the grid to Slurm (--launcher slurm) and/or wait for its jobs (--report);
@@ -418,7 +425,8 @@ def run_grid(args: argparse.Namespace) -> int:
         print("train one by hand with:", shlex.join(["python", "train.py", base, *runs[0].overrides]))
         return 0
     failures = {name: detail for name, (state, detail) in states.items() if state == "conflict"}
-    todo = [run for run in runs if states[run.name][0] in ("new", "partial", "done") and run.name in chosen]
+    todo = in_training_order([run for run in runs if states[run.name][0] in ("new", "partial", "done")
+                              and run.name in chosen], states)
     if slurm is not None or args.report:
         if not on_cluster(grid, [run for run in runs if run.name in chosen], states, slurm, args):
             return 0

@@ -218,6 +218,8 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
     assert ablate.main([str(grid_path)]) == 0
     out = capsys.readouterr().out
     assert "4/4 runs finished" in out and "grid total" in out and "train (min)" in out
+    started = [line.split()[1] for line in out.splitlines() if line.startswith("→ ")]
+    assert started == [partial.name, runs[0].name, *(r.name for r in runs[2:])]  # what it began, first
     assert "resuming" in RunDir.of(partial.cfg).log.read_text()
     report = (tmp_path / "report" / "report.md").read_text()
     assert "rope" in report and "n/a (trained table: 32 positions)" in report and "95% interval" in report
