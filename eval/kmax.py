@@ -1,6 +1,6 @@
 """k_max: the longest length at which passkey retrieval succeeds at every depth.
 
-Chen et al. 2023 (position interpolation, §3.4) place a 5-digit passkey k tokens before
+Chen et al. 2023 (position interpolation, §3.3) place a 5-digit passkey k tokens before
 the end, try 10 random keys per k, and define k_max as the largest k such that the model
 retrieves the key in at least 20% of the tries at every k' <= k. Here a prompt of length n
 holds the key at each of the evaluated depths (depth 0 puts it about n tokens before
