@@ -13,7 +13,8 @@
   same-token protocol when it was scored (only the context changes), else on sliding or
   non-overlapping windows (the report names which). Where two or more seeds all break
   down within the evaluated lengths, the value is the geometric mean of the seeds' own
-  breakdown lengths with a t-interval around it (on log2 length, S − 1 degrees of freedom),
+  breakdown lengths with a t-interval around it (on log2 length, S − 1 degrees of freedom;
+  fine-tunes of several parents: the parents' means, C − 1, eval/stats.py),
   cut at L (a breakdown lies past L); otherwise (one seed, or a seed that stays within 5%)
   it is where the seeds' mean log-ratio curve crosses, with no interval. A seed that never
   exceeds 5% within the evaluated lengths has none: the row then says how many.
@@ -29,17 +30,18 @@ from typing import Optional
 
 import numpy as np
 
-from eval.labels import label_order
-from eval.stats import Cell, Contrast, cell_contrast, contrast, t_quantile
+from eval.labels import label_order, replicate_units
+from eval.stats import Cell, Contrast, cell_contrast, contrast, t_quantile, unit_means
 from eval.tables import _cells_rows, train_lengths
 
 GAIN_SHORT = (8, 16)  # the short-context bin of the context gain
 BREAKDOWN = 1.05  # a breakdown: perplexity 5% above its own at L
 
 
-def position_cells(rows: list[dict], window_sets: dict) -> Optional[list[tuple[int, int, Cell]]]:
+def position_cells(rows: list[dict], window_sets: dict,
+                   units: Optional[dict[str, str]] = None) -> Optional[list[tuple[int, int, Cell]]]:
     """(first, end, cell) per log2 position bin of one row's seeds at one length, or None where
-    the rows carry no position sums (sliding windows, older results)."""
+    the rows carry no position sums (sliding windows, older results). ``units``: as make_cell's."""
     rows = sorted(rows, key=lambda r: (r.get("seed", 0), r["run"]))
     if any(r["status"] != "ok" or not r.get("position_unit_nll") for r in rows):
         return None
@@ -53,16 +55,17 @@ def position_cells(rows: list[dict], window_sets: dict) -> Optional[list[tuple[i
     for b, (first, end) in enumerate(zip(edges[:-1], edges[1:])):
         nll = np.array([r["position_unit_nll"][b] for r in rows], dtype=np.float64)
         out.append((first, end, Cell(nll=nll, tokens=np.asarray(tokens[b], dtype=np.float64),
-                                     runs=tuple(r["run"] for r in rows), seeds=tuple(r.get("seed", 0) for r in rows))))
+                                     runs=tuple(r["run"] for r in rows), seeds=tuple(r.get("seed", 0) for r in rows),
+                                     units=tuple(units.get(r["run"], r["run"]) for r in rows) if units else ())))
     return out
 
 
 def position_bins(results: dict, corpus: str) -> dict[str, list[tuple[int, int, Cell]]]:
     """label -> its position bins at its own training length L (non-overlapping windows)."""
-    out = {}
+    out, units = {}, replicate_units(results.get("runs", []))
     for label, by_length in _cells_rows(results, corpus, "nonoverlap").items():
         train_len = next(iter(by_length.values()))[0]["train_len"]
-        bins = position_cells(by_length[train_len], results["window_sets"]) if train_len in by_length else None
+        bins = position_cells(by_length[train_len], results["window_sets"], units) if train_len in by_length else None
         if bins:
             out[label] = bins
     return out
@@ -145,13 +148,13 @@ def breakdown(summary: dict[str, dict[int, dict]], label: str) -> Optional[dict]
     if at_l is None or not lengths:
         return None
     per_seed = np.array([cells[n]["cell"].seed_values() - at_l.seed_values() for n in lengths])  # (lengths, S)
-    point = crossing(lengths, list(per_seed.mean(axis=1)), train_len)
+    point = crossing(lengths, list(per_seed @ at_l.weights()), train_len)
     seeds = [crossing(lengths, list(per_seed[:, k]), train_len) for k in range(per_seed.shape[1])]
     out = {"point": point, "low": None, "high": None, "seeds": len(seeds),
            "beyond": sum(b is None for b in seeds), "longest": lengths[-1], "train_len": train_len}
-    if len(seeds) >= 2 and out["beyond"] == 0:
-        logs = np.log2(seeds)
-        half = t_quantile(0.975, len(seeds) - 1) * logs.std(ddof=1) / math.sqrt(len(seeds))
+    if at_l.replicates >= 2 and out["beyond"] == 0:
+        logs = unit_means(np.log2(seeds), at_l.units)  # fine-tunes: each parent once (eval/stats.py)
+        half = t_quantile(0.975, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
         # A breakdown lies past L by definition, so the interval is cut at L: the truth is in
         # that range, so the coverage holds (as the diagnostics cut fractions to [0, 1]).
         out.update(point=2 ** logs.mean(), low=max(2 ** (logs.mean() - half), train_len),

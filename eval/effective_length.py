@@ -20,7 +20,8 @@ model that never found the needle is not said to keep the task to every length. 
 least two seeds pool and each has a value short of the longest evaluated length, the row's
 value is the geometric mean of the seeds' own effective lengths and its 95% interval a
 t-interval around it on log2 length (S − 1 degrees of freedom, as the breakdown length of
-perplexity reports, eval/context.py), cut to [R, the longest evaluated length] where an
+perplexity reports, eval/context.py; fine-tunes of several parents: the parents' means on
+C − 1, eval/stats.py), cut to [R, the longest evaluated length] where an
 effective length lies, so the value always lies inside its interval.
 Otherwise (one seed; a seed that keeps the task to the longest length, whose true value is
 only known to be at least that; a seed at 0 at R) the value comes from the pooled curve
@@ -30,12 +31,12 @@ only known to be at least that; a seed at 0 at R) the value comes from the poole
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import Optional, Sequence
 
 import numpy as np
 
 from eval.labels import label_order
-from eval.stats import t_interval
+from eval.stats import t_interval, unit_means, unit_weights
 
 
 def effective_length(curve: dict[int, Optional[float]], reference: int, fraction: float,
@@ -55,22 +56,24 @@ def effective_length(curve: dict[int, Optional[float]], reference: int, fraction
 
 
 def row_effective_length(seed_curves: list[dict[int, Optional[float]]], reference: int,
-                         fraction: float, chance: float = 0.0) -> Optional[dict]:
+                         fraction: float, chance: float = 0.0, units: Sequence[str] = ()) -> Optional[dict]:
     """{point, low, high, seeds, censored, longest, reference, per_seed} of one row from its
     seeds' curves (point None where the row is at 0 at the reference length), or None where the
-    reference length was not scored."""
+    reference length was not scored. ``units``: each curve's replicate unit (eval/stats.py:
+    fine-tunes of several parents count each parent once)."""
     if not seed_curves or any(reference not in c for c in seed_curves):
         return None
     lengths = sorted(set.intersection(*(set(c) for c in seed_curves)))
-    pooled = {n: (None if any(c[n] is None for c in seed_curves) else float(np.mean([c[n] for c in seed_curves])))
-              for n in lengths}
+    weights = unit_weights(len(seed_curves), units)
+    pooled = {n: (None if any(c[n] is None for c in seed_curves)
+                  else float(weights @ np.array([c[n] for c in seed_curves]))) for n in lengths}
     seeds = [effective_length(c, reference, fraction, chance) for c in seed_curves]
     longest = max(lengths)
     out = {"point": effective_length(pooled, reference, fraction, chance), "low": None, "high": None,
            "seeds": len(seeds), "censored": sum(s == longest for s in seeds), "longest": longest,
            "reference": reference, "per_seed": seeds, "chance": chance}
     if len(seeds) >= 2 and out["censored"] == 0 and None not in seeds:
-        mean, low, high = t_interval(np.log2(seeds))
+        mean, low, high = t_interval(unit_means(np.log2(seeds), units))
         # An effective length is an evaluated length from the reference to the longest, so the
         # interval is cut to that range: the truth is in it, so the coverage holds.
         out.update(point=2 ** float(mean), low=max(2 ** float(low), reference), high=min(2 ** float(high), longest))
@@ -114,7 +117,9 @@ def effective_section(kept: dict[str, dict[str, dict[int, list[dict]]]], setting
         fractions.add(first["fraction"])
         chance = (first.get("chance") or {}).get(task, 0.0)
         chances.add(chance)
-        found = row_effective_length(seed_curves(kept[label], accuracy), first["reference"], first["fraction"], chance)
+        units = tuple(settings[run].get("unit", run) for run in sorted(kept[label]))
+        found = row_effective_length(seed_curves(kept[label], accuracy), first["reference"], first["fraction"], chance,
+                                     units)
         lines.append(f"| {label} | {first['reference']} | {effective_text(found)} |")
     if not lines:
         return []

@@ -56,3 +56,25 @@ def label_groups(runs: list[dict], rows: list[dict]) -> None:
         run["label"] = label[run["run"]]
     for row in rows:  # a checkpoint of a budget curve (eval.steps) is a row of its own
         row["label"] = label[row["run"]] + (f" @ {row['eval_step']}" if "eval_step" in row else "")
+
+
+def replicate_unit(run: dict) -> str:
+    """The independent replicate a run belongs to (eval/stats.py, "Fine-tunes of several
+    parents"): a fine-tune's parent run and checkpoint, else the run itself."""
+    parent = run.get("parent")
+    return f"{parent['run']}@{parent.get('checkpoint')}" if parent else run["run"]
+
+
+def replicate_units(runs: list[dict]) -> dict[str, str]:
+    """run -> its replicate unit, for the runs of a results.json."""
+    return {run["run"]: replicate_unit(run) for run in runs}
+
+
+def parents_note(runs: list[dict]) -> list[str]:
+    """A report's paragraph on fine-tunes of several parents (none where there are not)."""
+    parents = {replicate_unit(run) for run in runs if run.get("parent")}
+    if len(parents) < 2:
+        return []
+    return ["", f"The fine-tunes start from {len(parents)} parents. A row's fine-tunes of one parent share its weights, "
+            "so they are averaged within that parent first: its interval across training runs, and its power, are "
+            "over the parents, not the fine-tunes (eval/stats.py, \"Fine-tunes of several parents\")."]

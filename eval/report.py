@@ -22,7 +22,7 @@ from common.storage import is_storage_error, make_dir, storage_error
 from eval.ablations import ablations_note, is_ablation, sweep_ablations, sweep_choices
 from eval.budget import budget_section
 from eval.context import breakdown_section, context_section
-from eval.labels import label_order, row_label, split_step, with_scaling
+from eval.labels import label_order, parents_note, row_label, split_step, with_scaling
 from eval.reference import no_default_reference, report_reference
 from eval.report_runs import evaluation_provenance, missing_lines, provenance, runs_table
 from eval.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
@@ -363,7 +363,8 @@ def _write_markdown(results: dict, out: Path) -> str:
           f"Created {results['created']}{_remade(results)}. Training length L = {', '.join(map(str, train_lens))}"
           f"{' (each row its own: the L column)' if len(train_lens) > 1 else ''}. A cell is the "
           "perplexity exp(mean over seeds of the mean NLL per token); rows pool the runs that are the same "
-          "experiment apart from the seed. " + INTERVALS, *(["", why] if why else []), "", "## Runs", "", *provenance(runs), *evaluation_provenance(rows), "",
+          "experiment apart from the seed. " + INTERVALS, *parents_note(runs), *(["", why] if why else []),
+          "", "## Runs", "", *provenance(runs), *evaluation_provenance(rows), "",
           *runs_table(runs), *ablations_note(results.get("ablations") or {})]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""]

@@ -37,6 +37,23 @@ unpaired (Welch: each row's seed variance over its own seeds). Cells scored on t
 units are paired by unit in the document part; cells on different units (another length
 under a protocol that scores other tokens there) add their document variances.
 
+Fine-tunes of several parents
+-----------------------------
+Runs fine-tuned from several parents (a context-extension grid: P parents × F fine-tuning
+seeds) are not P·F independent replicates: fine-tunes of one parent share its weights, so
+they differ from each other less than from another parent's. Each run carries its
+replicate unit (``Cell.units``: the parent's run for a fine-tune, the run itself
+otherwise; eval/labels.py ``replicate_unit``), and where units are shared the seed part is
+formed from the units' means (each run's value, or per-seed contrast, averaged within its
+parent first), on C − 1 degrees of freedom for C parents; the point and the document part
+weight every parent equally. With the same number of fine-tunes per parent, the spread of
+the parents' means over C is unbiased for the variance of the grand mean (two-stage
+sampling with primary units of equal size; Cochran 1977, ch. 10); counting the P·F runs
+as independent understates it whenever parents differ (tests/test_stats.py simulates
+both). An estimate's ``seeds`` then counts parents, and so do ``detectable`` and
+``seeds_needed``. The fine-tunes of a single parent stay the units: their interval speaks
+of that parent alone.
+
 A table's marks (▼ lower, ▲ higher perplexity) say the across-runs test rejects no change
 after the Benjamini–Hochberg correction over the table's comparisons (a 5% false discovery
 rate among its marks; Holm's family-wise correction over the hundred-odd comparisons of a
@@ -154,6 +171,34 @@ def t_quantile(q: float, df: float) -> float:
     return float(stats.norm.ppf(q)) if math.isinf(df) else float(stats.t.ppf(q, df))
 
 
+def clustered(units: Sequence[str]) -> bool:
+    """Whether runs with these replicate units are fewer independent replicates than runs:
+    at least two units, one of them shared by several runs."""
+    return 2 <= len(set(units)) < len(units)
+
+
+def unit_weights(runs: int, units: Sequence[str] = ()) -> np.ndarray:
+    """(runs,) weights of a mean in which every unit counts once: 1/(C·n_c) for a run of
+    unit c (C units, n_c runs in c) where ``clustered``, else 1/runs."""
+    if not clustered(units):
+        return np.full(runs, 1.0 / runs)
+    if len(units) != runs:
+        raise ValueError(f"{len(units)} units for {runs} runs")
+    size = {u: units.count(u) for u in units}
+    return np.array([1.0 / (len(size) * size[u]) for u in units])
+
+
+def unit_means(values: np.ndarray, units: Sequence[str] = ()) -> np.ndarray:
+    """``values`` (one per run, along axis 0) averaged within each unit, in the order units
+    first appear, where ``clustered``; else unchanged."""
+    if not clustered(units):
+        return values
+    if len(units) != len(values):
+        raise ValueError(f"{len(units)} units for {len(values)} runs")
+    order = list(dict.fromkeys(units))
+    return np.array([np.mean([v for v, u in zip(values, units) if u == unit], axis=0) for unit in order])
+
+
 @dataclass
 class Cell:
     """The per-unit sums of one cell: NLL (seeds × units) and tokens/bytes per unit."""
@@ -163,6 +208,7 @@ class Cell:
     bytes: Optional[np.ndarray] = None  # (U,)
     runs: tuple[str, ...] = ()  # run directories, in the order of nll's rows
     seeds: tuple[int, ...] = ()  # each run's train.seed, in the same order (pairing by seed)
+    units: tuple[str, ...] = ()  # each run's replicate unit (see "Fine-tunes of several parents")
 
     def per(self, per_byte: bool = False) -> np.ndarray:
         if per_byte and self.bytes is None:
@@ -173,9 +219,18 @@ class Cell:
         """(S,) each seed's mean NLL per token (or per byte)."""
         return self.nll.sum(axis=1) / self.per(per_byte).sum()
 
+    def weights(self) -> np.ndarray:
+        """(S,) each run's weight in the cell's mean: every replicate unit counts once."""
+        return unit_weights(self.nll.shape[0], self.units)
+
+    @property
+    def replicates(self) -> int:
+        """The independent training runs behind the cell: its units, where several runs share one."""
+        return len(set(self.units)) if clustered(self.units) else self.nll.shape[0]
+
     @property
     def seed_key(self) -> tuple:
-        return self.seeds or self.runs or tuple(range(self.nll.shape[0]))
+        return (self.seeds or self.runs or tuple(range(self.nll.shape[0])), self.units)
 
 
 @dataclass(frozen=True)
@@ -194,7 +249,8 @@ def _document_parts(terms: Sequence[tuple[float, Cell]], per_byte: bool) -> list
     by_units: dict[bytes, np.ndarray] = {}
     for weight, cell in terms:
         per = cell.per(per_byte)
-        z = weight * (cell.nll.mean(axis=0) - cell.seed_values(per_byte).mean() * per) / per.sum()
+        w = cell.weights()
+        z = weight * (w @ cell.nll - float(w @ cell.seed_values(per_byte)) * per) / per.sum()
         key = per.tobytes() + cell.tokens.tobytes()
         by_units[key] = by_units[key] + z if key in by_units else z
     parts = []
@@ -212,6 +268,7 @@ def _seed_parts(terms: Sequence[tuple[float, Cell]], per_byte: bool) -> tuple[li
         values = weight * cell.seed_values(per_byte)
         key = cell.seed_key
         groups[key] = groups[key] + values if key in groups else values
+    groups = {key: unit_means(values, key[1]) for key, values in groups.items()}
     if any(len(v) < 2 for v in groups.values()):
         return [], "one seed"
     parts = []
@@ -224,8 +281,8 @@ def _seed_parts(terms: Sequence[tuple[float, Cell]], per_byte: bool) -> tuple[li
 def contrast(terms: Sequence[tuple[float, Cell]], per_byte: bool = False) -> Contrast:
     """The contrast Σ wᵢ·cellᵢ of mean log-perplexities (or log-bits per byte): see the
     module docstring for both intervals."""
-    point = float(sum(w * c.seed_values(per_byte).mean() for w, c in terms))
-    seeds = min(c.nll.shape[0] for _, c in terms)
+    point = float(sum(w * (c.weights() @ c.seed_values(per_byte)) for w, c in terms))
+    seeds = min(c.replicates for _, c in terms)
     doc_parts = _document_parts(terms, per_byte)
     documents = Estimate(point, tuple(doc_parts), seeds)
     seed_parts, pairing = _seed_parts(terms, per_byte)
@@ -306,14 +363,15 @@ def seeds_needed(estimate: Estimate, difference: float, alpha: float = ALPHA, po
 # --- accuracies pooled over seeds ----------------------------------------------------------
 
 
-def accuracy_estimate(counts: Sequence[tuple[int, int]]) -> Estimate:
+def accuracy_estimate(counts: Sequence[tuple[int, int]], units: Sequence[str] = ()) -> Estimate:
     """The mean over seeds of each seed's accuracy, across training runs and instances.
 
-    Seed part: the spread of the per-seed accuracies (S − 1 df). Instance part: the
-    binomial variance p̄(1 − p̄)/n of an average over the n instances every seed answers
-    (the same instances: eval.tasks.seed), on n − 1 df. Needs ≥ 2 seeds.
+    Seed part: the spread of the per-seed accuracies (S − 1 df; with ``units`` that several
+    runs share, of the units' mean accuracies, C − 1 df). Instance part: the binomial
+    variance p̄(1 − p̄)/n of an average over the n instances every seed answers (the same
+    instances: eval.tasks.seed), on n − 1 df. Needs ≥ 2 seeds (units).
     """
-    acc = np.array([c / n for c, n in counts], dtype=np.float64)
+    acc = unit_means(np.array([c / n for c, n in counts], dtype=np.float64), units)
     n = float(np.mean([n for _, n in counts]))
     p = float(acc.mean())
     s2 = float(np.var(acc, ddof=1))
@@ -321,7 +379,7 @@ def accuracy_estimate(counts: Sequence[tuple[int, int]]) -> Estimate:
     return Estimate(p, parts, len(acc))
 
 
-def pooled_accuracy_interval(counts: list[tuple[int, int]]) -> tuple[float, float]:
+def pooled_accuracy_interval(counts: list[tuple[int, int]], units: Sequence[str] = ()) -> tuple[float, float]:
     """95% interval of an accuracy pooled over seeds, from each seed's (correct, total).
 
     The Wilson interval of the pooled instances alone treats every instance as
@@ -334,7 +392,7 @@ def pooled_accuracy_interval(counts: list[tuple[int, int]]) -> tuple[float, floa
     low, high = wilson_interval(sum(c for c, _ in counts), sum(n for _, n in counts))
     if len(counts) < 2:
         return low, high
-    t_low, t_high = accuracy_estimate(counts).interval()
+    t_low, t_high = accuracy_estimate(counts, units).interval()
     return max(0.0, min(low, t_low)), min(1.0, max(high, t_high))
 
 

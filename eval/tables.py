@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from eval.labels import label_order, row_label
+from eval.labels import label_order, replicate_units, row_label
 from eval.stats import (Cell, Contrast, benjamini_hochberg, cell_contrast, contrast, detectable, mark, paired_contrast,
                         seeds_needed)
 
@@ -31,9 +31,10 @@ def _cells_rows(results: dict, corpus: str, protocol: str) -> dict[str, dict[int
     return table
 
 
-def make_cell(rows: list[dict], window_sets: dict) -> Optional[Cell]:
+def make_cell(rows: list[dict], window_sets: dict, units: Optional[dict[str, str]] = None) -> Optional[Cell]:
     """The pooled cell of some seeds' rows (ordered by seed, so rows trained with the same seeds
-    pair seed by seed), or None where any is n/a or they differ in tokens."""
+    pair seed by seed), or None where any is n/a or they differ in tokens. ``units``: run ->
+    its replicate unit (eval/labels.py: replicate_units), so fine-tunes of one parent count once."""
     rows = sorted(rows, key=lambda r: (r.get("seed", 0), r["run"]))
     if any(r["status"] != "ok" for r in rows) or len({r["window_set"] for r in rows}) != 1:
         return None
@@ -41,7 +42,8 @@ def make_cell(rows: list[dict], window_sets: dict) -> Optional[Cell]:
     return Cell(nll=np.array([r["unit_nll"] for r in rows], dtype=np.float64),
                 tokens=np.asarray(shared["unit_tokens"], dtype=np.float64),
                 bytes=np.asarray(shared["unit_bytes"], dtype=np.float64) if any(shared["unit_bytes"]) else None,
-                runs=tuple(r["run"] for r in rows), seeds=tuple(r.get("seed", 0) for r in rows))
+                runs=tuple(r["run"] for r in rows), seeds=tuple(r.get("seed", 0) for r in rows),
+                units=tuple(units.get(r["run"], r["run"]) for r in rows) if units else ())
 
 
 def _ppl_interval(found: Contrast) -> dict:
@@ -64,10 +66,11 @@ def summarize(results: dict, corpus: str, protocol: str) -> dict[str, dict[int, 
     """label -> length -> {ppl, low, high, interval, doc_low, doc_high, bpb, seeds, tokens,
     documents, unit_kind, cell} or {na}."""
     out: dict[str, dict[int, dict]] = {}
+    units = replicate_units(results.get("runs", []))
     for label, by_length in _cells_rows(results, corpus, protocol).items():
         cells = {}
         for length, rows in by_length.items():
-            cell = make_cell(rows, results["window_sets"])
+            cell = make_cell(rows, results["window_sets"], units)
             if cell is None:
                 cells[length] = {"na": rows[0].get("note", "n/a"), "train_len": rows[0]["train_len"]}
                 continue
@@ -131,12 +134,13 @@ def mark_table(*tables: dict[str, dict[int, Comparison]]) -> int:
 
 def compare(results: dict, corpus: str, protocol: str, pairs: list[tuple[str, str]]) -> dict[str, dict[int, Comparison]]:
     """"a vs b" -> length -> the perplexity ratio a / b on the same tokens (marks: mark_table)."""
-    rows = _cells_rows(results, corpus, protocol)
+    rows, units = _cells_rows(results, corpus, protocol), replicate_units(results.get("runs", []))
     out: dict[str, dict[int, Comparison]] = {}
     for a, b in pairs:
         cells = {}
         for length in sorted(set(rows.get(a, {})) & set(rows.get(b, {}))):
-            ca, cb = make_cell(rows[a][length], results["window_sets"]), make_cell(rows[b][length], results["window_sets"])
+            ca, cb = (make_cell(rows[a][length], results["window_sets"], units),
+                      make_cell(rows[b][length], results["window_sets"], units))
             if ca is None or cb is None or not np.array_equal(ca.tokens, cb.tokens):
                 continue
             cells[length] = Comparison(paired_contrast(ca, cb))

@@ -34,7 +34,7 @@ from common.atomic import write_text_atomic
 from configs.tasks import TASK_NAMES, TaskEvalConfig
 from eval.effective_length import effective_section
 from eval.kmax import __doc__ as KMAX_DOC
-from eval.labels import encoding_label, label_order, with_scaling
+from eval.labels import encoding_label, label_order, parents_note, replicate_unit, replicate_units, with_scaling
 from eval.report import write_report_files
 from eval.report_runs import missing_lines, schedule_lines
 from eval.stats import pooled_accuracy_interval
@@ -62,9 +62,10 @@ def row_name(labels: dict[str, str], row: dict) -> str:
     return with_scaling(labels[row["run"]] + step, row["scaling"])
 
 
-def pooled(cells: list[dict]) -> dict:
+def pooled(cells: list[dict], units: Optional[dict[str, str]] = None) -> dict:
     """Counts of cells pooled (seeds, depths) with a 95% interval over seeds and instances
-    (eval/stats.py: pooled_accuracy_interval); n/a if none was scored."""
+    (eval/stats.py: pooled_accuracy_interval; ``units``: run -> its replicate unit, so the
+    fine-tunes of one parent count once); n/a if none was scored."""
     ok = [c for c in cells if c["status"] == "ok"]
     if not ok:
         return {"na": cells[0].get("note", "n/a"), "train_len": cells[0]["train_len"]}
@@ -74,7 +75,7 @@ def pooled(cells: list[dict]) -> dict:
         per_run[c["run"]][1] += c["total"]
     counts = [tuple(v) for v in per_run.values()]
     correct, total = map(sum, zip(*counts))
-    low, high = pooled_accuracy_interval(counts)
+    low, high = pooled_accuracy_interval(counts, tuple(units.get(run, run) for run in per_run) if units else ())
     return {"accuracy": correct / total, "ci_low": low, "ci_high": high, "correct": correct, "total": total,
             "seeds": len(counts), "train_len": cells[0]["train_len"]}
 
@@ -84,12 +85,14 @@ Seeds = dict[str, dict[str, dict[int, list[dict]]]]  # label -> run -> length ->
 
 def settings_of(run: dict) -> dict:
     """A run's report settings (eval.tasks; results written before they existed: the defaults):
-    {reference: R, learned_at: threshold or None, fraction: f, chance: {task: c}}."""
+    {reference: R, learned_at: threshold or None, fraction: f, chance: {task: c}, unit: its
+    replicate unit (eval/labels.py)}."""
     default, tasks = TaskEvalConfig(), (run.get("eval") or {}).get("tasks") or {}
     return {"reference": tasks.get("reference_length") or run["train_len"],
             "learned_at": tasks.get("learned_accuracy", default.learned_accuracy),
             "fraction": tasks.get("effective_fraction", default.effective_fraction),
-            "chance": run.get("chance") or {}}  # results written before it: 0, as they were reported
+            "chance": run.get("chance") or {},  # results written before it: 0, as they were reported
+            "unit": replicate_unit(run)}
 
 
 def by_seed(runs: list[dict], rows: list[dict], task: str) -> Seeds:
@@ -150,7 +153,7 @@ def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[i
     """label -> length -> the cell pooled over the seeds that learned the task, with every seed's
     accuracy under "per_seed" ([(accuracy, learned)]); the label's learned count under "seeds_learned"."""
     everyone, (kept, counts) = by_seed(runs, rows, task), pooled_seeds(runs, rows, task)
-    meta = {r["run"]: r for r in runs}
+    meta, units = {r["run"]: r for r in runs}, replicate_units(runs)
     out: dict[str, dict[int, dict]] = {}
     for label, per_run in everyone.items():
         out[label] = {}
@@ -160,7 +163,7 @@ def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[i
             if not cells and any(c["status"] == "ok" for c in every):
                 cell = {"na": "no seed learned the task", "train_len": every[0]["train_len"]}
             else:  # a length no seed could serve says why, learned or not
-                cell = pooled(cells or every)
+                cell = pooled(cells or every, units)
             cell["per_seed"] = [(seed_accuracy(by_length[length]), learned(meta[run], by_length))
                                 for run, by_length in sorted(per_run.items()) if length in by_length]
             cell["seeds_learned"] = counts[label]
@@ -314,7 +317,8 @@ def _write_markdown(results: dict, out: Path) -> str:
     remade = (f", made again {results['remade']} from its results.json (python -m eval.remake)"
               if results.get("remade") else "")
     md = ["# Task accuracy report", "", f"Created {results['created']}{remade}. Training length L = "
-          f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}. " + HEADER, "", "## Runs", "",
+          f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}. " + HEADER, *parents_note(runs),
+          "", "## Runs", "",
           *_runs_table(results)]
     for line in schedule_lines(runs):
         md += ["", line]

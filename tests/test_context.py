@@ -23,11 +23,12 @@ def test_crossing_interpolates_in_log_length():
     assert crossing([128, 256], [0.0, 0.1], 128) == pytest.approx(2 ** (7 + math.log(1.05) / 0.1))
 
 
-def _summary(per_seed_log_ppl: dict[int, list[float]], train_len: int = 128) -> dict:
+def _summary(per_seed_log_ppl: dict[int, list[float]], train_len: int = 128, units: tuple = ()) -> dict:
     """A one-row summary whose cells have the given per-seed mean NLLs (one unit, 100 tokens)."""
     cells = {}
     for n, values in per_seed_log_ppl.items():
-        cell = Cell(nll=np.array(values)[:, None] * 100, tokens=np.array([100.0]), seeds=tuple(range(len(values))))
+        cell = Cell(nll=np.array(values)[:, None] * 100, tokens=np.array([100.0]), seeds=tuple(range(len(values))),
+                    units=units)
         cells[n] = {"cell": cell, "train_len": train_len, "ppl": math.exp(np.mean(values))}
     return {"row": cells}
 
@@ -88,3 +89,28 @@ def test_context_gain_is_the_difference_of_two_position_bins():
     assert gain.point == pytest.approx(np.mean([r["by_hand"] for r in rows]), abs=1e-4)
     low, high = gain.runs.interval()
     assert low < 0 < high
+
+
+def test_breakdowns_of_fine_tunes_count_each_parent_once():
+    """Four fine-tunes, two of each parent: the interval is over the parents' mean log2
+    breakdown lengths (1 df), and the tables give each perplexity cell those units."""
+    values = {128: [4.0, 4.0, 4.0, 4.0], 256: [4.03, 4.03, 4.01, 4.01], 512: [4.1, 4.1, 4.1, 4.1],
+              1024: [4.4, 4.4, 4.4, 4.4]}
+    found = breakdown(_summary(values, units=("a", "a", "b", "b")), "row")
+    seeds = [crossing([256, 512, 1024], [r, 0.1, 0.4], 128) for r in (0.03, 0.01)]
+    logs = np.log2(seeds)
+    half = 12.706204736174705 * logs.std(ddof=1) / math.sqrt(2)  # t(0.975, 1)
+    assert found["point"] == pytest.approx(2 ** logs.mean(), rel=1e-12)
+    assert found["high"] == pytest.approx(2 ** (logs.mean() + half))
+    from eval.tables import summarize
+    runs = [{"run": f"ft{p}{k}", "seed": k, "parent": {"run": f"parent-{p}", "checkpoint": "step_7"}}
+            for p in "ab" for k in (0, 1)]
+    rows = [{"run": r["run"], "seed": r["seed"], "corpus": "c", "protocol": "sliding", "encoding": "rope",
+             "scaling": "none", "length": 128, "train_len": 128, "status": "ok", "tokens": 200, "documents": 2,
+             "unit_nll": [400.0 + i, 404.0 - i], "unit_kind": "document", "unit_tokens": [100, 100],
+             "unit_bytes": [0, 0]} for i, r in enumerate(runs)]
+    window_sets = share_window_sets(rows)
+    cell = summarize({"runs": runs, "results": rows, "window_sets": window_sets}, "c", "sliding")["rope"][128]
+    assert cell["cell"].replicates == 2 and cell["cell"].units == ("parent-a@step_7", "parent-b@step_7") * 2
+    assert cell["seeds"] == 4
+

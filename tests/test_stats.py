@@ -151,6 +151,69 @@ def test_intervals_across_runs_cover_the_true_value(seeds, regime):
     assert mean_hits / reps >= 0.93 and diff_hits / reps >= 0.93
 
 
+def _simulate_nested(rng, reps, parents, per_parent, units, sd_parent, sd_seed, sd_doc, delta):
+    """(reps, 2 rows, parents·per_parent runs, units) NLL sums and tokens of fine-tunes: each
+    run = a parent effect (shared by that parent's fine-tunes) + its own seed effect + a document
+    effect + noise; row b = row a + delta + a parent-by-row effect + a seed-by-row effect."""
+    tokens = rng.integers(50, 500, size=units).astype(np.float64)
+    runs = parents * per_parent
+    parent_of = np.arange(runs) % parents  # seed-major, as eval/tables.py orders rows
+    doc = rng.normal(0, sd_doc, (reps, 1, units))
+    noise = lambda: rng.normal(0, 0.01, (reps, runs, units)) * np.sqrt(100 / tokens)  # noqa: E731
+    rate_a = (4.0 + rng.normal(0, sd_parent, (reps, parents, 1))[:, parent_of] + rng.normal(0, sd_seed, (reps, runs, 1))
+              + doc + noise())
+    rate_b = (rate_a + delta + rng.normal(0, sd_parent, (reps, parents, 1))[:, parent_of]
+              + rng.normal(0, sd_seed, (reps, runs, 1)) + noise())
+    names = tuple(f"parent-{i}" for i in parent_of)
+    seeds = tuple(int(k) for k in np.arange(runs) // parents)
+    return rate_a * tokens, rate_b * tokens, tokens, names, seeds
+
+
+@pytest.mark.parametrize("parents, per_parent", [(3, 2), (5, 2)])  # 3 x 2: the retrieval fine-tune grid
+def test_fine_tunes_of_several_parents_count_each_parent_once(parents, per_parent):
+    """Parents that differ much more than their fine-tunes: intervals from the parents' means
+    cover the true mean and paired difference ≥ 93% of the time; counting every fine-tune as
+    an independent run (no units) covers the mean far less often."""
+    rng = np.random.default_rng(parents * 10 + per_parent)
+    reps = 1500
+    a, b, tokens, units, seeds = _simulate_nested(rng, reps, parents, per_parent, 40, sd_parent=0.05,
+                                                  sd_seed=0.005, sd_doc=0.005, delta=0.03)
+    hits = {"mean": 0, "diff": 0, "naive": 0}
+    for r in range(reps):
+        ca, cb = Cell(a[r], tokens, seeds=seeds, units=units), Cell(b[r], tokens, seeds=seeds, units=units)
+        low, high = cell_contrast(ca).runs.interval()
+        hits["mean"] += low <= 4.0 <= high
+        low, high = paired_contrast(cb, ca).runs.interval()
+        hits["diff"] += low <= 0.03 <= high
+        low, high = cell_contrast(Cell(a[r], tokens, seeds=seeds)).runs.interval()
+        hits["naive"] += low <= 4.0 <= high
+    assert hits["mean"] / reps >= 0.93 and hits["diff"] / reps >= 0.93
+    assert hits["naive"] / reps < 0.88
+    found = cell_contrast(ca).runs
+    assert found.seeds == parents and found.df < parents  # the parents are the replicates
+
+
+def test_units_by_hand():
+    """Parents' means first: 3 parents x 2 fine-tunes; the seed part is the spread of the 3
+    parent means over 3 on 2 df, and one parent alone keeps its fine-tunes as the units."""
+    tokens = np.full(4, 10.0)
+    per_run = np.array([1.0, 2.0, 4.0, 1.2, 2.2, 4.2])  # runs: parents 0, 1, 2 (seed 0), then (seed 1)
+    units = ("p0", "p1", "p2", "p0", "p1", "p2")
+    cell = Cell(np.outer(per_run, tokens), tokens, seeds=(0, 0, 0, 1, 1, 1), units=units)
+    found = cell_contrast(cell)
+    means = np.array([1.1, 2.1, 4.1])
+    assert found.point == pytest.approx(means.mean())
+    seed_part = found.runs.parts[0]
+    assert seed_part.variance == pytest.approx(np.var(means, ddof=1) / 3) and seed_part.df == 2
+    unbalanced = Cell(np.outer(per_run[:5], tokens), tokens, units=units[:5])  # p2 has one fine-tune
+    assert cell_contrast(unbalanced).point == pytest.approx((1.1 + 2.1 + 4.0) / 3)
+    alone = cell_contrast(Cell(np.outer(per_run[:2], tokens), tokens, units=("p0", "p0"))).runs.parts[0]
+    assert alone.df == 1 and alone.variance == pytest.approx(np.var([1.0, 2.0], ddof=1) / 2)
+    # Accuracies: seeds of a parent that agree do not make their parent count twice.
+    est = accuracy_estimate([(90, 100), (90, 100), (10, 100), (10, 100)], units=("p0", "p0", "p1", "p1"))
+    assert est.parts[0].df == 1 and est.parts[0].variance == pytest.approx(np.var([0.9, 0.1], ddof=1) / 2)
+
+
 def test_a_percentile_bootstrap_over_three_seeds_undercovers():
     """Why the method changed: resampling 3 seeds with replacement (seed variance only)
     covers the true mean far less often than 95%; the t-interval does not."""

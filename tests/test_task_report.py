@@ -120,6 +120,33 @@ def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
     assert grid[:, 0].tolist() == [0, 0, 0, 0, 1.0] and grid[:, 1].tolist() == [0, 0, 0, 0.6, 0.4]
 
 
+def test_fine_tunes_of_several_parents_count_each_parent_once(tmp_path):
+    """Two parents x two fine-tuning seeds, every seed pooled: the accuracy interval and the
+    effective length's interval come from the two parents' means (1 df), not from four runs
+    taken as independent (eval/stats.py, "Fine-tunes of several parents")."""
+    from eval.stats import pooled_accuracy_interval
+    runs = [{"run": f"r{p}{s}", "name": f"ft_p{p}_seed-{s}", "encoding": "rope", "group": "g", "stem": "ft", "seed": s,
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "tasks_trained": ["copy"],
+             "eval": {"tasks": {"learned_accuracy": None}}, "parent": {"run": f"parents/p{p}", "checkpoint": "step_9"}}
+            for p in (0, 1) for s in (0, 1)]
+    correct = {"r00": (40, 36, 16), "r01": (40, 36, 16), "r10": (36, 16, 0), "r11": (36, 16, 0)}  # at 32, 64, 128
+    rows = [cell_row(run, int(run[-1]), n, c, total=40) for run, by_n in correct.items()
+            for n, c in zip((32, 64, 128), by_n)]
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    at_64 = [(36, 40), (36, 40), (16, 40), (16, 40)]
+    low, high = pooled_accuracy_interval(at_64, ("p0", "p0", "p1", "p1"))
+    naive = pooled_accuracy_interval(at_64)
+    assert f"| 0.65 [{low:.2f}, {high:.2f}] |" in report and high - low > naive[1] - naive[0] + 0.1
+    # Effective lengths 64, 64 (parent 0: 0.9 ≥ 0.8 at 64) and 32, 32 (parent 1): log2 means 6 and 5 on 1 df.
+    curves = [{n: c / 40 for n, c in zip((32, 64, 128), correct[run])} for run in sorted(correct)]
+    found = row_effective_length(curves, 32, 0.8, units=("p0", "p0", "p1", "p1"))
+    half = t_quantile(0.975, 1) * np.std([6, 5], ddof=1) / np.sqrt(2)
+    assert found["per_seed"] == [64, 64, 32, 32] and found["point"] == pytest.approx(2 ** 5.5)
+    assert found["low"] == 32 and 2 ** (5.5 + half) > 128 and found["high"] == 128  # cut to [R, longest]
+    assert "| rope | 32 | 45 (×1.41) (32–128) |" in report
+
+
 def test_a_task_report_replaces_an_earlier_ones_figures_it_no_longer_draws(tmp_path):
     """Written as the perplexity report is: an earlier report's figure this one does not link
     goes (once the new one is whole), other report files stay, and report.md is UTF-8."""
