@@ -230,7 +230,10 @@ class Cell:
 
     @property
     def seed_key(self) -> tuple:
-        return (self.seeds or self.runs or tuple(range(self.nll.shape[0])), self.units)
+        # Units join the key only where runs share them (fine-tunes): rows of different runs
+        # with the same seeds pair seed by seed, fine-tunes also by parent.
+        return (self.seeds or self.runs or tuple(range(self.nll.shape[0])),
+                self.units if clustered(self.units) else ())
 
 
 @dataclass(frozen=True)

@@ -114,3 +114,25 @@ def test_breakdowns_of_fine_tunes_count_each_parent_once():
     assert cell["cell"].replicates == 2 and cell["cell"].units == ("parent-a@step_7", "parent-b@step_7") * 2
     assert cell["seeds"] == 4
 
+
+def test_rows_pair_by_seed_and_fine_tunes_also_by_parent():
+    """Rows of different runs trained with the same seeds pair seed by seed (each run its own
+    unit); rows of fine-tunes pair by seed and parent, with the parents as the replicates."""
+    from eval.tables import compare
+
+    def results(parents: bool) -> dict:
+        runs = [{"run": f"{enc}-{p}{k}", "seed": k,
+                 **({"parent": {"run": f"parent-{p}", "checkpoint": "step_7"}} if parents else {})}
+                for enc in ("rope", "alibi") for p in ("ab" if parents else "a") for k in (0, 1)]
+        rows = [{"run": r["run"], "seed": r["seed"], "corpus": "c", "protocol": "sliding", "encoding": r["run"][:4],
+                 "scaling": "none", "length": 128, "train_len": 128, "status": "ok", "tokens": 200, "documents": 2,
+                 "unit_nll": [400.0 + r["seed"] + 3 * (r["run"][-2] == "b") + (r["run"][0] == "a"), 404.0 - r["seed"]],
+                 "unit_kind": "document", "unit_tokens": [100, 100], "unit_bytes": [0, 0]} for r in runs]
+        return {"runs": runs, "results": rows, "window_sets": share_window_sets(rows)}
+
+    for parents, replicates in ((False, 2), (True, 2)):
+        found = compare(results(parents), "c", "sliding", [("alib", "rope")])["alib vs rope"][128].found.runs
+        assert found.pairing == "seed" and found.seeds == replicates
+        # alibi = rope + 1 nat on the first document of every run: +1/200 per token, the same per seed.
+        assert found.point == pytest.approx(1 / 200) and found.parts[0].variance == pytest.approx(0, abs=1e-15)
+
