@@ -30,8 +30,8 @@ from typing import Optional
 
 import numpy as np
 
-from eval.labels import label_order, replicate_units
-from eval.stats import Cell, Contrast, cell_contrast, contrast, t_quantile, unit_means
+from eval.labels import label_order, replicate_units, units_of
+from eval.stats import Cell, Contrast, cell_contrast, contrast, t_interval, unit_means
 from eval.tables import _cells_rows, train_lengths
 
 GAIN_SHORT = (8, 16)  # the short-context bin of the context gain
@@ -56,7 +56,7 @@ def position_cells(rows: list[dict], window_sets: dict,
         nll = np.array([r["position_unit_nll"][b] for r in rows], dtype=np.float64)
         out.append((first, end, Cell(nll=nll, tokens=np.asarray(tokens[b], dtype=np.float64),
                                      runs=tuple(r["run"] for r in rows), seeds=tuple(r.get("seed", 0) for r in rows),
-                                     units=tuple(units.get(r["run"], r["run"]) for r in rows) if units else ())))
+                                     units=units_of(units, (r["run"] for r in rows)))))
     return out
 
 
@@ -153,12 +153,10 @@ def breakdown(summary: dict[str, dict[int, dict]], label: str) -> Optional[dict]
     out = {"point": point, "low": None, "high": None, "seeds": len(seeds),
            "beyond": sum(b is None for b in seeds), "longest": lengths[-1], "train_len": train_len}
     if at_l.replicates >= 2 and out["beyond"] == 0:
-        logs = unit_means(np.log2(seeds), at_l.units)  # fine-tunes: each parent once (eval/stats.py)
-        half = t_quantile(0.975, len(logs) - 1) * logs.std(ddof=1) / math.sqrt(len(logs))
+        mean, low, high = t_interval(unit_means(np.log2(seeds), at_l.units))  # fine-tunes: each parent once
         # A breakdown lies past L by definition, so the interval is cut at L: the truth is in
         # that range, so the coverage holds (as the diagnostics cut fractions to [0, 1]).
-        out.update(point=2 ** logs.mean(), low=max(2 ** (logs.mean() - half), train_len),
-                   high=2 ** (logs.mean() + half))
+        out.update(point=2 ** float(mean), low=max(2 ** float(low), train_len), high=2 ** float(high))
     return out
 
 

@@ -70,6 +70,12 @@ def replicate_units(runs: list[dict]) -> dict[str, str]:
     return {run["run"]: replicate_unit(run) for run in runs}
 
 
+def units_of(units: dict[str, str] | None, runs) -> tuple[str, ...]:
+    """Each of ``runs``' replicate unit from a ``replicate_units`` map, in order (a run it
+    lacks is its own unit); () without a map."""
+    return tuple(units.get(run, run) for run in runs) if units else ()
+
+
 def parents_note(runs: list[dict]) -> list[str]:
     """A report's paragraph on fine-tunes of several parents (none where there are not)."""
     parents = {replicate_unit(run) for run in runs if run.get("parent")}

@@ -17,7 +17,7 @@ from typing import Callable, Optional
 
 import numpy as np
 
-from eval.labels import label_order, replicate_units, row_label
+from eval.labels import label_order, replicate_units, row_label, units_of
 from eval.stats import (Cell, Contrast, benjamini_hochberg, cell_contrast, contrast, detectable, mark, paired_contrast,
                         seeds_needed)
 
@@ -43,7 +43,7 @@ def make_cell(rows: list[dict], window_sets: dict, units: Optional[dict[str, str
                 tokens=np.asarray(shared["unit_tokens"], dtype=np.float64),
                 bytes=np.asarray(shared["unit_bytes"], dtype=np.float64) if any(shared["unit_bytes"]) else None,
                 runs=tuple(r["run"] for r in rows), seeds=tuple(r.get("seed", 0) for r in rows),
-                units=tuple(units.get(r["run"], r["run"]) for r in rows) if units else ())
+                units=units_of(units, (r["run"] for r in rows)))
 
 
 def _ppl_interval(found: Contrast) -> dict:

@@ -34,7 +34,8 @@ from common.atomic import write_text_atomic
 from configs.tasks import TASK_NAMES, TaskEvalConfig
 from eval.effective_length import effective_section
 from eval.kmax import __doc__ as KMAX_DOC
-from eval.labels import encoding_label, label_order, parents_note, replicate_unit, replicate_units, with_scaling
+from eval.labels import (encoding_label, label_order, parents_note, replicate_unit, replicate_units, units_of,
+                         with_scaling)
 from eval.report import write_report_files
 from eval.report_runs import missing_lines, schedule_lines
 from eval.stats import pooled_accuracy_interval
@@ -75,7 +76,7 @@ def pooled(cells: list[dict], units: Optional[dict[str, str]] = None) -> dict:
         per_run[c["run"]][1] += c["total"]
     counts = [tuple(v) for v in per_run.values()]
     correct, total = map(sum, zip(*counts))
-    low, high = pooled_accuracy_interval(counts, tuple(units.get(run, run) for run in per_run) if units else ())
+    low, high = pooled_accuracy_interval(counts, units_of(units, per_run))
     return {"accuracy": correct / total, "ci_low": low, "ci_high": high, "correct": correct, "total": total,
             "seeds": len(counts), "train_len": cells[0]["train_len"]}
 
