@@ -147,7 +147,7 @@ def pooled_seeds(runs: list[dict], rows: list[dict], task: str) -> tuple[Seeds, 
 
 def learned_text(counts: tuple[int, int, bool]) -> str:
     k, n, judged = counts
-    return f"{k}/{n}" if judged else f"all {n}"
+    return f"{k}/{n}" if judged else f"{n}, not judged"
 
 
 def summarize(runs: list[dict], rows: list[dict], task: str) -> dict[str, dict[int, dict]]:
@@ -271,9 +271,9 @@ HEADER = ("A cell is the exact-match accuracy (an instance counts only if every 
           "likely next token; training/exact_match.py) pooled over the seeds of a row that learned the task (accuracy "
           "at the reference length R, the training length L unless the runs' eval.tasks.reference_length says "
           "otherwise, at least eval.tasks.learned_accuracy; the learned column says how many of the row's seeds "
-          "did, \"all\" where learning was not judged) and, for passkey and multikey, over needle depths, with its "
-          "95% interval in brackets: the wider of the Wilson interval of the pooled instances and a t-interval "
-          "across training runs (the spread of the seeds' accuracies, plus the instances' binomial variance, "
+          "did, \"n, not judged\" where learning was not judged and all n pool) and, for passkey and multikey, "
+          "over needle depths, with its 95% interval in brackets: the wider of the Wilson interval of the pooled "
+          "instances and a t-interval across training runs (the spread of the seeds' accuracies, plus the instances' binomial variance, "
           "Satterthwaite's degrees of freedom; eval/stats.py: accuracy_estimate), so seeds that disagree widen it; "
           "one seed gets the Wilson interval alone, which says nothing about other training runs. The competence "
           "column of the runs says whether training reached train.stop_at_accuracy at L, and at which step, or ran "

@@ -192,7 +192,7 @@ def test_passkey_on_a_text_run_in_its_own_tokenizer(scored_runs, tmp_path):
     assert (row["task"], row["length"], row["status"], row["total"]) == ("passkey", 300, "ok", 3)
     assert results["runs"][0]["trained_on"] == "text (local)" and results["runs"][0]["tasks_trained"] == []
     # Scored on a task it never trained on: learning is not judged, the row pools its seed.
-    assert "| all 1 | 0.00 [" in (tmp_path / "rep" / "report.md").read_text()
+    assert "| 1, not judged | 0.00 [" in (tmp_path / "rep" / "report.md").read_text()
 
 
 def eval_tasks_for(**tree):
