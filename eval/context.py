@@ -15,7 +15,9 @@
   down within the evaluated lengths, the value is the geometric mean of the seeds' own
   breakdown lengths with a t-interval around it (on log2 length, S − 1 degrees of freedom;
   fine-tunes of several parents: the parents' means, C − 1, eval/stats.py),
-  cut at L (a breakdown lies past L); otherwise (one seed, or a seed that stays within 5%)
+  cut at L (a breakdown lies past L; seeds that agree exactly, as one model's weights do at a
+  fine-tune's step 0, get none: a width-0 interval would claim certainty); otherwise (one
+  seed, or a seed that stays within 5%)
   it is where the seeds' mean log-ratio curve crosses, with no interval. A seed that never
   exceeds 5% within the evaluated lengths has none: the row then says how many.
   Press et al. (2022, ICLR, Figure 1 and Table 2: WikiText-103, L = 512 and 1024) show the
@@ -153,7 +155,11 @@ def breakdown(summary: dict[str, dict[int, dict]], label: str) -> Optional[dict]
     out = {"point": point, "low": None, "high": None, "seeds": len(seeds),
            "beyond": sum(b is None for b in seeds), "longest": lengths[-1], "train_len": train_len}
     if at_l.replicates >= 2 and out["beyond"] == 0:
-        mean, low, high = t_interval(unit_means(np.log2(seeds), at_l.units))  # fine-tunes: each parent once
+        values = unit_means(np.log2(seeds), at_l.units)  # fine-tunes: each parent once
+        if np.ptp(values) == 0:  # one model's weights (a fine-tune's step 0): an interval of width 0 claims certainty
+            out.update(point=2 ** float(values[0]), agree=len(values))
+            return out
+        mean, low, high = t_interval(values)
         # A breakdown lies past L by definition, so the interval is cut at L: the truth is in
         # that range, so the coverage holds (as the diagnostics cut fractions to [0, 1]).
         out.update(point=2 ** float(mean), low=max(2 ** float(low), train_len), high=2 ** float(high))
@@ -164,9 +170,14 @@ def breakdown_text(found: dict) -> str:
     if found["point"] is None:
         return f"> {found['longest']}" + (f" ({found['seeds'] - found['beyond']} of {found['seeds']} seeds cross)"
                                            if found["beyond"] < found["seeds"] else "")
-    text = f"{found['point']:.0f} (×{found['point'] / found['train_len']:.2f} L)"
+    narrow = found["low"] is not None and round(found["low"]) == round(found["high"])
+    digits = 1 if narrow else 0  # an interval narrower than a token stays visible
+    text = f"{found['point']:.{digits}f} (×{found['point'] / found['train_len']:.2f} L)"
     if found["low"] is not None:
-        return text + f" ({found['low']:.0f}–{found['high']:.0f})"
+        return text + f" ({found['low']:.{digits}f}–{found['high']:.{digits}f})"
+    if found.get("agree"):
+        return text + (f"; its {found['agree']} seeds agree exactly (the same weights, as at a fine-tune's step 0): "
+                       "no spread to make an interval from")
     if found["beyond"]:
         return text + f"; {found['beyond']} of {found['seeds']} seeds stay within 5% to {found['longest']}"
     return text + " (one seed)"
@@ -186,7 +197,8 @@ def breakdown_section(summaries: dict[str, dict[str, dict[int, dict]]]) -> list[
             f"The evaluation length at which each row's perplexity first exceeds its own at L by 5% ({protocol} "
             "protocol; interpolated in log length between evaluated lengths). Where every seed breaks down within the "
             "evaluated lengths (two or more seeds), the value is the geometric mean of the seeds' own breakdown "
-            "lengths with a 95% t-interval over them (in log length, cut at L: a breakdown lies past L); otherwise "
+            "lengths with a 95% t-interval over them (in log length, cut at L: a breakdown lies past L; none where the "
+            "seeds agree exactly, as one model's weights do); otherwise "
             "it is where the seeds' mean curve crosses, and no interval is given. For comparison, Press et al. "
             "(2022, Figure 1 and Table 2; WikiText-103, L = 512) find sinusoidal breaking down within tens of "
             "tokens past L, rotary within about 100–200, the T5 bias later and ALiBi not at all.", "",

@@ -22,7 +22,9 @@ value is the geometric mean of the seeds' own effective lengths and its 95% inte
 t-interval around it on log2 length (S − 1 degrees of freedom, as the breakdown length of
 perplexity reports, eval/context.py; fine-tunes of several parents: the parents' means on
 C − 1, eval/stats.py), cut to [R, the longest evaluated length] where an
-effective length lies, so the value always lies inside its interval.
+effective length lies, so the value always lies inside its interval. Where every seed (every
+parent's mean) has the same value, the row says they agree instead: a t-interval of width 0
+would claim a certainty that lengths a factor 2 apart cannot give.
 Otherwise (one seed; a seed that keeps the task to the longest length, whose true value is
 only known to be at least that; a seed at 0 at R) the value comes from the pooled curve
 (the mean accuracy over the seeds), with no interval, and the row says why. With lengths a factor
@@ -73,7 +75,12 @@ def row_effective_length(seed_curves: list[dict[int, Optional[float]]], referenc
            "seeds": len(seeds), "censored": sum(s == longest for s in seeds), "longest": longest,
            "reference": reference, "per_seed": seeds, "chance": chance}
     if len(seeds) >= 2 and out["censored"] == 0 and None not in seeds:
-        mean, low, high = t_interval(unit_means(np.log2(seeds), units))
+        values = unit_means(np.log2(seeds), units)
+        if np.ptp(values) == 0:  # every seed (parent) at one value: a t-interval of width 0 would claim certainty
+            out.update(point=2 ** float(values[0]), agree=len(values),
+                       of="parents" if len(values) < len(seeds) else "seeds")
+            return out
+        mean, low, high = t_interval(values)
         # An effective length is an evaluated length from the reference to the longest, so the
         # interval is cut to that range: the truth is in it, so the coverage holds.
         out.update(point=2 ** float(mean), low=max(2 ** float(low), reference), high=min(2 ** float(high), longest))
@@ -92,6 +99,8 @@ def effective_text(found: Optional[dict]) -> str:
         return f"≥ {text}; {found['censored']} of {found['seeds']} seeds keep it to the longest length"
     if found["low"] is not None:
         return f"{text} ({found['low']:.0f}–{found['high']:.0f})"
+    if found.get("agree"):
+        return f"{text}; the {found['agree']} {found['of']} agree: no spread to make an interval from"
     if None in found["per_seed"]:
         at = "at or below chance" if found.get("chance") else "at 0"
         return f"{text}; {found['per_seed'].count(None)} of {found['seeds']} seeds {at} at the reference length"
@@ -133,7 +142,7 @@ def effective_section(kept: dict[str, dict[str, dict[int, list[dict]]]], setting
             f"{fraction} × its accuracy at the reference length R{chance} (every evaluated length between counts; "
             "eval/effective_length.py, after RULER's effective length, Hsieh et al. 2024), from the seeds that "
             "learned the task: the geometric mean of their own effective lengths with a 95% t-interval (log2 length, "
-            "cut to [R, the longest evaluated length]), "
+            "cut to [R, the longest evaluated length]; none where the seeds, or the parents, all agree), "
             "or, where a seed keeps the task to the longest length, a seed is at or below chance at R or only one "
             "pools, that of their mean accuracy curve:", "",
             "| row | R | effective length (95% interval) |", "|---|---:|---|", *lines]

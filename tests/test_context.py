@@ -65,6 +65,19 @@ def test_a_breakdown_interval_stops_at_the_training_length():
     assert found["low"] == 128 and found["high"] > 2 ** 19
 
 
+def test_a_breakdown_of_identical_seeds_has_no_interval_and_a_narrow_one_stays_visible():
+    """Two seeds with the same weights (a fine-tune's step 0) cross at the same length: a
+    width-0 t-interval would claim certainty, so the row says they agree; an interval narrower
+    than a token keeps a decimal rather than print as "132–132"."""
+    same = breakdown(_summary({128: [4.0, 4.0], 256: [4.1, 4.1]}), "row")
+    assert same["low"] is None and same["point"] == pytest.approx(2 ** (7 + math.log(1.05) / 0.1))
+    assert breakdown_text(same).endswith("its 2 seeds agree exactly (the same weights, as at a fine-tune's step 0): "
+                                         "no spread to make an interval from")
+    close = breakdown(_summary({128: [4.0, 4.0, 4.0], 256: [4.995, 5.0, 5.005]}), "row")  # 132.4 ± 0.06
+    assert round(close["low"]) == round(close["high"]) and close["low"] < close["high"]
+    assert breakdown_text(close) == f"{close['point']:.1f} (×1.03 L) ({close['low']:.1f}–{close['high']:.1f})"
+
+
 def test_context_gain_is_the_difference_of_two_position_bins():
     """Two seeds of a context-free model at L = 64: the gain is mean NLL on [8, 16) minus on
     [32, 64), computed from the windows by hand, and its interval covers 0 (no context used)."""

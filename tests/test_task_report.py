@@ -145,6 +145,13 @@ def test_fine_tunes_of_several_parents_count_each_parent_once(tmp_path):
     assert found["per_seed"] == [64, 64, 32, 32] and found["point"] == pytest.approx(2 ** 5.5)
     assert found["low"] == 32 and 2 ** (5.5 + half) > 128 and found["high"] == 128  # cut to [R, longest]
     assert "| rope | 32 | 45 (×1.41) (32–128) |" in report
+    # Each parent's fine-tunes split 64 / 32: the parents' means agree (log2 5.5 both), and a
+    # t-interval of width 0 would claim certainty, so the row says they agree instead.
+    split = row_effective_length([curves[0], curves[2], curves[0], curves[2]], 32, 0.8, units=("p0", "p0", "p1", "p1"))
+    assert split["point"] == pytest.approx(2 ** 5.5) and split["low"] is None
+    assert effective_text(split) == "45 (×1.41); the 2 parents agree: no spread to make an interval from"
+    same = row_effective_length([curves[0]] * 3, 32, 0.8)
+    assert same["point"] == 64 and effective_text(same) == "64 (×2); the 3 seeds agree: no spread to make an interval from"
 
 
 def test_a_task_report_replaces_an_earlier_ones_figures_it_no_longer_draws(tmp_path):
