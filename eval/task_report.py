@@ -231,11 +231,14 @@ def heatmap_grids(runs: list[dict], rows: list[dict], task: str) -> dict[str, tu
 
 def kmax_table(runs: list[dict], rows: list[dict], kmax_rows: list[dict]) -> list[str]:
     labels = label_rows(runs, [r for r in rows if r["task"] == "passkey"])
-    seeds = {r["run"]: r["seed"] for r in runs}
+    parents = {replicate_unit(r) for r in runs if r.get("parent")}
+    # Fine-tunes of several parents share seeds: each value names its parent too.
+    seeds = {r["run"]: (f"parent {Path(r['parent']['run']).name}, " if len(parents) > 1 and r.get("parent") else "")
+             + f"seed {r['seed']}" for r in runs}
     by_label: dict[str, list[str]] = defaultdict(list)
     for k in kmax_rows:
         value = "< shortest" if k["kmax"] is None else str(k["kmax"])
-        by_label[row_name(labels, k)].append(f"{value} (seed {seeds[k['run']]})")
+        by_label[row_name(labels, k)].append(f"{value} ({seeds[k['run']]})")
     return ["| row | k_max per run |", "|---|---|"] + [f"| {label} | {', '.join(by_label[label])} |"
                                                     for label in sorted(by_label, key=label_order)]
 

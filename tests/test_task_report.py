@@ -145,6 +145,13 @@ def test_fine_tunes_of_several_parents_count_each_parent_once(tmp_path):
     assert found["per_seed"] == [64, 64, 32, 32] and found["point"] == pytest.approx(2 ** 5.5)
     assert found["low"] == 32 and 2 ** (5.5 + half) > 128 and found["high"] == 128  # cut to [R, longest]
     assert "| rope | 32 | 45 (×1.41) (32–128) |" in report
+    # k_max per run names each value's parent: the two parents' fine-tunes share seeds 0 and 1.
+    from eval.task_report import kmax_table
+    passkey = [{**r, "task": "passkey"} for r in rows]
+    kmax = [{**cell_row(run, int(run[-1]), 32, 0), "task": "passkey", "kmax": 64 if run[1] == "0" else None}
+            for run in sorted(correct)]
+    assert kmax_table(runs, passkey, kmax)[-1] == ("| rope | 64 (parent p0, seed 0), 64 (parent p0, seed 1), "
+                                                   "< shortest (parent p1, seed 0), < shortest (parent p1, seed 1) |")
     # Each parent's fine-tunes split 64 / 32: the parents' means agree (log2 5.5 both), and a
     # t-interval of width 0 would claim certainty, so the row says they agree instead.
     split = row_effective_length([curves[0], curves[2], curves[0], curves[2]], 32, 0.8, units=("p0", "p0", "p1", "p1"))
