@@ -276,8 +276,9 @@ HEADER = ("A cell is the exact-match accuracy (an instance counts only if every 
           "otherwise, at least eval.tasks.learned_accuracy; the learned column says how many of the row's seeds "
           "did, \"n, not judged\" where learning was not judged and all n pool) and, for passkey and multikey, "
           "over needle depths, with its 95% interval in brackets: the wider of the Wilson interval of the pooled "
-          "instances and a t-interval across training runs (the spread of the seeds' accuracies, plus the instances' binomial variance, "
-          "Satterthwaite's degrees of freedom; eval/stats.py: accuracy_estimate), so seeds that disagree widen it; "
+          "instances and a t-interval across training runs (the spread of the seeds' accuracies, plus the "
+          "instances' binomial variance, Satterthwaite's degrees of freedom; eval/stats.py: accuracy_estimate), so "
+          "seeds that disagree widen it; "
           "one seed gets the Wilson interval alone, which says nothing about other training runs. The competence "
           "column of the runs says whether training reached train.stop_at_accuracy at L, and at which step, or ran "
           "out of budget.")

@@ -154,7 +154,8 @@ def test_fine_tunes_of_several_parents_count_each_parent_once(tmp_path):
                                                    "< shortest (parent p1, seed 0), < shortest (parent p1, seed 1) |")
     # Each parent's fine-tunes split 64 / 32: the parents' means agree (log2 5.5 both), and a
     # t-interval of width 0 would claim certainty, so the row says they agree instead.
-    split = row_effective_length([curves[0], curves[2], curves[0], curves[2]], 32, 0.8, units=("p0", "p0", "p1", "p1"))
+    split = row_effective_length([curves[0], curves[2], curves[0], curves[2]], 32, 0.8,
+                                 units=("p0", "p0", "p1", "p1"))
     assert split["point"] == pytest.approx(2 ** 5.5) and split["low"] is None
     assert effective_text(split) == "45 (×1.41); the 2 parents agree: no spread to make an interval from"
     same = row_effective_length([curves[0]] * 3, 32, 0.8)
