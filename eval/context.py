@@ -33,7 +33,7 @@ from typing import Optional
 import numpy as np
 
 from eval.labels import label_order, replicate_units, units_of
-from eval.stats import Cell, Contrast, cell_contrast, contrast, t_interval, unit_means
+from eval.stats import Cell, Contrast, cell_contrast, contrast, length_interval
 from eval.tables import _cells_rows, train_lengths
 
 GAIN_SHORT = (8, 16)  # the short-context bin of the context gain
@@ -155,14 +155,13 @@ def breakdown(summary: dict[str, dict[int, dict]], label: str) -> Optional[dict]
     out = {"point": point, "low": None, "high": None, "seeds": len(seeds),
            "beyond": sum(b is None for b in seeds), "longest": lengths[-1], "train_len": train_len}
     if at_l.replicates >= 2 and out["beyond"] == 0:
-        values = unit_means(np.log2(seeds), at_l.units)  # fine-tunes: each parent once
-        if np.ptp(values) == 0:  # one model's weights (a fine-tune's step 0): an interval of width 0 claims certainty
-            out.update(point=2 ** float(values[0]), agree=len(values))
+        point, low, high, replicates = length_interval(seeds, at_l.units)
+        if low is None:  # one model's weights (a fine-tune's step 0): no interval
+            out.update(point=point, agree=replicates)
             return out
-        mean, low, high = t_interval(values)
         # A breakdown lies past L by definition, so the interval is cut at L: the truth is in
         # that range, so the coverage holds (as the diagnostics cut fractions to [0, 1]).
-        out.update(point=2 ** float(mean), low=max(2 ** float(low), train_len), high=2 ** float(high))
+        out.update(point=point, low=max(low, train_len), high=high)
     return out
 
 

@@ -38,7 +38,7 @@ from typing import Optional, Sequence
 import numpy as np
 
 from eval.labels import label_order
-from eval.stats import t_interval, unit_means, unit_weights
+from eval.stats import length_interval, unit_weights
 
 
 def effective_length(curve: dict[int, Optional[float]], reference: int, fraction: float,
@@ -75,15 +75,13 @@ def row_effective_length(seed_curves: list[dict[int, Optional[float]]], referenc
            "seeds": len(seeds), "censored": sum(s == longest for s in seeds), "longest": longest,
            "reference": reference, "per_seed": seeds, "chance": chance}
     if len(seeds) >= 2 and out["censored"] == 0 and None not in seeds:
-        values = unit_means(np.log2(seeds), units)
-        if np.ptp(values) == 0:  # every seed (parent) at one value: a t-interval of width 0 would claim certainty
-            out.update(point=2 ** float(values[0]), agree=len(values),
-                       of="parents" if len(values) < len(seeds) else "seeds")
+        point, low, high, replicates = length_interval(seeds, units)
+        if low is None:  # every seed (parent) at one value: no interval
+            out.update(point=point, agree=replicates, of="parents" if replicates < len(seeds) else "seeds")
             return out
-        mean, low, high = t_interval(values)
         # An effective length is an evaluated length from the reference to the longest, so the
         # interval is cut to that range: the truth is in it, so the coverage holds.
-        out.update(point=2 ** float(mean), low=max(2 ** float(low), reference), high=min(2 ** float(high), longest))
+        out.update(point=point, low=max(low, reference), high=min(high, longest))
     return out
 
 

@@ -455,3 +455,16 @@ def t_interval(values, level: float = 0.95):
         return mean, None, None
     half = t_quantile(0.5 + level / 2, x.shape[0] - 1) * x.std(axis=0, ddof=1) / math.sqrt(x.shape[0])
     return mean, mean - half, mean + half
+
+
+def length_interval(lengths: Sequence[float], units: Sequence[str] = ()):
+    """(geometric mean, low, high, replicates) of lengths over training runs (breakdown and
+    effective lengths): a t-interval on log2 length over the replicates (a fine-tune's parent
+    once, as above). low and high are None where the replicates agree exactly: a width-0
+    interval would claim a certainty that identical weights or lengths a factor 2 apart
+    cannot give."""
+    values = unit_means(np.log2(np.asarray(lengths, dtype=np.float64)), units)
+    if np.ptp(values) == 0:
+        return 2 ** float(values[0]), None, None, len(values)
+    mean, low, high = t_interval(values)
+    return 2 ** float(mean), 2 ** float(low), 2 ** float(high), len(values)
