@@ -35,6 +35,17 @@ def split_step(label: str) -> tuple[str, "int | None"]:
     return row + (f" + {scaling}" if plus else ""), int(head)
 
 
+def budget_partner(label: str, reference: str) -> str:
+    """The row ``label`` is compared with: the reference; in a budget grid (reference "ROW @
+    STEP"), the reference row after as many steps, and the reference row's own checkpoints
+    (and rows without steps) the reference itself."""
+    ref_row, ref_step = split_step(reference)
+    if ref_step is None:
+        return reference
+    row, step = split_step(label)
+    return reference if row == ref_row or step is None else f"{ref_row} @ {step}"
+
+
 def label_order(label: str) -> tuple[str, int]:
     """Sort key: rows by name, a fine-tune's checkpoints by step (0, 50, 100 … not 0, 100, 50)."""
     row, step = split_step(label)

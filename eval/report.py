@@ -22,7 +22,7 @@ from common.storage import is_storage_error, make_dir, storage_error
 from eval.ablations import ablations_note, is_ablation, sweep_ablations, sweep_choices
 from eval.budget import budget_section
 from eval.context import breakdown_section, context_section
-from eval.labels import label_order, parents_note, row_label, split_step, with_scaling
+from eval.labels import budget_partner, label_order, parents_note, row_label, split_step, with_scaling
 from eval.reference import no_default_reference, report_reference
 from eval.report_runs import evaluation_provenance, missing_lines, provenance, runs_table
 from eval.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
@@ -129,14 +129,9 @@ def _comparisons(results: dict, corpus: str, protocol: str, summary: dict, refer
                  folded: Optional[dict[str, str]] = None) -> dict:
     """The pairs a section compares; ``folded`` rows (identical to a kept one, ``_folded``) have none."""
     labels = sorted(summary, key=label_order)
-    ref_row, ref_step = split_step(reference)
-    if ref_step is not None:  # a budget grid: each fine-tune against the reference after as many steps
-        pairs = []
-        for label in labels:
-            row, step = split_step(label)
-            partner = reference if row == ref_row or step is None else f"{ref_row} @ {step}"
-            if label != partner and partner in summary:
-                pairs.append((label, partner))
+    if split_step(reference)[1] is not None:  # a budget grid: each fine-tune against the reference after as many steps
+        pairs = [(label, partner) for label in labels
+                 if (partner := budget_partner(label, reference)) != label and partner in summary]
         return compare(results, corpus, protocol, pairs)
     labels = [label for label in labels if label not in (folded or {})]
     pairs = [(label, reference) for label in labels if label != reference and reference in summary]

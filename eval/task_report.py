@@ -40,6 +40,7 @@ from eval.report import write_report_files
 from eval.report_runs import missing_lines, schedule_lines
 from eval.stats import pooled_accuracy_interval
 from eval.tables import length_table
+from eval.task_compare import comparison_section, task_reference
 from eval.task_plots import plot_accuracy, plot_heatmaps
 from eval.task_positions import positions_section
 
@@ -297,6 +298,10 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
     train_lens = sorted({c["train_len"] for cells in table.values() for c in cells.values()})
     plot_accuracy(table, train_lens, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy")
     kept, settings = pooled_seeds(runs, rows, task)[0], {r["run"]: settings_of(r) for r in runs}
+    reference = task_reference(runs, label_rows(runs, task_rows))
+    md += comparison_section(kept, reference, {r["run"]: r for r in runs}, lengths,
+                             {label: c["train_len"] for label, cells in table.items() for c in cells.values()
+                              if "train_len" in c}, _times_l)
     md += effective_section(kept, settings, seed_accuracy, task)
     grids = heatmap_grids(runs, rows, task) if depth else {}
     if grids:

@@ -1,0 +1,213 @@
+"""Task accuracies compared with the reference row, across training runs.
+
+A task table says each row's accuracy with its interval; two rows whose intervals overlap
+may still differ, and rows whose seeds move together (fine-tunes of the same parents, a
+checkpoint against a later one of the same runs) are compared far more sharply by their
+per-seed differences. So each task section adds, for every row, its accuracy minus the
+reference row's (eval.reference, the row the perplexity report compares every other with;
+in a budget grid, the reference row after as many fine-tuning steps, and the reference's own
+checkpoints against its named step, as eval/report.py pairs them), at every length both
+rows scored, over the seeds each row pools (those that learned the task, or every seed
+where learning is not judged).
+
+The estimate is eval/stats.py's ``accuracy_estimate`` made a difference:
+
+- **Seed part.** Where both rows pool runs of the same seeds (and, for fine-tunes, the same
+  parents), the difference is formed seed by seed, averaged within a parent where
+  fine-tunes share one, and its spread over the S seeds (C parents) gives s²/S on S − 1
+  (C − 1) degrees of freedom. Otherwise (rows whose learned seeds differ) each row's
+  per-seed accuracies give their own s²/S (Welch). A row with one seed (parent) gives no
+  interval across training runs.
+- **Instance part.** Every row answers the same n instances (eval.tasks.seed), so which
+  instances were drawn moves both. Where the cells keep each instance's outcome (copy and
+  addition: ``first_error``), it is the variance over instances of the paired difference of
+  the rows' seed-averaged outcomes, /n on n − 1 degrees of freedom. Where they keep counts
+  alone, it is bounded by the sum of the two rows' binomial variances, each with one success
+  and one failure added (p̃ = (np̄ + 1)/(n + 2), p̃(1 − p̃)/(n + 2); Agresti & Caffo 2000), on
+  n − 1 degrees of freedom: never zero at 0 or n correct, and wide where the rows fail on
+  the same instances (a row that answers a superset of another's instances differs by few
+  discordant ones, which the bound cannot see).
+
+The interval is the t-interval with Satterthwaite's degrees of freedom of the sum (guarded
+as eval/stats.py's ``satterthwaite``); marks (▲ higher accuracy than the row compared with,
+▼ lower, ~ neither) follow the Benjamini–Hochberg correction over the task's table, as the
+perplexity report's do.
+"""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+from eval.labels import budget_partner, label_groups, label_order, replicate_unit, split_step
+from eval.stats import Estimate, Part, benjamini_hochberg, mark, unit_means
+from eval.tables import length_table
+
+RunCells = dict[str, dict[int, list[dict]]]  # run -> length -> its cells (one per depth)
+
+
+def task_reference(runs: list[dict], task_labels: dict[str, str]) -> Optional[str]:
+    """The reference row (eval.reference, named as the perplexity report names rows) in the task
+    report's names (``task_labels``: run -> its label there), or None where no run is that row.
+
+    The perplexity report names a row by its encoding, or by its run-name stem where one
+    encoding has several experiments ("none @ 400"); the task report by its encoding with the
+    stem in brackets ("rope [none] @ 400")."""
+    asked = next((run["eval"].get("reference") for run in runs if run.get("eval")), None) or "rope"
+    head, step = split_step(asked)
+    row, plus, scaling = head.partition(" + ")
+    named = [dict(run) for run in runs]
+    label_groups(named, [])
+    found = sorted({task_labels[run["run"]] for run in named if run["label"] == row and run["run"] in task_labels})
+    if len(found) != 1:
+        return None
+    return found[0] + (f" @ {step}" if step is not None else "") + (f" + {scaling}" if plus else "")
+
+
+Scored = tuple  # (correct, total) or (correct, total, each instance's outcome: an array of 0/1)
+
+
+def _scored(by_length: dict[int, list[dict]], length: int) -> Optional[Scored]:
+    """One run's (correct, total, outcomes or None) at a length, over its depth cells in depth order."""
+    cells = sorted((c for c in by_length.get(length, []) if c["status"] == "ok"),
+                   key=lambda c: -1.0 if c["depth"] is None else c["depth"])
+    if not cells:
+        return None
+    correct, total = sum(c["correct"] for c in cells), sum(c["total"] for c in cells)
+    if not all("first_error" in c and "answer_tokens" in c for c in cells):
+        return correct, total, None
+    right = np.concatenate([np.equal(c["first_error"], c["answer_tokens"]) for c in cells]).astype(np.float64)
+    return correct, total, right
+
+
+def _outcomes(side: dict[str, Scored], runs: list[str], units: tuple[str, ...]) -> Optional[np.ndarray]:
+    """(n,) a row's outcome per instance, averaged over its seeds (each unit once); None where a
+    run kept counts alone."""
+    kept = [side[run][2] if len(side[run]) > 2 else None for run in runs]
+    if any(k is None for k in kept) or len({len(k) for k in kept}) != 1:
+        return None
+    return unit_means(np.stack(kept), units).mean(axis=0)
+
+
+def _instance_part(accuracies: list[np.ndarray], n: float, outcomes: list[Optional[np.ndarray]]) -> Part:
+    a, b = outcomes
+    if a is not None and b is not None and len(a) == len(b) and len(a) > 1:
+        return Part(float(np.var(a - b, ddof=1)) / len(a), len(a) - 1)
+    variance = 0.0
+    for acc in accuracies:
+        p = (float(acc.mean()) * n + 1) / (n + 2)
+        variance += p * (1 - p) / (n + 2)
+    return Part(variance, n - 1)
+
+
+def _seed_part(values: np.ndarray) -> Part:
+    s2 = float(np.var(values, ddof=1))
+    return Part(s2 / len(values), len(values) - 1, s2, len(values))
+
+
+def accuracy_difference(a: dict[str, Scored], b: dict[str, Scored], meta: dict[str, dict]) -> Optional[Estimate]:
+    """Accuracy of row ``a`` minus row ``b`` ({run: (correct, total[, outcomes])} each; ``meta``:
+    run -> its record, for its seed and parent), or None where a row has no scored run. The estimate's
+    ``seeds`` are the fewest replicates (seeds, or parents) of either row, ``pairing`` "seed"
+    or "welch"; no seed part (so an interval over the instances alone) where a row has one."""
+    if not a or not b:
+        return None
+
+    def key(run: str) -> tuple:
+        return meta[run]["seed"], replicate_unit(meta[run]) if meta[run].get("parent") else None
+
+    def accuracies(side: dict[str, Scored], order: list[str]) -> np.ndarray:
+        return np.array([side[run][0] / side[run][1] for run in order])
+
+    n = float(np.mean([scored[1] for scored in [*a.values(), *b.values()]]))
+    keys_a, keys_b = {key(r): r for r in a}, {key(r): r for r in b}
+    runs_a, runs_b = sorted(a), sorted(b)
+    units_a = tuple(replicate_unit(meta[r]) for r in runs_a)
+    units_b = tuple(replicate_unit(meta[r]) for r in runs_b)
+    means_a, means_b = unit_means(accuracies(a, runs_a), units_a), unit_means(accuracies(b, runs_b), units_b)
+    point = float(means_a.mean() - means_b.mean())
+    instances = _instance_part([means_a, means_b], n, [_outcomes(a, runs_a, units_a), _outcomes(b, runs_b, units_b)])
+    if len(keys_a) == len(a) and len(keys_b) == len(b) and set(keys_a) == set(keys_b):
+        order = sorted(keys_a)
+        pairs_a = [keys_a[k] for k in order]
+        units = tuple(replicate_unit(meta[r]) for r in pairs_a)
+        diffs = unit_means(accuracies(a, pairs_a) - accuracies(b, [keys_b[k] for k in order]), units)
+        if len(diffs) < 2:
+            return Estimate(point, (instances,), len(diffs))
+        return Estimate(point, (_seed_part(diffs), instances), len(diffs))
+    if min(len(means_a), len(means_b)) < 2:
+        return Estimate(point, (instances,), min(len(means_a), len(means_b)), "welch")
+    return Estimate(point, (_seed_part(means_a), _seed_part(means_b), instances),
+                    min(len(means_a), len(means_b)), "welch")
+
+
+def task_comparisons(kept: dict[str, RunCells], reference: str, meta: dict[str, dict]
+                     ) -> dict[str, dict[int, dict]]:
+    """"row vs partner" -> length -> {"estimate", "mark"} for every row of one task but the
+    reference (``kept``: label -> run -> length -> cells, the seeds each row pools), marked
+    after the Benjamini–Hochberg correction over the whole table's tests (those with a seed
+    part: a difference across training runs)."""
+    out: dict[str, dict[int, dict]] = {}
+    for label in sorted(kept, key=label_order):
+        partner = budget_partner(label, reference)
+        if label == partner or partner not in kept:
+            continue
+        cells = {}
+        lengths = sorted({n for by_length in kept[label].values() for n in by_length}
+                         & {n for by_length in kept[partner].values() for n in by_length})
+        for n in lengths:
+            a = {run: c for run, by_length in kept[label].items() if (c := _scored(by_length, n))}
+            b = {run: c for run, by_length in kept[partner].items() if (c := _scored(by_length, n))}
+            if len(a) < len(kept[label]) or len(b) < len(kept[partner]):
+                continue  # some pooled seed could not serve this length: no like-for-like difference
+            estimate = accuracy_difference(a, b, meta)
+            if estimate is not None:
+                cells[n] = {"estimate": estimate, "mark": ""}
+        out[f"{label} vs {partner}"] = cells
+    tested = [c for cells in out.values() for c in cells.values()
+              if any(p.per_seed is not None for p in c["estimate"].parts)]
+    for cell, p in zip(tested, benjamini_hochberg([c["estimate"].p_value for c in tested])):
+        cell["mark"] = mark(cell["estimate"].point, p)
+    return out
+
+
+def _cell_text(cell: Optional[dict]) -> str:
+    if cell is None:
+        return "–"
+    estimate = cell["estimate"]
+    if not any(p.per_seed is not None for p in estimate.parts):
+        return f"{estimate.point:+.2f} (one seed)"
+    low, high = estimate.interval()
+    return f"{estimate.point:+.2f} [{max(low, -1.0):+.2f}, {min(high, 1.0):+.2f}] {cell['mark']}"
+
+
+def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta: dict[str, dict],
+                       lengths: list[int], train_lens: dict[str, int], mark_length) -> list[str]:
+    """The task section's comparisons with the reference row: a sentence and a table, or a
+    sentence saying why there are none (nothing for a task with one row)."""
+    if len(kept) < 2:
+        return []
+    if reference is None or not any(budget_partner(label, reference) in kept for label in kept):
+        return ["", "Compared with the reference row: none; eval.reference names no row of this task."]
+    comparisons = task_comparisons(kept, reference, meta)
+    if not any(comparisons.values()):
+        return ["", f"Compared with `{reference}`: none; no other row scored the same lengths."]
+    tested = sum(1 for cells in comparisons.values() for c in cells.values() if c["mark"])
+    welch = sorted(name for name, cells in comparisons.items()
+                   if any(c["estimate"].pairing == "welch" for c in cells.values()))
+    step = split_step(reference)[1]
+    pairing = (f" Each row is compared with `{split_step(reference)[0]}` after the same number of steps, and "
+               f"`{split_step(reference)[0]}`'s own checkpoints with its step {step}." if step is not None else "")
+    unpaired = ("; unpaired (Welch), as their pooled seeds differ: " + ", ".join(f"`{n}`" for n in welch)
+                if welch else "")
+    rows = [([name], train_lens.get(name.partition(" vs ")[0]), [_cell_text(cells.get(n)) for n in lengths])
+            for name, cells in comparisons.items() if cells]
+    return ["", f"Compared with `{reference}`: the first row's accuracy minus the second's, over the seeds each "
+            f"row pools, with its 95% interval across training runs and instances (eval/task_compare.py).{pairing} "
+            f"Rows pooling the same seeds are paired seed by seed (by parent where fine-tunes share one){unpaired}. "
+            f"Marks: ▲ higher accuracy than the row compared with, ▼ lower, ~ neither, where the test across "
+            f"training runs rejects no difference after the Benjamini–Hochberg correction over this table's "
+            f"{tested} tests.", "",
+            length_table(["row vs compared"], lengths, rows, mark=mark_length)]
+
