@@ -19,14 +19,15 @@ The estimate is eval/stats.py's ``accuracy_estimate`` made a difference:
   per-seed accuracies give their own s²/S (Welch). A row with one seed (parent) gives no
   interval across training runs.
 - **Instance part.** Every row answers the same n instances (eval.tasks.seed), so which
-  instances were drawn moves both. Where the cells keep each instance's outcome (copy and
-  addition: ``first_error``), it is the variance over instances of the paired difference of
+  instances were drawn moves both. Where the cells keep each instance's outcome
+  (``outcomes``; copy and addition: ``first_error``), it is the variance over instances of the paired difference of
   the rows' seed-averaged outcomes, /n on n − 1 degrees of freedom. Where they keep counts
   alone, it is bounded by the sum of the two rows' binomial variances, each with one success
   and one failure added (p̃ = (np̄ + 1)/(n + 2), p̃(1 − p̃)/(n + 2); Agresti & Caffo 2000), on
   n − 1 degrees of freedom: never zero at 0 or n correct, and wide where the rows fail on
   the same instances (a row that answers a superset of another's instances differs by few
-  discordant ones, which the bound cannot see).
+  discordant ones, which the bound cannot see). Cells scored before they kept outcomes have
+  counts alone.
 
 The interval is the t-interval with Satterthwaite's degrees of freedom of the sum (guarded
 as eval/stats.py's ``satterthwaite``); marks (▲ higher accuracy than the row compared with,
@@ -75,9 +76,12 @@ def _scored(by_length: dict[int, list[dict]], length: int) -> Optional[Scored]:
     if not cells:
         return None
     correct, total = sum(c["correct"] for c in cells), sum(c["total"] for c in cells)
-    if not all("first_error" in c and "answer_tokens" in c for c in cells):
+    if all("outcomes" in c for c in cells):
+        right = np.array([ch == "1" for c in cells for ch in c["outcomes"]], dtype=np.float64)
+    elif all("first_error" in c and "answer_tokens" in c for c in cells):
+        right = np.concatenate([np.equal(c["first_error"], c["answer_tokens"]) for c in cells]).astype(np.float64)
+    else:  # scored before cells kept each instance's outcome
         return correct, total, None
-    right = np.concatenate([np.equal(c["first_error"], c["answer_tokens"]) for c in cells]).astype(np.float64)
     return correct, total, right
 
 

@@ -179,7 +179,9 @@ def preflight(cfg: RunConfig, ev: EvalConfig) -> Optional[Estimate]:
 def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalConfig) -> dict:
     """Exact-match counts and the Wilson interval for one (task, length, depth) cell; for a task
     whose answer grows with the length, each instance's answer tokens right before the first
-    wrong one (``first_error``, = ``answer_tokens`` where all are right)."""
+    wrong one (``first_error``, = ``answer_tokens`` where all are right), for the others each
+    instance's outcome (``outcomes``: "1" right, "0" wrong, in instance order), which paired
+    comparisons of rows answering the same instances use (eval/task_compare.py)."""
     instances = [eval_instance(task, ev.tasks.seed, length, depth, i) for i in range(ev.tasks.samples)]
     errors, answers = first_errors(model, instances), answer_tokens(instances)
     correct = int((errors == answers).sum())
@@ -188,6 +190,8 @@ def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalC
             "ci_low": low, "ci_high": high}
     if task.per_position:
         cell.update(first_error=errors.tolist(), answer_tokens=answers.tolist())
+    else:
+        cell["outcomes"] = "".join("1" if right else "0" for right in errors == answers)
     return cell
 
 

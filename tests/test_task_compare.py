@@ -175,3 +175,18 @@ def test_a_budget_report_names_the_reference_as_the_perplexity_report_does(tmp_p
     assert "| rope [yarn] @ 0 vs rope [none] @ 0 | +0.50 [" in report  # (30 − 10) / 40 at every parent
     assert "| rope [none] @ 0 vs rope [none] @ 400 |" in report
     assert "Compared with the reference row: none" not in report
+
+
+def test_cells_outcome_strings_pair_instances_across_depths():
+    """Passkey cells keep "outcomes" per depth: a run's instances are its depth cells in depth
+    order (whatever order its rows came in), and the instance part is their paired difference's
+    spread."""
+    from eval.task_compare import task_comparisons
+    outcomes = {"a": {0.0: "1111", 1.0: "1100"}, "b": {0.0: "1110", 1.0: "1000"}}
+    kept = {row: {f"{row}{k}": {64: [{"status": "ok", "depth": d, "correct": o.count("1"), "total": 4, "outcomes": o}
+                                     for d, o in sorted(outcomes[row].items(), reverse=row == "a")]} for k in range(2)}
+            for row in "ab"}
+    m = meta({f"{row}{k}": (k, None) for row in "ab" for k in range(2)})
+    found = task_comparisons(kept, "b", m)["a vs b"][64]["estimate"]
+    d = np.array([1, 1, 1, 1, 1, 1, 0, 0]) - np.array([1, 1, 1, 0, 1, 0, 0, 0])
+    assert found.point == pytest.approx(2 / 8) and found.parts[1].variance == pytest.approx(np.var(d, ddof=1) / 8)

@@ -163,6 +163,12 @@ def test_report_pools_seeds_with_seed_aware_intervals_and_marks_learned_na(score
     for r in rows:
         if r["status"] == "ok":
             assert (r["ci_low"], r["ci_high"]) == wilson_interval(r["correct"], r["total"]) and r["total"] == 6
+            # Each instance's outcome, for paired comparisons (eval/task_compare.py): its own
+            # string where the answer does not grow with the length, else first_error.
+            right = (r["outcomes"] if "outcomes" in r else
+                     "".join("1" if e == a else "0" for e, a in zip(r["first_error"], r["answer_tokens"])))
+            assert len(right) == 6 and right.count("1") == r["correct"] and set(right) <= {"0", "1"}
+            assert ("outcomes" in r) == (r["task"] not in ("copy", "addition"))
     learned = [r for r in rows if r["name"] == "learned"]
     assert {(r["length"], r["status"]) for r in learned} == {(24, "ok"), (48, "n/a")}
     passkey = [r for r in rows if r["task"] == "passkey"]
