@@ -177,7 +177,25 @@ def _times_l(n: int, train_len) -> str:
     return f"{n} ({n / train_len:g}×L)" if train_len else str(n)
 
 
-def _table(heads: list[str], tables: dict[str, dict[str, dict[int, dict]]], lengths: list[int], cell) -> str:
+def parents_length(runs: list[dict]) -> Optional[int]:
+    """L₀, where every run is a fine-tune of parents trained at one length other than the runs'
+    own (context extension: the study's multiples speak of the parents' L); else None."""
+    if not runs or not all(run.get("parent") for run in runs):
+        return None
+    lengths = {run["parent"].get("train_len") for run in runs}
+    base = lengths.pop() if len(lengths) == 1 else None
+    return base if base and all(run["train_len"] != base for run in runs) else None
+
+
+def length_marks(runs: list[dict]):
+    """How tables head their lengths: multiples of the rows' training length L ("256 (2×L)"),
+    or of the parents' L₀ where ``parents_length`` finds one ("512 (4×L₀)")."""
+    base = parents_length(runs)
+    return _times_l if base is None else (lambda n, _: f"{n} ({n / base:g}×L₀)")
+
+
+def _table(heads: list[str], tables: dict[str, dict[str, dict[int, dict]]], lengths: list[int], cell,
+           mark=_times_l) -> str:
     """One row per (table, label) with ``cell(label's cell or None)`` per length, after its
     learned seeds; a table's name, where there are several, in the first column. L:
     eval/tables.py's length_table."""
@@ -188,7 +206,7 @@ def _table(heads: list[str], tables: dict[str, dict[str, dict[int, dict]]], leng
             counts = next((c["seeds_learned"] for c in table[label].values() if "seeds_learned" in c), None)
             names = ([name] if len(heads) > 2 else []) + [label, learned_text(counts) if counts else "–"]
             rows.append((names, row_len, [cell(table[label].get(n)) for n in lengths]))
-    return length_table(heads, lengths, rows, mark=_times_l)
+    return length_table(heads, lengths, rows, mark=mark)
 
 
 def _accuracy_cell(c: Optional[dict]) -> str:
@@ -203,12 +221,12 @@ def _seeds_cell(c: Optional[dict]) -> str:
     return " / ".join("n/a" if a is None else f"{a:.2f}" if ok is not False else f"({a:.2f})" for a, ok in seeds)
 
 
-def accuracy_table(table: dict[str, dict[int, dict]], lengths: list[int]) -> str:
-    return _table(["row", "seeds learned"], {"": table}, lengths, _accuracy_cell)
+def accuracy_table(table: dict[str, dict[int, dict]], lengths: list[int], mark=_times_l) -> str:
+    return _table(["row", "seeds learned"], {"": table}, lengths, _accuracy_cell, mark)
 
 
-def spread_table(table: dict[str, dict[int, dict]], lengths: list[int]) -> str:
-    return _table(["row", "seeds learned"], {"": table}, lengths, _seeds_cell)
+def spread_table(table: dict[str, dict[int, dict]], lengths: list[int], mark=_times_l) -> str:
+    return _table(["row", "seeds learned"], {"": table}, lengths, _seeds_cell, mark)
 
 
 def heatmap_grids(runs: list[dict], rows: list[dict], task: str) -> dict[str, tuple[list[float], list[int], np.ndarray]]:
@@ -244,9 +262,9 @@ def kmax_table(runs: list[dict], rows: list[dict], kmax_rows: list[dict]) -> lis
                                                     for label in sorted(by_label, key=label_order)]
 
 
-def summary_table(tables: dict[str, dict[str, dict[int, dict]]], lengths: list[int]) -> str:
+def summary_table(tables: dict[str, dict[str, dict[int, dict]]], lengths: list[int], mark=_times_l) -> str:
     """Every task's rows in one table (task, row, learned seeds, a cell per length)."""
-    return _table(["task", "row", "seeds learned"], tables, lengths, _accuracy_cell)
+    return _table(["task", "row", "seeds learned"], tables, lengths, _accuracy_cell, mark)
 
 
 def _competence(run: dict) -> str:
@@ -291,17 +309,18 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
     lengths = sorted({r["length"] for r in task_rows})
     per_cell = sorted({r["total"] for r in task_rows if r["status"] == "ok"})
     depth = any(r["depth"] is not None for r in task_rows)
-    md = ["", f"## {task}", "", accuracy_table(table, lengths), "",
+    mark = length_marks(runs)
+    md = ["", f"## {task}", "", accuracy_table(table, lengths, mark), "",
           f"Instances per run and cell: {', '.join(map(str, per_cell))}" + (" (per depth)" if depth else "") + ".", "",
           "Per-seed accuracy (one value per run of the row; in parentheses those that did not learn the task):", "",
-          spread_table(table, lengths), "", f"![{task} accuracy vs length](accuracy_{task}.png)"]
+          spread_table(table, lengths, mark), "", f"![{task} accuracy vs length](accuracy_{task}.png)"]
     train_lens = sorted({c["train_len"] for cells in table.values() for c in cells.values()})
     plot_accuracy(table, train_lens, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy")
     kept, settings = pooled_seeds(runs, rows, task)[0], {r["run"]: settings_of(r) for r in runs}
     reference = task_reference(runs, label_rows(runs, task_rows))
     md += comparison_section(kept, reference, {r["run"]: r for r in runs}, lengths,
                              {label: c["train_len"] for label, cells in table.items() for c in cells.values()
-                              if "train_len" in c}, _times_l)
+                              if "train_len" in c}, mark)
     md += effective_section(kept, settings, seed_accuracy, task)
     grids = heatmap_grids(runs, rows, task) if depth else {}
     if grids:
@@ -327,7 +346,9 @@ def _write_markdown(results: dict, out: Path) -> str:
     remade = (f", made again {results['remade']} from its results.json (python -m eval.remake)"
               if results.get("remade") else "")
     md = ["# Task accuracy report", "", f"Created {results['created']}{remade}. Training length L = "
-          f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}. " + HEADER, *parents_note(runs),
+          f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}" + (
+              f", fine-tuned from parents trained at L₀ = {parents_length(runs)}; tables head lengths by their "
+              "multiple of L₀" if parents_length(runs) else "") + ". " + HEADER, *parents_note(runs),
           "", "## Runs", "",
           *_runs_table(results)]
     for line in schedule_lines(runs):
@@ -336,7 +357,7 @@ def _write_markdown(results: dict, out: Path) -> str:
         md += ["", "**Missing runs** (not in the tables):", ""] + missing_lines(results["missing"])
     tasks = sorted({r["task"] for r in rows}, key=TASK_NAMES.index)
     tables = {task: summarize(runs, rows, task) for task in tasks}
-    md += ["", "## Summary", "", summary_table(tables, lengths)]
+    md += ["", "## Summary", "", summary_table(tables, lengths, length_marks(runs))]
     for task, table in tables.items():
         md += _task_section(task, table, rows, runs, out)
     if results.get("kmax"):

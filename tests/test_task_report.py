@@ -176,3 +176,20 @@ def test_a_task_report_replaces_an_earlier_ones_figures_it_no_longer_draws(tmp_p
     assert (tmp_path / "accuracy_copy.png").read_bytes()[:4] == b"\x89PNG"
     assert "×" in (tmp_path / "report.md").read_text(encoding="utf-8")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_fine_tunes_of_shorter_parents_head_lengths_by_the_parents_length(tmp_path):
+    """Context extension: runs fine-tuned at 32 from parents trained at 8 speak of multiples of
+    the parents' L₀ ("32 (4×L₀)"), not of their own L ("32 (1×L)")."""
+    from eval.task_report import parents_length
+    runs = [{"run": f"r{s}", "name": f"ft_seed-{s}", "encoding": "rope", "group": "g", "stem": "ft", "seed": s,
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "tasks_trained": ["copy"],
+             "eval": {"tasks": {"learned_accuracy": None}},
+             "parent": {"run": "parents/p0", "checkpoint": "step_9", "train_len": 8}} for s in (0, 1)]
+    rows = [cell_row(f"r{s}", s, n, 8) for s in (0, 1) for n in (8, 32)]
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "Training length L = 32, fine-tuned from parents trained at L₀ = 8" in report
+    assert "| 8 (1×L₀) | 32 (4×L₀) |" in report and "×L)" not in report
+    assert parents_length([{**runs[0], "train_len": 8}]) is None  # fine-tuned at the parents' own length
+    assert parents_length([{k: v for k, v in runs[0].items() if k != "parent"}]) is None
