@@ -54,11 +54,12 @@ def task_reference(runs: list[dict], task_labels: dict[str, str]) -> Optional[st
 
     The perplexity report names a row by its encoding, or by its run-name stem where one
     encoding has several experiments ("none @ 400"); the task report by its encoding with the
-    stem in brackets ("rope [none] @ 400")."""
+    stem in brackets ("rope [none] @ 400"). Both name the rows of one task's table among that
+    task's runs alone, so in a grid with a model per task "rope" is each task's RoPE row."""
     asked = next((run["eval"].get("reference") for run in runs if run.get("eval")), None) or "rope"
     head, step = split_step(asked)
     row, plus, scaling = head.partition(" + ")
-    named = [dict(run) for run in runs]
+    named = [dict(run) for run in runs if run["run"] in task_labels]  # this task's runs, as its table names them
     label_groups(named, [])
     found = sorted({task_labels[run["run"]] for run in named if run["label"] == row and run["run"] in task_labels})
     if len(found) != 1:

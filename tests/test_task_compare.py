@@ -190,3 +190,21 @@ def test_cells_outcome_strings_pair_instances_across_depths():
     found = task_comparisons(kept, "b", m)["a vs b"][64]["estimate"]
     d = np.array([1, 1, 1, 1, 1, 1, 0, 0]) - np.array([1, 1, 1, 0, 1, 0, 0, 0])
     assert found.point == pytest.approx(2 / 8) and found.parts[1].variance == pytest.approx(np.var(d, ddof=1) / 8)
+
+
+def test_a_grid_with_a_model_per_task_compares_within_each_task(tmp_path):
+    """rope and alibi each train one model per task (stems "rope_copy", "rope_recall"...): the
+    reference "rope" is the RoPE row of each task's table, not a row no table has."""
+    runs, rows = [], []
+    for e in ("rope", "alibi"):
+        for task in ("copy", "recall"):
+            for s in range(2):
+                run = f"{e}_{task}{s}"
+                runs.append({**run_record(run, s, f"{e}_{task}", encoding=e), "tasks_trained": [task],
+                             "group": f"{e}-{task}"})
+                rows += [{**cell(run, s, n, c), "encoding": e, "task": task}
+                         for n, c in ((32, 40), (64, 30 if e == "alibi" else 5 + s))]
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert report.count("Compared with `rope`") == 2 and "names no row" not in report
+    assert report.count("| alibi vs rope |") == 2
