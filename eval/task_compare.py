@@ -42,6 +42,7 @@ from typing import Optional
 import numpy as np
 
 from eval.labels import budget_partner, label_groups, label_order, replicate_unit, split_step
+from eval.reference import DEFAULT_REFERENCE
 from eval.stats import Estimate, Part, benjamini_hochberg, mark, unit_means
 from eval.tables import length_table
 
@@ -56,7 +57,7 @@ def task_reference(runs: list[dict], task_labels: dict[str, str]) -> Optional[st
     encoding has several experiments ("none @ 400"); the task report by its encoding with the
     stem in brackets ("rope [none] @ 400"). Both name the rows of one task's table among that
     task's runs alone, so in a grid with a model per task "rope" is each task's RoPE row."""
-    asked = next((run["eval"].get("reference") for run in runs if run.get("eval")), None) or "rope"
+    asked = next((run["eval"].get("reference") for run in runs if run.get("eval")), None) or DEFAULT_REFERENCE
     head, step = split_step(asked)
     row, plus, scaling = head.partition(" + ")
     named = [dict(run) for run in runs if run["run"] in task_labels]  # this task's runs, as its table names them
