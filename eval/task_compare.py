@@ -43,7 +43,7 @@ import numpy as np
 
 from eval.labels import budget_partner, label_groups, label_order, replicate_unit, split_step
 from eval.reference import DEFAULT_REFERENCE
-from eval.stats import Estimate, Part, benjamini_hochberg, mark, unit_means
+from eval.stats import Estimate, Part, benjamini_hochberg, detectable, mark, seeds_needed, unit_means
 from eval.tables import length_table
 
 RunCells = dict[str, dict[int, list[dict]]]  # run -> length -> its cells (one per depth)
@@ -188,6 +188,15 @@ def _cell_text(cell: Optional[dict]) -> str:
     return f"{estimate.point:+.2f} [{max(low, -1.0):+.2f}, {min(high, 1.0):+.2f}] {cell['mark']}"
 
 
+def _power_text(cell: Optional[dict]) -> str:
+    """'±d · n' (eval/stats.py: detectable, seeds_needed), '–' without an interval across runs."""
+    if cell is None or not any(p.per_seed is not None for p in cell["estimate"].parts):
+        return "–"
+    estimate = cell["estimate"]
+    need = seeds_needed(estimate, estimate.point)
+    return f"±{detectable(estimate):.2f} · {'>100' if need is None else need}"
+
+
 def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta: dict[str, dict],
                        lengths: list[int], train_lens: dict[str, int], mark_length) -> list[str]:
     """The task section's comparisons with the reference row: a sentence and a table, or a
@@ -207,13 +216,19 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
                f"`{split_step(reference)[0]}`'s own checkpoints with its step {step}." if step is not None else "")
     unpaired = ("; unpaired (Welch), as their pooled seeds differ: " + ", ".join(f"`{n}`" for n in welch)
                 if welch else "")
-    rows = [([name], train_lens.get(name.partition(" vs ")[0]), [_cell_text(cells.get(n)) for n in lengths])
-            for name, cells in comparisons.items() if cells]
+    def table(text) -> str:
+        rows = [([name], train_lens.get(name.partition(" vs ")[0]), [text(cells.get(n)) for n in lengths])
+                for name, cells in comparisons.items() if cells]
+        return length_table(["row vs compared"], lengths, rows, mark=mark_length)
+
     return ["", f"Compared with `{reference}`: the first row's accuracy minus the second's, over the seeds each "
             f"row pools, with its 95% interval across training runs and instances (eval/task_compare.py).{pairing} "
             f"Rows pooling the same seeds are paired seed by seed (by parent where fine-tunes share one){unpaired}. "
             f"Marks: ▲ higher accuracy than the row compared with, ▼ lower, ~ neither, where the test across "
             f"training runs rejects no difference after the Benjamini–Hochberg correction over this table's "
-            f"{tested} tests.", "",
-            length_table(["row vs compared"], lengths, rows, mark=mark_length)]
+            f"{tested} tests.", "", table(_cell_text), "",
+            "Power across training runs: the smallest accuracy difference each comparison detects with its seeds "
+            "(80% power, two-sided 5%, before the correction; seeds are parents for fine-tunes) · the seeds per row "
+            "the observed difference would need (>100: more instances, not seeds, would decide it):", "",
+            table(_power_text)]
 

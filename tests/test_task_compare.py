@@ -160,6 +160,15 @@ def test_a_task_report_compares_every_row_with_the_reference(tmp_path):
     line = next(x for x in report.splitlines() if x.startswith("| alibi vs rope |"))
     assert line.endswith("▲ |") and "+0.69 [" in line  # (38 + 36 + 39 − 10 − 12 − 8) / 120 at 64
     assert next(x for x in report.splitlines() if x.startswith("| nope vs rope |")).count("[") == 2
+    # Power: the smallest difference each comparison detects, and the seeds the observed one needs.
+    from eval.stats import detectable, seeds_needed
+    from eval.task_compare import task_comparisons
+    from eval.task_report import label_rows, pooled_seeds
+    kept = pooled_seeds(runs, rows, "copy")[0]
+    found = task_comparisons(kept, "rope", {r["run"]: r for r in runs})["alibi vs rope"][64]["estimate"]
+    power = [x for x in report.splitlines() if x.startswith("| alibi vs rope |")][1]
+    assert f"±{detectable(found):.2f} · {seeds_needed(found, found.point)} |" in power
+    assert label_rows(runs, rows)["rope0"] == "rope"
 
 
 def test_a_budget_report_names_the_reference_as_the_perplexity_report_does(tmp_path):
@@ -207,4 +216,4 @@ def test_a_grid_with_a_model_per_task_compares_within_each_task(tmp_path):
     write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
     report = (tmp_path / "report.md").read_text()
     assert report.count("Compared with `rope`") == 2 and "names no row" not in report
-    assert report.count("| alibi vs rope |") == 2
+    assert report.count("| alibi vs rope |") == 4  # a difference and a power row per task
