@@ -207,7 +207,10 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
         return ["", "Compared with the reference row: none; eval.reference names no row of this task."]
     comparisons = task_comparisons(kept, reference, meta)
     if not any(comparisons.values()):
-        return ["", f"Compared with `{reference}`: none; no other row scored the same lengths."]
+        why = ("no seed of it learned the task" if not any(kept.get(budget_partner(label, reference))
+                                                           for label in kept if label != reference)
+               else "no other row scored the same lengths")
+        return ["", f"Compared with `{reference}`: none; {why}."]
     tested = sum(1 for cells in comparisons.values() for c in cells.values() if c["mark"])
     welch = sorted(name for name, cells in comparisons.items()
                    if any(c["estimate"].pairing == "welch" for c in cells.values()))

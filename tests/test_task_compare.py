@@ -217,3 +217,11 @@ def test_a_grid_with_a_model_per_task_compares_within_each_task(tmp_path):
     report = (tmp_path / "report.md").read_text()
     assert report.count("Compared with `rope`") == 2 and "names no row" not in report
     assert report.count("| alibi vs rope |") == 4  # a difference and a power row per task
+
+
+def test_a_reference_row_no_seed_of_which_learned_the_task_says_so(tmp_path):
+    runs = [run_record(f"{e}{s}", s, e, encoding=e) for e in ("rope", "alibi") for s in range(2)]
+    rows = [{**cell(f"{e}{s}", s, n, c), "encoding": e} for e in ("rope", "alibi") for s in range(2)
+            for n, c in ((32, 40 if e == "alibi" else 10), (64, 20))]
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    assert "Compared with `rope`: none; no seed of it learned the task." in (tmp_path / "report.md").read_text()
