@@ -206,10 +206,14 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
     if reference is None or not any(budget_partner(label, reference) in kept for label in kept):
         return ["", "Compared with the reference row: none; eval.reference names no row of this task."]
     comparisons = task_comparisons(kept, reference, meta)
+    unlearned = [label for label in sorted(kept, key=label_order) if not kept[label]]
     if not any(comparisons.values()):
-        why = ("no seed of it learned the task" if not any(kept.get(budget_partner(label, reference))
-                                                           for label in kept if label != reference)
-               else "no other row scored the same lengths")
+        if not any(kept.get(budget_partner(label, reference)) for label in kept if label != reference):
+            why = "no seed of it learned the task"
+        elif all(label in unlearned for label in kept if budget_partner(label, reference) != label):
+            why = "no seed of the other rows learned the task (" + ", ".join(f"`{n}`" for n in unlearned) + ")"
+        else:
+            why = "no other row scored the same lengths"
         return ["", f"Compared with `{reference}`: none; {why}."]
     tested = sum(1 for cells in comparisons.values() for c in cells.values() if c["mark"])
     welch = sorted(name for name, cells in comparisons.items()
@@ -219,6 +223,8 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
                f"`{split_step(reference)[0]}`'s own checkpoints with its step {step}." if step is not None else "")
     unpaired = ("; unpaired (Welch), as their pooled seeds differ: " + ", ".join(f"`{n}`" for n in welch)
                 if welch else "")
+    unlearned_text = (" Not compared, as no seed of theirs learned the task: " + ", ".join(f"`{n}`" for n in unlearned)
+                      + "." if unlearned else "")
     def table(text) -> str:
         rows = [([name], train_lens.get(name.partition(" vs ")[0]), [text(cells.get(n)) for n in lengths])
                 for name, cells in comparisons.items() if cells]
@@ -229,7 +235,7 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
             f"Rows pooling the same seeds are paired seed by seed (by parent where fine-tunes share one){unpaired}. "
             f"Marks: ▲ higher accuracy than the row compared with, ▼ lower, ~ neither, where the test across "
             f"training runs rejects no difference after the Benjamini–Hochberg correction over this table's "
-            f"{tested} tests.", "", table(_cell_text), "",
+            f"{tested} tests.{unlearned_text}", "", table(_cell_text), "",
             "Power across training runs: the smallest accuracy difference each comparison detects with its seeds "
             "(80% power, two-sided 5%, before the correction; seeds are parents for fine-tunes) · the seeds per row "
             "the observed difference would need (>100: more instances, not seeds, would decide it):", "",

@@ -160,6 +160,7 @@ def test_a_task_report_compares_every_row_with_the_reference(tmp_path):
     line = next(x for x in report.splitlines() if x.startswith("| alibi vs rope |"))
     assert line.endswith("▲ |") and "+0.69 [" in line  # (38 + 36 + 39 − 10 − 12 − 8) / 120 at 64
     assert next(x for x in report.splitlines() if x.startswith("| nope vs rope |")).count("[") == 2
+    assert "Not compared" not in report
     # Power: the smallest difference each comparison detects, and the seeds the observed one needs.
     from eval.stats import detectable, seeds_needed
     from eval.task_compare import task_comparisons
@@ -225,3 +226,15 @@ def test_a_reference_row_no_seed_of_which_learned_the_task_says_so(tmp_path):
             for n, c in ((32, 40 if e == "alibi" else 10), (64, 20))]
     write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
     assert "Compared with `rope`: none; no seed of it learned the task." in (tmp_path / "report.md").read_text()
+    # The other way round: the row that learned nothing is named, not silently left out.
+    rows = [{**r, "correct": 40 if r["encoding"] == "rope" and r["length"] == 32 else r["correct"] if
+             r["encoding"] == "rope" else 10} for r in rows]
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "Compared with `rope`: none; no seed of the other rows learned the task (`alibi`)." in report
+    # Beside a row that is compared, one that learned nothing is named under the table's sentence.
+    runs += [run_record(f"nope{s}", s, "nope", encoding="nope") for s in range(2)]
+    rows += [{**cell(f"nope{s}", s, n, c), "encoding": "nope"} for s in range(2) for n, c in ((32, 40), (64, 5))]
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "Not compared, as no seed of theirs learned the task: `alibi`." in report and "| nope vs rope |" in report
