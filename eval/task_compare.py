@@ -20,8 +20,8 @@ The estimate is eval/stats.py's ``accuracy_estimate`` made a difference:
   interval across training runs.
 - **Instance part.** Every row answers the same n instances (eval.tasks.seed), so which
   instances were drawn moves both. Where the cells keep each instance's outcome
-  (``outcomes``; copy and addition: ``first_error``), it is the variance over instances of the paired difference of
-  the rows' seed-averaged outcomes, /n on n − 1 degrees of freedom. Where they keep counts
+  (``outcomes``; copy and addition: ``first_error``), it is the variance over instances of
+  the paired difference of the rows' seed-averaged outcomes, /n on n − 1 degrees of freedom. Where they keep counts
   alone, it is bounded by the sum of the two rows' binomial variances, each with one success
   and one failure added (p̃ = (np̄ + 1)/(n + 2), p̃(1 − p̃)/(n + 2); Agresti & Caffo 2000), on
   n − 1 degrees of freedom: never zero at 0 or n correct, and wide where the rows fail on
@@ -62,7 +62,7 @@ def task_reference(runs: list[dict], task_labels: dict[str, str]) -> Optional[st
     row, plus, scaling = head.partition(" + ")
     named = [dict(run) for run in runs if run["run"] in task_labels]  # this task's runs, as its table names them
     label_groups(named, [])
-    found = sorted({task_labels[run["run"]] for run in named if run["label"] == row and run["run"] in task_labels})
+    found = sorted({task_labels[run["run"]] for run in named if run["label"] == row})
     if len(found) != 1:
         return None
     return found[0] + (f" @ {step}" if step is not None else "") + (f" + {scaling}" if plus else "")
@@ -148,6 +148,11 @@ def accuracy_difference(a: dict[str, Scored], b: dict[str, Scored], meta: dict[s
                     min(len(means_a), len(means_b)), "welch")
 
 
+def _across_runs(estimate: Estimate) -> bool:
+    """Whether the estimate has a seed part, i.e. speaks of training runs (a test), not one seed."""
+    return any(p.per_seed is not None for p in estimate.parts)
+
+
 def task_comparisons(kept: dict[str, RunCells], reference: str, meta: dict[str, dict]
                      ) -> dict[str, dict[int, dict]]:
     """"row vs partner" -> length -> {"estimate", "mark"} for every row of one task but the
@@ -171,8 +176,7 @@ def task_comparisons(kept: dict[str, RunCells], reference: str, meta: dict[str, 
             if estimate is not None:
                 cells[n] = {"estimate": estimate, "mark": ""}
         out[f"{label} vs {partner}"] = cells
-    tested = [c for cells in out.values() for c in cells.values()
-              if any(p.per_seed is not None for p in c["estimate"].parts)]
+    tested = [c for cells in out.values() for c in cells.values() if _across_runs(c["estimate"])]
     for cell, p in zip(tested, benjamini_hochberg([c["estimate"].p_value for c in tested])):
         cell["mark"] = mark(cell["estimate"].point, p)
     return out
@@ -182,7 +186,7 @@ def _cell_text(cell: Optional[dict]) -> str:
     if cell is None:
         return "–"
     estimate = cell["estimate"]
-    if not any(p.per_seed is not None for p in estimate.parts):
+    if not _across_runs(estimate):
         return f"{estimate.point:+.2f} (one seed)"
     low, high = estimate.interval()
     return f"{estimate.point:+.2f} [{max(low, -1.0):+.2f}, {min(high, 1.0):+.2f}] {cell['mark']}"
@@ -190,7 +194,7 @@ def _cell_text(cell: Optional[dict]) -> str:
 
 def _power_text(cell: Optional[dict]) -> str:
     """'±d · n' (eval/stats.py: detectable, seeds_needed), '–' without an interval across runs."""
-    if cell is None or not any(p.per_seed is not None for p in cell["estimate"].parts):
+    if cell is None or not _across_runs(cell["estimate"]):
         return "–"
     estimate = cell["estimate"]
     need = seeds_needed(estimate, estimate.point)
@@ -218,13 +222,14 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
     tested = sum(1 for cells in comparisons.values() for c in cells.values() if c["mark"])
     welch = sorted(name for name, cells in comparisons.items()
                    if any(c["estimate"].pairing == "welch" for c in cells.values()))
-    step = split_step(reference)[1]
-    pairing = (f" Each row is compared with `{split_step(reference)[0]}` after the same number of steps, and "
-               f"`{split_step(reference)[0]}`'s own checkpoints with its step {step}." if step is not None else "")
+    ref_row, step = split_step(reference)
+    pairing = (f" Each row is compared with `{ref_row}` after the same number of steps, and `{ref_row}`'s own "
+               f"checkpoints with its step {step}." if step is not None else "")
     unpaired = ("; unpaired (Welch), as their pooled seeds differ: " + ", ".join(f"`{n}`" for n in welch)
                 if welch else "")
     unlearned_text = (" Not compared, as no seed of theirs learned the task: " + ", ".join(f"`{n}`" for n in unlearned)
                       + "." if unlearned else "")
+
     def table(text) -> str:
         rows = [([name], train_lens.get(name.partition(" vs ")[0]), [text(cells.get(n)) for n in lengths])
                 for name, cells in comparisons.items() if cells]

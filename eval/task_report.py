@@ -39,7 +39,7 @@ from eval.labels import (encoding_label, label_order, parents_note, replicate_un
 from eval.report import write_report_files
 from eval.report_runs import missing_lines, schedule_lines
 from eval.stats import pooled_accuracy_interval
-from eval.tables import length_table
+from eval.tables import length_table, train_lengths
 from eval.task_compare import comparison_section, task_reference
 from eval.task_plots import plot_accuracy, plot_heatmaps
 from eval.task_positions import positions_section
@@ -318,9 +318,7 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
     plot_accuracy(table, train_lens, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy")
     kept, settings = pooled_seeds(runs, rows, task)[0], {r["run"]: settings_of(r) for r in runs}
     reference = task_reference(runs, label_rows(runs, task_rows))
-    md += comparison_section(kept, reference, {r["run"]: r for r in runs}, lengths,
-                             {label: c["train_len"] for label, cells in table.items() for c in cells.values()
-                              if "train_len" in c}, mark)
+    md += comparison_section(kept, reference, {r["run"]: r for r in runs}, lengths, train_lengths(table), mark)
     md += effective_section(kept, settings, seed_accuracy, task)
     grids = heatmap_grids(runs, rows, task) if depth else {}
     if grids:
@@ -345,10 +343,11 @@ def _write_markdown(results: dict, out: Path) -> str:
     lengths = sorted({r["length"] for r in rows})
     remade = (f", made again {results['remade']} from its results.json (python -m eval.remake)"
               if results.get("remade") else "")
+    base = parents_length(runs)
     md = ["# Task accuracy report", "", f"Created {results['created']}{remade}. Training length L = "
           f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}" + (
-              f", fine-tuned from parents trained at L₀ = {parents_length(runs)}; tables head lengths by their "
-              "multiple of L₀" if parents_length(runs) else "") + ". " + HEADER, *parents_note(runs),
+              f", fine-tuned from parents trained at L₀ = {base}; tables head lengths by their multiple of L₀"
+              if base else "") + ". " + HEADER, *parents_note(runs),
           "", "## Runs", "",
           *_runs_table(results)]
     for line in schedule_lines(runs):
