@@ -417,8 +417,10 @@ def run_grid(args: argparse.Namespace) -> int:
               "from a clean commit; commit first, or train from a clean worktree", file=sys.stderr)
     if pending and slurm is None and not args.report and not args.no_estimate:
         # Times each distinct shape once (cached), which also warms the compile caches the runs use.
-        estimates = estimate_grid(grid, pending, slots_for(args)[0].threads)
-        print_estimates(estimates, len(slots_for(args)))
+        slots = slots_for(args)
+        estimates = estimate_grid(grid, pending, slots[0].threads,
+                                  jobs=sum(1 for slot in slots if slot.device in (None, "cpu")))
+        print_estimates(estimates, len(slots))
         if not args.dry_run:
             save_estimates(grid, estimates)
     if args.dry_run:

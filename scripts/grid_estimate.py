@@ -19,9 +19,13 @@ A run's estimate:
   protocol) at the forward rate at that length; task scoring as its instances' tokens, for
   every task, scaling and length (and depth, for the tasks that place a needle).
 
-The grid's wall time divides the sum by the number of parallel jobs. Jobs share the
-machine's memory bandwidth, so parallel runs go somewhat slower than one alone: the
-estimate is a plan, and the grid's summary prints it beside what each run actually took.
+The grid's wall time divides the sum by the number of parallel jobs. Jobs on the CPU share
+its caches, memory bandwidth and maybe its cores, so a job among others runs slower than
+alone: with ``--jobs`` N > 1 on the CPU each shape's eager step is also timed in N processes
+at once (training/probe.py ``measure_shared``), and the run's training and evaluation times
+are stretched by that slowdown (on a 2-vCPU machine about 2×: without it, one grid's
+estimate was 2-2.5× short). The estimate is a plan; the grid's summary prints it beside what
+each run actually took.
 """
 
 from __future__ import annotations
@@ -44,7 +48,7 @@ from training.data import prepare
 from model.encodings import served_length
 from training.memory import MemoryLimitError, check_fits, check_training, forward_estimate, largest
 from training.probe import (COMPILE_MARGIN, PROBE_ROWS, ShapeTimes, cache_dir, load, measure_evaluation,
-                            measure_training, rate_at, shape_key)
+                            measure_shared, measure_training, rate_at, shape_key, shared_slowdown)
 from training.run_dir import RunDir
 from training.runtime import setup_runtime
 from training.validation import windows_per_batch
@@ -118,8 +122,10 @@ def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float
     return total * len(ev.steps or [None])  # every checkpoint scored
 
 
-def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], log=print) -> dict[str, Estimate]:
-    """Each pending run's estimate (runs already finished and evaluated cost nothing more)."""
+def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], log=print,
+                  jobs: int = 1) -> dict[str, Estimate]:
+    """Each pending run's estimate (runs already finished and evaluated cost nothing more),
+    as one of ``jobs`` CPU jobs at once, each with ``threads`` threads."""
     if threads:
         torch.set_num_threads(threads)
     prepared: dict[str, tuple[int, int]] = {}  # data config -> (vocabulary, evaluation split tokens)
@@ -151,15 +157,22 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
         lengths = _eval_lengths(cfg)
         if not times.eval_tok_s:
             times = measure_evaluation(cfg, rt, lengths)
+        if jobs > 1 and rt.device.type == "cpu" and str(jobs) not in times.shared_step_s:
+            log(f"  timing the shape of {run.name} as {jobs} jobs at once")
+            times = measure_shared(cfg, rt, jobs, threads)
+        slowdown = shared_slowdown(times, jobs) if rt.device.type == "cpu" else 1.0
         done = _progress(run)
         train_s, note = _train_seconds(cfg, times, cfg.train.total_steps() - done)
+        if jobs > 1 and rt.device.type == "cpu":
+            note += (f"; ×{slowdown:.1f} with {jobs} jobs at once" if str(jobs) in times.shared_step_s
+                     else f"; not timed as {jobs} jobs at once (that probe failed): may run long")
         if times.busy:
             note += "; timed while busy"
             if times.key not in busy:
                 busy.add(times.key)
                 log(f"  the shape of {run.name} was timed while other work shared the CPUs ({times.busy}): its "
                     f"estimates may run long; delete {cache_dir() / (times.key + '.json')} to time it again")
-        out[run.name] = Estimate(train_s, _eval_seconds(cfg, times, split_tokens), note)
+        out[run.name] = Estimate(train_s * slowdown, _eval_seconds(cfg, times, split_tokens) * slowdown, note)
     return out
 
 

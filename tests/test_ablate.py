@@ -108,66 +108,6 @@ def test_training_from_changed_code_is_warned_of_before_it_starts(tmp_path, corp
     assert "warning: the code differs" not in capsys.readouterr().err
 
 
-def test_a_shape_timed_on_a_busy_machine_says_so(tmp_path, corpus, monkeypatch):
-    """Other work on the CPUs slows the timed steps: the record keeps that, and the estimate
-    says which shape and how to time it again. Quiet is when the others' load is under half
-    the CPUs (this process's own thread not counted)."""
-    from scripts.grid_estimate import estimate_grid
-    from training import probe
-    monkeypatch.setenv("ROPELAB_PROBE_CACHE", str(tmp_path / "probes"))  # timed here, not found timed
-    monkeypatch.setattr(probe.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(probe.os, "getloadavg", lambda: (1.9, 0.0, 0.0))
-    assert probe.machine_busy() == ""
-    monkeypatch.setattr(probe.os, "getloadavg", lambda: (3.2, 0.0, 0.0))
-    assert probe.machine_busy() == "load average 3.2 on 2 CPUs"
-    grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope]")
-    logged = []
-    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=logged.append)
-    assert all(e.note.endswith("; timed while busy") for e in estimates.values())
-    assert any("timed while other work shared the CPUs (load average 3.2 on 2 CPUs)" in line and
-               str(probe.cache_dir()) in line for line in logged)
-    # The record keeps it: a quiet machine later does not make those timings quiet ones.
-    monkeypatch.setattr(probe.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
-    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=lambda *a: None)
-    assert all("timed while busy" in e.note for e in estimates.values())
-
-
-def test_the_evaluation_estimate_counts_the_tokens_each_protocol_feeds():
-    """Scored tokens / rate per length; sliding windows of stride S feed n/S tokens per scored one,
-    the same-token protocol n/T; a RoPE scaling is one more model past L only."""
-    from configs.schema import EvalConfig, RunConfig, TrainConfig
-    from scripts.grid_estimate import _eval_seconds
-    from training.probe import ShapeTimes
-    rates = ShapeTimes("k", eval_tok_s={"16": 100.0, "32": 50.0, "64": 25.0})
-    ev = EvalConfig(lengths=[16, 32, 64], protocols=["nonoverlap", "sliding", "same-tokens"], max_tokens=200,
-                    scalings=["none", "yarn"])
-    cfg = RunConfig(train=TrainConfig(seq_len=16), eval=ev)
-    # nonoverlap 200/r; sliding (stride n/2) 400/r; same-tokens (T = 16) 200·n/16/r; yarn doubles 32 and 64.
-    by_hand = sum(m * (200 + 400 + 200 * n / 16) / rates.eval_tok_s[str(n)] for n, m in ((16, 1), (32, 2), (64, 2)))
-    assert _eval_seconds(cfg, rates, split_tokens=10_000) == pytest.approx(by_hand)
-
-
-def test_the_estimate_counts_every_task_depth_scaling_checkpoint_and_competence_check():
-    """Task scoring: samples x length tokens per task, scaling and depth (tasks that place a
-    needle), for every checkpoint of eval.steps; a competence check reads as many instances at
-    L per task as a validation, and its budget is an upper bound."""
-    from configs.schema import DataConfig, EvalConfig, RunConfig, TokenizerConfig, TrainConfig
-    from configs.tasks import SyntheticConfig, TaskEvalConfig
-    from scripts.grid_estimate import _eval_seconds, _train_seconds
-    from training.probe import ShapeTimes
-    rates = ShapeTimes("k", eager_step_s=0.5, eval_tok_s={"16": 100.0, "32": 50.0})
-    data = DataConfig(source="synthetic", tokenizer=TokenizerConfig(kind="char"), synthetic=SyntheticConfig(tasks=["copy"]))
-    ev = EvalConfig(lengths=[16, 32], scalings=["none", "yarn"], steps=[0, 10, 20],
-                    tasks=TaskEvalConfig(tasks=["passkey", "copy"], samples=4, depths=[0.0, 0.5, 1.0]))
-    cfg = RunConfig(data=data, train=TrainConfig(seq_len=16, batch_size=2, eval_batches=3, eval_interval=10,
-                                                 stop_at_accuracy=0.9), eval=ev)
-    per_checkpoint = (3 + 1) * 2 * 4 * (16 / 100.0 + 32 / 50.0)  # (passkey's depths + copy) × scalings × samples
-    assert _eval_seconds(cfg, rates, split_tokens=0) == pytest.approx(3 * per_checkpoint)
-    seconds, note = _train_seconds(cfg, rates, 20)
-    validation = 3 * 2 * 16 / 100.0  # eval_batches × batch × L at the rate at L, three times (steps 0, 10, 20)
-    assert seconds == pytest.approx(20 * 0.5 + 3 * (1 + 1) * validation) and "at most" in note
-
-
 def test_the_dry_run_command_pastes_into_a_shell(tmp_path, corpus, capsys):
     """Overrides such as eval.lengths=[16, 32, 64] hold spaces and brackets: each is quoted, so
     the printed command is the planned one word for word when pasted."""

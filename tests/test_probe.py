@@ -48,3 +48,37 @@ def test_timing_a_shape_touches_no_random_state_and_is_recorded():
     assert torch.equal(torch.get_rng_state(), before)
     assert times.eager_step_s > 0 and set(times.eval_tok_s) == {"16", "256"}
     assert probe.load(probe.shape_key(cfg, rt)).eval_tok_s == times.eval_tok_s
+
+
+def test_jobs_timed_together_record_one_jobs_step_and_the_slowdown_it_means():
+    """Two spawned processes, one thread each, time the eager step at once: the record keeps
+    one job's step under the number of jobs, and the slowdown is that over the step alone."""
+    cfg = RunConfig(model=ModelConfig(vocab_size=97, d_model=32, n_layers=1, n_heads=4),
+                    train=TrainConfig(seq_len=16, batch_size=2))
+    rt = setup_runtime(cfg.train)
+    times = probe.measure_shared(cfg, rt, jobs=2, threads=1)
+    assert times.eager_step_s > 0 and times.shared_step_s["2"] > 0
+    assert probe.load(probe.shape_key(cfg, rt)).shared_step_s == times.shared_step_s
+    assert probe.shared_slowdown(times, 2) == max(1.0, times.shared_step_s["2"] / times.eager_step_s)
+
+
+def test_the_slowdown_is_one_where_nothing_says_otherwise():
+    times = probe.ShapeTimes("k", eager_step_s=0.04, shared_step_s={"2": 0.09, "4": 0.03})
+    assert probe.shared_slowdown(times, 2) == pytest.approx(2.25)
+    assert probe.shared_slowdown(times, 1) == 1.0  # one job: alone
+    assert probe.shared_slowdown(times, 3) == 1.0  # not measured for three
+    assert probe.shared_slowdown(times, 4) == 1.0  # faster in company: noise, not a gain
+    assert probe.shared_slowdown(probe.ShapeTimes("k", shared_step_s={"2": 0.09}), 2) == 1.0
+
+
+def test_a_shared_probe_whose_jobs_fail_records_nothing_and_returns_at_once():
+    """The jobs fail (no token to draw from a vocabulary of none) after the step alone was
+    recorded: the probe hears it from them, not after its timeout, and records no shared step."""
+    cfg = RunConfig(model=ModelConfig(vocab_size=97, d_model=32, n_layers=1, n_heads=4),
+                    train=TrainConfig(seq_len=16, batch_size=2))
+    object.__setattr__(cfg.model, "vocab_size", 0)  # past the config's own check, as a bug would be
+    rt = setup_runtime(cfg.train)
+    probe.ShapeTimes(probe.shape_key(cfg, rt), eager_step_s=0.01).save()
+    times = probe.measure_shared(cfg, rt, jobs=2, threads=1)
+    assert times.eager_step_s == 0.01 and times.shared_step_s == {}
+    assert probe.load(probe.shape_key(cfg, rt)).shared_step_s == {}

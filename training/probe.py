@@ -10,7 +10,12 @@ any run's state or random numbers:
 - optionally the same steps compiled: the first compiled step of a fresh compile (cold:
   torch's inductor and FX graph caches as they were) and of a second model compiled the
   same way (warm: what a run pays once the caches hold this shape), and a compiled step;
-- the forward throughput (tokens/s, inference mode) at each evaluation length asked for.
+- the forward throughput (tokens/s, inference mode) at each evaluation length asked for;
+- for a grid that runs several jobs at once on the CPU, the eager step of as many copies
+  timed together, each in its own process with its share of the threads: jobs share the
+  cores' caches and memory bandwidth (and, on a virtual machine, maybe the cores
+  themselves), so a job among others can run far slower than alone — on a 2-vCPU machine
+  two single-threaded jobs each took about twice the step time one took alone.
 
 Records are JSON files under ``$ROPELAB_PROBE_CACHE`` (default ``~/.cache/ropelab/probes``),
 one per shape; torch's inductor cache goes to ``$TORCHINDUCTOR_CACHE_DIR``, set by default
@@ -26,7 +31,9 @@ import dataclasses
 import hashlib
 import json
 import math
+import multiprocessing
 import os
+import queue
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -48,6 +55,8 @@ COMPILE_MARGIN = 1.25  # compile only when the steps saved exceed the compile ti
 FIRST_COMPILE_GUESS_S = 60.0  # before any probe: what a cold compile may cost at these sizes
 BEST_SPEEDUP_GUESS = 1.3  # before any probe: the most a compiled step has been seen to gain here
 PROBE_ROWS = 8  # windows per timed forward at most (fewer as the length grows), as evaluation batches them
+SHARED_WINDOW_S = 3.0  # each job's timed steps last about this long when jobs are timed together
+SHARED_TIMEOUT_S = 600.0  # a shared probe that has not finished by then is given up (and not recorded)
 
 
 def use_compile_cache() -> None:
@@ -63,6 +72,7 @@ class ShapeTimes:
     compile_cold_s: Optional[float] = None  # first compiled step minus a compiled step, caches as they were
     compile_warm_s: Optional[float] = None  # the same for a second model: what a run pays once caches hold it
     eval_tok_s: dict[str, float] = field(default_factory=dict)  # evaluation length -> forward tokens/s
+    shared_step_s: dict[str, float] = field(default_factory=dict)  # jobs at once -> one job's eager step
     measured: str = ""
     busy: str = ""  # set when other work shared the CPUs while these were timed (machine_busy)
 
@@ -178,6 +188,74 @@ def measure_training(cfg: RunConfig, rt: Runtime, compiled: bool) -> ShapeTimes:
     times.measured = time.strftime("%Y-%m-%d %H:%M:%S")
     times.save()
     return times
+
+
+def _shared_job(cfg: RunConfig, rt: Runtime, threads: Optional[int], steps: int, start, timed, results) -> None:
+    """One of the jobs timed together (a spawned process): warm up, wait for the others, time
+    ``steps`` eager steps, then keep stepping until every job has timed its own, so that no
+    job's timed steps run on an emptier machine than a grid's would."""
+    try:
+        if threads:
+            torch.set_num_threads(threads)
+        torch.manual_seed(0)
+        model = Transformer(cfg.model).to(rt.device)
+        step = _step_fn(model, model, cfg, rt)
+        step()
+        start.wait(timeout=SHARED_TIMEOUT_S)
+        results.put(_timed(step, steps))
+        with timed.get_lock():
+            timed.value += 1
+        while timed.value < start.parties:
+            step()
+    except Exception as e:  # noqa: BLE001 — reported to the parent, which gives the probe up
+        results.put(f"{type(e).__name__}: {e}")
+
+
+def measure_shared(cfg: RunConfig, rt: Runtime, jobs: int, threads: Optional[int]) -> ShapeTimes:
+    """Time the shape's eager step in ``jobs`` processes at once, each with ``threads`` threads,
+    as a grid with ``--jobs`` runs them on the CPU, and record one job's step time then (the
+    mean of the jobs' medians) under ``shared_step_s[jobs]``. Nothing is recorded when a job
+    fails or the probe runs past SHARED_TIMEOUT_S; the record is returned as it was."""
+    times = load(shape_key(cfg, rt))
+    if times.eager_step_s is None:
+        times = measure_training(cfg, rt, compiled=False)
+    steps = max(PROBE_STEPS, min(500, math.ceil(SHARED_WINDOW_S / max(times.eager_step_s, 1e-6))))
+    ctx = multiprocessing.get_context("spawn")  # a fresh interpreter each, as a grid's jobs are
+    start, timed, results = ctx.Barrier(jobs), ctx.Value("i", 0), ctx.Queue()
+    procs = [ctx.Process(target=_shared_job, args=(cfg, rt, threads, steps, start, timed, results), daemon=True)
+             for _ in range(jobs)]
+    busy = machine_busy(rt.device.type)
+    for proc in procs:
+        proc.start()
+    got, deadline = [], time.monotonic() + SHARED_TIMEOUT_S
+    try:
+        while len(got) < jobs and all(isinstance(g, float) for g in got):
+            try:
+                got.append(results.get(timeout=1.0))
+            except queue.Empty:
+                if time.monotonic() > deadline or any(p.exitcode not in (None, 0) for p in procs):
+                    got.append("a job died or hung")  # killed (e.g. out of memory) before it could say why
+    finally:
+        for proc in procs:
+            proc.join(timeout=5)
+            if proc.is_alive():
+                proc.terminate()
+    if all(isinstance(g, float) for g in got):
+        times.shared_step_s[str(jobs)] = sum(got) / len(got)
+        times.busy = times.busy or busy
+        times.measured = time.strftime("%Y-%m-%d %H:%M:%S")
+        times.save()
+    return times
+
+
+def shared_slowdown(times: ShapeTimes, jobs: int) -> float:
+    """How many times longer one job's step takes with ``jobs`` jobs at once than alone
+    (1 for one job, or when that was not measured; never below 1: a job cannot gain from
+    company, so a faster shared timing is noise)."""
+    shared = times.shared_step_s.get(str(jobs)) if jobs > 1 else None
+    if shared is None or not times.eager_step_s:
+        return 1.0
+    return max(1.0, shared / times.eager_step_s)
 
 
 def _spread(lengths: list[int]) -> list[int]:
