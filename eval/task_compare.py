@@ -182,14 +182,20 @@ def task_comparisons(kept: dict[str, RunCells], reference: str, meta: dict[str, 
     return out
 
 
+def _signed(x: float) -> str:
+    """A difference of accuracies to two decimals, or three where two would read ±0.00 of a
+    difference that is not zero (as -0.003, not -0.00)."""
+    return f"{x:+.3f}" if x != 0 and f"{abs(x):.2f}" == "0.00" else f"{x:+.2f}"
+
+
 def _cell_text(cell: Optional[dict]) -> str:
     if cell is None:
         return "–"
     estimate = cell["estimate"]
     if not _across_runs(estimate):
-        return f"{estimate.point:+.2f} (one seed)"
+        return f"{_signed(estimate.point)} (one seed)"
     low, high = estimate.interval()
-    return f"{estimate.point:+.2f} [{max(low, -1.0):+.2f}, {min(high, 1.0):+.2f}] {cell['mark']}"
+    return f"{_signed(estimate.point)} [{_signed(max(low, -1.0))}, {_signed(min(high, 1.0))}] {cell['mark']}"
 
 
 def _power_text(cell: Optional[dict]) -> str:

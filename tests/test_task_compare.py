@@ -238,3 +238,8 @@ def test_a_reference_row_no_seed_of_which_learned_the_task_says_so(tmp_path):
     write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
     report = (tmp_path / "report.md").read_text()
     assert "Not compared, as no seed of theirs learned the task: `alibi`." in report and "| nope vs rope |" in report
+
+
+def test_a_difference_that_rounds_to_zero_keeps_its_sign_and_a_digit():
+    from eval.task_compare import _signed
+    assert [_signed(x) for x in (-0.003, 0.004, 0.0, -0.12, 0.005)] == ["-0.003", "+0.004", "+0.00", "-0.12", "+0.01"]
