@@ -209,6 +209,34 @@ def print_estimates(estimates: dict[str, Estimate], jobs: int) -> None:
           f"of wall time with {jobs} job{'s' if jobs > 1 else ''} at once")
 
 
+def print_wall_times(reports: dict[str, list[dict]], estimates: Optional[dict[str, dict]] = None) -> None:
+    """Each run's wall times in minutes: its training (over all sessions) and the evaluation of
+    each report kind (perplexity, tasks) that produced its numbers (the runs' own records),
+    beside the estimate made before it started; then the grid's
+    totals in hours."""
+    kinds = list(reports)
+    per_run: dict[str, dict] = {}
+    for kind, runs in reports.items():
+        for run in runs:
+            entry = per_run.setdefault(run["name"], {"train": run.get("train_seconds")})
+            entry[kind] = run.get("eval_seconds")
+    for name, entry in per_run.items():
+        planned = (estimates or {}).get(name, {})
+        entry.update(est_train=planned.get("train_s"), est_eval=planned.get("eval_s"))
+    heads = ["train (min)"] + [f"{kind} eval (min)" for kind in kinds] + ["estimated train", "estimated eval"]
+    widths = [max(9, len(h)) for h in heads]
+    columns = ["train", *kinds, "est_train", "est_eval"]
+    print(f"\n{'wall time of each run':<40} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
+    for name, entry in per_run.items():
+        print(f"{name:<40} " + " ".join(f"{entry[k] / 60:{w}.1f}" if entry.get(k) else f"{'–':>{w}}"
+                                         for k, w in zip(columns, widths)))
+    totals = [sum(e.get(k) or 0 for e in per_run.values()) / 3600 for k in columns]
+    actual = sum(totals[:len(kinds) + 1])
+    print(f"{'grid total (hours, not minutes)':<40} " + " ".join(f"{t:{w}.2f}" for t, w in zip(totals, widths))
+          + f"   together {actual:.2f} hours" + (f", estimated {sum(totals[len(kinds) + 1:]):.2f}"
+                                                  if any(totals[len(kinds) + 1:]) else ""))
+
+
 def estimate_file(grid: Grid) -> Path:
     return Path(grid.out_dir) / grid.name / "_estimate.json"
 

@@ -120,18 +120,6 @@ def test_the_dry_run_command_pastes_into_a_shell(tmp_path, corpus, capsys):
     assert "eval.lengths=[16, 32, 64]" in run.overrides
 
 
-def test_wall_times_name_their_units_beside_the_estimate(capsys):
-    ablate.print_wall_times({"perplexity": [{"name": "a", "train_seconds": 7200, "eval_seconds": 90}],
-                             "tasks": [{"name": "a", "train_seconds": 7200, "eval_seconds": 30}]},
-                            {"a": {"train_s": 6000, "eval_s": 180}})
-    head, row, total = capsys.readouterr().out.strip().splitlines()
-    assert "train (min)" in head and "perplexity eval (min)" in head and "tasks eval (min)" in head
-    assert "estimated train" in head and "estimated eval" in head
-    assert row.split() == ["a", "120.0", "1.5", "0.5", "100.0", "3.0"]
-    assert total.split()[-10:] == ["2.00", "0.03", "0.01", "1.67", "0.05", "together", "2.03", "hours,",
-                                   "estimated", "1.72"]
-
-
 def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, capsys, monkeypatch):
     empty = tmp_path / "empty.txt"
     empty.write_text("")

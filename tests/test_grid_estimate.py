@@ -6,6 +6,7 @@ from __future__ import annotations
 import pytest
 
 from configs.grid import load_grid
+from scripts.grid_estimate import print_wall_times
 from test_ablate import write_grid
 
 
@@ -100,3 +101,15 @@ def test_jobs_at_once_on_the_cpu_stretch_each_runs_estimate_by_their_slowdown(tm
     # The grid's dry run estimates for as many jobs as share the CPU (the shape's record now cached).
     assert ablate.main([str(grid), "--dry-run", "--jobs", "2"]) == 0
     assert "×2.0 with 2 jobs at once" in capsys.readouterr().out
+
+
+def test_wall_times_name_their_units_beside_the_estimate(capsys):
+    print_wall_times({"perplexity": [{"name": "a", "train_seconds": 7200, "eval_seconds": 90}],
+                             "tasks": [{"name": "a", "train_seconds": 7200, "eval_seconds": 30}]},
+                            {"a": {"train_s": 6000, "eval_s": 180}})
+    head, row, total = capsys.readouterr().out.strip().splitlines()
+    assert "train (min)" in head and "perplexity eval (min)" in head and "tasks eval (min)" in head
+    assert "estimated train" in head and "estimated eval" in head
+    assert row.split() == ["a", "120.0", "1.5", "0.5", "100.0", "3.0"]
+    assert total.split()[-10:] == ["2.00", "0.03", "0.01", "1.67", "0.05", "together", "2.03", "hours,",
+                                   "estimated", "1.72"]
