@@ -20,12 +20,14 @@ A run's estimate:
   every task, scaling and length (and depth, for the tasks that place a needle).
 
 The grid's wall time divides the sum by the number of parallel jobs. Jobs on the CPU share
-its caches, memory bandwidth and maybe its cores, so a job among others runs slower than
-alone: with ``--jobs`` N > 1 on the CPU each shape's eager step is also timed in N processes
-at once (training/probe.py ``measure_shared``), and the run's training and evaluation times
-are stretched by that slowdown (on a 2-vCPU machine about 2×: without it, one grid's
-estimate was 2-2.5× short). The estimate is a plan; the grid's summary prints it beside what
-each run actually took.
+its caches, memory bandwidth and maybe its cores, so a job among others may run slower
+than alone: with ``--jobs`` N > 1 on the CPU each shape's eager step is also timed in N
+processes at once (training/probe.py ``measure_shared``), and the run's training and
+evaluation times are stretched by that slowdown (the task grid's copy runs then trained at
+69-78 ms a step, two at once; their shape's probe said 73). An estimate is for the machine
+it was made on and the load it had then: virtual machines of one kind differ (the task
+grid's runs went at 22,700 tokens/s per job on one and 10,500-14,800 on others, two jobs at
+once each time). It is a plan; the grid's summary prints it beside what each run took.
 """
 
 from __future__ import annotations

@@ -14,8 +14,8 @@ any run's state or random numbers:
 - for a grid that runs several jobs at once on the CPU, the eager step of as many copies
   timed together, each in its own process with its share of the threads: jobs share the
   cores' caches and memory bandwidth (and, on a virtual machine, maybe the cores
-  themselves), so a job among others can run far slower than alone — on a 2-vCPU machine
-  two single-threaded jobs each took about twice the step time one took alone.
+  themselves), so a job among others may run slower than alone (on a quiet 2-vCPU machine,
+  single-threaded, the task grid's 0.4M-parameter shapes: 1.00-1.12× of the step alone).
 
 Records are JSON files under ``$ROPELAB_PROBE_CACHE`` (default ``~/.cache/ropelab/probes``),
 one per shape; torch's inductor cache goes to ``$TORCHINDUCTOR_CACHE_DIR``, set by default
