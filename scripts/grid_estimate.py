@@ -214,8 +214,7 @@ def print_estimates(estimates: dict[str, Estimate], jobs: int) -> None:
 def print_wall_times(reports: dict[str, list[dict]], estimates: Optional[dict[str, dict]] = None) -> None:
     """Each run's wall times in minutes: its training (over all sessions) and the evaluation of
     each report kind (perplexity, tasks) that produced its numbers (the runs' own records),
-    beside the estimate made before it started; then the grid's
-    totals in hours."""
+    beside the estimate made before it started; then the grid's totals in hours."""
     kinds = list(reports)
     per_run: dict[str, dict] = {}
     for kind, runs in reports.items():
