@@ -56,7 +56,8 @@ from configs.experiment import experiment_differences
 from configs.grid import Grid, PlannedRun, fold_seeds, load_grid, row_of
 from configs.schema import EvalConfig, RunConfig
 from configs.slurm import SlurmConfig
-from scripts.grid_estimate import estimate_grid, print_estimates, print_wall_times, save_estimates, saved_estimates
+from scripts.grid_estimate import (estimate_grid, print_estimates, print_wall_times, rows_ended, save_estimates,
+                                   saved_estimates)
 from eval.diagnostics import run_diagnostics
 from eval.extrapolation import run_extrapolation
 from eval.tasks import check_planned, run_task_evaluation, wants_tasks
@@ -390,7 +391,7 @@ def run_grid(args: argparse.Namespace) -> int:
     if pending and slurm is None and not args.report and not args.no_estimate:
         # Times each distinct shape once (cached), which also warms the compile caches the runs use.
         slots = slots_for(args)
-        estimates = estimate_grid(grid, pending, slots[0].threads,
+        estimates = estimate_grid(grid, pending, slots[0].threads, ended=rows_ended(grid, runs),
                                   jobs=sum(1 for slot in slots if slot.device in (None, "cpu")))
         print_estimates(estimates, len(slots))
         if not args.dry_run:

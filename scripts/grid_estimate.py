@@ -41,13 +41,14 @@ import torch
 
 from common.atomic import write_text_atomic
 from common.errors import UserError
-from configs.grid import Grid, PlannedRun
+from configs.grid import Grid, PlannedRun, row_of
 from configs.schema import EvalConfig, RunConfig
 from data.tasks import TASKS
 from eval.tasks import planned_parent, resolved_tasks, wants_tasks
 from model.encodings import accepts_rope_scaling
 from training.data import prepare
 from model.encodings import served_length
+from scripts.grid_archive import record_of
 from training.memory import MemoryLimitError, check_fits, check_training, forward_estimate, largest
 from training.probe import (COMPILE_MARGIN, PROBE_ROWS, ShapeTimes, cache_dir, load, measure_evaluation,
                             measure_shared, measure_training, rate_at, shape_key, shared_slowdown)
@@ -61,6 +62,7 @@ class Estimate:
     train_s: float
     eval_s: float
     note: str = ""
+    expected_train_s: Optional[float] = None  # where the row's ended seeds say when a competence stop comes
 
 
 def _eval_lengths(cfg: RunConfig) -> list[int]:
@@ -125,9 +127,11 @@ def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float
 
 
 def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], log=print,
-                  jobs: int = 1) -> dict[str, Estimate]:
+                  jobs: int = 1, ended: Optional[dict[str, list[int]]] = None) -> dict[str, Estimate]:
     """Each pending run's estimate (runs already finished and evaluated cost nothing more),
-    as one of ``jobs`` CPU jobs at once, each with ``threads`` threads."""
+    as one of ``jobs`` CPU jobs at once, each with ``threads`` threads. A run not yet started
+    that stops at competence, in a row some of whose runs have ended (``ended``, from
+    ``rows_ended``), is also expected to train as many steps as they did on average."""
     if threads:
         torch.set_num_threads(threads)
     prepared: dict[str, tuple[int, int]] = {}  # data config -> (vocabulary, evaluation split tokens)
@@ -165,6 +169,11 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
         slowdown = shared_slowdown(times, jobs) if rt.device.type == "cpu" else 1.0
         done = _progress(run)
         train_s, note = _train_seconds(cfg, times, cfg.train.total_steps() - done)
+        seen = (ended or {}).get(row_of(run.name)) if cfg.train.stop_at_accuracy is not None and not done else None
+        expected = None
+        if seen:
+            expected, _ = _train_seconds(cfg, times, round(sum(seen) / len(seen)))
+            note += f"; expected {expected * slowdown / 60:.1f} min as its row's {len(seen)} ended run{'s' if len(seen) > 1 else ''}"
         if jobs > 1 and rt.device.type == "cpu":
             note += (f"; ×{slowdown:.1f} with {jobs} jobs at once" if str(jobs) in times.shared_step_s
                      else f"; not timed as {jobs} jobs at once (that probe failed): may run long")
@@ -174,7 +183,8 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
                 busy.add(times.key)
                 log(f"  the shape of {run.name} was timed while other work shared the CPUs ({times.busy}): its "
                     f"estimates may run long; delete {cache_dir() / (times.key + '.json')} to time it again")
-        out[run.name] = Estimate(train_s * slowdown, _eval_seconds(cfg, times, split_tokens) * slowdown, note)
+        out[run.name] = Estimate(train_s * slowdown, _eval_seconds(cfg, times, split_tokens) * slowdown, note,
+                                 None if expected is None else expected * slowdown)
     return out
 
 
@@ -190,6 +200,33 @@ def _check_memory(cfg: RunConfig, rt) -> None:
     estimate = largest(forwards)
     if estimate is not None:
         check_fits(estimate, rt.device, "Evaluate shorter lengths (eval.lengths).")
+
+
+def _ended_at(grid: Grid, run: PlannedRun) -> Optional[int]:
+    """The step a run that stops at competence ended at (reached, or its whole budget), from its
+    last checkpoint or else its archived record; None where it has not ended."""
+    ckpt = RunDir.of(run.cfg).latest_checkpoint() if RunDir.of(run.cfg).path.exists() else None
+    if ckpt is None and grid.archive is not None:
+        kept = sorted((record_of(grid, run) / "checkpoints").glob("step_*"))
+        ckpt = kept[-1] if kept else None
+    try:
+        meta = json.loads((ckpt / "meta.json").read_text()) if ckpt is not None else {}
+    except (OSError, ValueError):
+        return None
+    step, competence = meta.get("step"), meta.get("competence") or {}
+    if step is None or not (competence.get("reached") or step >= run.cfg.train.total_steps()):
+        return None
+    return int(step)
+
+
+def rows_ended(grid: Grid, runs: list[PlannedRun]) -> dict[str, list[int]]:
+    """Row -> the steps its runs that stop at competence ended at (scripts/ablate.py passes every
+    planned run: a pending seed's estimate may then expect the stop where its row's seeds had it)."""
+    out: dict[str, list[int]] = {}
+    for run in runs:
+        if run.cfg.train.stop_at_accuracy is not None and (step := _ended_at(grid, run)) is not None:
+            out.setdefault(row_of(run.name), []).append(step)
+    return out
 
 
 def _progress(run: PlannedRun) -> int:
@@ -209,6 +246,13 @@ def print_estimates(estimates: dict[str, Estimate], jobs: int) -> None:
     train, evaluation = (sum(getattr(e, k) for e in estimates.values()) / 3600 for k in ("train_s", "eval_s"))
     print(f"{'grid total (hours)':<40} {train:11.2f} {evaluation:10.2f}   about {(train + evaluation) / jobs:.2f} h "
           f"of wall time with {jobs} job{'s' if jobs > 1 else ''} at once")
+    informed = [e for e in estimates.values() if e.expected_train_s is not None]
+    if informed:
+        expected = sum(e.train_s if e.expected_train_s is None else e.expected_train_s for e in estimates.values())
+        print(f"{'expected where rows have ended runs':<40} {expected / 3600:11.2f} {evaluation:10.2f}   about "
+              f"{(expected / 3600 + evaluation) / jobs:.2f} h of wall time, if the {len(informed)} "
+              f"run{'s' if len(informed) > 1 else ''} not yet started in such rows stop at their row's mean "
+              "step (the others at their whole budget)")
 
 
 def print_wall_times(reports: dict[str, list[dict]], estimates: Optional[dict[str, dict]] = None) -> None:

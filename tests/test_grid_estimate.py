@@ -113,3 +113,47 @@ def test_wall_times_name_their_units_beside_the_estimate(capsys):
     assert row.split() == ["a", "120.0", "1.5", "0.5", "100.0", "3.0"]
     assert total.split()[-10:] == ["2.00", "0.03", "0.01", "1.67", "0.05", "together", "2.03", "hours,",
                                    "estimated", "1.72"]
+
+
+def test_seeds_not_yet_started_are_expected_to_stop_where_their_rows_seeds_did(tmp_path, capsys, monkeypatch):
+    """A competence-stopped grid: the estimate stays the whole budget (an upper bound), and a seed
+    not yet started in a row whose seeds have ended (read from their archived records: stopped at
+    competence, or at the whole budget) is also expected at their mean step; the total says so."""
+    import json
+
+    from scripts import grid_estimate
+    from test_ablate import write_synthetic_grid
+    write_synthetic_grid(tmp_path)
+    grid_file = tmp_path / "stop-grid.yaml"
+    grid_file.write_text(f"""
+name: stop-grid
+base: syn.yaml
+out_dir: {tmp_path / 'runs'}
+archive: {tmp_path / 'kept'}
+overrides: [train.max_steps=100, train.eval_interval=10, train.stop_at_accuracy=0.9]
+axes:
+  model.pos.kind: [rope, alibi]
+  train.seed: [0, 1, 2]
+""")
+    grid = load_grid(grid_file)
+    runs = grid.plan()
+
+    def keep(name: str, step: int, reached: bool) -> None:
+        meta = tmp_path / "kept" / name / "checkpoints" / f"step_{step:06d}" / "meta.json"
+        meta.parent.mkdir(parents=True)
+        meta.write_text(json.dumps({"step": step, "competence": {"reached": reached}}))
+    keep("kind-rope_seed-0", 40, True)
+    keep("kind-rope_seed-1", 100, False)  # ran out of its budget: ended too
+    keep("kind-alibi_seed-0", 50, False)  # neither reached nor at its budget: not ended
+    ended = grid_estimate.rows_ended(grid, runs)
+    assert ended == {"kind-rope": [40, 100]}
+    pending = [r for r in runs if r.name in ("kind-rope_seed-2", "kind-alibi_seed-1")]
+    monkeypatch.setattr(grid_estimate, "_train_seconds", lambda cfg, times, steps: (steps * 6.0, "eager"))
+    estimates = grid_estimate.estimate_grid(grid, pending, None, log=lambda *a: None, ended=ended)
+    rope, alibi = estimates["kind-rope_seed-2"], estimates["kind-alibi_seed-1"]
+    assert alibi.train_s == 600 and alibi.expected_train_s is None and "expected" not in alibi.note
+    assert rope.train_s == 600 and rope.expected_train_s == 420  # (40 + 100) / 2 = 70 steps
+    assert "expected 7.0 min as its row's 2 ended runs" in rope.note
+    grid_estimate.print_estimates(estimates, 1)
+    line = capsys.readouterr().out.splitlines()[-1]
+    assert line.startswith("expected where rows have ended runs") and "the 1 run not yet started in such rows" in line
