@@ -15,7 +15,8 @@ any run's state or random numbers:
   timed together, each in its own process with its share of the threads: jobs share the
   cores' caches and memory bandwidth (and, on a virtual machine, maybe the cores
   themselves), so a job among others may run slower than alone (on a quiet 2-vCPU machine,
-  single-threaded, the task grid's 0.4M-parameter shapes: 1.00-1.12× of the step alone).
+  single-threaded: 1.00-1.12× of the step alone for the task grid's shapes, 1.00-1.27× for
+  the retrieval grid's).
 
 Records are JSON files under ``$ROPELAB_PROBE_CACHE`` (default ``~/.cache/ropelab/probes``),
 one per shape; torch's inductor cache goes to ``$TORCHINDUCTOR_CACHE_DIR``, set by default
