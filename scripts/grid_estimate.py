@@ -163,28 +163,28 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
         lengths = _eval_lengths(cfg)
         if not times.eval_tok_s:
             times = measure_evaluation(cfg, rt, lengths)
-        if jobs > 1 and rt.device.type == "cpu" and str(jobs) not in times.shared_step_s:
-            log(f"  timing the shape of {run.name} as {jobs} jobs at once")
-            times = measure_shared(cfg, rt, jobs, threads)
-        slowdown = shared_slowdown(times, jobs) if rt.device.type == "cpu" else 1.0
+        sharing = jobs if rt.device.type == "cpu" else 1  # jobs on other devices do not share one
+        if sharing > 1 and str(sharing) not in times.shared_step_s:
+            log(f"  timing the shape of {run.name} as {sharing} jobs at once")
+            times = measure_shared(cfg, rt, sharing, threads)
+        slowdown = shared_slowdown(times, sharing)
         done = _progress(run)
         train_s, note = _train_seconds(cfg, times, cfg.train.total_steps() - done)
         seen = (ended or {}).get(row_of(run.name)) if cfg.train.stop_at_accuracy is not None and not done else None
         expected = None
         if seen:
-            expected, _ = _train_seconds(cfg, times, round(sum(seen) / len(seen)))
-            note += f"; expected {expected * slowdown / 60:.1f} min as its row's {len(seen)} ended run{'s' if len(seen) > 1 else ''}"
-        if jobs > 1 and rt.device.type == "cpu":
-            note += (f"; ×{slowdown:.1f} with {jobs} jobs at once" if str(jobs) in times.shared_step_s
-                     else f"; not timed as {jobs} jobs at once (that probe failed): may run long")
+            expected = _train_seconds(cfg, times, round(sum(seen) / len(seen)))[0] * slowdown
+            note += f"; expected {expected / 60:.1f} min as its row's {len(seen)} ended run{'s' if len(seen) > 1 else ''}"
+        if sharing > 1:
+            note += (f"; ×{slowdown:.1f} with {sharing} jobs at once" if str(sharing) in times.shared_step_s
+                     else f"; not timed as {sharing} jobs at once (that probe failed): may run long")
         if times.busy:
             note += "; timed while busy"
             if times.key not in busy:
                 busy.add(times.key)
                 log(f"  the shape of {run.name} was timed while other work shared the CPUs ({times.busy}): its "
                     f"estimates may run long; delete {cache_dir() / (times.key + '.json')} to time it again")
-        out[run.name] = Estimate(train_s * slowdown, _eval_seconds(cfg, times, split_tokens) * slowdown, note,
-                                 None if expected is None else expected * slowdown)
+        out[run.name] = Estimate(train_s * slowdown, _eval_seconds(cfg, times, split_tokens) * slowdown, note, expected)
     return out
 
 
@@ -202,17 +202,24 @@ def _check_memory(cfg: RunConfig, rt) -> None:
         check_fits(estimate, rt.device, "Evaluate shorter lengths (eval.lengths).")
 
 
-def _ended_at(grid: Grid, run: PlannedRun) -> Optional[int]:
-    """The step a run that stops at competence ended at (reached, or its whole budget), from its
-    last checkpoint or else its archived record; None where it has not ended."""
+def _last_meta(run: PlannedRun, grid: Optional[Grid] = None) -> dict:
+    """The metadata of the run's newest checkpoint, else (given a grid that keeps records) of its
+    archived record's; {} where there is none or it does not read."""
     ckpt = RunDir.of(run.cfg).latest_checkpoint() if RunDir.of(run.cfg).path.exists() else None
-    if ckpt is None and grid.archive is not None:
+    if ckpt is None and grid is not None and grid.archive is not None:
         kept = sorted((record_of(grid, run) / "checkpoints").glob("step_*"))
         ckpt = kept[-1] if kept else None
     try:
         meta = json.loads((ckpt / "meta.json").read_text()) if ckpt is not None else {}
     except (OSError, ValueError):
-        return None
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def _ended_at(grid: Grid, run: PlannedRun) -> Optional[int]:
+    """The step a run that stops at competence ended at (reached, or its whole budget), from its
+    last checkpoint or else its archived record; None where it has not ended."""
+    meta = _last_meta(run, grid)
     step, competence = meta.get("step"), meta.get("competence") or {}
     if step is None or not (competence.get("reached") or step >= run.cfg.train.total_steps()):
         return None
@@ -230,12 +237,10 @@ def rows_ended(grid: Grid, runs: list[PlannedRun]) -> dict[str, list[int]]:
 
 
 def _progress(run: PlannedRun) -> int:
-    ckpt = RunDir.of(run.cfg).latest_checkpoint() if RunDir.of(run.cfg).path.exists() else None
-    if ckpt is None:
-        return 0
+    """The steps the run has trained (its newest checkpoint's), 0 where it has none."""
     try:
-        return int(json.loads((ckpt / "meta.json").read_text())["step"])
-    except (OSError, ValueError, KeyError):
+        return int(_last_meta(run).get("step", 0))
+    except (TypeError, ValueError):
         return 0
 
 

@@ -105,8 +105,8 @@ def test_jobs_at_once_on_the_cpu_stretch_each_runs_estimate_by_their_slowdown(tm
 
 def test_wall_times_name_their_units_beside_the_estimate(capsys):
     print_wall_times({"perplexity": [{"name": "a", "train_seconds": 7200, "eval_seconds": 90}],
-                             "tasks": [{"name": "a", "train_seconds": 7200, "eval_seconds": 30}]},
-                            {"a": {"train_s": 6000, "eval_s": 180}})
+                      "tasks": [{"name": "a", "train_seconds": 7200, "eval_seconds": 30}]},
+                     {"a": {"train_s": 6000, "eval_s": 180}})
     head, row, total = capsys.readouterr().out.strip().splitlines()
     assert "train (min)" in head and "perplexity eval (min)" in head and "tasks eval (min)" in head
     assert "estimated train" in head and "estimated eval" in head
