@@ -37,7 +37,7 @@ perplexity report's do.
 
 from __future__ import annotations
 
-from typing import Optional
+from typing import NamedTuple, Optional
 
 import numpy as np
 
@@ -68,11 +68,16 @@ def task_reference(runs: list[dict], task_labels: dict[str, str]) -> Optional[st
     return found[0] + (f" @ {step}" if step is not None else "") + (f" + {scaling}" if plus else "")
 
 
-Scored = tuple  # (correct, total) or (correct, total, each instance's outcome: an array of 0/1)
+class Scored(NamedTuple):
+    """One run's answers at one length: how many right of how many, and, where its cells keep
+    them, each instance's outcome (an array of 0/1 in depth order) for the paired instance part."""
+    correct: int
+    total: int
+    outcomes: Optional[np.ndarray] = None
 
 
 def _scored(by_length: dict[int, list[dict]], length: int) -> Optional[Scored]:
-    """One run's (correct, total, outcomes or None) at a length, over its depth cells in depth order."""
+    """One run's answers at a length, over its depth cells in depth order; None where none scored."""
     cells = sorted((c for c in by_length.get(length, []) if c["status"] == "ok"),
                    key=lambda c: -1.0 if c["depth"] is None else c["depth"])
     if not cells:
@@ -83,14 +88,14 @@ def _scored(by_length: dict[int, list[dict]], length: int) -> Optional[Scored]:
     elif all("first_error" in c and "answer_tokens" in c for c in cells):
         right = np.concatenate([np.equal(c["first_error"], c["answer_tokens"]) for c in cells]).astype(np.float64)
     else:  # scored before cells kept each instance's outcome
-        return correct, total, None
-    return correct, total, right
+        right = None
+    return Scored(correct, total, right)
 
 
 def _outcomes(side: dict[str, Scored], runs: list[str], units: tuple[str, ...]) -> Optional[np.ndarray]:
     """(n,) a row's outcome per instance, averaged over its seeds (each unit once); None where a
     run kept counts alone."""
-    kept = [side[run][2] if len(side[run]) > 2 else None for run in runs]
+    kept = [side[run].outcomes for run in runs]
     if any(k is None for k in kept) or len({len(k) for k in kept}) != 1:
         return None
     return unit_means(np.stack(kept), units).mean(axis=0)
@@ -113,20 +118,21 @@ def _seed_part(values: np.ndarray) -> Part:
 
 
 def accuracy_difference(a: dict[str, Scored], b: dict[str, Scored], meta: dict[str, dict]) -> Optional[Estimate]:
-    """Accuracy of row ``a`` minus row ``b`` ({run: (correct, total[, outcomes])} each; ``meta``:
+    """Accuracy of row ``a`` minus row ``b`` ({run: Scored, or a (correct, total[, outcomes]) tuple} each; ``meta``:
     run -> its record, for its seed and parent), or None where a row has no scored run. The estimate's
     ``seeds`` are the fewest replicates (seeds, or parents) of either row, ``pairing`` "seed"
     or "welch"; no seed part (so an interval over the instances alone) where a row has one."""
     if not a or not b:
         return None
+    a, b = ({run: Scored(*s) for run, s in side.items()} for side in (a, b))
 
     def key(run: str) -> tuple:
         return meta[run]["seed"], replicate_unit(meta[run]) if meta[run].get("parent") else None
 
     def accuracies(side: dict[str, Scored], order: list[str]) -> np.ndarray:
-        return np.array([side[run][0] / side[run][1] for run in order])
+        return np.array([side[run].correct / side[run].total for run in order])
 
-    n = float(np.mean([scored[1] for scored in [*a.values(), *b.values()]]))
+    n = float(np.mean([scored.total for scored in [*a.values(), *b.values()]]))
     keys_a, keys_b = {key(r): r for r in a}, {key(r): r for r in b}
     runs_a, runs_b = sorted(a), sorted(b)
     units_a = tuple(replicate_unit(meta[r]) for r in runs_a)
