@@ -129,9 +129,10 @@ def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float
 def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], log=print,
                   jobs: int = 1, ended: Optional[dict[str, list[int]]] = None) -> dict[str, Estimate]:
     """Each pending run's estimate (runs already finished and evaluated cost nothing more),
-    as one of ``jobs`` CPU jobs at once, each with ``threads`` threads. A run not yet started
-    that stops at competence, in a row some of whose runs have ended (``ended``, from
-    ``rows_ended``), is also expected to train as many steps as they did on average."""
+    as one of ``jobs`` CPU jobs at once, each with ``threads`` threads. A run that stops at
+    competence, in a row some of whose runs have ended (``ended``, from ``rows_ended``), is also
+    expected to train as many steps as they did on average; a resumed one, as many more as those
+    that went past its step did (none such: no expectation)."""
     if threads:
         torch.set_num_threads(threads)
     prepared: dict[str, tuple[int, int]] = {}  # data config -> (vocabulary, evaluation split tokens)
@@ -170,11 +171,13 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
         slowdown = shared_slowdown(times, sharing)
         done = _progress(run)
         train_s, note = _train_seconds(cfg, times, cfg.train.total_steps() - done)
-        seen = (ended or {}).get(row_of(run.name)) if cfg.train.stop_at_accuracy is not None and not done else None
+        seen = (ended or {}).get(row_of(run.name), []) if cfg.train.stop_at_accuracy is not None else []
+        later = [step - done for step in seen if step > done]  # a resumed run has not stopped by its step
         expected = None
-        if seen:
-            expected = _train_seconds(cfg, times, round(sum(seen) / len(seen)))[0] * slowdown
-            note += f"; expected {expected / 60:.1f} min as its row's {len(seen)} ended run{'s' if len(seen) > 1 else ''}"
+        if later:
+            expected = _train_seconds(cfg, times, round(sum(later) / len(later)))[0] * slowdown
+            note += (f"; expected {expected / 60:.1f} min as its row's {len(later)} ended run{'s' if len(later) > 1 else ''}"
+                     + (f" that went past its step {done:,}" if done else ""))
         if sharing > 1:
             note += (f"; ×{slowdown:.1f} with {sharing} jobs at once" if str(sharing) in times.shared_step_s
                      else f"; not timed as {sharing} jobs at once (that probe failed): may run long")
@@ -256,8 +259,8 @@ def print_estimates(estimates: dict[str, Estimate], jobs: int) -> None:
         expected = sum(e.train_s if e.expected_train_s is None else e.expected_train_s for e in estimates.values())
         print(f"{'expected where rows have ended runs':<40} {expected / 3600:11.2f} {evaluation:10.2f}   about "
               f"{(expected / 3600 + evaluation) / jobs:.2f} h of wall time, if the {len(informed)} "
-              f"run{'s' if len(informed) > 1 else ''} not yet started in such rows stop at their row's mean "
-              "step (the others at their whole budget)")
+              f"run{'s' if len(informed) > 1 else ''} in such rows stop at their row's mean step (the "
+              "others at their whole budget)")
 
 
 def print_wall_times(reports: dict[str, list[dict]], estimates: Optional[dict[str, dict]] = None) -> None:

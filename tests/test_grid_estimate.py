@@ -115,10 +115,11 @@ def test_wall_times_name_their_units_beside_the_estimate(capsys):
                                    "estimated", "1.72"]
 
 
-def test_seeds_not_yet_started_are_expected_to_stop_where_their_rows_seeds_did(tmp_path, capsys, monkeypatch):
+def test_pending_seeds_are_expected_to_stop_where_their_rows_seeds_did(tmp_path, capsys, monkeypatch):
     """A competence-stopped grid: the estimate stays the whole budget (an upper bound), and a seed
-    not yet started in a row whose seeds have ended (read from their archived records: stopped at
-    competence, or at the whole budget) is also expected at their mean step; the total says so."""
+    in a row whose seeds have ended (read from their archived records: stopped at competence, or
+    at the whole budget) is also expected at their mean step (resumed: at the mean of those that
+    went past its step); the total says so."""
     import json
 
     from scripts import grid_estimate
@@ -156,4 +157,14 @@ axes:
     assert "expected 7.0 min as its row's 2 ended runs" in rope.note
     grid_estimate.print_estimates(estimates, 1)
     line = capsys.readouterr().out.splitlines()[-1]
-    assert line.startswith("expected where rows have ended runs") and "the 1 run not yet started in such rows" in line
+    assert line.startswith("expected where rows have ended runs") and "the 1 run in such rows stop" in line
+    # Resumed at step 60 in a row whose seeds ended at 40, 80 and 100: those past 60 say 30 more
+    # steps (its budget says 40); in a row whose one seed ended at 40, nothing is expected.
+    monkeypatch.setattr(grid_estimate, "_progress", lambda run: 60 if run.name == "kind-rope_seed-2" else 0)
+    resumed = grid_estimate.estimate_grid(grid, pending, None, log=lambda *a: None,
+                                          ended={"kind-rope": [40, 80, 100]})["kind-rope_seed-2"]
+    assert resumed.train_s == 240 and resumed.expected_train_s == 180
+    assert "expected 3.0 min as its row's 2 ended runs that went past its step 60" in resumed.note
+    alone = grid_estimate.estimate_grid(grid, pending, None, log=lambda *a: None,
+                                        ended={"kind-rope": [40]})["kind-rope_seed-2"]
+    assert alone.expected_train_s is None and "expected" not in alone.note
