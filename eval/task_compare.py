@@ -118,10 +118,11 @@ def _seed_part(values: np.ndarray) -> Part:
 
 
 def accuracy_difference(a: dict[str, Scored], b: dict[str, Scored], meta: dict[str, dict]) -> Optional[Estimate]:
-    """Accuracy of row ``a`` minus row ``b`` ({run: Scored, or a (correct, total[, outcomes]) tuple} each; ``meta``:
-    run -> its record, for its seed and parent), or None where a row has no scored run. The estimate's
-    ``seeds`` are the fewest replicates (seeds, or parents) of either row, ``pairing`` "seed"
-    or "welch"; no seed part (so an interval over the instances alone) where a row has one."""
+    """Accuracy of row ``a`` minus row ``b`` ({run: Scored, or a (correct, total[, outcomes])
+    tuple} each; ``meta``: run -> its record, for its seed and parent), or None where a row has no
+    scored run. The estimate's ``seeds`` are the fewest replicates (seeds, or parents) of either
+    row, ``pairing`` "seed" or "welch"; no seed part (so an interval over the instances alone)
+    where a row has one."""
     if not a or not b:
         return None
     a, b = ({run: Scored(*s) for run, s in side.items()} for side in (a, b))

@@ -176,7 +176,8 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
         expected = None
         if later:
             expected = _train_seconds(cfg, times, round(sum(later) / len(later)))[0] * slowdown
-            note += (f"; expected {expected / 60:.1f} min as its row's {len(later)} ended run{'s' if len(later) > 1 else ''}"
+            runs_said = f"{len(later)} ended run{'s' if len(later) > 1 else ''}"
+            note += (f"; expected {expected / 60:.1f} min as its row's {runs_said}"
                      + (f" that went past its step {done:,}" if done else ""))
         if sharing > 1:
             note += (f"; ×{slowdown:.1f} with {sharing} jobs at once" if str(sharing) in times.shared_step_s
