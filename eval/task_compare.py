@@ -191,8 +191,11 @@ def task_comparisons(kept: dict[str, RunCells], reference: str, meta: dict[str, 
 
 def _signed(x: float) -> str:
     """A difference of accuracies to two decimals, or three where two would read ±0.00 of a
-    difference that is not zero (as -0.003, not -0.00)."""
-    return f"{x:+.3f}" if x != 0 and f"{abs(x):.2f}" == "0.00" else f"{x:+.2f}"
+    difference that is not zero (as -0.003, not -0.00), or one significant figure where three
+    would too (-0.0003, not -0.000)."""
+    if x == 0 or f"{abs(x):.2f}" != "0.00":
+        return f"{x:+.2f}"
+    return f"{x:+.3f}" if f"{abs(x):.3f}" != "0.000" else f"{x:+.1g}"
 
 
 def _cell_text(cell: Optional[dict]) -> str:
@@ -248,14 +251,17 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
                 for name, cells in comparisons.items() if cells]
         return length_table(["row vs compared"], lengths, rows, mark=mark_length)
 
+    marks = (f"Marks: ▲ higher accuracy than the row compared with, ▼ lower, ~ neither, where the test across "
+             f"training runs rejects no difference after the Benjamini–Hochberg correction over this table's "
+             f"{tested} tests." if tested else
+             "No test across training runs: each comparison has one seed on a side, so its difference speaks of "
+             "those two training runs only, marked (one seed), and no power can be stated.")
+    power = ["", "Power across training runs: the smallest accuracy difference each comparison detects with its "
+             "seeds (80% power, two-sided 5%, before the correction; seeds are parents for fine-tunes) · the seeds per "
+             "row the observed difference would need (>100: more instances, not seeds, would decide it):", "",
+             table(_power_text)] if tested else []
     return ["", f"Compared with `{reference}`: the first row's accuracy minus the second's, over the seeds each "
             f"row pools, with its 95% interval across training runs and instances (eval/task_compare.py).{pairing} "
             f"Rows pooling the same seeds are paired seed by seed (by parent where fine-tunes share one){unpaired}. "
-            f"Marks: ▲ higher accuracy than the row compared with, ▼ lower, ~ neither, where the test across "
-            f"training runs rejects no difference after the Benjamini–Hochberg correction over this table's "
-            f"{tested} tests.{unlearned_text}", "", table(_cell_text), "",
-            "Power across training runs: the smallest accuracy difference each comparison detects with its seeds "
-            "(80% power, two-sided 5%, before the correction; seeds are parents for fine-tunes) · the seeds per row "
-            "the observed difference would need (>100: more instances, not seeds, would decide it):", "",
-            table(_power_text)]
+            f"{marks}{unlearned_text}", "", table(_cell_text)] + power
 

@@ -243,3 +243,18 @@ def test_a_reference_row_no_seed_of_which_learned_the_task_says_so(tmp_path):
 def test_a_difference_that_rounds_to_zero_keeps_its_sign_and_a_digit():
     from eval.task_compare import _signed
     assert [_signed(x) for x in (-0.003, 0.004, 0.0, -0.12, 0.005)] == ["-0.003", "+0.004", "+0.00", "-0.12", "+0.01"]
+    assert [_signed(x) for x in (-0.0003, 0.00004)] == ["-0.0003", "+4e-05"]  # not -0.000
+
+
+def test_a_comparison_with_one_seed_on_a_side_claims_no_test_and_no_power(tmp_path):
+    """RoPE learned the task at one seed of three, sinusoidal at three: the difference is shown,
+    marked (one seed), and the section says no test across training runs was made instead of
+    speaking of a correction over 0 tests, with no power table of dashes."""
+    runs = [run_record(f"{e}{s}", s, e, encoding=e) for e in ("rope", "sinusoidal") for s in range(3)]
+    rows = [{**cell(f"{e}{s}", s, n, c), "encoding": e} for e in ("rope", "sinusoidal") for s in range(3)
+            for n, c in ((32, 40 if e == "sinusoidal" or s == 2 else 3), (64, 30 if e == "sinusoidal" else 10))]
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "| sinusoidal vs rope | +0.00 (one seed) | +0.50 (one seed) |" in report
+    assert "No test across training runs" in report and "over this table's 0 tests" not in report
+    assert "Power across training runs" not in report
