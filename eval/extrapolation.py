@@ -49,6 +49,7 @@ from common.errors import NonFiniteOutput, UserError
 from model.positional.rope import RoPE
 from model.positional.rope_scaling import effective_scale
 from common.cli import entry_point
+from training.competence import logged_earlier_check
 from training.metrics import steady_train_seconds
 from training.provenance import git_commit, is_dirty
 from training.run_dir import RunDir
@@ -94,7 +95,9 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
             "steady_train_seconds": steady_train_seconds(RunDir(saved.run_dir).metrics, meta.get("tokens")),
             "parent": meta.get("parent"),
             "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev),
-            **({"competence": meta["competence"]} if meta.get("competence") else {})}
+            **({"competence": meta["competence"]} if meta.get("competence") else {}),
+            **({"competence_earlier": earlier} if (earlier := logged_earlier_check(
+                RunDir(saved.run_dir).metrics, meta.get("competence"))) else {})}
 
 
 def _check_finished(saved: SavedRun, allow_unfinished: bool) -> None:

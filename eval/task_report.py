@@ -276,7 +276,10 @@ def _competence(run: dict) -> str:
     # Three decimals: the competence check scores 256 instances (steps of 0.004), so two would
     # print 0.977 against a threshold of 0.98 as "0.98 < 0.98".
     accuracy = ", ".join(f"{a:.3f}" for a in (record.get("accuracy") or {}).values())
-    return f"**not reached** ({accuracy} < {record['threshold']:g})"
+    earlier = run.get("competence_earlier")  # the check four fifths of the way: still learning, or stalled?
+    before = (f"; {', '.join(f'{a:.3f}' for a in earlier['accuracy'].values())} at step {earlier['step']:,}"
+              if earlier else "")
+    return f"**not reached** ({accuracy} < {record['threshold']:g}{before})"
 
 
 def _runs_table(results: dict) -> list[str]:
@@ -300,7 +303,8 @@ HEADER = ("A cell is the exact-match accuracy (an instance counts only if every 
           "seeds that disagree widen it; "
           "one seed gets the Wilson interval alone, which says nothing about other training runs. The competence "
           "column of the runs says whether training reached train.stop_at_accuracy at L, and at which step, or ran "
-          "out of budget.")
+          "out of budget, with its accuracy at the end and at its check four fifths of the way there (a run still "
+          "learning when its budget ended, or one long stalled).")
 
 
 def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict], runs: list[dict],

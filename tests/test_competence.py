@@ -15,7 +15,7 @@ from configs import load_config
 from test_train import stop_after
 from eval.driver import pooling_group
 from training.checkpoint import read_meta
-from training.competence import CompetenceStop, reached_competence
+from training.competence import CompetenceStop, earlier_check, reached_competence
 from training.run_dir import RunDir
 
 
@@ -91,6 +91,24 @@ def test_a_budget_that_runs_out_is_stated(tmp_path, capsys):
     meta = read_meta(RunDir(tmp_path / "runs" / "short").latest_checkpoint())
     assert meta["finished"] and meta["competence"]["reached"] is False and meta["competence"]["checked_at"] == 8
     assert "competence NOT reached: the budget of 8 steps ran out" in capsys.readouterr().out
+    # Its check four fifths of the way (step 4 of 8, checks every 4), as its metrics logged it.
+    logged = records(tmp_path / "runs" / "short")
+    earlier = earlier_check(logged, meta["competence"])
+    assert earlier == {"step": 4, "accuracy": {"copy": next(r["val_acc_copy"] for r in logged if r["step"] == 4
+                                                            and "val_acc_copy" in r)}}
+
+
+def test_the_earlier_check_by_hand():
+    """The last check at or before 0.8 of the final one, every task's accuracy logged at it;
+    nothing for a run that reached competence or was never checked."""
+    competence = {"reached": False, "threshold": 0.98, "accuracy": {"a": 0.9, "b": 0.5}, "checked_at": 1000}
+    logged = [{"step": 250, "val_acc_a": 0.1, "val_acc_b": 0.1}, {"step": 500, "loss": 1.0},
+              {"step": 750, "val_acc_a": 0.6, "val_acc_b": 0.3}, {"step": 800, "val_acc_a": 0.7},  # b not logged
+              {"step": 1000, "val_acc_a": 0.9, "val_acc_b": 0.5}]
+    assert earlier_check(logged, competence) == {"step": 750, "accuracy": {"a": 0.6, "b": 0.3}}
+    assert earlier_check(logged, competence, share=0.2) is None  # no check by step 200
+    assert earlier_check(logged, {**competence, "reached": True, "step": 1000}) is None
+    assert earlier_check(logged, {**competence, "checked_at": None}) is None
 
 
 def test_seeds_trained_to_competence_pool_whatever_their_tokens(tmp_path):

@@ -22,7 +22,9 @@ complete: resuming it trains nothing.
 
 from __future__ import annotations
 
-from typing import Callable, Optional
+from typing import Callable, Iterable, Optional
+
+from training.metrics import read_records
 
 Accuracies = Callable[[object], dict[str, float]]  # model -> {task: exact-match accuracy at L}
 
@@ -67,6 +69,36 @@ class CompetenceStop:
         if state:  # a checkpoint written before the stop existed has none
             self.reached_at, self.latest = state.get("step"), dict(state.get("accuracy") or {})
             self.checked_at = state.get("checked_at")
+
+
+def earlier_check(records: Iterable[dict], competence: dict, share: float = 0.8) -> Optional[dict]:
+    """For a run whose budget ran out (``competence``: its meta.json record), the last check
+    at or before ``share`` of the way to its final one, from its metrics.jsonl ``records``
+    (``val_acc_<task>``, logged at each check): {"step", "accuracy": {task: accuracy}}, so a
+    report can say whether the run was still learning when the budget ended (0.88 at step
+    8,000 against 0.94 at 10,000) or had long stalled (at chance throughout). None for a run
+    that reached competence, or without such a check."""
+    if not competence or competence.get("reached") or not competence.get("checked_at"):
+        return None
+    tasks, last = list(competence.get("accuracy") or {}), competence["checked_at"]
+    found = None
+    for record in records:
+        step = record.get("step")
+        if (isinstance(step, int) and step <= share * last and tasks
+                and all(isinstance(record.get(f"val_acc_{t}"), (int, float)) for t in tasks)):
+            if found is None or step >= found["step"]:
+                found = {"step": step, "accuracy": {t: record[f"val_acc_{t}"] for t in tasks}}
+    return found
+
+
+def logged_earlier_check(metrics_path, competence: Optional[dict]) -> Optional[dict]:
+    """``earlier_check`` from a run's metrics.jsonl; None where the file cannot be read."""
+    if not competence or competence.get("reached"):
+        return None
+    try:
+        return earlier_check(read_records(metrics_path), competence)
+    except (OSError, UnicodeDecodeError):
+        return None
 
 
 def reached_competence(meta: dict) -> bool:
