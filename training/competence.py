@@ -81,14 +81,12 @@ def earlier_check(records: Iterable[dict], competence: dict, share: float = 0.8)
     if not competence or competence.get("reached") or not competence.get("checked_at"):
         return None
     tasks, last = list(competence.get("accuracy") or {}), competence["checked_at"]
-    found = None
-    for record in records:
-        step = record.get("step")
-        if (isinstance(step, int) and step <= share * last and tasks
-                and all(isinstance(record.get(f"val_acc_{t}"), (int, float)) for t in tasks)):
-            if found is None or step >= found["step"]:
-                found = {"step": step, "accuracy": {t: record[f"val_acc_{t}"] for t in tasks}}
-    return found
+    checks = [r for r in records if isinstance(r.get("step"), int) and r["step"] <= share * last
+              and all(isinstance(r.get(f"val_acc_{t}"), (int, float)) for t in tasks)]
+    if not tasks or not checks:
+        return None
+    check = max(checks, key=lambda r: r["step"])
+    return {"step": check["step"], "accuracy": {t: check[f"val_acc_{t}"] for t in tasks}}
 
 
 def logged_earlier_check(metrics_path, competence: Optional[dict]) -> Optional[dict]:
