@@ -7,8 +7,8 @@ or any evaluation: the report is written again over itself (or into ``--out``). 
 task and attention diagnostics reports are told apart by their contents (a diagnostics
 report's results.json keeps no example maps, nor does an early perplexity report's keep its
 training curves: made again, the report links the figures drawn beside it, which ``--out``
-copies along). ``--reference ROW`` changes the row a perplexity report compares every other
-row with. The numbers in results.json are never edited (a diagnostics results.json that
+copies along). ``--reference ROW`` changes the row a perplexity or task report compares every
+other row with (a task table that has no such row says so). The numbers in results.json are never edited (a diagnostics results.json that
 still keeps its runs' full cells, the first format, is reduced to per-window measures as a
 new report would be); the report says when it was made again. A results.json whose contents
 no report can be made from is a DataError.
@@ -66,9 +66,10 @@ def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = No
         # results.json keeps no maps
         write_diagnostics_report(results, out, carried_figures(source, out, ("attention_map_*.png",)))
         return out
-    if "kmax" in results:  # a task report (eval/tasks.py)
+    if "kmax" in results:  # a task report (eval/tasks.py): each task's table names its rows itself
         if reference is not None:
-            raise ArgumentError("--reference applies to perplexity reports; this is a task report")
+            for run in results["runs"]:
+                run["eval"] = {**(run.get("eval") or {}), "reference": reference}
         write_task_report(results, out)
         return out
     if reference is not None:
@@ -96,7 +97,7 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eval.remake", description=__doc__.split("\n\n")[0])
     p.add_argument("results", nargs="+", type=Path, help="results.json files of reports (or their directories)")
     p.add_argument("--out", type=Path, help="where to write the report (one results.json only; default: beside it)")
-    p.add_argument("--reference", metavar="ROW", help="the row every other row is compared with (perplexity reports)")
+    p.add_argument("--reference", metavar="ROW", help="the row every other row is compared with (perplexity and task reports)")
     usage_when_empty(p, argv)
     return p.parse_args(argv)
 

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pytest
 
@@ -161,6 +163,16 @@ def test_a_task_report_compares_every_row_with_the_reference(tmp_path):
     assert line.endswith("▲ |") and "+0.69 [" in line  # (38 + 36 + 39 − 10 − 12 − 8) / 120 at 64
     assert next(x for x in report.splitlines() if x.startswith("| nope vs rope |")).count("[") == 2
     assert "Not compared" not in report
+    # The same report made again from its results.json against another row: ALiBi's.
+    from eval.remake import main as remake
+    (tmp_path / "results.json").write_text(json.dumps({"created": "now", "runs": runs, "results": rows, "kmax": [],
+                                                       "missing": []}))
+    assert remake([str(tmp_path / "results.json"), "--reference", "alibi", "--out", str(tmp_path / "vs-alibi")]) == 0
+    again = (tmp_path / "vs-alibi" / "report.md").read_text()
+    assert "Compared with `alibi`" in again and "| alibi vs rope |" not in again
+    assert next(x for x in again.splitlines() if x.startswith("| rope vs alibi |")).endswith("▼ |")
+    assert remake([str(tmp_path / "results.json"), "--reference", "xpos", "--out", str(tmp_path / "vs-xpos")]) == 0
+    assert "eval.reference names no row of this task" in (tmp_path / "vs-xpos" / "report.md").read_text()
     # Power: the smallest difference each comparison detects, and the seeds the observed one needs.
     from eval.stats import detectable, seeds_needed
     from eval.task_compare import task_comparisons
