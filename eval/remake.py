@@ -8,9 +8,10 @@ task and attention diagnostics reports are told apart by their contents (a diagn
 report's results.json keeps no example maps, nor does an early perplexity report's keep its
 training curves: made again, the report links the figures drawn beside it, which ``--out``
 copies along). ``--reference ROW`` changes the row a perplexity or task report compares every
-other row with (a task table that has no such row says so). The numbers in results.json are never edited (a diagnostics results.json that
-still keeps its runs' full cells, the first format, is reduced to per-window measures as a
-new report would be); the report says when it was made again. A results.json whose contents
+other row with (a task table that has no such row says so). The numbers in results.json are
+never edited (a diagnostics results.json that still keeps its runs' full cells, the first
+format, is reduced to per-window measures as a new report would be); the report says when it
+was made again. A results.json whose contents
 no report can be made from is a DataError.
 """
 
