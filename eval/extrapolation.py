@@ -82,6 +82,7 @@ def scale_note(kind: str, length: int, train_len: int, factor: Optional[float]) 
 def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
     cfg, meta = saved.cfg, saved.meta
     group = pooling_group(cfg, meta.get("tokens"), meta.get("parent"))
+    metrics = RunDir(saved.run_dir).metrics
     return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind,
             "attention": cfg.model.attention, "group": group,
             "stem": run_stem(cfg.name, cfg.init.run),
@@ -92,12 +93,12 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
             "commits": meta.get("commits"), "total_steps": meta.get("total_steps"),
             **({"schedules": meta["schedules"]} if meta.get("schedules") else {}),
             "train_seconds": meta.get("train_seconds"),
-            "steady_train_seconds": steady_train_seconds(RunDir(saved.run_dir).metrics, meta.get("tokens")),
+            "steady_train_seconds": steady_train_seconds(metrics, meta.get("tokens")),
             "parent": meta.get("parent"),
             "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev),
             **({"competence": meta["competence"]} if meta.get("competence") else {}),
-            **({"competence_earlier": earlier} if (earlier := logged_earlier_check(
-                RunDir(saved.run_dir).metrics, meta.get("competence"))) else {})}
+            **({"competence_earlier": earlier} if (earlier := logged_earlier_check(metrics, meta.get("competence")))
+               else {})}
 
 
 def _check_finished(saved: SavedRun, allow_unfinished: bool) -> None:

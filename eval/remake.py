@@ -11,8 +11,7 @@ copies along). ``--reference ROW`` changes the row a perplexity or task report c
 other row with (a task table that has no such row says so). The numbers in results.json are
 never edited (a diagnostics results.json that still keeps its runs' full cells, the first
 format, is reduced to per-window measures as a new report would be); the report says when it
-was made again. A results.json whose contents
-no report can be made from is a DataError.
+was made again. A results.json whose contents no report can be made from is a DataError.
 """
 
 from __future__ import annotations
@@ -67,15 +66,12 @@ def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = No
         # results.json keeps no maps
         write_diagnostics_report(results, out, carried_figures(source, out, ("attention_map_*.png",)))
         return out
+    if reference is not None:  # as each run's eval.reference, where a fresh report reads it
+        for run in results["runs"]:
+            run["eval"] = {**(run.get("eval") or {}), "reference": reference}
     if "kmax" in results:  # a task report (eval/tasks.py): each task's table names its rows itself
-        if reference is not None:
-            for run in results["runs"]:
-                run["eval"] = {**(run.get("eval") or {}), "reference": reference}
         write_task_report(results, out)
         return out
-    if reference is not None:
-        for run in results["runs"]:
-            run["eval"]["reference"] = reference
     # An early results.json keeps no training curves: they are only in the figure.
     write_report(results, out, () if results.get("training_curves") else
                  carried_figures(source, out, ("training_loss.png",)))
