@@ -99,10 +99,13 @@ class TrainConfig:
     # task (checked every eval_interval steps) reaches this for every task; max_steps is then
     # the budget (training/competence.py). null: no stop.
     stop_at_accuracy: Optional[float] = None
+    # With stop_at_accuracy: how many checks in a row must pass before the run stops (1: the
+    # first that passes; 2 keeps a lucky check on a few hundred instances from ending a run).
+    stop_checks: int = 1
 
     def __post_init__(self) -> None:
         positive("train", self, "seq_len", "batch_size", "grad_accum", "eval_interval",
-                  "eval_batches", "ckpt_interval", "keep_last", "log_interval")
+                  "eval_batches", "ckpt_interval", "keep_last", "log_interval", "stop_checks")
         positive("train", self, "max_steps", "max_tokens", allow_none=True)
         check_device_name(self.device, "train.device")
         if self.seed < 0:  # numpy's generators (samplers, tasks) take non-negative seeds only
@@ -126,6 +129,10 @@ class TrainConfig:
         if self.stop_at_accuracy is not None and not 0.0 < self.stop_at_accuracy <= 1.0:
             raise ConfigError(f"train.stop_at_accuracy must be in (0, 1], an exact-match accuracy, or null "
                               f"(got {self.stop_at_accuracy})")
+        if self.stop_checks != 1 and self.stop_at_accuracy is None:
+            raise ConfigError(f"train.stop_checks={self.stop_checks} counts the checks of the competence stop, "
+                              "and train.stop_at_accuracy is null (no stop): set train.stop_at_accuracy, or "
+                              "train.stop_checks=1")
 
     def tokens_per_step(self, world_size: int = 1) -> int:
         return self.batch_size * self.grad_accum * self.seq_len * world_size

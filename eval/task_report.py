@@ -271,14 +271,18 @@ def _competence(run: dict) -> str:
     record = run.get("competence")
     if not record:
         return "–"
+    checks = record.get("checks", 1)  # train.stop_checks: the passing checks in a row that stop a run
     if record.get("reached"):
-        return f"at step {record['step']}"
+        return f"at step {record['step']}" + (f" ({checks} checks in a row)" if checks > 1 else "")
     # Three decimals: the competence check scores 256 instances (steps of 0.004), so two would
     # print 0.977 against a threshold of 0.98 as "0.98 < 0.98".
     accuracy = ", ".join(f"{a:.3f}" for a in (record.get("accuracy") or {}).values())
     earlier = run.get("competence_earlier")  # the check four fifths of the way: still learning, or stalled?
     before = (f"; {', '.join(f'{a:.3f}' for a in earlier['accuracy'].values())} at step {earlier['step']:,}"
               if earlier else "")
+    if record.get("streak"):  # the budget ended between the first passing check and the last one asked for
+        return (f"**not reached** ({accuracy} ≥ {record['threshold']:g} at {record['streak']} of {checks} checks"
+                f"{before})")
     return f"**not reached** ({accuracy} < {record['threshold']:g}{before})"
 
 

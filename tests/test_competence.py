@@ -49,8 +49,8 @@ def test_the_stop_by_hand():
     stop.check(None, 100)
     assert not stop.reached and "NOT reached" in stop.outcome(300)  # every task must pass
     stop.check(None, 200)
-    assert stop.reached and stop.record() == {"threshold": 0.95, "reached": True, "step": 200,
-                                              "accuracy": {"a": 0.96, "b": 0.95}, "checked_at": 200}
+    assert stop.reached and stop.record() == {"threshold": 0.95, "checks": 1, "reached": True, "step": 200,
+                                              "accuracy": {"a": 0.96, "b": 0.95}, "checked_at": 200, "streak": 1}
     stop.check(None, 300)  # once reached it stays reached (training has ended there)
     assert stop.record()["step"] == 200
     again = CompetenceStop(0.95, lambda model: {})
@@ -59,6 +59,29 @@ def test_the_stop_by_hand():
     assert reached_competence({"step": 200, "competence": stop.record()})
     assert not reached_competence({"step": 200, "competence": {"reached": False}})
     assert not reached_competence({"step": 300})  # no stop: its budget decides
+
+
+def test_checks_in_a_row_by_hand():
+    """train.stop_checks=2: a passing check followed by a failing one starts over."""
+    scores = iter([0.99, 0.5, 0.98, 0.99, 0.1])
+    stop = CompetenceStop(0.98, lambda model: {"a": next(scores)}, checks=2)
+    stop.check(None, 100)
+    assert not stop.reached and stop.streak == 1
+    assert "≥ 0.98 at the last 1 of the 2 checks in a row" in stop.outcome(100)
+    stop.check(None, 200)
+    assert not stop.reached and stop.streak == 0 and "(< 0.98)" in stop.outcome(200)
+    stop.check(None, 300)
+    resumed = CompetenceStop(0.98, lambda model: {"a": next(scores)}, checks=2)
+    resumed.load_state_dict(stop.state_dict())  # a checkpoint between the two passing checks
+    resumed.check(None, 400)
+    assert resumed.reached and resumed.record()["step"] == 400 and resumed.record()["streak"] == 2
+    assert "at 2 checks in a row" in resumed.outcome(400)
+    resumed.check(None, 500)
+    assert resumed.record()["step"] == 400  # reached stays reached
+    # A checkpoint written before the key existed: one check decided.
+    old = CompetenceStop(0.98, lambda model: {}, checks=1)
+    old.load_state_dict({"threshold": 0.98, "reached": True, "step": 300, "accuracy": {"a": 0.99}, "checked_at": 300})
+    assert old.reached and old.streak == 1
 
 
 def test_a_run_stops_at_competence_resumes_exactly_and_is_then_complete(tmp_path, monkeypatch, capsys):
@@ -84,6 +107,28 @@ def test_a_run_stops_at_competence_resumes_exactly_and_is_then_complete(tmp_path
     assert train.main([cfg, "name=straight", "--resume"]) == 0  # complete: trains nothing
     assert "already complete" in capsys.readouterr().out
     assert read_meta(straight.latest_checkpoint())["step"] == meta["step"]
+
+
+def test_a_run_asked_for_two_checks_in_a_row_stops_later_and_resumes_exactly(tmp_path, monkeypatch):
+    cfg = str(config(tmp_path))
+    assert train.main([cfg, "name=once"]) == 0
+    once = read_meta(RunDir(tmp_path / "runs" / "once").latest_checkpoint())["competence"]
+    assert train.main([cfg, "name=twice", "train.stop_checks=2"]) == 0
+    twice = RunDir(tmp_path / "runs" / "twice")
+    competence = read_meta(twice.latest_checkpoint())["competence"]
+    assert competence["reached"] and competence["checks"] == 2 and competence["streak"] == 2
+    checks = [(r["step"], r["val_acc_copy"]) for r in records(twice.path) if "val_acc_copy" in r]
+    assert checks[-1][0] == competence["step"] > once["step"]
+    assert checks[-2][1] >= 0.3 and checks[-1][1] >= 0.3  # the two checks in a row that stopped it
+    assert all(not (a >= 0.3 and b >= 0.3) for (_, a), (_, b) in zip(checks[:-2], checks[1:-1]))
+    # Stopped by a signal right after the first passing check, it resumes to the same stop.
+    with monkeypatch.context() as m:
+        stop_after(checks[-2][0], m)
+        assert train.main([cfg, "name=broken", "train.stop_checks=2"]) == 128 + signal.SIGTERM
+    assert train.main([cfg, "name=broken", "train.stop_checks=2", "--resume"]) == 0
+    assert numbers(tmp_path / "runs" / "broken") == numbers(twice.path)
+    # Its config is its experiment: resuming it with another count is refused.
+    assert train.main([cfg, "name=twice", "train.stop_checks=3", "--resume"]) == 2
 
 
 def test_a_budget_that_runs_out_is_stated(tmp_path, capsys):
@@ -128,6 +173,8 @@ def test_seeds_trained_to_competence_pool_whatever_their_tokens(tmp_path):
 @pytest.mark.parametrize("overrides,message", [
     (["train.stop_at_accuracy=1.5"], "train.stop_at_accuracy must be in (0, 1]"),
     (["data.source=builtin", "data.tokenizer.kind=bpe"], "train.stop_at_accuracy=0.3 needs tasks to score"),
+    (["train.stop_checks=0"], "train.stop_checks must be a positive integer"),
+    (["train.stop_at_accuracy=null", "train.stop_checks=2"], "train.stop_checks=2 counts the checks of the competence"),
 ])
 def test_bad_stop_settings_are_clear(tmp_path, overrides, message):
     with pytest.raises(ConfigError, match=message.replace("(", r"\(").replace("]", r"\]")):

@@ -10,7 +10,7 @@ import pytest
 from eval.effective_length import effective_length, effective_text, row_effective_length
 from eval.stats import t_quantile, wilson_interval
 from eval.task_positions import first_error_grid
-from eval.task_report import write_task_report
+from eval.task_report import _competence, write_task_report
 
 
 def test_effective_length_by_hand():
@@ -89,6 +89,13 @@ def cell_row(run: str, seed: int, length: int, correct: int, total: int = 10, **
             "scaling": "none", "length": length, "depth": None, "status": "ok", "correct": correct, "total": total,
             "accuracy": correct / total, "ci_low": 0.0, "ci_high": 1.0, **extra}
 
+
+def test_the_runs_table_names_the_checks_in_a_row_a_stop_asked_for():
+    assert _competence({"competence": {"reached": True, "step": 300}}) == "at step 300"  # written before the key
+    assert _competence({"competence": {"reached": True, "step": 300, "checks": 2}}) == "at step 300 (2 checks in a row)"
+    # The budget ended right after a first passing check of the two asked for.
+    ran_out = {"reached": False, "threshold": 0.98, "accuracy": {"copy": 0.984}, "checks": 2, "streak": 1}
+    assert _competence({"competence": ran_out}) == "**not reached** (0.984 ≥ 0.98 at 1 of 2 checks)"
 
 def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
     """Seed 0 learned copy at L (10/10), seed 1 did not (5/10): cells beyond L are seed 0's alone."""

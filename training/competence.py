@@ -9,11 +9,14 @@ same for every seed; the same scoring as evaluation, training/exact_match.py), e
 multikey/vartrack instance asking as many questions as the evaluation does
 (``eval.tasks.asked`` where set, else as trained: a run trained with ``asked: mixed`` and
 scored on one question is judged on one question, as the report judges it). Once every
-task is at ``a`` or above the run saves its checkpoint and ends; ``train.max_steps`` is
-then the budget. Either way each checkpoint's meta.json records the outcome
-(``competence``: the threshold, whether and at which step it was reached, the latest
-accuracies), so a report can say which seeds learned a task and which ran out of budget,
-never a silent floor.
+task is at ``a`` or above at ``train.stop_checks`` consecutive checks (1: the first) the
+run saves its checkpoint and ends; ``train.max_steps`` is then the budget. A single check
+on a few hundred instances can pass by luck (a model near ``a`` passes some checks and
+fails others), so a grid whose report pools the seeds that learned can ask for two in a
+row. Either way each checkpoint's meta.json records the outcome (``competence``: the
+threshold, the checks asked for, whether and at which step it was reached, the latest
+accuracies, the passing checks in a row so far), so a report can say which seeds learned a
+task and which ran out of budget, never a silent floor.
 
 The check only reads the model (no random draws), and its record is part of the training
 state, so a resumed run stops where the uninterrupted one does, and a run that stopped is
@@ -32,35 +35,44 @@ Accuracies = Callable[[object], dict[str, float]]  # model -> {task: exact-match
 class CompetenceStop:
     """The stop of one run: ``check`` after each validation, ``record`` for meta.json."""
 
-    def __init__(self, threshold: float, accuracies: Accuracies):
-        self.threshold, self.accuracies = threshold, accuracies
+    def __init__(self, threshold: float, accuracies: Accuracies, checks: int = 1):
+        self.threshold, self.accuracies, self.checks = threshold, accuracies, checks
         self.reached_at: Optional[int] = None  # the step competence was reached at
         self.latest: dict[str, float] = {}
         self.checked_at: Optional[int] = None
+        self.streak = 0  # the latest checks in a row at which every task passed
 
     @property
     def reached(self) -> bool:
         return self.reached_at is not None
 
     def check(self, model, step: int) -> dict[str, float]:
-        """Score the model at L; the accuracies (competence is reached when all are ≥ the threshold)."""
+        """Score the model at L; the accuracies (competence is reached once all are ≥ the
+        threshold at ``checks`` checks in a row)."""
         self.latest, self.checked_at = self.accuracies(model), step
-        if self.reached_at is None and min(self.latest.values()) >= self.threshold:
-            self.reached_at = step
+        if self.reached_at is None:
+            self.streak = self.streak + 1 if min(self.latest.values()) >= self.threshold else 0
+            if self.streak >= self.checks:
+                self.reached_at = step
         return self.latest
 
     def record(self) -> dict:
-        """What meta.json says: {threshold, reached, step (reached at, or None), accuracy, checked_at}."""
-        return {"threshold": self.threshold, "reached": self.reached, "step": self.reached_at,
-                "accuracy": dict(self.latest), "checked_at": self.checked_at}
+        """What meta.json says: {threshold, checks, reached, step (reached at, or None), accuracy,
+        checked_at, streak}."""
+        return {"threshold": self.threshold, "checks": self.checks, "reached": self.reached, "step": self.reached_at,
+                "accuracy": dict(self.latest), "checked_at": self.checked_at, "streak": self.streak}
 
     def outcome(self, steps: int) -> str:
         """A line for the end of training."""
         accuracy = ", ".join(f"{task} {acc:.3f}" for task, acc in self.latest.items()) or "not checked"
         if self.reached:
-            return f"competence reached at step {self.reached_at}: accuracy at L {accuracy} ≥ {self.threshold:g}"
+            times = f" at {self.checks} checks in a row" if self.checks > 1 else ""
+            return (f"competence reached at step {self.reached_at}: accuracy at L {accuracy} ≥ {self.threshold:g}"
+                    f"{times}")
+        short = (f"(≥ {self.threshold:g} at the last {self.streak} of the {self.checks} checks in a row asked for)"
+                 if self.streak else f"(< {self.threshold:g})")
         return (f"competence NOT reached: the budget of {steps} steps ran out with accuracy at L {accuracy} "
-                f"(< {self.threshold:g}); raise train.max_steps to train further")
+                f"{short}; raise train.max_steps to train further")
 
     def state_dict(self) -> dict:
         return self.record()
@@ -69,6 +81,8 @@ class CompetenceStop:
         if state:  # a checkpoint written before the stop existed has none
             self.reached_at, self.latest = state.get("step"), dict(state.get("accuracy") or {})
             self.checked_at = state.get("checked_at")
+            # Written before train.stop_checks existed: one check decided, so a reached run's streak was 1.
+            self.streak = state.get("streak", 1 if self.reached_at is not None else 0)
 
 
 def earlier_check(records: Iterable[dict], competence: dict, share: float = 0.8) -> Optional[dict]:
