@@ -94,7 +94,8 @@ def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(prog="python -m eval.remake", description=__doc__.split("\n\n")[0])
     p.add_argument("results", nargs="+", type=Path, help="results.json files of reports (or their directories)")
     p.add_argument("--out", type=Path, help="where to write the report (one results.json only; default: beside it)")
-    p.add_argument("--reference", metavar="ROW", help="the row every other row is compared with (perplexity and task reports)")
+    p.add_argument("--reference", metavar="ROW",
+                   help="the row every other row is compared with (perplexity and task reports)")
     usage_when_empty(p, argv)
     return p.parse_args(argv)
 

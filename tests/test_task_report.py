@@ -97,6 +97,7 @@ def test_the_runs_table_names_the_checks_in_a_row_a_stop_asked_for():
     ran_out = {"reached": False, "threshold": 0.98, "accuracy": {"copy": 0.984}, "checks": 2, "streak": 1}
     assert _competence({"competence": ran_out}) == "**not reached** (0.984 ≥ 0.98 at 1 of 2 checks)"
 
+
 def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
     """Seed 0 learned copy at L (10/10), seed 1 did not (5/10): cells beyond L are seed 0's alone."""
     runs = [{"run": f"r{s}", "name": f"rope_seed-{s}", "encoding": "rope", "group": "g", "stem": "rope", "seed": s,
