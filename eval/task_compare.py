@@ -20,7 +20,8 @@ The estimate is eval/stats.py's ``accuracy_estimate`` made a difference:
   interval across training runs.
 - **Instance part.** Every row answers the same n instances (eval.tasks.seed), so which
   instances were drawn moves both. Where the cells keep each instance's outcome
-  (``outcomes``; copy and addition: ``first_error``), it is the variance over instances of
+  (``first_error`` against ``answer_tokens``; ``outcomes`` in retrieval cells scored before
+  every task kept first errors), it is the variance over instances of
   the paired difference of the rows' seed-averaged outcomes, /n on n − 1 degrees of freedom. Where they keep counts
   alone, it is bounded by the sum of the two rows' binomial variances, each with one success
   and one failure added (p̃ = (np̄ + 1)/(n + 2), p̃(1 − p̃)/(n + 2); Agresti & Caffo 2000), on

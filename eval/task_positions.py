@@ -1,17 +1,23 @@
-"""Where along the answer the first error falls, for tasks whose answer grows with the length
-(copy, addition): exact match says only that an instance failed, not where.
+"""Where along the answer the first error falls: exact match says only that an instance
+failed, not where.
 
 Each scored instance records how many of its answer tokens are right before the first
 wrong one (training/exact_match.py: ``first_errors``; all of them where it is right). The
 report gives, per row and length, pooled over the seeds that learned the task:
 
-- the mean share of the answer right before its first error (1.0: every instance right);
-- a heatmap per row of where the first error falls, in multiples of the answer's length at
+- the mean share of the answer right before its first error (1.00: every instance right);
+- a heatmap per row of where the first error falls, each length's column summing to 1 with
+  "none" for the instances with no error. Where the answer grows with the length (copy,
+  addition: the task's ``per_position``) the bins are multiples of the answer's length at
   the reference length R (m_R answer tokens: half the length for copy, a quarter for
-  aligned addition): [0, ¼), [¼, ½), [½, 1), [1, 2), [2, 4) … × m_R, and "none" for
-  instances with no error; each length's column sums to 1. A model that has learned to copy
-  only as far as it was trained fails in the [1, 2) bin at every length past R; one that
-  loses its place early fails in the first bins.
+  aligned addition): [0, ¼), [¼, ½), [½, 1), [1, 2), [2, 4) … × m_R. A model that has
+  learned to copy only as far as it was trained fails in the [1, 2) bin at every length
+  past R; one that loses its place early fails in the first bins. Where the answer keeps
+  its length (the retrieval tasks) the bins are the answer's tokens, 1 to m (past 12
+  tokens: the first, then 11 equal groups of the rest): an error at the first token is an
+  answer wrong from its start, which for a retrieval task is most often the wrong needle
+  or chain picked (the candidates' first tokens seldom agree), one later in the answer a
+  pick that was right, or lucky, and then copied wrong.
 """
 
 from __future__ import annotations
@@ -21,6 +27,7 @@ from pathlib import Path
 
 import numpy as np
 
+from data.tasks import TASKS
 from eval.labels import label_order
 from eval.task_plots import plot_heatmaps
 
@@ -46,18 +53,24 @@ def _edge(x: float) -> str:
     return {0.25: "¼", 0.5: "½"}.get(x, f"{x:g}")
 
 
-def first_error_grid(per_run: dict[str, dict[int, list[dict]]], reference: int):
-    """(bin names, lengths, shares (bins × lengths)) of one row, or None without the reference length."""
+def first_error_grid(per_run: dict[str, dict[int, list[dict]]], reference: int, grows: bool = True):
+    """(bin names, lengths, shares (bins × lengths)) of one row, or None without the reference
+    length; ``grows``: bins in multiples of m_R, else one per answer token (see the module)."""
     lengths = sorted({n for by_length in per_run.values() for n in by_length})
     _, at_r = instances(per_run, reference)
     if not len(at_r):
         return None
-    unit = float(at_r.max())  # m_R: answer tokens at the reference length
     scored = {n: instances(per_run, n) for n in lengths}
     scored = {n: v for n, v in scored.items() if len(v[0])}
-    cuts = edges(max(a.max() for _, a in scored.values()) / unit)
-    names = [f"[{_edge(a)}, {_edge(b)})" for a, b in zip(cuts[:-1], cuts[1:])] + ["none"]
-    grid = np.full((len(names), len(lengths)), np.nan)
+    longest = max(a.max() for _, a in scored.values())
+    if grows:
+        unit = float(at_r.max())  # m_R: answer tokens at the reference length
+        cuts = edges(longest / unit)
+        names = [f"[{_edge(a)}, {_edge(b)})" for a, b in zip(cuts[:-1], cuts[1:])]
+    else:
+        unit, cuts = 1.0, token_edges(int(longest))
+        names = [f"{a + 1:g}" if b - a == 1 else f"{a + 1:g}–{b:g}" for a, b in zip(cuts[:-1], cuts[1:])]
+    grid = np.full((len(names) + 1, len(lengths)), np.nan)
     for j, n in enumerate(lengths):
         if n not in scored:
             continue
@@ -65,7 +78,16 @@ def first_error_grid(per_run: dict[str, dict[int, list[dict]]], reference: int):
         wrong = first < answer
         counts, _ = np.histogram(first[wrong] / unit, bins=cuts)
         grid[:, j] = np.append(counts, (~wrong).sum()) / len(first)
-    return names, lengths, grid
+    return names + ["none"], lengths, grid
+
+
+def token_edges(tokens: int, most: int = 12) -> list[float]:
+    """Bin edges over answer tokens 0 … ``tokens`` − 1 (right before the first error): one bin
+    per token up to ``most`` tokens, else the first token, then ``most`` − 1 equal groups."""
+    if tokens <= most:
+        return [float(k) for k in range(tokens + 1)]
+    width = math.ceil((tokens - 1) / (most - 1))
+    return [0.0, *(float(k) for k in range(1, tokens, width)), float(tokens)]
 
 
 def positions_section(task: str, kept: Kept, settings: dict[str, dict], out: Path) -> list[str]:
@@ -75,6 +97,7 @@ def positions_section(task: str, kept: Kept, settings: dict[str, dict], out: Pat
     if not rows:
         return []
     lengths = sorted({n for per_run in rows.values() for by_length in per_run.values() for n in by_length})
+    grows = TASKS[task].per_position if task in TASKS else True
     lines, grids = [], {}
     for label in sorted(rows, key=label_order):
         shares = []
@@ -82,14 +105,18 @@ def positions_section(task: str, kept: Kept, settings: dict[str, dict], out: Pat
             first, answer = instances(rows[label], n)
             shares.append(f"{np.mean(first / answer):.2f}" if len(first) else "–")
         lines.append(f"| {label} | " + " | ".join(shares) + " |")
-        grid = first_error_grid(rows[label], settings[next(iter(rows[label]))]["reference"])
+        grid = first_error_grid(rows[label], settings[next(iter(rows[label]))]["reference"], grows)
         if grid is not None:
             grids[label] = grid
     plot = f"{task}_first_error.png"
     if grids:
         plot_heatmaps(grids, out / plot, f"{task}: where the first error falls (seeds that learned it)",
-                      ylabel="first error at (× answer length at R)", scale="share of instances")
+                      ylabel="first error at (× answer length at R)" if grows else "first error at answer token",
+                      scale="share of instances")
+    bins = ("in multiples of the answer's length at R" if grows else
+            "at which of the answer's tokens (1: wrong from its start, most often the wrong candidate picked)")
     return ["", f"Where the first error falls ({task}; eval/task_positions.py): the mean share of the answer right "
-            "before its first error, over the instances of the seeds that learned the task (1.00: no error):", "",
+            "before its first error, over the instances of the seeds that learned the task (1.00: no error); the "
+            f"heatmaps give the share of instances whose first error falls {bins}, \"none\" for those right:", "",
             "| row | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---:|" * len(lengths), *lines,
             *(["", f"![{task}: where the first error falls]({plot})"] if grids else [])]

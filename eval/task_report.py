@@ -18,8 +18,9 @@ between seeds (a t-interval across training runs; eval/stats.py); a second table
 seed's accuracy, those that did not learn the task in parentheses.
 
 Each task adds its effective length (eval/effective_length.py); passkey and multikey add
-depth × length heatmaps, passkey k_max per seed (eval/kmax.py), copy and addition where the
-first error falls (eval/task_positions.py).
+depth × length heatmaps, passkey k_max per seed (eval/kmax.py), and every task where the
+first error falls (eval/task_positions.py; copy and addition in multiples of the answer's
+length, the others by answer token; tasks other than copy and addition once scored with it).
 """
 
 from __future__ import annotations

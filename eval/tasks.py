@@ -4,8 +4,8 @@ For every run, task, RoPE scaling (RoPE runs only; factor = length / L_train unl
 ``eval.factor`` fixes it) and length: the fraction of ``eval.tasks.samples`` test instances
 whose answer tokens are all predicted exactly (training/exact_match.py), with a 95% Wilson
 interval (eval/stats.py); for passkey and multikey per (length, depth) cell, plus k_max for
-passkey (eval/kmax.py); for copy and addition, where each instance's first wrong answer
-token falls. Writes ``results.json``, ``report.md`` and PNG plots into ``--out``
+passkey (eval/kmax.py); for every task, where each instance's first wrong answer token
+falls. Writes ``results.json``, ``report.md`` and PNG plots into ``--out``
 (eval/task_report.py).
 
 Which tasks: ``eval.tasks.tasks``, else the run's own tasks (``data.source: synthetic``), else
@@ -177,22 +177,18 @@ def preflight(cfg: RunConfig, ev: EvalConfig) -> Optional[Estimate]:
 
 
 def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalConfig) -> dict:
-    """Exact-match counts and the Wilson interval for one (task, length, depth) cell; for a task
-    whose answer grows with the length, each instance's answer tokens right before the first
-    wrong one (``first_error``, = ``answer_tokens`` where all are right), for the others each
-    instance's outcome (``outcomes``: "1" right, "0" wrong, in instance order), which paired
-    comparisons of rows answering the same instances use (eval/task_compare.py)."""
+    """Exact-match counts and the Wilson interval for one (task, length, depth) cell, and each
+    instance's answer tokens right before its first wrong one (``first_error``, =
+    ``answer_tokens`` where all are right, in instance order): where the answer broke
+    (eval/task_positions.py) and which instances were right, which paired comparisons of rows
+    answering the same instances use (eval/task_compare.py). Cells scored before every task
+    kept it hold ``outcomes`` ("1" right, "0" wrong) for the tasks whose answer does not grow."""
     instances = [eval_instance(task, ev.tasks.seed, length, depth, i) for i in range(ev.tasks.samples)]
     errors, answers = first_errors(model, instances), answer_tokens(instances)
     correct = int((errors == answers).sum())
     low, high = wilson_interval(correct, len(instances))
-    cell = {"correct": correct, "total": len(instances), "accuracy": correct / len(instances),
-            "ci_low": low, "ci_high": high}
-    if task.per_position:
-        cell.update(first_error=errors.tolist(), answer_tokens=answers.tolist())
-    else:
-        cell["outcomes"] = "".join("1" if right else "0" for right in errors == answers)
-    return cell
+    return {"correct": correct, "total": len(instances), "accuracy": correct / len(instances),
+            "ci_low": low, "ci_high": high, "first_error": errors.tolist(), "answer_tokens": answers.tolist()}
 
 
 def trained_on(cfg: RunConfig) -> str:

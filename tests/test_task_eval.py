@@ -163,12 +163,11 @@ def test_report_pools_seeds_with_seed_aware_intervals_and_marks_learned_na(score
     for r in rows:
         if r["status"] == "ok":
             assert (r["ci_low"], r["ci_high"]) == wilson_interval(r["correct"], r["total"]) and r["total"] == 6
-            # Each instance's outcome, for paired comparisons (eval/task_compare.py): its own
-            # string where the answer does not grow with the length, else first_error.
-            right = (r["outcomes"] if "outcomes" in r else
-                     "".join("1" if e == a else "0" for e, a in zip(r["first_error"], r["answer_tokens"])))
-            assert len(right) == 6 and right.count("1") == r["correct"] and set(right) <= {"0", "1"}
-            assert ("outcomes" in r) == (r["task"] not in ("copy", "addition"))
+            # Every task keeps each instance's first error (where it broke, and for paired
+            # comparisons whether it was right: eval/task_compare.py).
+            assert "outcomes" not in r and len(r["first_error"]) == len(r["answer_tokens"]) == 6
+            assert all(0 <= e <= a for e, a in zip(r["first_error"], r["answer_tokens"]))
+            assert sum(e == a for e, a in zip(r["first_error"], r["answer_tokens"])) == r["correct"]
     learned = [r for r in rows if r["name"] == "learned"]
     assert {(r["length"], r["status"]) for r in learned} == {(24, "ok"), (48, "n/a")}
     passkey = [r for r in rows if r["task"] == "passkey"]
@@ -182,7 +181,9 @@ def test_report_pools_seeds_with_seed_aware_intervals_and_marks_learned_na(score
                 for run in sorted({r["run"] for r in pooled})]
     low, high = pooled_accuracy_interval(per_seed)
     assert len(per_seed) == 2 and f"{c / n:.2f} [{low:.2f}, {high:.2f}]" in report  # two seeds pooled into one row
-    for name in ("passkey_heatmap.png", "accuracy_recall.png", "accuracy_passkey.png", "results.json"):
+    assert "Where the first error falls (passkey" in report and "at which of the answer's tokens" in report
+    for name in ("passkey_heatmap.png", "accuracy_recall.png", "accuracy_passkey.png", "passkey_first_error.png",
+                 "results.json"):
         assert (tmp_path / "rep" / name).is_file()
     # Cached per checkpoint: a second report reads the cache and gives the same numbers (the
     # report's own settings are not part of the cache key).

@@ -9,7 +9,7 @@ import pytest
 
 from eval.effective_length import effective_length, effective_text, row_effective_length
 from eval.stats import t_quantile, wilson_interval
-from eval.task_positions import first_error_grid
+from eval.task_positions import first_error_grid, token_edges
 from eval.task_report import _competence, write_task_report
 
 
@@ -127,6 +127,23 @@ def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
     assert names == ["[0, ¼)", "[¼, ½)", "[½, 1)", "[1, 2)", "none"] and lengths == [32, 64]
     # At 64, six instances fail at 16..21 tokens ([1, 2) × m_R), four are right.
     assert grid[:, 0].tolist() == [0, 0, 0, 0, 1.0] and grid[:, 1].tolist() == [0, 0, 0, 0.6, 0.4]
+
+
+def test_first_errors_of_a_fixed_length_answer_fall_in_token_bins():
+    """A retrieval answer keeps its length: one bin per answer token (1: wrong from the start),
+    then "none"; past 12 tokens the first token alone and the rest in 11 groups."""
+    cells = {32: [{"first_error": [5, 5, 0, 0], "answer_tokens": [5] * 4}],
+             64: [{"first_error": [0, 0, 3, 5], "answer_tokens": [5] * 4}]}
+    names, lengths, grid = first_error_grid({"r0": cells}, 32, grows=False)
+    assert names == ["1", "2", "3", "4", "5", "none"] and lengths == [32, 64]
+    assert grid[:, 0].tolist() == [0.5, 0, 0, 0, 0, 0.5] and grid[:, 1].tolist() == [0.5, 0, 0, 0.25, 0, 0.25]
+    assert token_edges(5) == [0, 1, 2, 3, 4, 5]
+    # 23 tokens (multivalue, 4 values of 5 digits): token 1, then 2-3, 4-5, ..., 22-23.
+    assert token_edges(23) == [0, *range(1, 23, 2), 23]
+    long = {32: [{"first_error": [0, 1, 2, 22, 23], "answer_tokens": [23] * 5}]}
+    names, _, grid = first_error_grid({"r0": long}, 32, grows=False)
+    assert names[:3] == ["1", "2–3", "4–5"] and names[-2:] == ["22–23", "none"] and len(names) == 13
+    assert grid[:, 0].tolist() == [0.2, 0.4] + [0] * 9 + [0.2, 0.2]
 
 
 def test_fine_tunes_of_several_parents_count_each_parent_once(tmp_path):
