@@ -90,10 +90,15 @@ def token_edges(tokens: int, most: int = 12) -> list[float]:
     return [0.0, *(float(k) for k in range(1, tokens, width)), float(tokens)]
 
 
-def positions_section(task: str, kept: Kept, settings: dict[str, dict], out: Path) -> list[str]:
-    """The report's first-error table and heatmaps for one task (nothing for tasks without them)."""
-    rows = {label: per_run for label, per_run in kept.items() if per_run and any(
+def positions_section(task: str, kept: Kept, settings: dict[str, dict], out: Path, everyone: Kept) -> list[str]:
+    """The report's first-error table and heatmaps for one task (nothing for tasks without them):
+    each row's seeds that learned the task (``kept``), or where none did, all of its seeds
+    (``everyone``), marked, since where a model that never learned a task fails tells why."""
+    shown = {label: kept.get(label) or per_run for label, per_run in everyone.items()}
+    rows = {label: per_run for label, per_run in shown.items() if per_run and any(
         "first_error" in c for by_length in per_run.values() for cells in by_length.values() for c in cells)}
+    named = {label: label if kept.get(label) else f"{label} (not learned: {len(per_run)} seeds)"
+             for label, per_run in rows.items()}
     if not rows:
         return []
     lengths = sorted({n for per_run in rows.values() for by_length in per_run.values() for n in by_length})
@@ -104,19 +109,20 @@ def positions_section(task: str, kept: Kept, settings: dict[str, dict], out: Pat
         for n in lengths:
             first, answer = instances(rows[label], n)
             shares.append(f"{np.mean(first / answer):.2f}" if len(first) else "–")
-        lines.append(f"| {label} | " + " | ".join(shares) + " |")
+        lines.append(f"| {named[label]} | " + " | ".join(shares) + " |")
         grid = first_error_grid(rows[label], settings[next(iter(rows[label]))]["reference"], grows)
         if grid is not None:
-            grids[label] = grid
+            grids[named[label]] = grid
     plot = f"{task}_first_error.png"
     if grids:
-        plot_heatmaps(grids, out / plot, f"{task}: where the first error falls (seeds that learned it)",
+        plot_heatmaps(grids, out / plot, f"{task}: where the first error falls (seeds that learned it, else all)",
                       ylabel="first error at (× answer length at R)" if grows else "first error at answer token",
                       scale="share of instances")
     bins = ("in multiples of the answer's length at R" if grows else
             "at which of the answer's tokens (1: wrong from its start, most often the wrong candidate picked)")
     return ["", f"Where the first error falls ({task}; eval/task_positions.py): the mean share of the answer right "
-            "before its first error, over the instances of the seeds that learned the task (1.00: no error); the "
+            "before its first error, over the instances of the seeds that learned the task, or of every seed where "
+            "none did (marked \"not learned\"; 1.00: no error); the "
             f"heatmaps give the share of instances whose first error falls {bins}, \"none\" for those right:", "",
             "| row | " + " | ".join(map(str, lengths)) + " |", "|---|" + "---:|" * len(lengths), *lines,
             *(["", f"![{task}: where the first error falls]({plot})"] if grids else [])]

@@ -20,7 +20,8 @@ seed's accuracy, those that did not learn the task in parentheses.
 Each task adds its effective length (eval/effective_length.py); passkey and multikey add
 depth × length heatmaps, passkey k_max per seed (eval/kmax.py), and every task where the
 first error falls (eval/task_positions.py; copy and addition in multiples of the answer's
-length, the others by answer token; tasks other than copy and addition once scored with it).
+length, the others by answer token; tasks other than copy and addition once scored with it;
+a row no seed learned shows every seed's, marked).
 """
 
 from __future__ import annotations
@@ -334,7 +335,7 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
         plot_heatmaps(grids, out / f"{task}_heatmap.png",
                       f"{task}: accuracy by needle depth and length (seeds that learned it)")
         md += ["", f"![{task} depth × length heatmaps]({task}_heatmap.png)"]
-    return md + positions_section(task, kept, settings, out)
+    return md + positions_section(task, kept, settings, out, by_seed(runs, rows, task))
 
 
 TASK_FIGURES = ("accuracy_*.png", "*_heatmap.png", "*_first_error.png")

@@ -146,6 +146,21 @@ def test_first_errors_of_a_fixed_length_answer_fall_in_token_bins():
     assert grid[:, 0].tolist() == [0.2, 0.4] + [0] * 9 + [0.2, 0.2]
 
 
+def test_a_row_no_seed_learned_shows_where_every_seed_fails(tmp_path):
+    """Multikey that no seed learned: no accuracy pools, but the first-error section shows both
+    seeds, marked, by answer token (most answers wrong from their first token: the wrong pick)."""
+    runs = [{"run": f"r{s}", "name": f"rope_seed-{s}", "encoding": "rope", "group": "g", "stem": "rope", "seed": s,
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
+             "tasks_trained": ["multikey"]} for s in (0, 1)]
+    rows = [{**cell_row(f"r{s}", s, 32, 1, total=4, first_error=[0, 0, 2, 5], answer_tokens=[5] * 4),
+             "task": "multikey"} for s in (0, 1)]
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "| rope | 0/2 | n/a (no seed learned the task) |" in report
+    assert "| rope (not learned: 2 seeds) | 0.35 |" in report  # (0 + 0 + 2/5 + 1) / 4
+    assert (tmp_path / "multikey_first_error.png").read_bytes()[:4] == b"\x89PNG"
+
+
 def test_fine_tunes_of_several_parents_count_each_parent_once(tmp_path):
     """Two parents x two fine-tuning seeds, every seed pooled: the accuracy interval and the
     effective length's interval come from the two parents' means (1 df), not from four runs
