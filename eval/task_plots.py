@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import textwrap
 from pathlib import Path
 
 import matplotlib
@@ -56,7 +57,7 @@ def plot_heatmaps(grids: dict[str, tuple[list, list[int], np.ndarray]], path: Pa
         ax.set_yticks(range(len(depths)), [d if isinstance(d, str) else f"{d:g}" for d in depths], fontsize=7)
         ax.set_xlabel("length", fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
-        ax.set_title(label, fontsize=9)
+        ax.set_title("\n".join(textwrap.wrap(label, 48)), fontsize=9)  # a long row name stays over its panel
     for ax in list(axes.flat)[len(labels):]:
         ax.axis("off")
     fig.colorbar(image, ax=axes, label=scale, shrink=0.9)  # every panel shares vmin 0, vmax 1

@@ -97,7 +97,7 @@ def positions_section(task: str, kept: Kept, settings: dict[str, dict], out: Pat
     shown = {label: kept.get(label) or per_run for label, per_run in everyone.items()}
     rows = {label: per_run for label, per_run in shown.items() if per_run and any(
         "first_error" in c for by_length in per_run.values() for cells in by_length.values() for c in cells)}
-    named = {label: label if kept.get(label) else f"{label} (not learned: {len(per_run)} seeds)"
+    named = {label: label if kept.get(label) else f"{label} (not learned: {len(per_run)} seed{'s' if len(per_run) > 1 else ''})"
              for label, per_run in rows.items()}
     if not rows:
         return []
