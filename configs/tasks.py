@@ -62,6 +62,10 @@ class SyntheticConfig:
     # value) or the chain itself back to the value ("ba: ib = 83194"), each name then its
     # value a lookup of its own, as RULER's answer lists the chain's names (data/tasks/vartrack.py)
     vartrack_answer: Literal["value", "chain"] = "value"
+    # vartrack: how the question names the asked variable: "ba: " (colon) or in the assignments'
+    # own form, "ba = " (equals), which makes its first lookup the one multikey's is (the name
+    # right before the mark the answer follows; data/tasks/vartrack.py)
+    vartrack_question: Literal["colon", "equals"] = "colon"
 
     def __post_init__(self) -> None:
         if not self.tasks or len(set(self.tasks)) != len(self.tasks):

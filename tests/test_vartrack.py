@@ -107,3 +107,32 @@ def test_a_wrong_answer_form_is_refused_with_the_choices():
     cfg = load_config(ROOT / "configs/synthetic-cpu.yaml", ["data.synthetic.tasks=[vartrack]",
                                                           "data.synthetic.vartrack_answer=chain"])
     assert build_task("vartrack", cfg.data.synthetic, TOK).answer == "chain"
+
+
+@pytest.mark.parametrize("spaced", [True, False])
+def test_asked_in_the_assignments_form_the_question_is_the_texts_name_and_mark(spaced):
+    """vartrack_question: equals asks "ba=" (spaced "ba = "): the asked variable written as
+    the text assigns it, so the chain answer repeats the text's assignments hop by hop; the
+    instance is otherwise the colon question's."""
+    eq, colon = (" = ", ": ") if spaced else ("=", ":")
+    asks = {q: vartrack(chains=3, hops=2, spaced=spaced, vartrack_answer="chain", name_letters=1,
+                        vartrack_question=q) for q in ("colon", "equals")}
+    made = {q: t.make(np.random.default_rng(7), 120) for q, t in asks.items()}
+    (answer,) = spans(made["equals"])
+    assert spans(made["colon"]) == [answer]  # the same chains, the same answer
+    text = TOK.decode(made["equals"].tokens.tolist())
+    question = text[:len(text) - len(answer)]
+    asked = re.search(rf"([a-z]){eq}$", question).group(1)
+    table = assignments(question[:-len(asked) - len(eq)], spaced, 1)
+    # asked = n1 = n2 = value, each step an assignment of the text, the first one found as written
+    steps = [asked, *answer.split(eq)]
+    assert all(table[a] == b for a, b in zip(steps, steps[1:])) and f"{asked}{eq}{steps[1]}. " in question
+    assert TOK.decode(made["colon"].tokens.tolist()).endswith(f"{asked}{colon}{answer}")
+    assert asks["equals"].min_length() == asks["colon"].min_length() + len(eq) - len(colon)
+    assert "asked in the assignments' form" in asks["equals"].describe()
+    assert "assignments' form" not in asks["colon"].describe()
+    with pytest.raises(ConfigError, match="vartrack_question must be one of 'colon', 'equals'"):
+        load_config(ROOT / "configs/synthetic-cpu.yaml", ["data.synthetic.tasks=[vartrack]",
+                                                        "data.synthetic.vartrack_question=dash"])
+    with pytest.raises(TaskError, match="colon or an equals sign"):
+        Vartrack(TOK, question="dash")

@@ -83,7 +83,7 @@ def build_task(name: str, cfg: SyntheticConfig, tokenizer: Tokenizer, text: bool
         return Multivalue(tokenizer, cfg.values, digits, letters, cfg.spaced)
     if name == "vartrack":
         return Vartrack(tokenizer, cfg.chains, cfg.hops, digits, letters, cfg.asked_of(cfg.chains), cfg.asked == "mixed",
-                        cfg.spaced, cfg.vartrack_answer)
+                        cfg.spaced, cfg.vartrack_answer, cfg.vartrack_question)
     return TASKS[name](tokenizer)
 
 

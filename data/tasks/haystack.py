@@ -165,10 +165,12 @@ class Haystack(Task):
             return [int(rng.integers(total))]
         return rng.choice(total, size=asked, replace=False).tolist()
 
-    def one_after_another(self, questions: Sequence[tuple[str, tuple[str, ...]]]) -> list[QA]:
+    def one_after_another(self, questions: Sequence[tuple[str, tuple[str, ...]]],
+                          mark: Optional[str] = None) -> list[QA]:
         """(name asked, its answer's parts) in the order asked: each later question follows the
-        answer before it, "wq: 37704. nh: 13687"."""
-        return [((*([". "] if k else []), name, self.colon), answer) for k, (name, answer) in enumerate(questions)]
+        answer before it, "wq: 37704. nh: 13687"; each asked "name" + ``mark`` (the colon)."""
+        mark = self.colon if mark is None else mark
+        return [((*([". "] if k else []), name, mark), answer) for k, (name, answer) in enumerate(questions)]
 
     def names(self, rng: np.random.Generator, k: int) -> list[str]:
         """``k`` distinct names, none a word of the filler."""

@@ -21,6 +21,13 @@ the value, is one lookup (the name just written, found before ``=`` earlier in t
 as RULER's answer lists a chain's names one after another, where ``answer="value"`` needs
 all ``hops`` + 1 lookups before the first answer token. Exact match still takes every hop.
 
+``question="equals"`` (data.synthetic.vartrack_question) asks in the assignments' own form,
+``ba = `` instead of ``ba: `` (unspaced ``ba=``): asked ``ba:``, the model must match the name
+before ``:`` with the same name before ``=`` in ``ba=ib.`` and answer with the token two on;
+asked ``ba=``, the name and the mark are the text's, so the first lookup is the one multikey's
+is (``wq:`` finds ``wq:37704``). With the chain answer the whole answer then repeats the
+text's assignments, ``ba=ib=83194``, one lookup per hop.
+
 Variables are distinct names of ``name_letters`` letters, the chains' values distinct numbers.
 Vocabulary: lower-case letters, digits, space, ``.``, ``=`` and ``:``.
 """
@@ -40,11 +47,15 @@ class Vartrack(Haystack):
     name = "vartrack"
 
     def __init__(self, tokenizer: Tokenizer, chains: int = 2, hops: int = 2, digits: int = 5, name_letters: int = 2,
-                 asked: int = 1, mixed: bool = False, spaced: bool = True, answer: str = "value"):
+                 asked: int = 1, mixed: bool = False, spaced: bool = True, answer: str = "value",
+                 question: str = "colon"):
         self.check_asked(asked, chains, "chains")
         if answer not in ("value", "chain"):
             raise TaskError(f"vartrack answers with the value or the chain (got answer={answer!r})")
+        if question not in ("colon", "equals"):
+            raise TaskError(f"vartrack asks with a colon or an equals sign (got question={question!r})")
         self.chains, self.hops, self.asked, self.mixed, self.answer = chains, hops, asked, mixed, answer
+        self.question = question
         super().__init__(tokenizer, digits, name_letters, spaced)
 
     def compose(self, rng: np.random.Generator, depth: Optional[float], questions: int):
@@ -57,8 +68,9 @@ class Vartrack(Haystack):
         pieces = [chains[c].pop(0) for c in order.tolist()]
         asked = self.pick_asked(rng, questions, self.chains)
         held = [names[c * per:(c + 1) * per] for c in asked]  # each asked chain's names, the value's holder first
+        mark = self.equals if self.question == "equals" else self.colon
         return pieces, self.one_after_another([(chain[-1], self.answer_of(chain, values[c]))
-                                               for chain, c in zip(held, asked)])
+                                               for chain, c in zip(held, asked)], mark)
 
     def answer_of(self, chain: list[str], value: str) -> tuple[str, ...]:
         """The answer's parts for the chain's last variable (``chain``: its names, the value's
@@ -76,5 +88,6 @@ class Vartrack(Haystack):
 
     def describe(self) -> str:
         answered = ", answered with the chain" if self.answer == "chain" else ""
+        form = ", asked in the assignments' form" if self.question == "equals" else ""
         return (f"vartrack with {self.chains} chains of {self.hops} hops{self.asked_wording()}{self.spacing_wording()}"
-                f"{answered}")
+                f"{answered}{form}")
