@@ -15,9 +15,9 @@ report gives, per row and length, pooled over the seeds that learned the task:
   past R; one that loses its place early fails in the first bins. Where the answer keeps
   its length (the retrieval tasks) the bins are the answer's tokens, 1 to m (past 12
   tokens: the first, then 11 equal groups of the rest): an error at the first token is an
-  answer wrong from its start, which for a retrieval task is most often the wrong needle
-  or chain picked (the candidates' first tokens seldom agree), one later in the answer a
-  pick that was right, or lucky, and then copied wrong.
+  answer wrong from its start, for a retrieval task the wrong needle or chain picked, or
+  none (the candidates' first tokens seldom agree), one later in the answer a pick that was
+  right, or lucky, and then copied wrong.
 """
 
 from __future__ import annotations
@@ -97,12 +97,13 @@ def positions_section(task: str, kept: Kept, settings: dict[str, dict], out: Pat
     shown = {label: kept.get(label) or per_run for label, per_run in everyone.items()}
     rows = {label: per_run for label, per_run in shown.items() if per_run and any(
         "first_error" in c for by_length in per_run.values() for cells in by_length.values() for c in cells)}
-    named = {label: label if kept.get(label) else f"{label} (not learned: {len(per_run)} seed{'s' if len(per_run) > 1 else ''})"
+    named = {label: label if kept.get(label) else
+             f"{label} (not learned: {len(per_run)} seed{'s' if len(per_run) > 1 else ''})"
              for label, per_run in rows.items()}
     if not rows:
         return []
     lengths = sorted({n for per_run in rows.values() for by_length in per_run.values() for n in by_length})
-    grows = TASKS[task].per_position if task in TASKS else True
+    grows = TASKS[task].per_position
     lines, grids = [], {}
     for label in sorted(rows, key=label_order):
         shares = []
@@ -119,7 +120,7 @@ def positions_section(task: str, kept: Kept, settings: dict[str, dict], out: Pat
                       ylabel="first error at (× answer length at R)" if grows else "first error at answer token",
                       scale="share of instances")
     bins = ("in multiples of the answer's length at R" if grows else
-            "at which of the answer's tokens (1: wrong from its start, most often the wrong candidate picked)")
+            "at which of the answer's tokens (1: wrong from its start, the wrong candidate picked or none)")
     return ["", f"Where the first error falls ({task}; eval/task_positions.py): the mean share of the answer right "
             "before its first error, over the instances of the seeds that learned the task, or of every seed where "
             "none did (marked \"not learned\"; 1.00: no error); the "
