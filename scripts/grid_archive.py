@@ -26,27 +26,32 @@ from common.errors import UserError
 from configs.grid import Grid, PlannedRun
 from scripts.grid_jobs import not_cached, planned_caches
 from training.run_dir import RunDir
-from training.run_record import is_record, kept_as, record_has_weights, restore_record, write_record
+from training.run_record import (is_record, kept_as, record_has_weights, refresh_record, restore_record,
+                                 write_record)
 
 
 def record_of(grid: Grid, run: PlannedRun) -> Path:
     return Path(grid.archive) / run.cfg.name
 
 
-def restore_records(grid: Grid, runs: list[PlannedRun]) -> list[str]:
-    """Restore the archived record of every run without a checkpoint on disk; their names."""
+def restore_records(grid: Grid, runs: list[PlannedRun]) -> tuple[list[str], list[str]]:
+    """Restore the archived record of every run without a checkpoint on disk, and bring records
+    restored before up to date with the archive (changed in git since); (restored, refreshed) names."""
     if grid.archive is None:
-        return []
-    restored = []
+        return [], []
+    restored, refreshed = [], []
     for run in runs:
         run_dir, src = RunDir.of(run.cfg), record_of(grid, run)
         if not src.is_dir():
             continue
         if run_dir.path.exists() and run_dir.latest_checkpoint() is not None:
-            continue  # the run itself (or an earlier restore) is here: it wins over its record
+            # the run itself wins over its record; an earlier restore follows the archive
+            if is_record(run_dir) and refresh_record(src, run_dir):
+                refreshed.append(run.name)
+            continue
         restore_record(src, run_dir)
         restored.append(run.name)
-    return restored
+    return restored, refreshed
 
 
 def why_not_archived(run: PlannedRun, finished: bool) -> str:

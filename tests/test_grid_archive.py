@@ -3,6 +3,7 @@ kept as records without weights, restored on a fresh clone so the grid carries o
 
 from __future__ import annotations
 
+import gzip
 import json
 import shutil
 from pathlib import Path
@@ -135,6 +136,35 @@ def test_a_damaged_record_is_named_and_nothing_is_restored(tmp_path, corpus, cap
     err = capsys.readouterr().err
     assert str(damaged) in err and "the record is damaged" in err and "Traceback" not in err
     assert not RunDir.of(runs[1].cfg).path.exists()  # nothing half-restored
+
+
+def test_a_record_changed_in_the_archive_since_it_was_restored_is_brought_up_to_date(tmp_path, corpus, capsys):
+    """A record updated in git (an evaluation scored again) reaches a run directory that holds
+    an earlier restore of it: its changed files are written again, a file the archive lacks
+    stays, and a damaged archived file changes nothing."""
+    grid_path = write_grid(tmp_path, corpus)
+    assert ablate.main([str(grid_path), "--no-estimate"]) == 0
+    runs = load_grid(grid_path).plan()
+    shutil.rmtree(tmp_path / "runs")
+    assert ablate.main([str(grid_path), "--no-estimate"]) == 0  # restores both
+    capsys.readouterr()
+    archived = next((tmp_path / "archive" / runs[0].name / "eval").glob("extrapolation-*.json.gz"))
+    restored = RunDir.of(runs[0].cfg).path / "eval" / archived.name[:-len(".gz")]
+    scored_again = json.loads(restored.read_text())
+    scored_again["meta"]["note"] = "scored again"
+    archived.write_bytes(gzip.compress(json.dumps(scored_again).encode(), mtime=0))
+    extra = RunDir.of(runs[0].cfg).path / "eval" / "local-only.json"
+    extra.write_text("{}")
+    assert ablate.main([str(grid_path), "--no-estimate"]) == 0
+    out = capsys.readouterr().out
+    assert f"brought 1 restored records up to date with the archive (changed since): {runs[0].name}" in out
+    assert json.loads(restored.read_text())["meta"]["note"] == "scored again" and extra.exists()
+    assert ablate.main([str(grid_path), "--no-estimate"]) == 0
+    assert "up to date" not in capsys.readouterr().out  # nothing changed since: nothing written
+    archived.write_bytes(archived.read_bytes()[:40])
+    assert ablate.main([str(grid_path), "--no-estimate"]) == 2
+    assert "the record is damaged" in capsys.readouterr().err
+    assert json.loads(restored.read_text())["meta"]["note"] == "scored again"
 
 
 def test_archive_alone_keeps_what_another_process_finished(tmp_path, corpus, capsys):

@@ -10,7 +10,8 @@ there once it has trained and every evaluation the grid plans for it is cached
     record.json                                       what this directory is
 
 so the grid survives the machine it ran on: on a fresh clone, scripts/ablate.py copies the
-records of runs it does not have on disk back into the grid's run directory, counts them
+records of runs it does not have on disk back into the grid's run directory (and brings
+records it restored before up to date with the archive's: ``refresh_record``), counts them
 as done, and its reports read their cached evaluations as if the runs had been evaluated
 there. A record holds no optimizer state and, by default, no weights: it cannot be trained
 further, sampled, fine-tuned from, or evaluated with settings other than those it was
@@ -35,7 +36,7 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
-from common.atomic import atomic_directory
+from common.atomic import atomic_directory, write_bytes_atomic
 from common.errors import CheckpointError
 from training.run_dir import META, METRICS, TOKENIZER, WEIGHTS, RunDir
 
@@ -145,10 +146,32 @@ def restore_record(src: Path, run: RunDir) -> None:
     with atomic_directory(run.path, replace=True) as tmp:
         shutil.copytree(src, tmp, dirs_exist_ok=True)
         for path in list(tmp.rglob("*.gz")):
-            try:
-                path.with_suffix("").write_bytes(gzip.decompress(path.read_bytes()))
-            except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
-                raise CheckpointError(f"{src / path.relative_to(tmp)} does not unpack ({e}); the record is damaged: "
-                                      "restore it from git (git checkout -- PATH), or remove it to train the run "
-                                      "again") from None
+            path.with_suffix("").write_bytes(_unpacked(path, src / path.relative_to(tmp)))
             path.unlink()
+
+
+def _unpacked(path: Path, named: Path) -> bytes:
+    """The gzipped record file ``path`` unpacked (``named``: the archive's file, for the message)."""
+    try:
+        return gzip.decompress(path.read_bytes())
+    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        raise CheckpointError(f"{named} does not unpack ({e}); the record is damaged: restore it from git "
+                              "(git checkout -- PATH), or remove it to train the run again") from None
+
+
+def refresh_record(src: Path, run: RunDir) -> bool:
+    """Bring the restored record ``run`` up to date with its archived copy ``src``, which may
+    have changed in git since it was restored (an evaluation scored again from the weights the
+    record was made from): every file whose content differs is written again, files the archive
+    lacks (evaluations of a record that keeps weights) stay. Whether any file changed."""
+    changed = []
+    for path in sorted(p for p in src.rglob("*") if p.is_file()):
+        rel = path.relative_to(src)
+        data, rel = (_unpacked(path, path), rel.with_suffix("")) if path.suffix == ".gz" else (path.read_bytes(), rel)
+        target = run.path / rel
+        if not target.is_file() or target.read_bytes() != data:
+            changed.append((target, data))
+    for target, data in changed:  # every file unpacked before any is written: a damaged record changes nothing
+        target.parent.mkdir(parents=True, exist_ok=True)
+        write_bytes_atomic(target, data)
+    return bool(changed)
