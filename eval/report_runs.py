@@ -15,11 +15,13 @@ def evaluation_provenance(rows: list[dict]) -> list[str]:
     commits = sorted({r.get("eval_commit") or "unknown" for r in rows if r.get("status") == "ok"})
     if not commits:
         return []
+    before = "before each cell recorded the commit that scored it"
     if commits == ["unknown"]:
-        return ["The evaluations were computed before each cell recorded the commit that scored it."]
-    dirty = [c for c in commits if c == "unknown" or is_dirty(c)]
-    text = "The evaluations were computed at " + ", ".join(f"`{c[:18]}`" for c in commits)
-    return [text + (" (**not all from a clean tree**)." if dirty else ", each a clean tree.")]
+        return [f"The evaluations were computed {before}."]
+    known = [c for c in commits if c != "unknown"]
+    text = "The evaluations were computed at " + ", ".join(f"`{c[:18]}`" for c in known)
+    text += " (**not all from a clean tree**)." if any(is_dirty(c) for c in known) else ", each a clean tree."
+    return [text + (f" Some were computed {before}." if "unknown" in commits else "")]
 
 
 def trained_at(run: dict) -> list[str]:
@@ -29,6 +31,12 @@ def trained_at(run: dict) -> list[str]:
 
 
 def provenance(runs: list[dict]) -> list[str]:
+    """Which code trained the runs, their learning-rate schedules and their parents."""
+    return commit_lines(runs) + schedule_lines(runs) + _parents(runs)
+
+
+def commit_lines(runs: list[dict]) -> list[str]:
+    """Which commits trained the runs, whether each was a clean tree, and runs resumed under other code."""
     commits = sorted({c for r in runs for c in trained_at(r)})
     dirty = [c for c in commits if c == "unknown" or is_dirty(c)]
     if len(commits) == 1 and not dirty:
@@ -45,7 +53,7 @@ def provenance(runs: list[dict]) -> list[str]:
     if resumed:
         lines.append("Resumed under other code (its steps were trained at more than one commit): "
                      + ", ".join(resumed) + ".")
-    return lines + schedule_lines(runs) + _parents(runs)
+    return lines
 
 
 def planned_schedules(run: dict) -> Optional[tuple[tuple[int, int], ...]]:

@@ -39,7 +39,7 @@ from eval.kmax import __doc__ as KMAX_DOC
 from eval.labels import (encoding_label, label_order, parents_note, replicate_unit, replicate_units, units_of,
                          with_scaling)
 from eval.report import write_report_files
-from eval.report_runs import missing_lines, schedule_lines
+from eval.report_runs import commit_lines, evaluation_provenance, missing_lines, schedule_lines
 from eval.stats import pooled_accuracy_interval
 from eval.tables import length_table, train_lengths
 from eval.task_compare import comparison_section, task_reference
@@ -358,7 +358,7 @@ def _write_markdown(results: dict, out: Path) -> str:
           f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}" + (
               f", fine-tuned from parents trained at L₀ = {base}; tables head lengths by their multiple of L₀"
               if base else "") + ". " + HEADER, *parents_note(runs),
-          "", "## Runs", "",
+          "", "## Runs", "", *commit_lines(runs), *evaluation_provenance(rows), "",
           *_runs_table(results)]
     for line in schedule_lines(runs):
         md += ["", line]

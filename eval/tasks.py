@@ -52,6 +52,7 @@ from model.encodings import served_length
 from training.memory import Estimate, forward_estimate, largest
 from common.cli import entry_point, non_negative_float, non_negative_int, positive_int, probability
 from training.checkpoint import read_meta
+from training.provenance import git_commit
 from training.parent import learned_wording
 from training.run_dir import RunDir
 from training.saved_run import SavedRun, checked_tokenizer, load_run, read_run_config
@@ -206,7 +207,8 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
     tasks = run_tasks(latest.cfg, latest.tokenizer, ev, parent)
     meta = {**run_metadata(latest, ev), "trained_on": trained_on(latest.cfg),
             "tasks_trained": trained_tasks(latest.cfg, parent),
-            "chance": {task.name: task.chance for task in tasks}}
+            "chance": {task.name: task.chance for task in tasks},
+            "eval_commit": git_commit()}  # the code that scores the cells (cached evaluations keep theirs)
     rows, kmax_rows = [], []
     for step, base in evaluated_checkpoints(run_dir, ev, latest, device):
         step_rows, step_kmax = _score_run(base, tasks, ev, meta, log)
@@ -228,7 +230,7 @@ def _score_run(base: SavedRun, tasks: list[Task], ev: EvalConfig, meta: dict, lo
             for length in ev.resolved_lengths(train_len):
                 model = model_for(base, scaling, length, ev)
                 for depth in depths:
-                    row = {**{k: meta[k] for k in ("run", "name", "encoding", "seed", "train_len")},
+                    row = {**{k: meta[k] for k in ("run", "name", "encoding", "seed", "train_len", "eval_commit")},
                            "task": task.name, "scaling": scaling, "length": length, "depth": depth}
                     if model is None:
                         row.update(status="n/a", note=f"trained table: {limit} positions")

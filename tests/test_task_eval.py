@@ -24,6 +24,7 @@ from data.tasks import Instance, TaskError, task_tokenizer
 from eval import driver, extrapolation
 from eval import tasks as eval_tasks
 from training.exact_match import exact_match, first_errors
+from training.provenance import git_commit
 from eval.kmax import k_max
 from eval.stats import pooled_accuracy_interval, wilson_interval
 from model.generate import generate
@@ -166,6 +167,7 @@ def test_report_pools_seeds_with_seed_aware_intervals_and_marks_learned_na(score
             # Every task keeps each instance's first error (where it broke, and for paired
             # comparisons whether it was right: eval/task_compare.py).
             assert "outcomes" not in r and len(r["first_error"]) == len(r["answer_tokens"]) == 6
+            assert r["eval_commit"] == git_commit()  # the code that scored it
             assert all(0 <= e <= a for e, a in zip(r["first_error"], r["answer_tokens"]))
             assert sum(e == a for e, a in zip(r["first_error"], r["answer_tokens"])) == r["correct"]
     learned = [r for r in rows if r["name"] == "learned"]

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 
 from eval.effective_length import effective_length, effective_text, row_effective_length
+from eval.report_runs import evaluation_provenance
 from eval.stats import t_quantile, wilson_interval
 from eval.task_positions import first_error_grid, token_edges
 from eval.task_report import _competence, write_task_report
@@ -153,12 +154,28 @@ def test_a_row_no_seed_learned_shows_where_every_seed_fails(tmp_path):
              "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
              "tasks_trained": ["multikey"]} for s in (0, 1)]
     rows = [{**cell_row(f"r{s}", s, 32, 1, total=4, first_error=[0, 0, 2, 5], answer_tokens=[5] * 4),
-             "task": "multikey"} for s in (0, 1)]
+             "task": "multikey", "eval_commit": "e" * 40} for s in (0, 1)]
     write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
     report = (tmp_path / "report.md").read_text()
+    # The runs section says which code trained the runs and which scored them.
+    assert "All 2 runs were trained from commit `abc`, a clean tree." in report
+    assert f"The evaluations were computed at `{'e' * 18}`, each a clean tree." in report
     assert "| rope | 0/2 | n/a (no seed learned the task) |" in report
     assert "| rope (not learned: 2 seeds) | 0.35 |" in report  # (0 + 0 + 2/5 + 1) / 4
     assert (tmp_path / "multikey_first_error.png").read_bytes()[:4] == b"\x89PNG"
+
+
+def test_evaluation_provenance_names_the_scoring_commits_and_cells_scored_before_they_were_kept():
+    ok = lambda commit=None: {"status": "ok", **({"eval_commit": commit} if commit else {})}  # noqa: E731
+    before = "before each cell recorded the commit that scored it"
+    assert evaluation_provenance([ok("a" * 40), ok("a" * 40), {"status": "n/a"}]) == [
+        f"The evaluations were computed at `{'a' * 18}`, each a clean tree."]
+    assert evaluation_provenance([ok("a" * 40), ok("b" * 40 + "-dirty")])[0].endswith(
+        "(**not all from a clean tree**).")
+    assert evaluation_provenance([ok()]) == [f"The evaluations were computed {before}."]
+    # Cells from before the commit was kept are named as such, not as an unclean tree.
+    assert evaluation_provenance([ok("a" * 40), ok()]) == [
+        f"The evaluations were computed at `{'a' * 18}`, each a clean tree. Some were computed {before}."]
 
 
 def test_fine_tunes_of_several_parents_count_each_parent_once(tmp_path):
