@@ -361,12 +361,7 @@ def run_grid(args: argparse.Namespace) -> int:
         if any(wants_diagnostics(run) for run in runs):
             check_report_dir(grid.report_dir / "diagnostics")
     if grid.archive and not args.archive and not args.dry_run:
-        restored, refreshed = restore_records(grid, runs)
-        if restored:
-            print(f"restored {len(restored)} runs from the grid's archive {grid.archive}")
-        if refreshed:
-            print(f"brought {len(refreshed)} restored records up to date with the archive (changed since): "
-                  f"{', '.join(refreshed)}")
+        restore_records(grid, runs, log=print)
     states = {run.name: status(run) for run in runs}
     chosen = chosen_runs(grid, runs, args.rows)
     if args.archive:
