@@ -275,7 +275,7 @@ def _competence(run: dict) -> str:
         return "–"
     checks = record.get("checks", 1)  # train.stop_checks: the passing checks in a row that stop a run
     if record.get("reached"):
-        return f"at step {record['step']}" + (f" ({checks} checks in a row)" if checks > 1 else "")
+        return f"at step {record['step']:,}" + (f" ({checks} checks in a row)" if checks > 1 else "")
     # Three decimals: the competence check scores 256 instances (steps of 0.004), so two would
     # print 0.977 against a threshold of 0.98 as "0.98 < 0.98".
     accuracy = ", ".join(f"{a:.3f}" for a in (record.get("accuracy") or {}).values())

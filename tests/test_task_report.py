@@ -94,6 +94,7 @@ def cell_row(run: str, seed: int, length: int, correct: int, total: int = 10, **
 def test_the_runs_table_names_the_checks_in_a_row_a_stop_asked_for():
     assert _competence({"competence": {"reached": True, "step": 300}}) == "at step 300"  # written before the key
     assert _competence({"competence": {"reached": True, "step": 300, "checks": 2}}) == "at step 300 (2 checks in a row)"
+    assert _competence({"competence": {"reached": True, "step": 7750}}) == "at step 7,750"  # as every other step
     # The budget ended right after a first passing check of the two asked for.
     ran_out = {"reached": False, "threshold": 0.98, "accuracy": {"copy": 0.984}, "checks": 2, "streak": 1}
     assert _competence({"competence": ran_out}) == "**not reached** (0.984 ≥ 0.98 at 1 of 2 checks)"
