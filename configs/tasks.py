@@ -56,7 +56,8 @@ class SyntheticConfig:
     hops: int = 2  # vartrack: assignments after each chain's value (hops to resolve)
     name_letters: int = 2  # multikey, multivalue, vartrack: letters of a name or variable
     # multikey, multivalue, vartrack: "name: value", "y = x" (true) or "name:value", "y=x"
-    # (false: the name right before the ":" its answer follows; data/tasks/haystack.py)
+    # (false: the name right before the ":" its answer follows; data/tasks/haystack.py);
+    # passkey: "key: K" or "key:K" (data/tasks/passkey.py)
     spaced: bool = True
     # vartrack: what the asked variable's answer is: its chain's value ("ba: 83194", RULER's one
     # value) or the chain itself back to the value ("ba: ib = 83194"), each name then its

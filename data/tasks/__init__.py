@@ -71,7 +71,8 @@ def build_task(name: str, cfg: SyntheticConfig, tokenizer: Tokenizer, text: bool
     check_readable(name, text)
     digits, letters = cfg.key_digits, cfg.name_letters
     if name == "passkey":
-        return Passkey(tokenizer, digits, style="text" if text else "symbolic", distractors=cfg.distractors)
+        return Passkey(tokenizer, digits, style="text" if text else "symbolic", distractors=cfg.distractors,
+                       spaced=text or cfg.spaced)
     if name == "recall":
         return Recall(tokenizer, cfg.pairs, cfg.n_queries)
     if name == "addition":

@@ -33,6 +33,9 @@ copies "the digits" fails and one that finds the digits after ``key: `` succeeds
     the 67326. 56002. graskey: 86556. the grakey: 86556
                                                   ^^^^^ answer
 
+Unspaced (``data.synthetic.spaced=false``, symbolic wording only): key sentence "key:K. ",
+question "key:" (see UNSPACED below).
+
 Every piece is tokenized on its own and the pieces are concatenated;
 each boundary (before a space, newline or the key's digits) is a boundary of byte-level
 BPE's pre-tokenizer, so this equals tokenizing the whole prompt. The filler absorbs the
@@ -84,6 +87,13 @@ WORDINGS: dict[str, Wording] = {
 }
 
 
+# Unspaced (data.synthetic.spaced=false): "key:K. ", question "key:". Spaced, the key's first
+# digit follows a space as every distractor's and many filler words do, so finding it means
+# matching the ":" two tokens back; unspaced, it follows the only ":" of the text, the
+# one-token-back match of an induction head (Olsson et al. 2022), as unspaced multikey does.
+UNSPACED = Wording(intro="", separator="", filler=FILLER, joiner="", needle=("key:", "{key}", ". "),
+                   question="key:", answer="{key}")
+
 DISTRACTOR_END = ". "  # a distractor is a number and this
 
 
@@ -91,13 +101,18 @@ class Passkey(Task):
     name = "passkey"
     has_depth = True
 
-    def __init__(self, tokenizer: Tokenizer, digits: int = 5, style: Style = "symbolic", distractors: int = 0):
+    def __init__(self, tokenizer: Tokenizer, digits: int = 5, style: Style = "symbolic", distractors: int = 0,
+                 spaced: bool = True):
+        if not spaced and style != "symbolic":
+            raise TaskError("the unspaced passkey (data.synthetic.spaced=false) is a task wording; the paper's prompt "
+                            "(a text run's passkey) is fixed: score text runs with the default data.synthetic.spaced")
         if distractors and style != "symbolic":
             raise TaskError(f"passkey distractors ({distractors}) are written in the task wording; the paper's "
                             "prompt (a text run's passkey) has none: set data.synthetic.distractors=0, or train "
                             "the run with data.mix including passkey to score it in the task wording")
         self.tokenizer, self.digits, self.style, self.distractors = tokenizer, digits, style, distractors
-        self.wording = w = WORDINGS[style]
+        self.spaced = spaced
+        self.wording = w = WORDINGS[style] if spaced else UNSPACED
         self._encode = checked_encoder(tokenizer, "passkey")
         self.intro = self._encode(w.intro) if w.intro else []
         self.sep = self._encode(w.separator) if w.separator else []
@@ -172,6 +187,7 @@ class Passkey(Task):
 
     def describe(self) -> str:
         extra = f", {self.distractors} distractors" if self.distractors else ""
+        extra += "" if self.spaced else ", unspaced"
         return f"passkey ({self.style} wording, {self.digits}-digit keys{extra})"
 
     def too_short_hint(self) -> str:

@@ -1,0 +1,59 @@
+"""The unspaced passkey (data.synthetic.spaced=false): "key:K. " and the question "key:"."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from configs.loader import load_config
+from configs.tasks import SyntheticConfig
+from data.tasks import TaskData, TaskError, build_task
+from data.tasks.passkey import Passkey
+from data.tokenizers import ByteTokenizer
+
+ROOT = Path(__file__).resolve().parents[1]
+TOK = TaskData(SyntheticConfig()).tokenizer
+
+
+def text_of(tokens) -> str:
+    return TOK.decode(np.asarray(tokens).tolist())
+
+
+@pytest.mark.parametrize("distractors", [0, 4])
+def test_unspaced_key_follows_the_texts_only_colon_and_fits_the_length(distractors):
+    spaced = build_task("passkey", SyntheticConfig(distractors=distractors), TOK)
+    unspaced = build_task("passkey", SyntheticConfig(distractors=distractors, spaced=False), TOK)
+    assert unspaced.min_length() == spaced.min_length() - 2  # one space fewer in the key sentence and the question
+    assert "unspaced" in unspaced.describe() and "unspaced" not in spaced.describe()
+    rng = np.random.default_rng(0)
+    for length in (unspaced.min_length(), 64, 128, 300):
+        for depth in (0.0, 0.5, 1.0):
+            inst = unspaced.make(rng, length, depth)
+            first = int(inst.answer.nonzero()[0][0])
+            assert inst.length == length and inst.answer[first:].all()
+            prompt, answer = text_of(inst.tokens[:first]), text_of(inst.tokens[inst.answer])
+            assert prompt.endswith("key:") and ": " not in prompt and prompt.count(":") == 2
+            key = re.search(r"key:(\d{5})\. ", prompt).group(1)
+            assert key == answer
+            others = re.findall(r"(?<![\d:])(\d{5})\. ", prompt)
+            assert len(others) == distractors and key not in others
+            assert Passkey.needle(inst).sum() == 5  # the key's digits, once
+
+
+def test_the_default_keeps_the_spaced_draws_and_a_config_reaches_the_task():
+    same = SyntheticConfig(distractors=4)
+    a = build_task("passkey", same, TOK).make(np.random.default_rng(3), 128, 0.25)
+    b = build_task("passkey", same, TOK).make(np.random.default_rng(3), 128, 0.25)
+    assert (a.tokens == b.tokens).all() and "key: " in text_of(a.tokens)
+    cfg = load_config(ROOT / "configs/synthetic-cpu.yaml", ["data.synthetic.tasks=[passkey]", "data.synthetic.spaced=false"])
+    assert build_task("passkey", cfg.data.synthetic, TOK).spaced is False
+    # text runs are scored in the paper's prompt whatever the synthetic wording says
+    assert build_task("passkey", cfg.data.synthetic, ByteTokenizer(), text=True).spaced is True
+
+
+def test_the_papers_prompt_has_no_unspaced_form():
+    with pytest.raises(TaskError, match="unspaced passkey"):
+        Passkey(ByteTokenizer(), style="text", spaced=False)
