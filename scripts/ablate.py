@@ -395,7 +395,8 @@ def run_grid(args: argparse.Namespace) -> int:
         if not args.dry_run:
             save_estimates(grid, estimates)
     if args.dry_run:
-        print("train one by hand with:", shlex.join(["python", "train.py", base, *runs[0].overrides]))
+        example = (pending or [run for run in runs if run.name in chosen] or runs)[0]  # one --rows picked
+        print("train one by hand with:", shlex.join(["python", "train.py", base, *example.overrides]))
         return 0
     failures = {name: detail for name, (state, detail) in states.items() if state == "conflict"}
     todo = in_training_order([run for run in runs if states[run.name][0] in ("new", "partial", "done")

@@ -118,6 +118,10 @@ def test_the_dry_run_command_pastes_into_a_shell(tmp_path, corpus, capsys):
     words = shlex.split(line.removeprefix("train one by hand with: "))
     assert words == ["python", "train.py", os.path.relpath(load_grid(grid).base.resolve()), *run.overrides]
     assert "eval.lengths=[16, 32, 64]" in run.overrides
+    # with --rows, one of the picked runs, not the grid's first
+    assert ablate.main([str(grid), "--dry-run", "--no-estimate", "--rows", "*alibi*"]) == 0
+    line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("train one by hand with: "))
+    assert "model.pos.kind=alibi" in shlex.split(line) and "model.pos.kind=rope" not in shlex.split(line)
 
 
 def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, capsys, monkeypatch):
