@@ -44,7 +44,7 @@ key's varying token count, so an instance is exactly the requested length.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Literal, Optional
 
 import numpy as np
@@ -91,8 +91,7 @@ WORDINGS: dict[str, Wording] = {
 # digit follows a space as every distractor's and many filler words do, so finding it means
 # matching the ":" two tokens back; unspaced, it follows the only ":" of the text, the
 # one-token-back match of an induction head (Olsson et al. 2022), as unspaced multikey does.
-UNSPACED = Wording(intro="", separator="", filler=FILLER, joiner="", needle=("key:", "{key}", ". "),
-                   question="key:", answer="{key}")
+UNSPACED = replace(WORDINGS["symbolic"], needle=("key:", "{key}", ". "), question="key:")
 
 DISTRACTOR_END = ". "  # a distractor is a number and this
 
