@@ -31,7 +31,7 @@ def test_unspaced_key_follows_the_texts_only_colon_and_fits_the_length(distracto
     assert "unspaced" in unspaced.describe() and "unspaced" not in spaced.describe()
     rng = np.random.default_rng(0)
     for length in (unspaced.min_length(), 64, 128, 300):
-        for depth in (0.0, 0.25, 1.0):
+        for depth in (0.0, 0.5, 1.0):
             inst = unspaced.make(rng, length, depth)
             first = int(inst.answer.nonzero()[0][0])
             assert inst.length == length and inst.answer[first:].all()
