@@ -26,6 +26,11 @@ On a cluster, ``--launcher slurm`` submits each run as a Slurm job instead, with
 every run stands, ``--cancel`` stops the grid's jobs, ``--report`` writes the reports once
 they have ended.
 
+``--until TIME`` stops taking runs at a deadline (a session's or an allocation's end): a
+run starts only while its estimate says it ends by then, and training still under way at
+the deadline is stopped at a checkpoint; what was left is continued by the same command
+later (scripts/grid_deadline.py).
+
 ``--rows PATTERN …`` trains and evaluates only the rows it names (shell-style patterns on
 run names without their ``seed-N`` part, e.g. ``--rows rope 'fire-*'``, or on whole run
 names, e.g. one parent's fine-tunes by ``'*_seed-0_*'``): a long grid's headline rows first,
@@ -39,20 +44,12 @@ from __future__ import annotations
 import argparse
 import fnmatch
 import os
-import queue
 import shlex
 import signal
-import subprocess
 import sys
-import threading
 from pathlib import Path
-from dataclasses import dataclass
 from typing import Optional
 
-from tqdm import tqdm
-
-from configs import load_config
-from configs.experiment import experiment_differences
 from configs.grid import Grid, PlannedRun, fold_seeds, load_grid, row_of
 from configs.schema import EvalConfig, RunConfig
 from configs.slurm import SlurmConfig
@@ -63,104 +60,16 @@ from eval.extrapolation import run_extrapolation
 from eval.tasks import check_planned, run_task_evaluation, wants_tasks
 from eval.report import check_report_dir
 from common.errors import UserError
-from training.checkpoint import read_meta
 from training.provenance import CODE, git_commit, is_dirty
-from training.competence import reached_competence
 from common.cli import device_name, entry_point, positive_int, usage_when_empty
-from common.devices import usable_cpus
 from training.runtime import resolve_device
 from training.run_dir import RunDir
-from training.run_record import is_record, record_advice
+from scripts.grid_deadline import Deadline, deadline_arg, describe, needs_from
 from scripts.grid_archive import archive_runs, record_of, restore_records
-from scripts.grid_jobs import eval_commands, evaluation_cached, planned_eval_file, train_command
-from scripts.job_files import failure_reason, write_files
+from scripts.grid_local import run_all, slots_for
 from scripts.grid_status import print_status
+from scripts.run_state import status
 from scripts.slurm_launcher import cancel_grid, check_slurm, resources, submit_grid, wait_for_grid
-
-
-def status(run: PlannedRun) -> tuple[str, str]:
-    """(state, detail): new | partial | done | conflict, as ``train.py --resume`` would see it;
-    a record restored from the grid's archive is done, or a conflict when the grid asks for
-    more than it holds (scripts/grid_archive.py)."""
-    state, detail = _status(run)
-    run_dir = RunDir.of(run.cfg)
-    if state in ("partial", "conflict") and is_record(run_dir):
-        return "conflict", f"{detail}; {record_advice(run_dir)}"
-    if state == "done" and is_record(run_dir):
-        return state, f"{detail}, restored from the archive"
-    return state, detail
-
-
-def _status(run: PlannedRun) -> tuple[str, str]:
-    run_dir = RunDir.of(run.cfg)
-    try:
-        ckpt = run_dir.latest_checkpoint() if run_dir.path.exists() else None
-    except UserError as e:
-        return "conflict", str(e)
-    if ckpt is None:
-        return "new", ""
-    diffs = experiment_differences(load_config(run_dir.config), run.cfg)
-    if diffs:
-        return "conflict", (f"{run_dir} holds a run with other settings ({', '.join(diffs)}); "
-                            "move it away or give the grid another name")
-    meta = read_meta(ckpt)
-    step, budget = meta["step"], run.cfg.train.max_tokens
-    if reached_competence(meta):  # train.stop_at_accuracy: stopped before its budget, its tasks learned at L
-        return "done", f"step {step}, competence reached"
-    if budget is not None:  # by tokens: N ranks reach it in N times fewer steps than one process
-        if meta.get("tokens", 0) >= budget:
-            return "done", f"step {step}"
-        return "partial", f"{meta.get('tokens', 0):,}/{budget:,} tokens"
-    total = run.cfg.train.total_steps()
-    if step >= total:
-        return "done", f"step {step}"
-    return "partial", f"step {step}/{total}"
-
-
-@dataclass(frozen=True)
-class Slot:
-    """Where one job runs: a CUDA device, or CPU threads (None: torch's default)."""
-
-    device: Optional[str] = None
-    threads: Optional[int] = None
-
-    def env(self) -> dict[str, str]:
-        env = dict(os.environ)
-        if self.device and self.device.startswith("cuda:"):
-            env["CUDA_VISIBLE_DEVICES"] = self.device.split(":", 1)[1]
-        if self.threads:  # single-threaded jobs share cores without OpenMP threads waiting on each other
-            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
-        return env
-
-
-def _call(cmd: list[str], log_path: Path, slot: Slot) -> tuple[bool, str]:
-    """Run ``cmd`` with its output appended to ``log_path``; (ok, reason)."""
-    log_path.parent.mkdir(parents=True, exist_ok=True)
-    with open(log_path, "a") as log:
-        log.write("$ " + " ".join(cmd) + "\n")
-        log.flush()
-        code = subprocess.call(cmd, stdout=log, stderr=subprocess.STDOUT, env=slot.env(), cwd=os.getcwd())
-    return (True, "") if code == 0 else (False, failure_reason(log_path, code))
-
-
-def train_one(grid: Grid, run: PlannedRun, slot: Slot) -> tuple[bool, str]:
-    """Train (or resume) one run in a subprocess, its output in the run's log; (ok, reason)."""
-    return _call(train_command(grid, run, slot.device), RunDir.of(run.cfg).log, slot)
-
-
-def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
-    """Evaluate one finished run in subprocesses with its planned eval config, filling the
-    run's evaluation caches (the grid's reports then read them; scripts/grid_jobs.py). A run
-    whose caches are all filled for its newest checkpoint starts no process (as on Slurm,
-    scripts/slurm_launcher.py): a grid started again passes its evaluated runs at once."""
-    write_files(planned_eval_file(run))  # kept in the run's record (training/run_record.py) either way
-    if evaluation_cached(run):
-        return True, ""
-    for cmd in eval_commands(run, slot.device or "cpu"):
-        ok, reason = _call(cmd, RunDir.of(run.cfg).log, slot)
-        if not ok:
-            return ok, reason
-    return True, ""
 
 
 def is_synthetic(run: PlannedRun) -> bool:
@@ -170,61 +79,6 @@ def is_synthetic(run: PlannedRun) -> bool:
 def wants_diagnostics(run: PlannedRun) -> bool:
     """Whether the grid's report gets the attention diagnostics (``eval.diagnostics.enabled``)."""
     return run.cfg.eval.diagnostics.enabled
-
-
-def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: bool) -> dict[str, str]:
-    """Train the runs that need it and evaluate each, one job per slot at a time;
-    returns {run name: failure reason}."""
-    jobs: queue.Queue = queue.Queue()
-    for run in todo:
-        jobs.put(run)
-    failures: dict[str, str] = {}
-    # A bar on a terminal; in a log file one line per finished run instead of carriage returns.
-    bar = tqdm(total=len(todo), desc=f"{grid.name}: runs", unit="run", disable=not sys.stderr.isatty())
-    lock = threading.Lock()
-    done: list[str] = []
-
-    def worker(slot: Slot) -> None:
-        while True:
-            try:
-                run = jobs.get_nowait()
-            except queue.Empty:
-                return
-            with lock:
-                bar.write(f"→ {run.name}" + (f" on {slot.device}" if slot.device else ""))
-            ok, reason = (True, "") if status(run)[0] == "done" else train_one(grid, run, slot)
-            if ok and evaluate:
-                ok, reason = evaluate_one(run, slot)
-                reason = reason and f"evaluation: {reason}"
-            if ok and evaluate and grid.archive:  # kept at once: the machine may not last the grid
-                _, skipped = archive_runs(grid, [run], {run.name})
-                if run.name in skipped:
-                    ok, reason = False, f"archive: {skipped[run.name]}"
-            with lock:
-                if not ok:
-                    failures[run.name] = reason
-                    bar.write(f"✗ {run.name}: {reason}")
-                bar.update(1)
-                done.append(run.name)
-                if bar.disable:
-                    bar.write(f"{'✓' if ok else '✗'} {run.name} ({len(done)}/{len(todo)} runs done)")
-
-    threads = [threading.Thread(target=worker, args=(slot,), daemon=True) for slot in slots]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join()
-    bar.close()
-    return failures
-
-
-def slots_for(args: argparse.Namespace) -> list[Slot]:
-    def cpu_threads(jobs: int) -> Optional[int]:  # jobs sharing the CPUs split them; one job: torch's default
-        return args.threads or (max(1, usable_cpus() // jobs) if jobs > 1 else None)
-    if args.devices:  # "cpu" may be named more than once: those jobs share the cores
-        threads = cpu_threads(args.devices.count("cpu"))
-        return [Slot(device=d, threads=threads if d == "cpu" else None) for d in args.devices]
-    return [Slot(threads=cpu_threads(args.jobs)) for _ in range(args.jobs)]
 
 
 def planned_eval(runs: list[PlannedRun]):
@@ -287,6 +141,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train nothing here: write the grid's reports from the runs that are finished (records "
                         "from its archive included); for a grid on Slurm, once its jobs have ended (with "
                         "--launcher slurm: after submitting)")
+    p.add_argument("--until", type=deadline_arg, default=None, metavar="TIME",
+                   help="stop taking runs at this time: 09:25 (the next such time), 2026-12-03T09:25, or a "
+                        "duration such as 3h30m; a run starts only if its estimate ends by then, training still "
+                        "under way then is stopped at a checkpoint, and the same command continues later")
     p.add_argument("--rows", nargs="+", default=None, metavar="PATTERN",
                    help="train and evaluate only these rows (run names without seed-N, or whole run names; shell "
                         "patterns such as 'fire-*'); the reports still include every finished run")
@@ -386,6 +244,7 @@ def run_grid(args: argparse.Namespace) -> int:
         print(f"warning: the code differs from commit {commit[:12]} (git status -- {' '.join(CODE)}): "
               f"the runs trained now record {commit[:12]}-dirty and the reports call them not reproducible "
               "from a clean commit; commit first, or train from a clean worktree", file=sys.stderr)
+    estimates = {}
     if pending and slurm is None and not args.report and not args.no_estimate:
         # Times each distinct shape once (cached), which also warms the compile caches the runs use.
         slots = slots_for(args)
@@ -398,6 +257,12 @@ def run_grid(args: argparse.Namespace) -> int:
         example = (pending or [run for run in runs if run.name in chosen] or runs)[0]  # one --rows picked
         print("train one by hand with:", shlex.join(["python", "train.py", base, *example.overrides]))
         return 0
+    deadline = None
+    if args.until is not None and not args.report:
+        deadline = Deadline(args.until, needs_from(estimates, saved_estimates(grid)))
+        print(f"until {describe(args.until)}: runs start while their estimate ends by then"
+              + ("" if deadline.needs else " (no estimate: every run may start, and is stopped then)"))
+    left: dict[str, str] = {}  # runs the deadline left for later
     failures = {name: detail for name, (state, detail) in states.items() if state == "conflict"}
     todo = in_training_order([run for run in runs if states[run.name][0] in ("new", "partial", "done")
                               and run.name in chosen], states)
@@ -405,15 +270,19 @@ def run_grid(args: argparse.Namespace) -> int:
         if not on_cluster(grid, [run for run in runs if run.name in chosen], states, slurm, args):
             return 0
     elif todo:
-        failures.update(run_all(grid, todo, slots_for(args), evaluate=not args.skip_eval))
+        failures.update(run_all(grid, todo, slots_for(args), evaluate=not args.skip_eval, deadline=deadline,
+                                left=left))
     finished = [run for run in runs if run.name not in failures and status(run)[0] == "done"]
     unfinished = [run.name for run in runs if run.name not in failures and run not in finished]
-    missing = {**failures, **{name: "not finished" for name in unfinished}}  # what the reports list as missing
+    missing = {**failures, **{name: left.get(name, "not finished") for name in unfinished}}  # the reports list them
     local_report = args.report and slurm is None  # what is not finished may be training in another process
     if not local_report:  # here, or on Slurm once its jobs have ended, an unfinished chosen run failed
-        failures = {name: why for name, why in missing.items() if name in chosen}
+        failures = {name: why for name, why in missing.items() if name in chosen and name not in left}
     left_out = [name for name in missing if name not in chosen]  # unfinished, or a conflict left alone
-    if not args.skip_eval and finished:
+    if left and not args.skip_eval:  # past the deadline: the reports can wait for the rest
+        print(f"\nreports not written: the deadline left {len(left)} run{'s' if len(left) > 1 else ''} for later "
+              "(--report writes them from what is finished)")
+    elif not args.skip_eval and finished:
         if grid.archive and (slurm is not None or args.report):  # a local run was archived by its worker
             archived, _ = archive_runs(grid, finished, {run.name for run in finished})
             if archived:
@@ -425,6 +294,10 @@ def run_grid(args: argparse.Namespace) -> int:
     elif left_out:
         print(f"  not in --rows and not finished, so not in the reports ({len(left_out)}): "
               f"{', '.join(fold_seeds(left_out))}")
+    if left:
+        print(f"  left for later by --until ({len(left)}; the same command continues them):")
+        for name, why in left.items():
+            print(f"    {name}: {why}")
     for name, reason in failures.items():
         print(f"  failed: {name}: {reason}")
     return 1 if failures else 0
@@ -433,6 +306,9 @@ def run_grid(args: argparse.Namespace) -> int:
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
+    if args.until is not None and args.launcher == "slurm":
+        raise UserError("--until stops runs trained here; on Slurm each job ends at its time limit "
+                        "(--slurm time=HH:MM:SS), and --launcher slurm submits again what did not finish")
     if args.launcher == "slurm" and not (args.status or args.cancel):
         check_slurm()  # before anything is planned
     for device in args.devices or ():  # before any run starts, not in each run's log

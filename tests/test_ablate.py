@@ -15,7 +15,7 @@ from configs.grid import load_grid, row_of, run_stem
 from conftest import write_run_config
 from model.config import POS_KINDS
 from common.errors import ConfigError, UserError
-from scripts import ablate
+from scripts import ablate, grid_local
 from training.checkpoint import read_meta
 from training.run_dir import RunDir
 from training.trainer import Trainer
@@ -198,14 +198,14 @@ def test_variants_are_named_rows_crossed_with_the_axes(tmp_path, corpus):
 
 
 def test_cpu_jobs_are_single_threaded_slots(monkeypatch):
-    monkeypatch.setattr(ablate, "usable_cpus", lambda: 2)
+    monkeypatch.setattr(grid_local, "usable_cpus", lambda: 2)
     args = ablate.parse_args(["grid.yaml", "--jobs", "2"])
-    slots = ablate.slots_for(args)
+    slots = grid_local.slots_for(args)
     assert len(slots) == 2 and all(s.threads == 1 for s in slots)
     env = slots[0].env()
     assert env["OMP_NUM_THREADS"] == env["MKL_NUM_THREADS"] == "1"
-    assert ablate.slots_for(ablate.parse_args(["grid.yaml"])) == [ablate.Slot()]  # one job: torch's default
-    gpu = ablate.slots_for(ablate.parse_args(["grid.yaml", "--devices", "cuda:0", "cuda:3"]))
+    assert grid_local.slots_for(ablate.parse_args(["grid.yaml"])) == [grid_local.Slot()]  # one job: torch's default
+    gpu = grid_local.slots_for(ablate.parse_args(["grid.yaml", "--devices", "cuda:0", "cuda:3"]))
     assert [s.env()["CUDA_VISIBLE_DEVICES"] for s in gpu] == ["0", "3"]
     with pytest.raises(SystemExit) as e:  # argparse's usage error
         ablate.main(["grid.yaml", "--jobs", "0"])
@@ -278,18 +278,21 @@ def test_cpu_workers_split_the_cores(tmp_path, monkeypatch):
     runs = load_grid(write_synthetic_grid(tmp_path)).plan()
     calls = []
 
-    def fake_call(cmd, env, **kwargs):
-        calls.append((cmd, env.get("OMP_NUM_THREADS")))
-        return 0
-    monkeypatch.setattr(ablate.subprocess, "call", fake_call)
-    monkeypatch.setattr(ablate, "usable_cpus", lambda: 4)
+    class FakeProcess:  # each job's command and threads, started and ended at once
+        def __init__(self, cmd, env, **kwargs):
+            calls.append((cmd, env.get("OMP_NUM_THREADS")))
+
+        def wait(self, timeout=None):
+            return 0
+    monkeypatch.setattr(grid_local.subprocess, "Popen", FakeProcess)
+    monkeypatch.setattr(grid_local, "usable_cpus", lambda: 4)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     grid = load_grid(write_synthetic_grid(tmp_path))
-    slots = ablate.slots_for(ablate.parse_args(["grid.yaml", "--devices", "cpu", "cpu"]))
-    assert ablate.run_all(grid, runs, slots, evaluate=False) == {}
+    slots = grid_local.slots_for(ablate.parse_args(["grid.yaml", "--devices", "cpu", "cpu"]))
+    assert grid_local.run_all(grid, runs, slots, evaluate=False) == {}
     assert len(calls) == 2 and all(threads == "2" and "train.device=cpu" in cmd for cmd, threads in calls)
     calls.clear()
-    ablate.run_all(grid, runs[:1], [ablate.Slot()], evaluate=True)
+    grid_local.run_all(grid, runs[:1], [grid_local.Slot()], evaluate=True)
     train, score = calls  # a synthetic run is scored on tasks only
     assert train[1] is None and "train.device=cpu" not in train[0]
     assert score[0][1:3] == ["-m", "eval.tasks"] and "--cache-only" in score[0]

@@ -15,7 +15,7 @@ import train
 from common.errors import CheckpointError, ConfigError
 from configs.grid import load_grid
 from conftest import write_run_config
-from scripts import ablate, grid_archive, tune
+from scripts import ablate, grid_archive, grid_local, tune
 from training.run_dir import RunDir
 from training.run_record import is_record
 from training.saved_run import load_run
@@ -177,7 +177,7 @@ def test_archive_alone_keeps_what_another_process_finished(tmp_path, corpus, cap
     assert ablate.main([str(grid_path), "--skip-eval", "--no-estimate"]) == 0
     grid_path.write_text(text)
     runs = load_grid(grid_path).plan()
-    ablate.evaluate_one(runs[0], ablate.Slot())
+    grid_local.evaluate_one(runs[0], grid_local.Slot())
     capsys.readouterr()
     assert ablate.main([str(grid_path), "--archive"]) == 0
     out = capsys.readouterr().out

@@ -1,0 +1,155 @@
+"""Training a grid's runs here (``--launcher local``, scripts/ablate.py): one job per slot
+at a time, a slot being a CUDA device or a share of the CPU's cores; each run trained, then
+evaluated, in its own processes, its output in the run's log, and kept in the grid's
+archive at once. With a deadline (``--until``, scripts/grid_deadline.py) a run starts only
+while its estimate ends by then, and training under way then is stopped at a checkpoint.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import queue
+import subprocess
+import sys
+import threading
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+from tqdm import tqdm
+
+from common.devices import usable_cpus
+from configs.grid import Grid, PlannedRun
+from scripts.grid_archive import archive_runs
+from scripts.grid_deadline import Deadline, wait
+from scripts.grid_jobs import eval_commands, evaluation_cached, planned_eval_file, train_command
+from scripts.job_files import failure_reason, write_files
+from scripts.run_state import status
+from training.run_dir import RunDir
+
+
+@dataclass(frozen=True)
+class Slot:
+    """Where one job runs: a CUDA device, or CPU threads (None: torch's default)."""
+
+    device: Optional[str] = None
+    threads: Optional[int] = None
+
+    def env(self) -> dict[str, str]:
+        env = dict(os.environ)
+        if self.device and self.device.startswith("cuda:"):
+            env["CUDA_VISIBLE_DEVICES"] = self.device.split(":", 1)[1]
+        if self.threads:  # single-threaded jobs share cores without OpenMP threads waiting on each other
+            env["OMP_NUM_THREADS"] = env["MKL_NUM_THREADS"] = str(self.threads)
+        return env
+
+
+STOPPED = "stopped at the deadline"  # a train_one reason: not a failure, the run resumes later
+
+
+def _call(cmd: list[str], log_path: Path, slot: Slot, deadline: Optional[float] = None) -> tuple[bool, str]:
+    """Run ``cmd`` with its output appended to ``log_path``, stopped with SIGTERM at
+    ``deadline`` if it is still running then; (ok, reason)."""
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    with open(log_path, "a") as log:
+        log.write("$ " + " ".join(cmd) + "\n")
+        log.flush()
+        proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=slot.env(), cwd=os.getcwd())
+        code, stopped = wait(proc, deadline)
+    if stopped:
+        return False, STOPPED
+    return (True, "") if code == 0 else (False, failure_reason(log_path, code))
+
+
+def train_one(grid: Grid, run: PlannedRun, slot: Slot, deadline: Optional[float] = None) -> tuple[bool, str]:
+    """Train (or resume) one run in a subprocess, its output in the run's log, until the
+    deadline at most; (ok, reason)."""
+    return _call(train_command(grid, run, slot.device), RunDir.of(run.cfg).log, slot, deadline)
+
+
+def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
+    """Evaluate one finished run in subprocesses with its planned eval config, filling the
+    run's evaluation caches (the grid's reports then read them; scripts/grid_jobs.py). A run
+    whose caches are all filled for its newest checkpoint starts no process (as on Slurm,
+    scripts/slurm_launcher.py): a grid started again passes its evaluated runs at once."""
+    write_files(planned_eval_file(run))  # kept in the run's record (training/run_record.py) either way
+    if evaluation_cached(run):
+        return True, ""
+    for cmd in eval_commands(run, slot.device or "cpu"):
+        ok, reason = _call(cmd, RunDir.of(run.cfg).log, slot)
+        if not ok:
+            return ok, reason
+    return True, ""
+
+
+def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: bool,
+            deadline: Optional[Deadline] = None, left: Optional[dict[str, str]] = None) -> dict[str, str]:
+    """Train the runs that need it and evaluate each, one job per slot at a time, until the
+    deadline if there is one; returns {run name: failure reason}. Runs the deadline left
+    for later (not started, or stopped at a checkpoint) go into ``left`` with why."""
+    jobs: queue.Queue = queue.Queue()
+    for run in todo:
+        jobs.put(run)
+    failures: dict[str, str] = {}
+    # A bar on a terminal; in a log file one line per finished run instead of carriage returns.
+    bar = tqdm(total=len(todo), desc=f"{grid.name}: runs", unit="run", disable=not sys.stderr.isatty())
+    lock = threading.Lock()
+    done: list[str] = []
+
+    def worker(slot: Slot) -> None:
+        while True:
+            try:
+                run = jobs.get_nowait()
+            except queue.Empty:
+                return
+            trained = status(run)[0] == "done"
+            refusal = deadline.refusal(run.name) if deadline and not trained else None
+            with lock:
+                if refusal:  # the others in the queue may be shorter, or already trained
+                    bar.write(f"· {run.name}: not started, {refusal}")
+                    if left is not None:
+                        left[run.name] = f"not started: {refusal}"
+                    bar.update(1)
+                    continue
+                bar.write(f"→ {run.name}" + (f" on {slot.device}" if slot.device else ""))
+            ok, reason = (True, "") if trained else train_one(grid, run, slot, deadline and deadline.at)
+            if reason == STOPPED:
+                with lock:
+                    bar.write(f"· {run.name}: {STOPPED}, its checkpoint saved; the same command continues it")
+                    if left is not None:
+                        left[run.name] = f"{STOPPED} (at its checkpoint)"
+                    bar.update(1)
+                continue
+            if ok and evaluate:
+                ok, reason = evaluate_one(run, slot)
+                reason = reason and f"evaluation: {reason}"
+            if ok and evaluate and grid.archive:  # kept at once: the machine may not last the grid
+                _, skipped = archive_runs(grid, [run], {run.name})
+                if run.name in skipped:
+                    ok, reason = False, f"archive: {skipped[run.name]}"
+            with lock:
+                if not ok:
+                    failures[run.name] = reason
+                    bar.write(f"✗ {run.name}: {reason}")
+                bar.update(1)
+                done.append(run.name)
+                if bar.disable:
+                    bar.write(f"{'✓' if ok else '✗'} {run.name} ({len(done)}/{len(todo)} runs done)")
+
+    threads = [threading.Thread(target=worker, args=(slot,), daemon=True) for slot in slots]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    bar.close()
+    return failures
+
+
+def slots_for(args: argparse.Namespace) -> list[Slot]:
+    def cpu_threads(jobs: int) -> Optional[int]:  # jobs sharing the CPUs split them; one job: torch's default
+        return args.threads or (max(1, usable_cpus() // jobs) if jobs > 1 else None)
+    if args.devices:  # "cpu" may be named more than once: those jobs share the cores
+        threads = cpu_threads(args.devices.count("cpu"))
+        return [Slot(device=d, threads=threads if d == "cpu" else None) for d in args.devices]
+    return [Slot(threads=cpu_threads(args.jobs)) for _ in range(args.jobs)]

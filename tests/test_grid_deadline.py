@@ -1,0 +1,140 @@
+"""scripts/grid_deadline.py and ``ablate.py --until``: a grid stops taking runs at a deadline,
+stops training under way there at a checkpoint, and leaves the rest for the same command."""
+
+from __future__ import annotations
+
+import argparse
+import datetime as dt
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from configs.grid import load_grid
+from scripts import ablate, grid_local
+from scripts.grid_deadline import Deadline, needs_from, parse_deadline, wait
+from scripts.grid_estimate import Estimate, estimate_file
+from scripts.run_state import status
+from test_ablate import write_synthetic_grid
+
+NOW = dt.datetime(2026, 12, 3, 9, 10, 30)
+
+
+@pytest.mark.parametrize("text, expected", [
+    ("90m", NOW + dt.timedelta(minutes=90)),
+    ("2h", NOW + dt.timedelta(hours=2)),
+    ("3h30m", NOW + dt.timedelta(hours=3, minutes=30)),
+    ("09:25", dt.datetime(2026, 12, 3, 9, 25)),
+    ("9:05", dt.datetime(2026, 12, 4, 9, 5)),  # passed today: tomorrow's
+    ("2026-12-03T11:00", dt.datetime(2026, 12, 3, 11, 0)),
+    ("2026-12-04 08:00", dt.datetime(2026, 12, 4, 8, 0)),
+])
+def test_deadline_forms(text, expected):
+    assert parse_deadline(text, NOW) == expected
+
+
+@pytest.mark.parametrize("text, message", [
+    ("0h", "zero"), ("0m", "zero"), ("25:00", "not a time of day"), ("9:75", "not a time of day"),
+    ("2026-12-03T09:00", "has passed"), ("soon", "expected a time of day"), ("", "expected a time of day"),
+    ("1.5h", "expected a time of day"), ("-2h", "expected a time of day"),
+])
+def test_bad_deadlines_say_what_is_expected(text, message):
+    with pytest.raises(argparse.ArgumentTypeError, match=message):
+        parse_deadline(text, NOW)
+
+
+def test_a_bad_until_is_a_usage_error(capsys):
+    with pytest.raises(SystemExit) as e:
+        ablate.parse_args(["grid.yaml", "--until", "teatime"])
+    assert e.value.code == 2 and "--until: expected a time of day" in capsys.readouterr().err
+
+
+def test_a_run_starts_only_if_its_estimate_ends_by_the_deadline():
+    deadline = Deadline(at=1000.0, needs={"long": 600.0, "short": 300.0})
+    assert deadline.refusal("short", now=600.0) is None
+    assert deadline.refusal("long", now=600.0) == "needs about 10 min by its estimate, 7 min left"
+    assert deadline.refusal("unestimated", now=999.0) is None  # no estimate: it may start, and is stopped then
+    assert deadline.refusal("short", now=1000.0) == "the deadline has passed"
+
+
+def test_needs_prefer_this_invocations_estimates_and_a_rows_expected_time():
+    saved = {"a": {"train_s": 100.0, "eval_s": 5.0}, "b": {"train_s": 100.0, "eval_s": 5.0}, "junk": 3}
+    estimates = {"b": Estimate(200.0, 10.0, expected_train_s=50.0), "c": Estimate(70.0, 1.0),
+                 "a": Estimate(0.0, 0.0, "no estimate: its data is missing")}
+    assert needs_from(estimates, saved) == {"b": 60.0, "c": 71.0}
+
+
+def sigterm_child(tmp: Path) -> subprocess.Popen:
+    """A process that, on SIGTERM, writes ``saved`` and exits 143, as train.py saves its
+    checkpoint; it writes ``ready`` once it handles the signal."""
+    script = ("import signal, sys, time, pathlib\n"
+              f"d = pathlib.Path({str(tmp)!r})\n"
+              "def stop(*_):\n    (d / 'saved').write_text('1'); sys.exit(143)\n"
+              "signal.signal(signal.SIGTERM, stop)\n(d / 'ready').write_text('1')\n"
+              "while True:\n    time.sleep(0.05)\n")
+    proc = subprocess.Popen([sys.executable, "-c", script])
+    for _ in range(1200):  # up to 2 minutes for the interpreter to start (never a timing the test asserts)
+        if (tmp / "ready").exists():
+            return proc
+        time.sleep(0.1)
+    proc.kill()
+    pytest.fail("the child process never started")
+
+
+def test_the_deadline_stops_a_process_with_sigterm(tmp_path):
+    proc = sigterm_child(tmp_path)
+    assert wait(proc, time.time() - 1) == (143, True)
+    assert (tmp_path / "saved").read_text() == "1"
+    done = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
+    assert wait(done, None) == (3, False)
+
+
+def test_until_leaves_runs_the_estimate_says_cannot_finish(tmp_path, capsys):
+    """A run whose saved estimate ends after the deadline is not started: not a failure, no
+    report yet, and the same command without --until trains it."""
+    grid_path = write_synthetic_grid(tmp_path)
+    grid = load_grid(grid_path)
+    path = estimate_file(grid)
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps({"kind-rope": {"train_s": 7200.0, "eval_s": 60.0},
+                                "kind-learned": {"train_s": 30.0, "eval_s": 5.0}}))
+    assert ablate.main([str(grid_path), "--no-estimate", "--until", "1h"]) == 0
+    out = capsys.readouterr().out
+    runs = {run.name: run for run in grid.plan()}
+    assert status(runs["kind-rope"])[0] == "new" and status(runs["kind-learned"])[0] == "done"
+    assert "kind-rope: not started: needs about 2 h 1 min by its estimate" in out
+    assert "reports not written: the deadline left 1 run for later" in out
+    assert "left for later by --until (1; the same command continues them)" in out and "failed" not in out
+    assert not (tmp_path / "report").exists()
+    assert ablate.main([str(grid_path), "--no-estimate"]) == 0
+    assert all(status(run)[0] == "done" for run in runs.values())
+    assert (tmp_path / "report" / "tasks" / "report.md").is_file()
+
+
+class StartsThenEnds(Deadline):
+    """A deadline that lets every run start and has passed by the time it trains: whatever
+    the machine's speed, the run is stopped at once."""
+
+    def refusal(self, name, now=None):
+        return None
+
+
+def test_training_under_way_at_the_deadline_is_stopped_and_continued_later(tmp_path, capsys):
+    grid = load_grid(write_synthetic_grid(tmp_path))
+    runs = grid.plan()
+    left: dict[str, str] = {}
+    failures = grid_local.run_all(grid, runs[:1], [grid_local.Slot()], evaluate=True,
+                                  deadline=StartsThenEnds(at=time.time() - 1, needs={}), left=left)
+    assert failures == {} and left == {runs[0].name: "stopped at the deadline (at its checkpoint)"}
+    assert status(runs[0])[0] in ("new", "partial")  # a checkpoint if train.py had set its handler by then
+    assert "stopped at the deadline, its checkpoint saved" in capsys.readouterr().out
+    assert grid_local.run_all(grid, runs[:1], [grid_local.Slot()], evaluate=True) == {}
+    assert status(runs[0])[0] == "done"
+
+
+def test_until_is_refused_for_slurm(tmp_path, capsys):
+    assert ablate.main([str(write_synthetic_grid(tmp_path)), "--launcher", "slurm", "--until", "2h"]) == 2
+    assert "--until stops runs trained here; on Slurm each job ends at its time limit" in capsys.readouterr().err
