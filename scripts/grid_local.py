@@ -57,7 +57,7 @@ def _call(cmd: list[str], log_path: Path, slot: Slot, deadline: Optional[float] 
         log.flush()
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=slot.env(), cwd=os.getcwd())
         code, stopped = wait(proc, deadline)
-    if stopped:
+    if stopped and code != 0:  # one that ended on its own as the deadline came is done
         return False, STOPPED
     return (True, "") if code == 0 else (False, failure_reason(log_path, code))
 
