@@ -88,6 +88,7 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
     """Train the runs that need it and evaluate each, one job per slot at a time, until the
     deadline if there is one; returns {run name: failure reason}. Runs the deadline left
     for later (not started, or stopped at a checkpoint) go into ``left`` with why."""
+    left = {} if left is None else left
     jobs: queue.Queue = queue.Queue()
     for run in todo:
         jobs.put(run)
@@ -97,6 +98,12 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
     lock = threading.Lock()
     done: list[str] = []
 
+    def leave(run: PlannedRun, why: str, line: str) -> None:  # not a failure: the same command takes it up
+        with lock:
+            bar.write(f"· {run.name}: {line}")
+            left[run.name] = why
+            bar.update(1)
+
     def worker(slot: Slot) -> None:
         while True:
             try:
@@ -105,21 +112,15 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
                 return
             trained = status(run)[0] == "done"
             refusal = deadline.refusal(run.name) if deadline and not trained else None
+            if refusal:  # the others in the queue may be shorter, or already trained
+                leave(run, f"not started: {refusal}", f"not started, {refusal}")
+                continue
             with lock:
-                if refusal:  # the others in the queue may be shorter, or already trained
-                    bar.write(f"· {run.name}: not started, {refusal}")
-                    if left is not None:
-                        left[run.name] = f"not started: {refusal}"
-                    bar.update(1)
-                    continue
                 bar.write(f"→ {run.name}" + (f" on {slot.device}" if slot.device else ""))
             ok, reason = (True, "") if trained else train_one(grid, run, slot, deadline and deadline.at)
             if reason == STOPPED:
-                with lock:
-                    bar.write(f"· {run.name}: {STOPPED}, its checkpoint saved; the same command continues it")
-                    if left is not None:
-                        left[run.name] = f"{STOPPED} (at its checkpoint)"
-                    bar.update(1)
+                leave(run, f"{STOPPED} (at its checkpoint)",
+                      f"{STOPPED}, its checkpoint saved; the same command continues it")
                 continue
             if ok and evaluate:
                 ok, reason = evaluate_one(run, slot)
