@@ -187,6 +187,46 @@ class MixConfig:
                                   "for the task rows' share of the batch")
 
 
+# data.synthetic keys a variant may not set, and the eval.tasks key that does what was meant.
+_NOT_VARIED = {"tasks": "eval.tasks.tasks picks the tasks scored",
+               "asked": "eval.tasks.asked sets the questions scored per instance"}
+
+
+def _check_variant(self) -> None:
+    for key, instead in _NOT_VARIED.items():
+        if getattr(self, key) is not None:
+            raise ConfigError(f"eval.tasks.variant.{key} cannot be set: {instead}")
+
+
+def _variant_class() -> type:
+    """TaskVariantConfig: every data.synthetic key, each optional (null: the run's own), so a
+    variant is checked (keys, types) as any other section is."""
+    hints = typing.get_type_hints(SyntheticConfig)
+    fields = [(f.name, Optional[hints[f.name]], field(default=None)) for f in dataclasses.fields(SyntheticConfig)]
+    return dataclasses.make_dataclass("TaskVariantConfig", fields, namespace={
+        "__doc__": "Task settings that scored instances use instead of the run's own data.synthetic "
+                   "(``eval.tasks.variant``; null or absent: the run's own).",
+        "__post_init__": _check_variant,
+        "given": lambda self: {k: v for k, v in dataclasses.asdict(self).items() if v is not None},
+        "__module__": __name__})
+
+
+TaskVariantConfig = _variant_class()
+
+
+def varied(synthetic: SyntheticConfig, variant) -> SyntheticConfig:
+    """``synthetic`` with the keys a variant sets (eval.tasks.variant), checked as data.synthetic is."""
+    given = variant.given()
+    if not given:
+        return synthetic
+    try:
+        return dataclasses.replace(synthetic, **given)
+    except ConfigError as e:
+        settings = ", ".join(f"{k}={v}" for k, v in given.items())
+        raise ConfigError(f"eval.tasks.variant ({settings}), the task settings scored instead of the run's own: "
+                          f"{e}") from None
+
+
 @dataclass
 class TaskEvalConfig:
     """Exact-match accuracy on synthetic tasks (``python -m eval.tasks``; key ``eval.tasks``).
@@ -210,6 +250,12 @@ class TaskEvalConfig:
     # data.synthetic.asked). 1 scores RULER's multi-key (one needle queried) on a model trained
     # on its multi-query.
     asked: Optional[int] = None
+    # Score a variant of each run's task: data.synthetic keys set here replace the run's own in
+    # the scored instances (e.g. {chains: 1} for variable tracking with one chain, {distractors: 8}
+    # for a passkey among more numbers), so one trained model is measured on easier or harder
+    # settings. Learning (learned_accuracy) is then judged on the variant; the competence stop of
+    # training never uses it.
+    variant: TaskVariantConfig = field(default_factory=TaskVariantConfig)
     seed: int = 0
     # The report's settings (they change no scored number, so no cache key): a seed has
     # learned a task when its accuracy at the reference length is at least learned_accuracy,

@@ -26,6 +26,7 @@ a row no seed learned shows every seed's, marked).
 
 from __future__ import annotations
 
+import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
@@ -341,6 +342,18 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
 TASK_FIGURES = ("accuracy_*.png", "*_heatmap.png", "*_first_error.png")
 
 
+def variant_lines(runs: list[dict]) -> list[str]:
+    """What the scored instances changed of the runs' own task settings (eval.tasks.variant)."""
+    variants = {json.dumps(((run.get("eval") or {}).get("tasks") or {}).get("variant") or {}, sort_keys=True)
+                for run in runs}
+    given = [{k: v for k, v in json.loads(v).items() if v is not None} for v in sorted(variants)]
+    if not any(given):
+        return []
+    text = " and ".join(", ".join(f"{k}={v}" for k, v in g.items()) or "the runs' own" for g in given)
+    return [f"**Scored on a variant of the trained task** (eval.tasks.variant): {text}. These instances differ "
+            "from those the runs trained on, and whether a seed learned the task is judged on them."]
+
+
 def write_task_report(results: dict, out: Path) -> None:
     """results.json, report.md and the figures, written as the perplexity report's are
     (eval/report.py: ``write_report_files``): each file atomically, an earlier report's
@@ -358,7 +371,7 @@ def _write_markdown(results: dict, out: Path) -> str:
           f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}" + (
               f", fine-tuned from parents trained at L₀ = {base}; tables head lengths by their multiple of L₀"
               if base else "") + ". " + HEADER, *parents_note(runs),
-          "", "## Runs", "", *commit_lines(runs), *evaluation_provenance(rows), "",
+          "", "## Runs", "", *commit_lines(runs), *evaluation_provenance(rows), *variant_lines(runs), "",
           *_runs_table(results)]
     for line in schedule_lines(runs):
         md += ["", line]

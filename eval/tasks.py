@@ -37,7 +37,8 @@ from pathlib import Path
 from typing import Optional, Sequence
 
 from configs.schema import EvalConfig, RunConfig
-from configs.tasks import REPORT_KEYS, TASK_NAMES
+from configs.loader import parse_override
+from configs.tasks import REPORT_KEYS, TASK_NAMES, varied
 from data.tasks import Task, TaskError, build_task, check_readable, check_task_name, eval_instance, task_tokenizer
 from eval import driver
 from eval.driver import (EvalFor, Evaluation, check_served, evaluate_all, evaluated_checkpoints, mark_step,
@@ -98,7 +99,7 @@ def run_tasks(cfg: RunConfig, tokenizer, ev: EvalConfig, parent: Optional[dict] 
     """The tasks to score a run on, each checked against every evaluated length."""
     names = resolved_tasks(cfg, ev, parent)
     try:
-        synthetic = cfg.data.synthetic.scored_as(ev.tasks.asked, names)
+        synthetic = varied(cfg.data.synthetic.scored_as(ev.tasks.asked, names), ev.tasks.variant)
     except ConfigError as e:
         raise TaskError(str(e)) from None
     tasks = [build_task(name, synthetic, tokenizer, text=in_paper_wording(cfg, name, parent)) for name in names]
@@ -254,6 +255,9 @@ def _cache_key(cfg: RunConfig, ev: EvalConfig) -> str:
     settings = {k: v for k, v in dataclasses.asdict(ev.tasks).items() if k not in REPORT_KEYS}
     if settings["asked"] is None:  # the run's own: keys of evaluations before the key existed stay valid
         del settings["asked"]
+    settings["variant"] = ev.tasks.variant.given()
+    if not settings["variant"]:  # likewise
+        del settings["variant"]
     key = {"tasks": resolved_tasks(cfg, ev), "settings": settings,
            "lengths": ev.resolved_lengths(cfg.train.seq_len), "scalings": ev.resolved_scalings(cfg.model.pos.kind),
            "factor": ev.factor}
@@ -297,12 +301,28 @@ def add_flags(p: argparse.ArgumentParser) -> None:
     p.add_argument("--seed", type=non_negative_int, help="eval.tasks.seed: which test instances")
     p.add_argument("--asked", type=positive_int,
                    help="eval.tasks.asked: multikey needles (vartrack chains) asked per instance (default: as the run trained)")
+    p.add_argument("--variant", nargs="+", metavar="KEY=VALUE", type=_variant_setting,
+                   help="eval.tasks.variant: score instances with these data.synthetic settings instead of the "
+                        "run's own, e.g. --variant chains=1 or distractors=8")
+
+
+def _variant_setting(text: str) -> tuple[str, object]:
+    """``chains=1`` -> ("chains", 1): one data.synthetic key (no dots), its value read as YAML."""
+    try:
+        key, value = parse_override(text)
+    except ConfigError as e:
+        raise argparse.ArgumentTypeError(f"{e}; --variant takes data.synthetic keys, e.g. chains=1") from None
+    if "." in key:
+        raise argparse.ArgumentTypeError(f"'{text}': --variant takes a data.synthetic key without its section, "
+                                         f"e.g. {key.rsplit('.', 1)[-1]}={text.partition('=')[2]}")
+    return key, value
 
 
 def flag_tree(args: argparse.Namespace) -> dict:
     """This command's own flags as a tree of eval keys (only those given)."""
     nested = {"tasks": args.tasks, "samples": args.samples, "depths": args.depths,
-              "kmax_threshold": args.kmax_threshold, "seed": args.seed, "asked": args.asked}
+              "kmax_threshold": args.kmax_threshold, "seed": args.seed, "asked": args.asked,
+              "variant": dict(args.variant) if args.variant else None}
     nested = {k: v for k, v in nested.items() if v is not None}
     for name in nested.get("tasks", []):
         check_task_name(name)  # suggests the closest name
