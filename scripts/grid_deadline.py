@@ -101,7 +101,7 @@ def needs_from(estimates: dict, saved: dict) -> dict[str, float]:
     needs = {name: float(e["train_s"]) + float(e["eval_s"]) for name, e in saved.items()
              if isinstance(e, dict) and "train_s" in e and "eval_s" in e}
     for name, e in estimates.items():
-        if e.note.startswith("no estimate"):
+        if e.failed:
             needs.pop(name, None)
             continue
         train = e.train_s if e.expected_train_s is None else e.expected_train_s

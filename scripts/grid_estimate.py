@@ -63,6 +63,7 @@ class Estimate:
     eval_s: float
     note: str = ""
     expected_train_s: Optional[float] = None  # where the row's ended seeds say when a competence stop comes
+    failed: bool = False  # no estimate could be made (the note says why): its seconds mean nothing
 
 
 def _eval_lengths(cfg: RunConfig) -> list[int]:
@@ -148,14 +149,14 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
             except UserError as e:  # the run itself will fail with this message; the others go on
                 prepared[data_key] = e
         if isinstance(prepared[data_key], UserError):
-            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {prepared[data_key]}"[:200])
+            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {prepared[data_key]}"[:200], failed=True)
             continue
         vocab, split_tokens = prepared[data_key]
         cfg = run.cfg.with_vocab_size(vocab)
         try:
             _check_memory(cfg, rt)
         except MemoryLimitError as e:  # the run itself is refused with this message; the others go on
-            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {e}"[:200])
+            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {e}"[:200], failed=True)
             continue
         times = load(shape_key(cfg, rt))
         if times.eager_step_s is None or (cfg.train.compile is not False and times.compiled_step_s is None):
@@ -299,7 +300,7 @@ def save_estimates(grid: Grid, estimates: dict[str, Estimate]) -> None:
     path = estimate_file(grid)
     path.parent.mkdir(parents=True, exist_ok=True)
     old = json.loads(path.read_text()) if path.is_file() else {}
-    old.update({name: {"train_s": e.train_s, "eval_s": e.eval_s} for name, e in estimates.items()})
+    old.update({name: {"train_s": e.train_s, "eval_s": e.eval_s} for name, e in estimates.items() if not e.failed})
     write_text_atomic(path, json.dumps(old, indent=1))
 
 

@@ -185,6 +185,7 @@ def test_a_grid_does_not_time_a_step_that_cannot_fit(config):
                     "axes: {train.seq_len: [32, 1000000000]}\n")
     grid = load_grid(path)
     estimates = estimate_grid(grid, grid.plan(), None, log=lambda *a: None)
+    assert estimates["seq_len-1000000000"].failed
     assert estimates["seq_len-1000000000"].note.startswith("no estimate: training at train.batch_size=8 × "
                                                            "train.seq_len=1000000000 needs about")
     assert estimates["seq_len-32"].train_s > 0

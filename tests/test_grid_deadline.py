@@ -10,13 +10,14 @@ import subprocess
 import sys
 import time
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from configs.grid import load_grid
 from scripts import ablate, grid_local
 from scripts.grid_deadline import Deadline, needs_from, parse_deadline, wait
-from scripts.grid_estimate import Estimate, estimate_file
+from scripts.grid_estimate import Estimate, estimate_file, save_estimates, saved_estimates
 from scripts.run_state import status
 from test_ablate import write_synthetic_grid
 
@@ -63,8 +64,19 @@ def test_a_run_starts_only_if_its_estimate_ends_by_the_deadline():
 def test_needs_prefer_this_invocations_estimates_and_a_rows_expected_time():
     saved = {"a": {"train_s": 100.0, "eval_s": 5.0}, "b": {"train_s": 100.0, "eval_s": 5.0}, "junk": 3}
     estimates = {"b": Estimate(200.0, 10.0, expected_train_s=50.0), "c": Estimate(70.0, 1.0),
-                 "a": Estimate(0.0, 0.0, "no estimate: its data is missing")}
+                 "a": Estimate(0.0, 0.0, "no estimate: its data is missing", failed=True)}
     assert needs_from(estimates, saved) == {"b": 60.0, "c": 71.0}
+
+
+def test_a_failed_estimate_is_not_saved_over_an_earlier_one(tmp_path):
+    """A run whose estimate failed this time keeps the seconds an earlier invocation saved, so a
+    later --until does not read 0 s for it."""
+    grid = SimpleNamespace(out_dir=str(tmp_path), name="g")
+    save_estimates(grid, {"a": Estimate(100.0, 5.0), "b": Estimate(0.0, 0.0, "no estimate: x", failed=True)})
+    assert saved_estimates(grid) == {"a": {"train_s": 100.0, "eval_s": 5.0}}
+    save_estimates(grid, {"a": Estimate(0.0, 0.0, "no estimate: its data is missing", failed=True),
+                          "b": Estimate(7.0, 1.0)})
+    assert saved_estimates(grid) == {"a": {"train_s": 100.0, "eval_s": 5.0}, "b": {"train_s": 7.0, "eval_s": 1.0}}
 
 
 def sigterm_child(tmp: Path) -> subprocess.Popen:
