@@ -24,6 +24,21 @@ TASK_NAMES: tuple[str, ...] = typing.get_args(TaskName)
 RETRIEVAL_TASKS: tuple[str, ...] = ("passkey", "multikey", "multivalue", "vartrack")
 
 
+def check_counts(section: str, values: dict) -> None:
+    """The range of each count in ``values`` (data.synthetic keys; None: not given) that holds
+    whatever the other keys are; ConfigError naming ``section``.KEY for the first out of range."""
+    ranges = {"key_digits": (1, 18, ""), "pairs": (1, 26, ": keys are the letters a-z"), "distractors": (0, None, ""),
+              "needles": (1, None, ""), "values": (1, None, ""), "chains": (1, None, ""), "hops": (1, None, ""),
+              "name_letters": (1, 8, "")}
+    for key, (low, high, why) in ranges.items():
+        value = values.get(key)
+        if value is None or (value >= low and (high is None or value <= high)):
+            continue
+        if high is not None:
+            raise ConfigError(f"{section}.{key} must be in [{low}, {high}]{why} (got {value})")
+        raise ConfigError(f"{section}.{key} must be {'a positive integer' if low == 1 else '0 or more'} (got {value})")
+
+
 @dataclass
 class SyntheticConfig:
     """Tasks made on the fly (data/tasks/): instances are drawn, never stored or downloaded.
@@ -72,19 +87,10 @@ class SyntheticConfig:
         if not self.tasks or len(set(self.tasks)) != len(self.tasks):
             raise ConfigError(f"data.synthetic.tasks must name one or more distinct tasks of "
                               f"{', '.join(TASK_NAMES)} (got {self.tasks})")
-        if not 1 <= self.key_digits <= 18:
-            raise ConfigError(f"data.synthetic.key_digits must be in [1, 18] (got {self.key_digits})")
-        if not 1 <= self.pairs <= 26:
-            raise ConfigError(f"data.synthetic.pairs must be in [1, 26]: keys are the letters a-z "
-                              f"(got {self.pairs})")
+        check_counts("data.synthetic", dataclasses.asdict(self))
         if self.queries is not None and not 1 <= self.queries <= self.pairs:
             raise ConfigError(f"data.synthetic.queries must be in [1, pairs={self.pairs}]: each query "
                               f"asks for a distinct stated key (got {self.queries})")
-        if self.distractors < 0:
-            raise ConfigError(f"data.synthetic.distractors must be 0 or more (got {self.distractors})")
-        for key in ("needles", "values", "chains", "hops"):
-            if getattr(self, key) < 1:
-                raise ConfigError(f"data.synthetic.{key} must be a positive integer (got {getattr(self, key)})")
         if self.asked not in ("all", "mixed"):
             for task, most in (("multikey", self.needles), ("vartrack", self.chains)):
                 if task in self.tasks and not 1 <= self.asked <= most:
@@ -93,8 +99,6 @@ class SyntheticConfig:
                                       "all asks every one, mixed 1 to all of them")
             if self.asked < 1:
                 raise ConfigError(f"data.synthetic.asked must be a positive integer, all or mixed (got {self.asked})")
-        if not 1 <= self.name_letters <= 8:
-            raise ConfigError(f"data.synthetic.name_letters must be in [1, 8] (got {self.name_letters})")
         numbers = 9 * 10 ** (self.key_digits - 1)  # the first digit is never 0
         distinct = max(self.distractors + 1, self.needles, self.values, self.chains)
         if distinct > numbers // 2:
@@ -193,9 +197,13 @@ _NOT_VARIED = {"tasks": "eval.tasks.tasks picks the tasks scored",
 
 
 def _check_variant(self) -> None:
+    """What a variant can be checked for alone (the rest once it meets a run's settings: varied)."""
     for key, instead in _NOT_VARIED.items():
         if getattr(self, key) is not None:
             raise ConfigError(f"eval.tasks.variant.{key} cannot be set: {instead}")
+    check_counts("eval.tasks.variant", dataclasses.asdict(self))
+    if self.queries is not None and self.queries < 1:
+        raise ConfigError(f"eval.tasks.variant.queries must be a positive integer (got {self.queries})")
 
 
 def _variant_class() -> type:

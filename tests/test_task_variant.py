@@ -4,6 +4,7 @@ variable tracking for a model trained on four, more passkey distractors), and it
 from __future__ import annotations
 
 import json
+import re
 from pathlib import Path
 
 import numpy as np
@@ -52,18 +53,22 @@ def test_a_variant_has_its_own_cache_key_and_none_keeps_the_old_one(tmp_path):
     ({"chains": "two"}, "eval.tasks.variant.chains must be an integer, got 'two'"),
     ({"asked": 1}, "eval.tasks.variant.asked cannot be set: eval.tasks.asked sets the questions scored"),
     ({"tasks": ["copy"]}, "eval.tasks.variant.tasks cannot be set: eval.tasks.tasks picks the tasks scored"),
+    ({"chains": 0}, "eval.tasks.variant.chains must be a positive integer (got 0)"),
+    ({"name_letters": 9}, "eval.tasks.variant.name_letters must be in [1, 8] (got 9)"),
+    ({"queries": 0}, "eval.tasks.variant.queries must be a positive integer (got 0)"),
 ])
 def test_variant_keys_and_types_are_checked_as_any_section(tmp_path, variant, message):
     cfg = vartrack_config(tmp_path)
-    with pytest.raises(ConfigError, match=message.replace("(", "\\(").replace("?", "\\?")):
+    with pytest.raises(ConfigError, match=re.escape(message)):
         scored_with(tasks={"variant": variant})(cfg)
 
 
 def test_a_variant_the_task_or_length_cannot_take_is_refused_naming_the_variant(tmp_path):
     cfg, tok = vartrack_config(tmp_path), task_tokenizer()
-    with pytest.raises(TaskError, match=r"eval.tasks.variant \(chains=0\), the task settings scored instead of the "
-                                        r"run's own: data.synthetic.chains must be a positive integer"):
-        eval_tasks.run_tasks(cfg, tok, scored_with(tasks={"variant": {"chains": 0}})(cfg))
+    # What holds only with the run's other settings is checked once the variant meets them.
+    with pytest.raises(TaskError, match=r"eval.tasks.variant \(chains=5, name_letters=1\), the task settings scored "
+                                        r"instead of the run's own: data.synthetic.name_letters=1 gives 26 names"):
+        eval_tasks.run_tasks(cfg, tok, scored_with(tasks={"variant": {"chains": 5, "name_letters": 1}})(cfg))
     # Trained with asked: mixed, every chain count is fine; asked 3 of 2 chains is not.
     with pytest.raises(TaskError, match=r"eval.tasks.variant \(chains=2\).*asked must be in \[1, chains=2\]"):
         eval_tasks.run_tasks(cfg, tok, scored_with(tasks={"variant": {"chains": 2}, "asked": 3})(cfg))
@@ -98,7 +103,7 @@ def test_the_command_scores_a_variant_and_the_report_says_so(recall_run, tmp_pat
     (["--variant", "pair=2"], "did you mean 'eval.tasks.variant.pairs'?"),
     (["--variant", "data.synthetic.pairs=2"], "without its section, e.g. pairs=2"),
     (["--variant", "pairs"], "is not of the form dotted.key=value"),
-    (["--variant", "pairs=30"], "data.synthetic.pairs must be in [1, 26]"),
+    (["--variant", "pairs=30"], "eval.tasks.variant.pairs must be in [1, 26]"),
     (["--variant", "pairs=20"], "needs at least"),  # 20 pairs do not fit the run's lengths
 ])
 def test_bad_variants_on_the_command_line_exit_2_with_a_message(recall_run, tmp_path, args, message):
