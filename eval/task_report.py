@@ -26,7 +26,6 @@ a row no seed learned shows every seed's, marked).
 
 from __future__ import annotations
 
-import json
 from collections import defaultdict
 from pathlib import Path
 from typing import Optional
@@ -344,9 +343,11 @@ TASK_FIGURES = ("accuracy_*.png", "*_heatmap.png", "*_first_error.png")
 
 def variant_lines(runs: list[dict]) -> list[str]:
     """What the scored instances changed of the runs' own task settings (eval.tasks.variant)."""
-    variants = {json.dumps(((run.get("eval") or {}).get("tasks") or {}).get("variant") or {}, sort_keys=True)
-                for run in runs}
-    given = [{k: v for k, v in json.loads(v).items() if v is not None} for v in sorted(variants)]
+    given: list[dict] = []
+    for run in runs:
+        variant = ((run.get("eval") or {}).get("tasks") or {}).get("variant") or {}
+        if (setting := {k: v for k, v in variant.items() if v is not None}) not in given:
+            given.append(setting)
     if not any(given):
         return []
     text = " and ".join(", ".join(f"{k}={v}" for k, v in g.items()) or "the runs' own" for g in given)
