@@ -33,6 +33,9 @@ SEED = "train.seed"
 # so two runs that differ in it may stop at different steps. It counts where a competence
 # stop reads it and it differs from data.synthetic.asked (unset or equal, the stop scores
 # the tasks as trained, and the identity is what it was before the key steered anything).
+# eval.tasks.depths steers the stop too, less: it places the needles of the stop's fixed
+# instances (data/tasks/batches.py: length_set), which train.eval_batches sizes; like that
+# key it does not count: the instances and their questions are the same kind either way.
 STEERS_STOP = "eval.tasks.asked"
 
 

@@ -218,7 +218,7 @@ def test_competence_is_judged_on_the_questions_the_evaluation_asks(tmp_path, mon
 
     # The trainer hands the stop the evaluation's question count.
     seen = []
-    def fake(tasks, seq_len, n):
+    def fake(tasks, seq_len, n, depths=None):
         seen.append([(t.name, t.asked, t.mixed) for t in tasks])
         return lambda model: {t.name: 1.0 for t in tasks}
     monkeypatch.setattr(training.data, "task_accuracies", fake)
@@ -226,6 +226,59 @@ def test_competence_is_judged_on_the_questions_the_evaluation_asks(tmp_path, mon
     assert seen == [[("multikey", 1, False)]]
     meta = read_meta(RunDir(tmp_path / "runs" / "multikey").latest_checkpoint())
     assert meta["competence"]["reached"] and meta["step"] == 2
+
+
+def test_a_needle_task_is_judged_at_the_depths_the_evaluation_scores(tmp_path, monkeypatch):
+    import training.data
+    from data.tasks import length_set
+    from training.data import TaskTraining
+
+    path = tmp_path / "passkey.yaml"
+    path.write_text(f"""
+name: passkey
+out_dir: {tmp_path / 'runs'}
+model: {{d_model: 32, n_layers: 1, n_heads: 4, n_kv_heads: 2}}
+data: {{source: synthetic, tokenizer: {{kind: char}}, synthetic: {{tasks: [passkey, multivalue], distractors: 2}}}}
+train: {{seq_len: 96, batch_size: 4, max_steps: 2, warmup_steps: 1, eval_interval: 2, eval_batches: 2,
+        ckpt_interval: 2, seed: 0, stop_at_accuracy: 0.95}}
+eval: {{tasks: {{depths: [1.0, 0.0, 0.5]}}}}
+log: {{progress: false}}
+""")
+    cfg = load_config(path)
+    passkey, multivalue = TaskTraining(cfg.data.synthetic).tasks
+    placed: list = []
+    def spy(task):
+        make = task.make
+        def recording(rng, length, depth=None):
+            placed.append(depth)
+            return make(rng, length, depth)
+        monkeypatch.setattr(task, "make", recording)
+    spy(passkey), spy(multivalue)
+
+    # A needle task: the given depths in turn, as the report weighs them; the rest of each
+    # instance is what the uniform-depth set draws, so only the needle moves.
+    grid = length_set(passkey, 96, 7, [0.0, 0.5, 1.0])
+    assert placed == [0.0, 0.5, 1.0, 0.0, 0.5, 1.0, 0.0]
+    placed.clear()
+    uniform = length_set(passkey, 96, 7)
+    assert len(set(placed)) == 7 and all(0.0 < d < 1.0 for d in placed)
+    assert all(a.length == b.length == 96 for a, b in zip(grid, uniform))
+    assert any(not np.array_equal(a.tokens, b.tokens) for a, b in zip(grid, uniform))
+    # A task without a needle (multivalue; multikey places its needles at a depth) ignores
+    # them: the same instances either way.
+    placed.clear()
+    same = length_set(multivalue, 96, 3, [0.0, 1.0])
+    assert all(0.0 < d < 1.0 for d in placed)
+    assert all(np.array_equal(a.tokens, b.tokens) for a, b in zip(same, length_set(multivalue, 96, 3)))
+
+    # The trainer hands the stop the evaluation's depths (sorted, as the report lists them).
+    seen = []
+    def fake(tasks, seq_len, n, depths=None):
+        seen.append((seq_len, n, depths))
+        return lambda model: {t.name: 0.0 for t in tasks}
+    monkeypatch.setattr(training.data, "task_accuracies", fake)
+    assert train.main([str(path)]) == 0
+    assert seen == [(96, 8, [0.0, 0.5, 1.0])]
 
 
 def test_an_evaluation_question_count_the_task_cannot_ask_is_clear(tmp_path, capsys):

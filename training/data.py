@@ -10,10 +10,11 @@ stand in for it (scripts/bench_worker.py trains on random tokens through ``TextD
   function of the model. ``n_batches`` global batches (``batch_size × world_size``
   sequences each), so a run validates on the same data whatever its number of ranks.
 
-Synthetic tasks add ``accuracies(seq_len, n, asked)``: each task's exact-match accuracy
+Synthetic tasks add ``accuracies(seq_len, n, asked, depths)``: each task's exact-match accuracy
 at ``seq_len`` on fixed instances, a function of the model (training/competence.py), with
 ``asked`` questions per multikey/vartrack instance where given (the evaluation's
-``eval.tasks.asked``, so competence is judged on what the report scores), else as trained. A text
+``eval.tasks.asked``, so competence is judged on what the report scores), else as trained,
+and a needle task's instances spread over ``depths`` (the evaluation's ``eval.tasks.depths``). A text
 run with ``data.mix`` trains on text windows and retrieval instances in each batch
 (``MixedData``), validates on text, and has ``accuracies`` for its mixed tasks.
 """
@@ -87,8 +88,9 @@ class TaskTraining(TaskData):
         batches = self.validation_batches(seq_len, batch_size * world_size, n_batches)
         return functools.partial(answer_loss, batches=batches)
 
-    def accuracies(self, seq_len: int, n: int, asked: Optional[int] = None) -> Accuracies:
-        return task_accuracies(scored_tasks(self.tasks, self.cfg, self.tokenizer, asked), seq_len, n)
+    def accuracies(self, seq_len: int, n: int, asked: Optional[int] = None,
+                   depths: Optional[list[float]] = None) -> Accuracies:
+        return task_accuracies(scored_tasks(self.tasks, self.cfg, self.tokenizer, asked), seq_len, n, depths)
 
 
 def scored_tasks(tasks: list[Task], synthetic: SyntheticConfig, tokenizer, asked: Optional[int]) -> list[Task]:
@@ -101,10 +103,11 @@ def scored_tasks(tasks: list[Task], synthetic: SyntheticConfig, tokenizer, asked
     return [build_task(task.name, scored, tokenizer) for task in tasks]
 
 
-def task_accuracies(tasks: list[Task], seq_len: int, n: int) -> Accuracies:
-    """model -> {task: exact-match accuracy on its ``n`` fixed instances at ``seq_len``}
-    (data/tasks/batches.py: ``length_set``; the competence stop's check)."""
-    sets = {task.name: length_set(task, seq_len, n) for task in tasks}
+def task_accuracies(tasks: list[Task], seq_len: int, n: int, depths: Optional[list[float]] = None) -> Accuracies:
+    """model -> {task: exact-match accuracy on its ``n`` fixed instances at ``seq_len``}, a
+    needle task's spread over ``depths`` where given (data/tasks/batches.py: ``length_set``;
+    the competence stop's check)."""
+    sets = {task.name: length_set(task, seq_len, n, depths) for task in tasks}
     return lambda model: {name: float(exact_match(model, instances).mean()) for name, instances in sets.items()}
 
 
@@ -171,8 +174,9 @@ class MixedData(TextData):
         tasks = [build_task(name, synthetic, prepared.tokenizer) for name in mix.tasks]
         return cls(prepared.tokenizer, prepared.split("train"), prepared.split("valid"), mix, tasks, synthetic)
 
-    def accuracies(self, seq_len: int, n: int, asked: Optional[int] = None) -> Accuracies:
-        return task_accuracies(scored_tasks(self.tasks, self.synthetic, self.tokenizer, asked), seq_len, n)
+    def accuracies(self, seq_len: int, n: int, asked: Optional[int] = None,
+                   depths: Optional[list[float]] = None) -> Accuracies:
+        return task_accuracies(scored_tasks(self.tasks, self.synthetic, self.tokenizer, asked), seq_len, n, depths)
 
     def train_sampler(self, seq_len: int, batch_size: int, seed: int, rank: int = 0,
                       world_size: int = 1) -> MixedSampler:

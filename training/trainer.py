@@ -85,7 +85,8 @@ class Trainer:
         self.validation_loss = data.validation(t.seq_len, t.batch_size, t.eval_batches, rt.world_size)
         self.competence = None if t.stop_at_accuracy is None else CompetenceStop(
             t.stop_at_accuracy, data.accuracies(t.seq_len, t.eval_batches * t.batch_size * rt.world_size,
-                                                self.cfg.eval.tasks.asked), t.stop_checks)
+                                                self.cfg.eval.tasks.asked, self.cfg.eval.tasks.resolved_depths()),
+            t.stop_checks)
         self.positions = None if t.random_positions is None else RandomPositions(
             t.random_positions.max_len, t.seq_len, t.batch_size, seed=t.seed, rank=rt.rank,
             world_size=rt.world_size)

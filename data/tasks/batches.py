@@ -12,7 +12,8 @@ depends on the order or the process that draws it:
   validation losses of seeds compare.
 - evaluation (eval/tasks.py): instance ``i`` from ``(TEST, seed, task, length, depth, i)``.
 - competence at L (training/competence.py): instance ``i`` of a task at exactly length ``L``
-  from ``(AT_L, task, L, i)``, with a uniform depth; the same for every seed.
+  from ``(AT_L, task, L, i)``, with a uniform depth, or, for a task that places a needle and
+  given the evaluation's depths, at depth ``i mod`` their count; the same for every seed.
 
 A training instance's task is drawn uniformly from the run's tasks, its length uniformly
 from that task's shortest up to ``train.seq_len``, and its depth uniformly in [0, 1] (used
@@ -67,13 +68,21 @@ def eval_instance(task: Task, seed: int, length: int, depth: Optional[float], in
     return task.make(rng, length, depth)
 
 
-def length_set(task: Task, length: int, n: int) -> list[Instance]:
-    """The fixed instances of ``task`` at ``length`` (a random depth each) that a competence
-    stop scores."""
+def length_set(task: Task, length: int, n: int, depths: Optional[Sequence[float]] = None) -> list[Instance]:
+    """The fixed instances of ``task`` at ``length`` that a competence stop scores: a random
+    depth each, or, for a task that ``has_depth`` and given ``depths`` (the evaluation's
+    ``eval.tasks.depths``), those depths in turn, so the stop weighs every depth as the
+    report's accuracy at L does. A uniform depth seldom puts the needle at an end of the
+    filler (depth 0 or 1), where a model can fail while scoring high everywhere else: a
+    learned-position passkey model stopped at 0.98 on uniform depths scored 0.35 with the key
+    right before the question and at least 0.97 at every other depth."""
     out = []
     for i in range(n):
         rng = np.random.default_rng([AT_L, task_id(task.name), length, i])
-        out.append(task.make(rng, length, float(rng.random())))
+        depth = float(rng.random())  # drawn either way: the rest of instance i is the same
+        if depths and task.has_depth:
+            depth = float(depths[i % len(depths)])
+        out.append(task.make(rng, length, depth))
     return out
 
 
