@@ -114,6 +114,9 @@ class Evaluation:
     # other or the run; return the memory its largest forward needs (None: not estimated).
     preflight: Callable[[RunConfig, EvalConfig], Optional[Estimate]] = _no_preflight
     memory_fix: str = "Evaluate shorter lengths (--lengths)."  # how to need less memory
+    # A reused result's metadata that follows from the run's config and today's code, not from
+    # its scores: (meta, run, cfg, ev) -> None, updating meta (tasks: each task's chance).
+    refresh: Callable[[dict, RunDir, RunConfig, EvalConfig], None] = lambda meta, run, cfg, ev: None
 
 
 # --------------------------------------------------------------- checkpoints of one run
@@ -254,6 +257,7 @@ def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, 
         if "competence_earlier" not in cached["meta"] and (
                 earlier := logged_earlier_check(run.metrics, cached["meta"].get("competence"))):
             cached["meta"]["competence_earlier"] = earlier
+        evaluation.refresh(cached["meta"], run, cfg, ev)
         return cached["meta"], cached["rows"], cached[evaluation.result]
     cells = Cells(path.with_suffix(".partial.jsonl"), ckpt.name if ckpt is not None else None) \
         if evaluation.journal else Cells()

@@ -109,6 +109,14 @@ def run_tasks(cfg: RunConfig, tokenizer, ev: EvalConfig, parent: Optional[dict] 
     return tasks
 
 
+def refresh_chance(meta: dict, run: RunDir, cfg: RunConfig, ev: EvalConfig) -> None:
+    """A reused evaluation's chance per task, as today's code defines it: chance is a property
+    of the task's settings, not a score (one chain of vartrack was once given chance 1, which
+    left its effective length undefined)."""
+    tasks = run_tasks(cfg, checked_tokenizer(run, cfg), ev, meta.get("parent"))
+    meta["chance"] = {task.name: task.chance for task in tasks}
+
+
 def trained_tasks(cfg: RunConfig, parent: Optional[dict] = None) -> list[str]:
     """The tasks a run (or, fine-tuned on text, its parent) trained on in the wording it is
     scored in: those whose learning the report judges (passkey in the paper's prompt on a
@@ -333,6 +341,7 @@ TASKS = Evaluation(
     name="tasks", doc=__doc__, result="kmax", default_out=Path("reports/tasks"), cache_key=_cache_key,
     evaluate=lambda run_dir, ev, device, log, cells: evaluate_run(run_dir, ev, device, log),
     report=run_task_evaluation, add_flags=add_flags, flag_tree=flag_tree, preflight=preflight,
+    refresh=refresh_chance,
     memory_fix="Evaluate shorter lengths (--lengths), or fewer instances (--samples).")
 
 

@@ -194,6 +194,22 @@ def test_report_pools_seeds_with_seed_aware_intervals_and_marks_learned_na(score
     assert len(list((scored_runs / "rope-a" / "eval").glob("tasks-*.json"))) == 1
 
 
+def test_a_reused_evaluation_takes_each_task_s_chance_from_today_s_code(scored_runs, tmp_path):
+    # Chance follows from a task's settings, not from its scores: a cached result written
+    # when the code gave another (one vartrack chain once had chance 1) is reported with today's.
+    run = scored_runs / "passkey"
+    first = eval_tasks.run_task_evaluation([run], tmp_path / "a", log=lambda *a: None)
+    assert first["runs"][0]["chance"] == {"passkey": 0.0}  # no distractors: no candidates to guess among
+    (cache,) = (run / "eval").glob("tasks-*.json")
+    stale = json.loads(cache.read_text())
+    stale["meta"]["chance"] = {"passkey": 1.0}
+    cache.write_text(json.dumps(stale))
+    seen: list[str] = []
+    again = eval_tasks.run_task_evaluation([run], tmp_path / "b", log=seen.append)
+    assert any("reusing" in line for line in seen) and again["results"] == first["results"]
+    assert again["runs"][0]["chance"] == {"passkey": 0.0}
+
+
 def test_passkey_on_a_text_run_in_its_own_tokenizer(scored_runs, tmp_path):
     results = eval_tasks.run_task_evaluation([scored_runs / "text"], tmp_path / "rep", eval_tasks_for(
         lengths=[300], tasks={"samples": 3, "depths": [0.5]}), log=lambda *a: None)

@@ -82,6 +82,8 @@ def test_chance_of_each_task_by_hand():
     assert chance("multikey", needles=3, asked="mixed") == pytest.approx((1 / 3 + 1 / 6 + 1 / 6) / 3)
     assert chance("vartrack", chains=2) == pytest.approx(1 / 2)
     assert chance("multivalue", values=3) == pytest.approx(1 / 6)  # the three values in a random order
+    # One candidate is no choice to guess: RULER's one chain of four hops, one needle, one value.
+    assert chance("vartrack", chains=1, hops=4) == chance("multikey", needles=1) == chance("multivalue", values=1) == 0.0
     assert chance("copy") == chance("addition") == chance("recall") == 0.0
 
 

@@ -143,7 +143,11 @@ class Haystack(Task):
 
     def chance_of(self, candidates: int) -> float:
         """``chance`` where the questions ask distinct ones of ``candidates`` values: every answer
-        drawn at random without repeats, averaged over the number of questions asked (mixed)."""
+        drawn at random without repeats, averaged over the number of questions asked (mixed).
+        0 for one candidate (multikey's one needle, RULER's one vartrack chain): there is no
+        choice to guess, and no answer without the lookups themselves (Task.chance)."""
+        if candidates < 2:
+            return 0.0
         counts = range(1, self.asked + 1) if self.mixed else [self.asked]
         return float(np.mean([1.0 / math.perm(candidates, k) for k in counts]))
 

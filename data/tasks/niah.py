@@ -71,7 +71,8 @@ class Multivalue(Haystack):
 
     @property
     def chance(self) -> float:
-        return 1.0 / math.factorial(self.values)  # every value, in a random order
+        # every value, in a random order; one value is no choice (Task.chance)
+        return 1.0 / math.factorial(self.values) if self.values > 1 else 0.0
 
     def compose(self, rng: np.random.Generator, depth: Optional[float], questions: int):
         (name,), values = self.names(rng, 1), self.numbers(rng, self.values)
