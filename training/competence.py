@@ -9,10 +9,9 @@ same for every seed; the same scoring as evaluation, training/exact_match.py), e
 multikey/vartrack instance asking as many questions as the evaluation does
 (``eval.tasks.asked`` where set, else as trained: a run trained with ``asked: mixed`` and
 scored on one question is judged on one question, as the report judges it) and each
-passkey instance's key at the evaluation's depths in turn (``eval.tasks.depths``: a
-uniform depth seldom puts it at either end of the filler, where a model can fail alone).
-Once every
-task is at ``a`` or above at ``train.stop_checks`` consecutive checks (1: the first) the
+passkey or multikey instance's needle at the evaluation's depths in turn
+(``eval.tasks.depths``: a uniform depth seldom puts it at either end of the filler, where a
+model can fail alone). Once every task is at ``a`` or above at ``train.stop_checks`` consecutive checks (1: the first) the
 run saves its checkpoint and ends; ``train.max_steps`` is then the budget. A single check
 on a few hundred instances can pass by luck (a model near ``a`` passes some checks and
 fails others), so a grid whose report pools the seeds that learned can ask for two in a
