@@ -219,9 +219,11 @@ def _power_text(cell: Optional[dict]) -> str:
 
 
 def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta: dict[str, dict],
-                       lengths: list[int], train_lens: dict[str, int], mark_length) -> list[str]:
+                       lengths: list[int], train_lens: dict[str, int], mark_length, missing: int = 0) -> list[str]:
     """The task section's comparisons with the reference row: a sentence and a table, or a
-    sentence saying why there are none (nothing for a task with one row)."""
+    sentence saying why there are none (nothing for a task with one row). ``missing``: runs
+    the report lists as missing; while there are any, the correction's family is the tests
+    of the runs in so far, and the sentence says a mark may change as the others arrive."""
     if len(kept) < 2:
         return []
     if reference is None or not any(budget_partner(label, reference) in kept for label in kept):
@@ -254,7 +256,9 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
 
     marks = (f"Marks: ▲ higher accuracy than the row compared with, ▼ lower, ~ neither, where the test across "
              f"training runs rejects no difference after the Benjamini–Hochberg correction over this table's "
-             f"{tested} tests." if tested else
+             f"{tested} tests" + (f" of the runs in so far ({missing} run{'s' if missing != 1 else ''} listed as missing would add tests to "
+                                  f"the tables of their rows and may change marks)" if missing else "") + "."
+             if tested else
              "No test across training runs: each comparison has one seed on a side, so its difference speaks of "
              "those two training runs only, marked (one seed), and no power can be stated.")
     power = ["", "Power across training runs: the smallest accuracy difference each comparison detects with its "

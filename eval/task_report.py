@@ -314,7 +314,7 @@ HEADER = ("A cell is the exact-match accuracy (an instance counts only if every 
 
 
 def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict], runs: list[dict],
-                  out: Path) -> list[str]:
+                  out: Path, missing: int = 0) -> list[str]:
     task_rows = [r for r in rows if r["task"] == task]
     lengths = sorted({r["length"] for r in task_rows})
     per_cell = sorted({r["total"] for r in task_rows if r["status"] == "ok"})
@@ -328,7 +328,8 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
     plot_accuracy(table, train_lens, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy")
     kept, settings = pooled_seeds(runs, rows, task)[0], {r["run"]: settings_of(r) for r in runs}
     reference = task_reference(runs, label_rows(runs, task_rows))
-    md += comparison_section(kept, reference, {r["run"]: r for r in runs}, lengths, train_lengths(table), mark)
+    md += comparison_section(kept, reference, {r["run"]: r for r in runs}, lengths, train_lengths(table), mark,
+                             missing)
     md += effective_section(kept, settings, seed_accuracy, task)
     grids = heatmap_grids(runs, rows, task) if depth else {}
     if grids:
@@ -382,7 +383,7 @@ def _write_markdown(results: dict, out: Path) -> str:
     tables = {task: summarize(runs, rows, task) for task in tasks}
     md += ["", "## Summary", "", summary_table(tables, lengths, length_marks(runs))]
     for task, table in tables.items():
-        md += _task_section(task, table, rows, runs, out)
+        md += _task_section(task, table, rows, runs, out, len(results.get("missing") or ()))
     if results.get("kmax"):
         definition = KMAX_DOC.split("\n\n")[1:4]
         k = results["kmax"][0]

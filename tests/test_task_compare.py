@@ -163,6 +163,12 @@ def test_a_task_report_compares_every_row_with_the_reference(tmp_path):
     assert line.endswith("▲ |") and "+0.69 [" in line  # (38 + 36 + 39 − 10 − 12 − 8) / 120 at 64
     assert next(x for x in report.splitlines() if x.startswith("| nope vs rope |")).count("[") == 2
     assert "Not compared" not in report
+    assert "correction over this table's 4 tests." in report  # every run in: the family is whole
+    # A grid with runs still missing says that its family (and so a mark) may grow.
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [],
+                       "missing": [{"run": "runs/g/xpos0", "error": "not finished"}]}, tmp_path / "partial")
+    partial = (tmp_path / "partial" / "report.md").read_text()
+    assert "correction over this table's 4 tests of the runs in so far (1 run listed as missing" in partial
     # The same report made again from its results.json against another row: ALiBi's.
     from eval.remake import main as remake
     (tmp_path / "results.json").write_text(json.dumps({"created": "now", "runs": runs, "results": rows, "kmax": [],
