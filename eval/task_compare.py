@@ -254,11 +254,11 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
                 for name, cells in comparisons.items() if cells]
         return length_table(["row vs compared"], lengths, rows, mark=mark_length)
 
+    so_far = (f" of the runs in so far ({missing} run{'s' if missing != 1 else ''} listed as missing would add "
+              "tests to the tables of their rows and may change marks)" if missing else "")
     marks = (f"Marks: ▲ higher accuracy than the row compared with, ▼ lower, ~ neither, where the test across "
              f"training runs rejects no difference after the Benjamini–Hochberg correction over this table's "
-             f"{tested} tests" + (f" of the runs in so far ({missing} run{'s' if missing != 1 else ''} listed as missing would add tests to "
-                                  f"the tables of their rows and may change marks)" if missing else "") + "."
-             if tested else
+             f"{tested} tests{so_far}." if tested else
              "No test across training runs: each comparison has one seed on a side, so its difference speaks of "
              "those two training runs only, marked (one seed), and no power can be stated.")
     power = ["", "Power across training runs: the smallest accuracy difference each comparison detects with its "
