@@ -187,7 +187,8 @@ def plot_sink_heatmaps(rows: list[dict], lengths: list[int], epsilon: float, pat
                         color="white" if value < 0.6 else "black")
             ax.set_xticks(range(alpha.shape[1]))
             ax.set_yticks(range(alpha.shape[0]))
-            ax.set_xlabel("head", fontsize=8)
+            ax.set_xlabel("head, ranked by sink mass within its layer, per run" if row.get("sinks_ranked") else "head",
+                          fontsize=8)
             ax.set_ylabel("layer", fontsize=8)
             ax.set_title(f"{row['label']} at {n}: {int((alpha > epsilon).sum())}/{alpha.size} heads > ε",
                          fontsize=8.5, color=encoding_color(row["encoding"]))
@@ -198,23 +199,20 @@ def plot_sink_heatmaps(rows: list[dict], lengths: list[int], epsilon: float, pat
 
 
 def plot_needle(rows: list[dict], path: Path) -> None:
-    """Attention on the passkey's key tokens against length: the mean head, and the head with the
-    most at the shortest length measured (L where the prompt fits), followed to the longer
-    lengths; the row's uniform-attention mass dotted."""
+    """Attention on the passkey's key tokens against length: the mean head, and each run's head
+    with the most at its shortest length measured (L where the prompt fits), followed to the
+    longer lengths and pooled over the row's runs; the row's uniform-attention mass dotted."""
     styles = row_styles(rows)
     fig, axes = plt.subplots(1, 2, figsize=(10.5, 4.2), sharey=True)
     for row in rows:
-        measured = sorted(n for n, cells in row["lengths"].items() if cells.get("needle_heads"))
-        first = np.asarray(row["lengths"][measured[0]]["needle_heads"]["mean"])
-        best = np.unravel_index(int(np.argmax(first)), first.shape)  # (layer, head)
+        measured = sorted(n for n, cells in row["lengths"].items() if cells.get("needle"))
         for ax in axes:
             ax.plot(measured, [row["uniform"][n] for n in measured], color=styles[row["label"]]["color"],
                     linestyle=":", marker="_", markersize=12, linewidth=1)
-        _against_length(axes[1], [row], "needle_heads", styles, index=best, mark=False)
-    mark_train_len(axes[1], rows[0]["train_len"])
+    _against_length(axes[1], rows, "needle_top", styles)
     _against_length(axes[0], rows, "needle", styles)
     axes[0].set_title("mean over layers and heads", fontsize=10)
-    axes[1].set_title("the head with the most at the shortest length (fixed)", fontsize=10)
+    axes[1].set_title("each run's head with the most at the shortest length (fixed)", fontsize=10)
     for ax in axes:
         _log_y(ax)
         ax.set_xlabel("evaluation length (tokens)")

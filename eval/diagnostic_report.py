@@ -6,6 +6,12 @@ a window's layers, heads and queries), then pooled: with two or more seeds, the 
 per-seed means with a t-interval across the seeds (what another set of training runs would
 give); with one run, the mean over its windows with a t-interval across the windows (how
 sure we are of this one model's number). The report says which for every row.
+
+Heads are not aligned across seeds: head 3 of one training run has no counterpart in another.
+So a measure per head is pooled only after each run's heads are put in an order of its own:
+the needle's head is each run's own retrieval head (the one with the most attention on the
+key at its shortest measured length), and a row of several runs draws its sink heatmap with
+each layer's heads ranked by their sink mass, run by run.
 """
 
 from __future__ import annotations
@@ -61,7 +67,8 @@ def window_measures(cell: dict, meta: dict) -> dict[str, np.ndarray]:
 
 # Measures that are fractions of a query's attention (or of the heads), so within [0, 1]; all
 # measures are ≥ 0. An interval is cut to that range: the truth lies in it, so coverage holds.
-FRACTIONS = frozenset({"sink", "sink_rate", "sink_heads", "needle", "needle_heads", "qk_share", "distance_histogram"})
+FRACTIONS = frozenset({"sink", "sink_rate", "sink_heads", "needle", "needle_heads", "needle_top", "qk_share",
+                       "distance_histogram"})
 
 
 def pool(per_run: list[np.ndarray], ceiling: float = np.inf) -> Optional[dict]:
@@ -88,21 +95,63 @@ def pooled_rows(results: dict) -> list[dict]:
         lengths = sorted({int(n) for r in members for n in results["cells"][r["run"]]})
         row = {"label": label, "encoding": members[0]["encoding"], "attention": members[0].get("attention", "softmax"),
                "runs": members, "train_len": members[0]["train_len"], "lengths": {}, "notes": {}, "uniform": {}}
+        measured = {}  # length -> [(cell, run, its measures per window)] of the runs measured there
         for n in lengths:
             cells = [(results["cells"][r["run"]].get(str(n)), r) for r in members]
             ok = [(c, r) for c, r in cells if c and c["status"] == "ok"]
             row["notes"][n] = sorted({c["note"] for c, _ in cells if c and c["status"] != "ok"}
                                      | {c["needle_note"] for c, _ in ok if "needle_note" in c})
-            if not ok:
-                continue
-            measures = [window_measures(c, r) for c, r in ok]
+            if ok:
+                measured[n] = [(c, r, window_measures(c, r)) for c, r in ok]
+        _order_heads(measured, ranked_sinks=len(members) >= 2)
+        row["sinks_ranked"] = len(members) >= 2
+        for n, entries in measured.items():
+            measures = [m for _, _, m in entries]
             names = {name for m in measures for name in m}
             row["lengths"][n] = {name: pool([m[name] for m in measures if name in m], 1.0 if name in FRACTIONS else np.inf)
                                  for name in sorted(names)}
-            needle_uniform = [u for c, _ in ok for u in c.get("needle_uniform", [])]
+            needle_uniform = [u for c, _, _ in entries for u in c.get("needle_uniform", [])]
             row["uniform"][n] = float(np.mean(needle_uniform)) if needle_uniform else None
+            by_depth = _needle_by_depth(entries)
+            if by_depth:
+                row.setdefault("needle_depth", {})[n] = by_depth
         rows.append(row)
     return rows
+
+
+def _order_heads(measured: dict[int, list[tuple]], ranked_sinks: bool) -> None:
+    """Put each run's heads in an order of its own before seeds are pooled (module doc): add
+    ``needle_top``, the run's retrieval head's needle mass per window (the head with the most at
+    the shortest length where the run's needle was measured), and with ``ranked_sinks`` rank each
+    layer's heads by the run's mean sink mass at each length."""
+    top: dict[str, tuple[int, int]] = {}
+    for n in sorted(measured):
+        for _, run, m in measured[n]:
+            heads = m.get("needle_heads")
+            if run["run"] not in top and heads is not None and len(heads):
+                mean = np.asarray(heads).mean(axis=0)  # (layers, H)
+                top[run["run"]] = tuple(int(i) for i in np.unravel_index(int(np.argmax(mean)), mean.shape))
+    for entries in measured.values():
+        for _, run, m in entries:
+            if run["run"] in top and m.get("needle_heads") is not None and len(m["needle_heads"]):
+                m["needle_top"] = np.asarray(m["needle_heads"])[(slice(None), *top[run["run"]])]
+            if ranked_sinks and m.get("sink_heads") is not None and len(m["sink_heads"]):
+                heads = np.asarray(m["sink_heads"])  # (W, layers, H)
+                order = np.argsort(-heads.mean(axis=0), axis=-1, kind="stable")
+                m["sink_heads"] = np.take_along_axis(heads, order[None], axis=-1)
+
+
+def _needle_by_depth(entries: list[tuple]) -> dict[float, dict]:
+    """The retrieval head's needle mass pooled per needle depth, where every run's cell says
+    the depth of each of its needle windows (caches written before it did say nothing)."""
+    per_run = []
+    for cell, _, m in entries:
+        depths = cell.get("needle_depths")
+        if "needle_top" not in m or depths is None or len(depths) != len(m["needle_top"]) or None in depths:
+            return {}
+        per_run.append((np.asarray(depths, dtype=np.float64), np.asarray(m["needle_top"])))
+    found = sorted({float(d) for depths, _ in per_run for d in depths})
+    return {d: pool([values[depths == d] for depths, values in per_run], 1.0) for d in found}
 
 
 def uniform_entropy(length: int) -> float:
@@ -227,7 +276,27 @@ def _needle_section(rows: list[dict], lengths: list[int], out: Path) -> list[str
     for row in found:
         lines.append(f"| {row['label']} | " + " | ".join("–" if row["uniform"].get(n) is None
                                                          else f"{row['uniform'][n]:.3f}" for n in lengths) + " |")
-    return lines + ["", "![needle mass against length](needle_mass.png)"]
+    lines += ["", "The retrieval head: each run's head with the most attention on the key at the shortest length where "
+                  "its needle was measured, followed to the longer lengths (heads are not aligned across seeds, so each "
+                  "run's own head is pooled, not one head index):", "", *_table(found, lengths, "needle_top", ".3f")]
+    return lines + _depth_table(found, lengths) + ["", "![needle mass against length](needle_mass.png)"]
+
+
+def _depth_table(rows: list[dict], lengths: list[int]) -> list[str]:
+    """The retrieval head's needle mass per depth (rows × depth, one column per length)."""
+    found = [r for r in rows if r.get("needle_depth")]
+    if not found:
+        return []
+    train_len = found[0]["train_len"]
+    head = [f"{n} (L)" if n == train_len else f"{n} ({n / train_len:g}L)" for n in lengths]
+    lines = ["", "The retrieval head's mass on the key by the needle's depth (0: the key opens the filler; 1: it "
+                 "stands right before the question; a value without an interval is one window's):", "", "| row | depth | " + " | ".join(head) + " |",
+             "|---|---:|" + "---:|" * len(lengths)]
+    for row in found:
+        for d in sorted({d for cells in row["needle_depth"].values() for d in cells}):
+            lines.append(f"| {row['label']} | {d:g} | " + " | ".join(_cell(row["needle_depth"].get(n, {}).get(d), ".3f")
+                                                                   for n in lengths) + " |")
+    return lines
 
 
 def _pair_section(rows: list[dict], out: Path) -> list[str]:
@@ -295,8 +364,9 @@ def _reduced(cell: dict, meta: dict) -> dict:
     kept = {k: v for k, v in cell.items() if not isinstance(v, (list, np.ndarray))}
     if cell.get("status") != "ok":
         return kept
-    if "needle_uniform" in cell:
-        kept["needle_uniform"] = cell["needle_uniform"]
+    for name in ("needle_uniform", "needle_depths"):
+        if name in cell:
+            kept[name] = cell[name]
     return kept | window_measures(cell, meta) | {"per_window": True}
 
 

@@ -57,6 +57,7 @@ class Window:
     tokens: np.ndarray  # (T,): the model's input
     needle: Optional[np.ndarray] = None  # (T,) bool: a passkey's key tokens
     answer_rows: Optional[np.ndarray] = None  # the queries that predict the answer's tokens
+    depth: Optional[float] = None  # a passkey's needle depth (0: first in the filler, 1: by the question)
 
 
 def corpus_windows(tokens: np.ndarray, length: int, count: int) -> list[Window]:
@@ -73,11 +74,13 @@ def task_windows(tasks: Sequence[Task], length: int, count: int, ev: EvalConfig)
     for i in range(count):
         task = tasks[i % len(tasks)]
         is_passkey = isinstance(task, Passkey)
-        instance = eval_instance(task, ev.tasks.seed, length, depths[i % len(depths)] if is_passkey else None, i)
+        depth = depths[i % len(depths)] if is_passkey else None
+        instance = eval_instance(task, ev.tasks.seed, length, depth, i)
         window = Window(instance.tokens[:-1].astype(np.int64))
         if is_passkey:  # the query at a − 1 predicts the answer token at a
             window.needle = Passkey.needle(instance)[:-1]
             window.answer_rows = np.flatnonzero(instance.answer) - 1
+            window.depth = float(depth)
         windows.append(window)
     return windows
 
@@ -130,7 +133,7 @@ def diagnose_length(saved: SavedRun, meta: dict, length: int, sample: Callable[[
     cell = {"status": "ok", "windows": len(windows), **_stack(results)}
     if "map" in cell:
         cell["map"] = cell["map"][0]  # the first window's only
-    cell["needle_uniform"] = _uniform_needle(windows)
+    cell["needle_uniform"], cell["needle_depths"] = _uniform_needle(windows), _needle_depths(windows)
     if needles is not None and meta["attention"] == "softmax":
         try:
             extra = needles(length)
@@ -139,13 +142,18 @@ def diagnose_length(saved: SavedRun, meta: dict, length: int, sample: Callable[[
         else:
             found = [diagnose_window(saved.model, w, meta, full=False, want_map=False) for w in extra]
             cell["needle"] = _stack(found)["needle"]
-            cell["needle_uniform"] = _uniform_needle(extra)
+            cell["needle_uniform"], cell["needle_depths"] = _uniform_needle(extra), _needle_depths(extra)
     return cell
 
 
 def _uniform_needle(windows: list[Window]) -> list[float]:
     """Per passkey window, the needle mass of uniform attention: |needle| / (i + 1) over the answer's queries."""
     return [float(np.mean(w.needle.sum() / (w.answer_rows + 1))) for w in windows if w.needle is not None]
+
+
+def _needle_depths(windows: list[Window]) -> list[float]:
+    """Per passkey window (the order of the needle measures), its needle's depth."""
+    return [w.depth for w in windows if w.needle is not None]
 
 
 def samplers(saved: SavedRun, ev: EvalConfig, meta: dict):

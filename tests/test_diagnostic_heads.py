@@ -1,0 +1,82 @@
+"""Per-head diagnostics pooled over seeds: each run's own retrieval head and sink ranking
+(heads are not aligned across training runs), and the needle's mass by depth."""
+
+import json
+
+import numpy as np
+import pytest
+
+from eval.diagnostic_report import pooled_rows
+
+LAYERS, HEADS = 2, 4
+
+
+def _run(name: str, seed: int) -> dict:
+    return {"run": f"runs/{name}", "name": name, "encoding": "t5", "attention": "softmax", "group": "g",
+            "stem": "kind-t5", "seed": seed, "train_len": 64, "epsilon": 0.3}
+
+
+def _cell(top: tuple[int, int], mass_by_depth: dict[float, float], sink: tuple[int, int], windows: int = 10) -> dict:
+    """A per-window cell: the needle on head ``top`` with a depth's mass, background 0.01; a sink on ``sink``."""
+    depths = [list(mass_by_depth)[i % len(mass_by_depth)] for i in range(windows)]
+    needle = np.full((windows, LAYERS, HEADS), 0.01)
+    sinks = np.full((windows, LAYERS, HEADS), 0.02)
+    for w, d in enumerate(depths):
+        needle[w][top] = mass_by_depth[d] + 0.001 * (w % 3)  # a little spread across windows
+        sinks[w][sink] = 0.8 + 0.001 * (w % 3)
+    return {"status": "ok", "windows": windows, "per_window": True, "needle_heads": needle.tolist(),
+            "needle": needle.mean(axis=(1, 2)).tolist(), "sink_heads": sinks.tolist(),
+            "needle_uniform": [0.02] * windows, "needle_depths": depths}
+
+
+def test_seeds_pool_their_own_retrieval_heads_and_ranked_sinks_not_one_head_index():
+    runs = [_run("a", 0), _run("b", 1)]
+    # Seed a retrieves with layer 1 head 0, seed b with layer 1 head 3; their sinks sit on other heads.
+    cells = {"runs/a": {"64": _cell((1, 0), {0.0: 0.9, 1.0: 0.5}, (0, 1)),
+                        "128": _cell((1, 0), {0.0: 0.8, 1.0: 0.2}, (0, 1))},
+             "runs/b": {"64": _cell((1, 3), {0.0: 0.9, 1.0: 0.5}, (0, 2)),
+                        "128": _cell((1, 3), {0.0: 0.8, 1.0: 0.2}, (0, 2))}}
+    [row] = pooled_rows({"runs": runs, "cells": cells})
+    top = row["lengths"][64]["needle_top"]
+    assert top["across"] == "runs" and top["n"] == 2
+    assert top["mean"] == pytest.approx(0.7, abs=0.002)  # the mean of the depths 0.9 and 0.5: each seed's own head
+    # Pooling one head index across the seeds would have halved it: head (1, 0) holds 0.7 in one seed, 0.01 in the other.
+    assert np.asarray(row["lengths"][64]["needle_heads"]["mean"])[1, 0] == pytest.approx(0.355, abs=0.002)
+    by_depth = row["needle_depth"][128]
+    assert by_depth[0.0]["mean"] == pytest.approx(0.8, abs=0.002) and by_depth[1.0]["mean"] == pytest.approx(0.2, abs=0.002)
+    assert by_depth[1.0]["n"] == 2 and by_depth[1.0]["high"] < by_depth[0.0]["low"]
+    # Ranked within each layer, run by run: both seeds' sinks land in layer 0's first column.
+    sinks = np.asarray(row["lengths"][64]["sink_heads"]["mean"])
+    assert row["sinks_ranked"] and sinks[0, 0] == pytest.approx(0.801, abs=0.002) and sinks[0, 1:].max() < 0.03
+
+
+def test_one_run_keeps_its_head_indices_and_an_old_cache_has_no_depth_table():
+    cell = _cell((1, 2), {0.0: 0.9, 0.5: 0.6}, (0, 3))
+    old = {k: v for k, v in cell.items() if k != "needle_depths"}  # cached before depths were recorded
+    [row] = pooled_rows({"runs": [_run("a", 0)], "cells": {"runs/a": {"64": old}}})
+    assert not row["sinks_ranked"] and np.asarray(row["lengths"][64]["sink_heads"]["mean"])[0, 3] > 0.79
+    assert row["lengths"][64]["needle_top"]["across"] == "windows" and "needle_depth" not in row
+    [row] = pooled_rows({"runs": [_run("a", 0)], "cells": {"runs/a": {"64": cell}}})
+    assert row["needle_depth"][64][0.5]["n"] == 5  # one run: the interval is across its windows at that depth
+
+
+def test_a_passkey_runs_report_gives_the_retrieval_heads_mass_by_depth(tmp_path):
+    import train
+    from eval import remake
+    from scripts import diagnose
+    from tests.test_diagnostics import passkey_config
+
+    assert train.main([str(passkey_config(tmp_path))]) == 0
+    out = tmp_path / "report"
+    assert diagnose.main([str(tmp_path / "runs" / "syn"), "--lengths", "64", "128", "--windows", "6",
+                          "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    cell = results["cells"][results["runs"][0]["run"]]["128"]
+    depths = results["runs"][0]["eval"]["tasks"]["depths"] or [0.0, 0.25, 0.5, 0.75, 1.0]
+    assert cell["needle_depths"] == [float(depths[i % len(depths)]) for i in range(6)]
+    report = (out / "report.md").read_text()
+    assert "The retrieval head's mass on the key by the needle's depth" in report
+    table = [line for line in report.splitlines() if line.startswith("| passkey") or line.startswith("| rope")]
+    assert any(f"| {depths[0]:g} |" in line for line in table)
+    assert remake.main([str(out)]) == 0  # made again from results.json alone: the same depth table
+    assert "The retrieval head's mass on the key by the needle's depth" in (out / "report.md").read_text()
