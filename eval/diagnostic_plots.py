@@ -216,7 +216,7 @@ def plot_needle(rows: list[dict], path: Path) -> None:
     for ax in axes:
         _log_y(ax)
         ax.set_xlabel("evaluation length (tokens)")
-    axes[0].set_ylabel("attention mass on the key's tokens, 95% interval\n(dotted: uniform attention)")
+    axes[0].set_ylabel("attention mass on the needle's tokens, 95% interval\n(dotted: uniform attention)")
     _save(fig, path, *_unique_legend(axes))
 
 

@@ -269,16 +269,17 @@ def _needle_section(rows: list[dict], lengths: list[int], out: Path) -> list[str
     if not found:
         return []
     plot_needle(found, out / "needle_mass.png")
-    lines = ["", "## Attention on the needle (passkey)", "",
-             "The mean attention mass on the key's tokens from the queries that predict the answer, over layers "
-             "and heads; below, what uniform attention would put there.", "", *_table(found, lengths, "needle", ".3f")]
+    lines = ["", "## Attention on the needle (passkey, multikey)", "",
+             "The mean attention mass on the needle's tokens (the key, or the asked needles' values) from the queries "
+             "that predict the answer, over layers and heads; below, what uniform attention would put there.", "",
+             *_table(found, lengths, "needle", ".3f")]
     lines += ["", "| uniform attention | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
     for row in found:
         lines.append(f"| {row['label']} | " + " | ".join("–" if row["uniform"].get(n) is None
                                                          else f"{row['uniform'][n]:.3f}" for n in lengths) + " |")
-    lines += ["", "The retrieval head: each run's head with the most attention on the key at the shortest length where "
-                  "its needle was measured, followed to the longer lengths (heads are not aligned across seeds, so each "
-                  "run's own head is pooled, not one head index):", "", *_table(found, lengths, "needle_top", ".3f")]
+    lines += ["", "The retrieval head: each run's head with the most attention on the needle at the shortest length "
+                  "where its needle was measured, followed to the longer lengths (heads are not aligned across seeds, "
+                  "so each run's own head is pooled, not one head index):", "", *_table(found, lengths, "needle_top", ".3f")]
     return lines + _depth_table(found, lengths) + ["", "![needle mass against length](needle_mass.png)"]
 
 
@@ -289,9 +290,9 @@ def _depth_table(rows: list[dict], lengths: list[int]) -> list[str]:
         return []
     train_len = found[0]["train_len"]
     head = [f"{n} (L)" if n == train_len else f"{n} ({n / train_len:g}L)" for n in lengths]
-    lines = ["", "The retrieval head's mass on the key by the needle's depth (0: the key opens the filler; 1: it "
-                 "stands right before the question; a value without an interval is one window's):", "", "| row | depth | " + " | ".join(head) + " |",
-             "|---|---:|" + "---:|" * len(lengths)]
+    lines = ["", "The retrieval head's mass on the needle by its depth (0: the needle opens the filler; 1: it "
+                 "stands right before the question; a value without an interval is one window's):", "",
+             "| row | depth | " + " | ".join(head) + " |", "|---|---:|" + "---:|" * len(lengths)]
     for row in found:
         for d in sorted({d for cells in row["needle_depth"].values() for d in cells}):
             lines.append(f"| {row['label']} | {d:g} | " + " | ".join(_cell(row["needle_depth"].get(n, {}).get(d), ".3f")

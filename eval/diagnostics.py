@@ -9,9 +9,10 @@ window goes through one forward whose attention layers are read by hooks
 (eval/attention_probe.py); for every layer and head the measures of eval/attention_stats.py
 (entropy by query position, attended distance and its distribution, sink mass) and, for
 the RoPE family, the mean q and k norm of every rotation pair (Barbero et al. 2024).
-Passkey retrieval adds the attention mass on the key's tokens from the queries that
-predict the answer: on the run's own passkey instances (synthetic runs trained on it), or
-on instances in the paper's wording written with the run's tokenizer (runs trained on text).
+Needle retrieval adds the attention mass on the needle's tokens (the asked values) from the
+queries that predict the answer: on the run's own passkey or multikey instances (synthetic
+runs trained on them), or on passkey instances in the paper's wording written with the run's
+tokenizer (runs trained on text).
 
 What does not apply is said, not guessed: linear attention forms no attention matrix, so
 only the RoPE pair norms (of the features its numerator rotates) are measured; lengths a
@@ -36,7 +37,8 @@ import torch
 from common.errors import DataError, LengthError, NonFiniteOutput
 from configs.schema import EvalConfig, EvalCorpus, RunConfig
 from data.samplers import eval_windows, spread_windows
-from data.tasks import Passkey, Task, TaskError, build_task, eval_instance
+from data.tasks import Task, TaskError, build_task, eval_instance
+from data.tasks.base import answer_needles
 from eval.attention_probe import LayerAttention, attention_inputs, rotary_pair_norms, rotated_vectors
 from eval.attention_stats import example_map, head_stats, needle_mass
 from eval.corpus import load_corpus
@@ -55,9 +57,9 @@ MAP_MULTIPLE = 8  # the example attention maps: at L and at 8L (else the longest
 @dataclass
 class Window:
     tokens: np.ndarray  # (T,): the model's input
-    needle: Optional[np.ndarray] = None  # (T,) bool: a passkey's key tokens
+    needle: Optional[np.ndarray] = None  # (T,) bool: the asked needle's tokens (a passkey's key)
     answer_rows: Optional[np.ndarray] = None  # the queries that predict the answer's tokens
-    depth: Optional[float] = None  # a passkey's needle depth (0: first in the filler, 1: by the question)
+    depth: Optional[float] = None  # the needle's depth (0: first in the filler, 1: by the question)
 
 
 def corpus_windows(tokens: np.ndarray, length: int, count: int) -> list[Window]:
@@ -67,18 +69,18 @@ def corpus_windows(tokens: np.ndarray, length: int, count: int) -> list[Window]:
 
 
 def task_windows(tasks: Sequence[Task], length: int, count: int, ev: EvalConfig) -> list[Window]:
-    """``count`` test instances of ``length`` positions, the tasks taking turns; a passkey
-    instance's depth cycles through ``eval.tasks.depths`` and it carries its needle."""
+    """``count`` test instances of ``length`` positions, the tasks taking turns; a needle task's
+    (passkey, multikey: ``has_depth``) instance's depth cycles through ``eval.tasks.depths`` and
+    it carries its needle, the asked needles' tokens (data/tasks/base.py: answer_needles)."""
     depths = ev.tasks.resolved_depths()
     windows = []
     for i in range(count):
         task = tasks[i % len(tasks)]
-        is_passkey = isinstance(task, Passkey)
-        depth = depths[i % len(depths)] if is_passkey else None
+        depth = depths[i % len(depths)] if task.has_depth else None
         instance = eval_instance(task, ev.tasks.seed, length, depth, i)
         window = Window(instance.tokens[:-1].astype(np.int64))
-        if is_passkey:  # the query at a − 1 predicts the answer token at a
-            window.needle = Passkey.needle(instance)[:-1]
+        if task.has_depth:  # the query at a − 1 predicts the answer token at a
+            window.needle = answer_needles(instance)[:-1]
             window.answer_rows = np.flatnonzero(instance.answer) - 1
             window.depth = float(depth)
         windows.append(window)
@@ -163,8 +165,8 @@ def samplers(saved: SavedRun, ev: EvalConfig, meta: dict):
     if is_synthetic(cfg):
         tasks = [build_task(name, cfg.data.synthetic, saved.tokenizer) for name in cfg.data.synthetic.tasks]
         meta["sample"] = f"{count} test instances of {'+'.join(cfg.data.synthetic.tasks)} (eval.tasks.seed {ev.tasks.seed})"
-        if "passkey" not in cfg.data.synthetic.tasks:
-            meta["needle_note"] = "not measured: the run was not trained on passkey"
+        if not any(task.has_depth for task in tasks):
+            meta["needle_note"] = "not measured: the run was not trained on a needle task (passkey, multikey)"
         return (lambda n: task_windows(tasks, n, count, ev)), None
     corpus = load_corpus(saved, EvalCorpus(), ev)
     meta["sample"] = f"{count} windows spread over {corpus.name}"

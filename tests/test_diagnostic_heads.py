@@ -6,6 +6,8 @@ import json
 import numpy as np
 import pytest
 
+from data.tasks import Multikey, Passkey, eval_instance, task_tokenizer
+from data.tasks.base import answer_needles, answer_spans
 from eval.diagnostic_report import pooled_rows
 
 LAYERS, HEADS = 2, 4
@@ -75,8 +77,51 @@ def test_a_passkey_runs_report_gives_the_retrieval_heads_mass_by_depth(tmp_path)
     depths = results["runs"][0]["eval"]["tasks"]["depths"] or [0.0, 0.25, 0.5, 0.75, 1.0]
     assert cell["needle_depths"] == [float(depths[i % len(depths)]) for i in range(6)]
     report = (out / "report.md").read_text()
-    assert "The retrieval head's mass on the key by the needle's depth" in report
+    assert "The retrieval head's mass on the needle by its depth" in report
     table = [line for line in report.splitlines() if line.startswith("| passkey") or line.startswith("| rope")]
     assert any(f"| {depths[0]:g} |" in line for line in table)
     assert remake.main([str(out)]) == 0  # made again from results.json alone: the same depth table
-    assert "The retrieval head's mass on the key by the needle's depth" in (out / "report.md").read_text()
+    assert "The retrieval head's mass on the needle by its depth" in (out / "report.md").read_text()
+
+
+def test_a_passkeys_answer_needles_are_its_key_as_before():
+    from data.tokenizers import ByteTokenizer
+    for task in (Passkey(task_tokenizer(), distractors=4), Passkey(ByteTokenizer(), style="text")):
+        for depth in (0.0, 0.5, 1.0):  # the paper's wording writes the key twice: both marked
+            instance = eval_instance(task, 0, 400, depth, 1)
+            needle = answer_needles(instance)
+            assert np.array_equal(needle, Passkey.needle(instance)) and needle.sum() >= 5
+
+
+def test_multikey_needles_are_the_asked_values_and_not_the_distractors():
+    tok = task_tokenizer()
+    for asked in (1, 3):
+        task = Multikey(tok, needles=4, asked=asked)
+        instance = eval_instance(task, 0, 120, 0.5, 2)
+        spans = answer_spans(instance)
+        assert len(spans) == asked
+        needle = answer_needles(instance)
+        assert needle.sum() == 5 * asked and not needle[instance.answer].any()
+        text = instance.tokens[:spans[0][0]]
+        for start, end in spans:  # each asked value once in the text, marked where it stands
+            value = instance.tokens[start:end]
+            hits = [i for i in range(len(text) - 4) if np.array_equal(text[i:i + 5], value)]
+            assert len(hits) == 1 and needle[hits[0]:hits[0] + 5].all()
+        digits = np.isin(text, [tok.encode(str(d))[0] for d in range(10)])
+        assert digits.sum() == 5 * 4 and (digits & ~needle[:len(text)]).sum() == 5 * (4 - asked)  # the distractors
+
+
+def test_a_multikey_run_is_diagnosed_on_its_asked_needles(tmp_path):
+    import train
+    from scripts import diagnose
+    from tests.test_diagnostics import passkey_config
+
+    config = passkey_config(tmp_path)
+    config.write_text(config.read_text().replace("tasks: [passkey]", "tasks: [multikey], needles: 3"))
+    assert train.main([str(config), "train.seq_len=64"]) == 0
+    out = tmp_path / "report"
+    assert diagnose.main([str(tmp_path / "runs" / "syn"), "--windows", "5", "--lengths", "64", "--out", str(out)]) == 0
+    results = json.loads((out / "results.json").read_text())
+    cell = results["cells"][results["runs"][0]["run"]]["64"]
+    assert np.asarray(cell["needle_heads"]).shape == (5, 2, 4) and len(cell["needle_depths"]) == 5
+    assert 0 < min(cell["needle_uniform"]) and "## Attention on the needle (passkey, multikey)" in (out / "report.md").read_text()

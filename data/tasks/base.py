@@ -43,6 +43,29 @@ def assemble(segments: Sequence[tuple[Sequence[int], bool]]) -> Instance:
     return Instance(tokens, answer)
 
 
+def answer_spans(instance: Instance) -> list[tuple[int, int]]:
+    """The (start, end) of each run of consecutive answer tokens, in order."""
+    edges = np.flatnonzero(np.diff(np.concatenate([[0], instance.answer.astype(np.int8), [0]])))
+    return list(zip(edges[::2].tolist(), edges[1::2].tolist()))
+
+
+def answer_needles(instance: Instance) -> np.ndarray:
+    """Where the text holds what the answers copy: a bool mask (n + 1,) of every occurrence of
+    an answer span's tokens before that span, outside the answers. For a needle task
+    (``Task.has_depth``) these are the asked needles: passkey's key (twice in its paper
+    wording), and with several questions (multikey's ``asked``) each asked needle's value."""
+    mask = np.zeros(len(instance.tokens), dtype=bool)
+    for start, end in answer_spans(instance):
+        span = instance.tokens[start:end]
+        if start < len(span):
+            continue
+        windows = np.lib.stride_tricks.sliding_window_view(instance.tokens[:start], len(span))
+        for at in np.flatnonzero((windows == span).all(axis=1)):
+            if not instance.answer[at:at + len(span)].any():
+                mask[at:at + len(span)] = True
+    return mask
+
+
 class Task:
     """A generator of instances. Subclasses set ``name`` and implement ``make`` and
     ``min_length``; their module docstring documents the format and vocabulary."""
