@@ -154,7 +154,7 @@ def _uniform_needle(windows: list[Window]) -> list[float]:
 
 
 def _needle_depths(windows: list[Window]) -> list[float]:
-    """Per passkey window (the order of the needle measures), its needle's depth."""
+    """Per needle window (the order of the needle measures), its needle's depth."""
     return [w.depth for w in windows if w.needle is not None]
 
 
