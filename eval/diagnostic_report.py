@@ -109,7 +109,7 @@ def pooled_rows(results: dict) -> list[dict]:
             measures = [m for _, _, m in entries]
             names = {name for m in measures for name in m}
             row["lengths"][n] = {name: pool([m[name] for m in measures if name in m], 1.0 if name in FRACTIONS else np.inf)
-                                 for name in sorted(names)}
+                                 for name in sorted(names - UNALIGNED if len(members) >= 2 else names)}
             needle_uniform = [u for c, _, _ in entries for u in c.get("needle_uniform", [])]
             row["uniform"][n] = float(np.mean(needle_uniform)) if needle_uniform else None
             by_depth = _needle_by_depth(entries)
@@ -117,6 +117,10 @@ def pooled_rows(results: dict) -> list[dict]:
                 row.setdefault("needle_depth", {})[n] = by_depth
         rows.append(row)
     return rows
+
+
+# Per-head measures left in head-index order, which pool over one run only (module doc).
+UNALIGNED = frozenset({"needle_heads"})
 
 
 def _order_heads(measured: dict[int, list[tuple]], ranked_sinks: bool) -> None:
