@@ -103,13 +103,13 @@ def pooled_rows(results: dict) -> list[dict]:
                                      | {c["needle_note"] for c, _ in ok if "needle_note" in c})
             if ok:
                 measured[n] = [(c, r, window_measures(c, r)) for c, r in ok]
-        _order_heads(measured, ranked_sinks=len(members) >= 2)
-        row["sinks_ranked"] = len(members) >= 2
+        row["sinks_ranked"] = several = len(members) >= 2  # heads of several runs are not aligned
+        _order_heads(measured, ranked_sinks=several)
         for n, entries in measured.items():
             measures = [m for _, _, m in entries]
             names = {name for m in measures for name in m}
             row["lengths"][n] = {name: pool([m[name] for m in measures if name in m], 1.0 if name in FRACTIONS else np.inf)
-                                 for name in sorted(names - UNALIGNED if len(members) >= 2 else names)}
+                                 for name in sorted(names - UNALIGNED if several else names)}
             needle_uniform = [u for c, _, _ in entries for u in c.get("needle_uniform", [])]
             row["uniform"][n] = float(np.mean(needle_uniform)) if needle_uniform else None
             by_depth = _needle_by_depth(entries)
@@ -177,9 +177,13 @@ def _cell(p: Optional[dict], fmt: str, index=()) -> str:
     return f"{mean:{fmt}} [{float(np.asarray(p['low'])[index]):{fmt}}, {float(np.asarray(p['high'])[index]):{fmt}}]"
 
 
+def _length_heads(train_len: int, lengths: list[int]) -> list[str]:
+    """Column heads: each length with its multiple of L."""
+    return [f"{n} (L)" if n == train_len else f"{n} ({n / train_len:g}L)" for n in lengths]
+
+
 def _table(rows: list[dict], lengths: list[int], name: str, fmt: str, reference=None) -> list[str]:
-    train_len = rows[0]["train_len"]
-    head = [f"{n} (L)" if n == train_len else f"{n} ({n / train_len:g}L)" for n in lengths]
+    head = _length_heads(rows[0]["train_len"], lengths)
     lines = ["| row | " + " | ".join(head) + " |", "|---|" + "---:|" * len(lengths)]
     if reference is not None:
         lines.append("| *uniform attention* | " + " | ".join(format(reference(n), fmt) for n in lengths) + " |")
@@ -292,8 +296,7 @@ def _depth_table(rows: list[dict], lengths: list[int]) -> list[str]:
     found = [r for r in rows if r.get("needle_depth")]
     if not found:
         return []
-    train_len = found[0]["train_len"]
-    head = [f"{n} (L)" if n == train_len else f"{n} ({n / train_len:g}L)" for n in lengths]
+    head = _length_heads(found[0]["train_len"], lengths)
     lines = ["", "The retrieval head's mass on the needle by its depth (0: the needle opens the filler; 1: it "
                  "stands right before the question; a value without an interval is one window's):", "",
              "| row | depth | " + " | ".join(head) + " |", "|---|---:|" + "---:|" * len(lengths)]

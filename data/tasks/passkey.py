@@ -49,7 +49,7 @@ from typing import Literal, Optional
 
 import numpy as np
 
-from data.tasks.base import Instance, Task, TaskError, assemble
+from data.tasks.base import Instance, Task, TaskError, answer_needles, assemble
 from data.tasks.haystack import FILLER, FillerStream, checked_encoder, lay, number
 from data.tokenizers import Tokenizer
 
@@ -174,15 +174,8 @@ class Passkey(Task):
         answer's tokens before the answer. The key sentence writes the key as the answer
         does (once in the symbolic wording, twice in the paper's), each piece tokenized on
         its own, and neither the filler nor the description holds a digit, so these are
-        exactly the key's tokens in the key sentence."""
-        first = int(np.flatnonzero(instance.answer)[0])
-        key = instance.tokens[instance.answer]
-        starts = np.flatnonzero((np.lib.stride_tricks.sliding_window_view(instance.tokens[:first], len(key))
-                                 == key).all(axis=1))
-        mask = np.zeros(len(instance.tokens), dtype=bool)
-        for start in starts:
-            mask[start:start + len(key)] = True
-        return mask
+        exactly the key's tokens in the key sentence (``answer_needles`` of its one answer span)."""
+        return answer_needles(instance)
 
     def describe(self) -> str:
         extra = f", {self.distractors} distractors" if self.distractors else ""
