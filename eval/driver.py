@@ -5,7 +5,7 @@ EvalConfig), overridden by ``--eval-file`` and then by the flags, and cache each
 in the run (RunDir.eval_cache) for its checkpoint and cache key. What they share is here:
 
 - the common flags and their help (runs, --lengths, --scaling, --factor, --steps,
-  --eval-file, --cache-only, --device, --out), the full help on empty arguments;
+  --eval-file, --cache-only, --rescore, --device, --out), the full help on empty arguments;
 - one tree of eval keys: the file's, then the flags' over them (a nested mapping such as
   ``tasks:`` merged key by key), checked against EvalConfig before any work;
 - the device choice and the report-directory check, both before any work;
@@ -15,7 +15,8 @@ in the run (RunDir.eval_cache) for its checkpoint and cache key. What they share
   (training/memory.py), for the runs whose results are not cached already; a flag asking
   for what none of the runs has (``--scaling yarn`` for ALiBi runs) is refused;
 - the cache loop: per run, the cached result for (checkpoint, cache key), else the
-  evaluation, written atomically; with ``--cache-only`` no report;
+  evaluation, written atomically; with ``--cache-only`` no report; with ``--rescore`` every
+  run evaluated again, its new result replacing the cached one once complete;
 - the command itself (``command``), each module's ``main`` wrapped in ``common.cli.entry_point``.
 
 What each kind of evaluation brings (its evaluation of one run, its cache key, its report
@@ -238,14 +239,16 @@ def cached_result(evaluation: Evaluation, run: RunDir, cfg: RunConfig, ev: EvalC
 
 
 def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, device: str, log,
-                      **options) -> Result:
-    """``evaluation.evaluate`` of one run, or its earlier result for the same checkpoint and cache key."""
+                      rescore: bool = False, **options) -> Result:
+    """``evaluation.evaluate`` of one run, or its earlier result for the same checkpoint and cache
+    key; ``rescore``: evaluated again all the same, the new result replacing the earlier one once
+    it is complete (what a newer evaluation records beside the same numbers)."""
     run = RunDir(run_dir)
     cfg = read_run_config(run)
     ev = eval_for(cfg)
     path = run.eval_cache(evaluation.name, evaluation.cache_key(cfg, ev))
     ckpt = run.latest_checkpoint()
-    cached = cached_result(evaluation, run, cfg, ev)
+    cached = None if rescore else cached_result(evaluation, run, cfg, ev)
     if cached is not None:
         log(f"  reusing {path}")
         # The group hashes the whole config as the schema reads it today: a key added
@@ -326,6 +329,10 @@ def parser(evaluation: Evaluation) -> argparse.ArgumentParser:
     p.add_argument("--cache-only", action="store_true",
                    help="evaluate and cache the results in each run directory, without writing a report "
                         "(scripts/ablate.py's jobs)")
+    p.add_argument("--rescore", action="store_true",
+                   help="evaluate every run again even where its cached result for these settings exists, "
+                        "replacing it (a newer evaluation may record more beside the same numbers); needs the "
+                        "runs' weights")
     p.add_argument("--device", type=device_name, default="cpu", help=f"torch device for evaluation: {DEVICE_NAMES}")
     p.add_argument("--out", type=Path, default=evaluation.default_out,
                    help="report directory: a new one, or an earlier report's, which is replaced")
@@ -381,11 +388,12 @@ def command(evaluation: Evaluation, argv=None) -> int:
 
     check_flags(args, args.runs)
     with torch.inference_mode():
-        if args.cache_only:
+        if args.cache_only or args.rescore:  # the report below reuses what this writes
             check_requests(evaluation, args.runs, eval_for, device)
             for run in args.runs:
-                cached_evaluation(evaluation, run, eval_for, device, print, **options)
-            return 0
+                cached_evaluation(evaluation, run, eval_for, device, print, rescore=args.rescore, **options)
+            if args.cache_only:
+                return 0
         results = evaluation.report(args.runs, args.out, eval_for, device=device, **options)
     print(f"wrote {args.out}/report.md, results.json and plots")
     for warning in evaluation.warnings(results):

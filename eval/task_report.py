@@ -21,7 +21,9 @@ Each task adds its effective length (eval/effective_length.py); passkey and mult
 depth × length heatmaps, passkey k_max per seed (eval/kmax.py), and every task where the
 first error falls (eval/task_positions.py; copy and addition in multiples of the answer's
 length, the others by answer token; tasks other than copy and addition once scored with it;
-a row no seed learned shows every seed's, marked).
+a row no seed learned shows every seed's, marked), and where the answer is one of the
+prompt's candidates, what the wrong answers were (eval/task_answers.py: another candidate
+copied, and whether it sat nearer the question than the asked needle).
 """
 
 from __future__ import annotations
@@ -44,6 +46,7 @@ from eval.stats import pooled_accuracy_interval
 from eval.tables import length_table, train_lengths
 from eval.task_compare import comparison_section, task_reference
 from eval.task_plots import plot_accuracy, plot_heatmaps
+from eval.task_answers import answers_section
 from eval.task_positions import positions_section
 
 
@@ -336,7 +339,9 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
         plot_heatmaps(grids, out / f"{task}_heatmap.png",
                       f"{task}: accuracy by needle depth and length (seeds that learned it)")
         md += ["", f"![{task} depth × length heatmaps]({task}_heatmap.png)"]
-    return md + positions_section(task, kept, settings, out, by_seed(runs, rows, task))
+    everyone = by_seed(runs, rows, task)
+    return (md + positions_section(task, kept, settings, out, everyone)
+            + answers_section(task, kept, everyone, replicate_units(runs)))
 
 
 TASK_FIGURES = ("accuracy_*.png", "*_heatmap.png", "*_first_error.png")

@@ -40,10 +40,11 @@ from configs.schema import EvalConfig, RunConfig
 from configs.loader import parse_override
 from configs.tasks import REPORT_KEYS, TASK_NAMES, varied
 from data.tasks import Task, TaskError, build_task, check_readable, check_task_name, eval_instance, task_tokenizer
+from data.tasks.base import answer_source
 from eval import driver
 from eval.driver import (EvalFor, Evaluation, check_served, evaluate_all, evaluated_checkpoints, mark_step,
                          own_eval)
-from training.exact_match import answer_tokens, first_errors, instances_per_batch
+from training.exact_match import answer_tokens, first_errors, instances_per_batch, wrong_answers
 from eval.extrapolation import model_for, run_metadata
 from eval.kmax import k_max
 from eval.stats import wilson_interval
@@ -192,13 +193,21 @@ def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalC
     ``answer_tokens`` where all are right, in instance order): where the answer broke
     (eval/task_positions.py) and which instances were right, which paired comparisons of rows
     answering the same instances use (eval/task_compare.py). Cells scored before every task
-    kept it hold ``outcomes`` ("1" right, "0" wrong) for the tasks whose answer does not grow."""
+    kept it hold ``outcomes`` ("1" right, "0" wrong) for the tasks whose answer does not grow.
+    Where the answer is one of the prompt's candidates (``task.picks``, ``chance`` > 0), ``copied`` says
+    per instance whether a wrong answer, greedily decoded, is another span of the prompt and
+    how far back it and the right one sit (data/tasks/base.py: ``answer_source``; None where
+    right or not a copy; eval/task_answers.py); cells scored before it have none."""
     instances = [eval_instance(task, ev.tasks.seed, length, depth, i) for i in range(ev.tasks.samples)]
     errors, answers = first_errors(model, instances), answer_tokens(instances)
     correct = int((errors == answers).sum())
     low, high = wilson_interval(correct, len(instances))
-    return {"correct": correct, "total": len(instances), "accuracy": correct / len(instances),
-            "ci_low": low, "ci_high": high, "first_error": errors.tolist(), "answer_tokens": answers.tolist()}
+    row = {"correct": correct, "total": len(instances), "accuracy": correct / len(instances),
+           "ci_low": low, "ci_high": high, "first_error": errors.tolist(), "answer_tokens": answers.tolist()}
+    if task.picks and task.chance > 0:  # the answer is one of the prompt's candidates: was a wrong one another?
+        written = wrong_answers(model, instances, errors)
+        row["copied"] = [None if w is None else answer_source(inst, *w) for inst, w in zip(instances, written)]
+    return row
 
 
 def trained_on(cfg: RunConfig) -> str:

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 import signal
 import subprocess
 import sys
@@ -210,6 +211,27 @@ def test_a_reused_evaluation_takes_each_task_s_chance_from_today_s_code(scored_r
     assert again["runs"][0]["chance"] == {"passkey": 0.0}
 
 
+def test_rescore_evaluates_again_and_replaces_the_cached_result(scored_runs, tmp_path):
+    run = tmp_path / "passkey"
+    shutil.copytree(scored_runs / "passkey", run)
+    flags = [str(run), "--samples", "4", "--depths", "0.5"]
+    assert eval_tasks.main([*flags, "--out", str(tmp_path / "a")]) == 0
+    (cache,) = sorted((run / "eval").glob("tasks-*.json"), key=lambda p: p.stat().st_mtime)[-1:]
+    right = json.loads(cache.read_text())
+    tampered = json.loads(cache.read_text())
+    for row in tampered["rows"]:
+        row["correct"], row["accuracy"] = row["total"] - row["correct"], 1 - row["accuracy"]  # not what it scores
+    cache.write_text(json.dumps(tampered))
+    assert eval_tasks.main([*flags, "--out", str(tmp_path / "b")]) == 0  # reused as it is
+    assert [r["correct"] for r in json.loads((tmp_path / "b" / "results.json").read_text())["results"]] == \
+        [r["correct"] for r in tampered["rows"]] != [r["correct"] for r in right["rows"]]
+    assert eval_tasks.main([*flags, "--rescore", "--out", str(tmp_path / "c")]) == 0
+    again = json.loads(cache.read_text())
+    assert [r["correct"] for r in again["rows"]] == [r["correct"] for r in right["rows"]]
+    assert [r["correct"] for r in json.loads((tmp_path / "c" / "results.json").read_text())["results"]] == \
+        [r["correct"] for r in right["rows"]]
+
+
 def test_passkey_on_a_text_run_in_its_own_tokenizer(scored_runs, tmp_path):
     results = eval_tasks.run_task_evaluation([scored_runs / "text"], tmp_path / "rep", eval_tasks_for(
         lengths=[300], tasks={"samples": 3, "depths": [0.5]}), log=lambda *a: None)
@@ -324,7 +346,8 @@ def test_both_commands_share_one_driver(scored_runs, tmp_path, capsys):
             module.main([])
         err = capsys.readouterr().err
         assert e.value.code == 2 and f"usage: python -m {module.__name__}" in err
-        for flag in ("--lengths", "--scaling", "--factor", "--steps", "--eval-file", "--cache-only", "--out"):
+        for flag in ("--lengths", "--scaling", "--factor", "--steps", "--eval-file", "--cache-only", "--rescore",
+                     "--out"):
             assert flag in err, (module, flag)
         assert DEVICE_NAMES in " ".join(err.split())
     planned = tmp_path / "planned.yaml"

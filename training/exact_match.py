@@ -16,13 +16,14 @@ it. Ties go to the lowest id, as in greedy decoding.
 
 from __future__ import annotations
 
-from typing import Iterable, Sequence
+from typing import Iterable, Optional, Sequence
 
 import numpy as np
 import torch
 
 from common.errors import NonFiniteOutput
 from data.tasks import Instance
+from data.tasks.base import answer_spans
 
 LOGIT_BUDGET = 1 << 24  # logits held per forward (64 MB of float32): batches shrink with length × vocab
 
@@ -79,3 +80,54 @@ def first_errors(model, instances: Sequence[Instance], max_batch_tokens: int = 1
     finally:
         model.train(was_training)
     return np.concatenate(out)
+
+
+@torch.no_grad()
+def wrong_answers(model, instances: Sequence[Instance], errors: np.ndarray,
+                  max_batch_tokens: int = 16384) -> list[Optional[tuple[int, np.ndarray]]]:
+    """What the model writes where an instance is wrong: per instance, None where ``errors``
+    (``first_errors``) says it is right, else (start, tokens): the answer span in which the
+    first error falls (its first token's index in ``inst.tokens``) and the tokens greedy
+    decoding writes over that span given the true tokens before it. The tokens before the
+    first error are the answer's (teacher forcing has them right); from there each is the
+    argmax given those written before it, as ``model.generate`` would write them. One forward
+    per token still to write, for a batch of instances at once: causal attention lets a row's
+    written tokens overwrite its input in place, since nothing before a position reads it."""
+    out: list[Optional[tuple[int, np.ndarray]]] = [None] * len(instances)
+    todo = []
+    for i, (inst, k) in enumerate(zip(instances, np.asarray(errors).tolist())):
+        if k >= int(inst.answer.sum()):
+            continue
+        for start, end in answer_spans(inst):  # the span holding answer token k (0-based)
+            if k < end - start:
+                todo.append((i, start, end, start + k))
+                break
+            k -= end - start
+    if not todo:
+        return out
+    was_training = model.training
+    model.eval()
+    device = next(model.parameters()).device
+    try:
+        size = instances_per_batch(max(instances[i].length for i, *_ in todo), model.cfg.vocab_size, max_batch_tokens)
+        for b in range(0, len(todo), size):
+            group = todo[b:b + size]
+            longest = max(instances[i].length for i, *_ in group)
+            x = np.zeros((len(group), longest), dtype=np.int64)
+            for row, (i, *_rest) in enumerate(group):
+                x[row, :instances[i].length] = instances[i].tokens[:-1]
+            written = [instances[i].tokens[start:end].copy() for i, start, end, _ in group]
+            for step in range(max(end - wrong for _, _, end, wrong in group)):
+                logits = model(torch.from_numpy(x).to(device))
+                rows = [(row, wrong + step) for row, (_, _, end, wrong) in enumerate(group) if wrong + step < end]
+                picked = logits[[r for r, _ in rows], [p - 1 for _, p in rows]].argmax(dim=-1).cpu().numpy()
+                for (row, p), token in zip(rows, picked.tolist()):
+                    i, start = group[row][0], group[row][1]
+                    written[row][p - start] = token
+                    if p < instances[i].length:  # the instance's last token is only a target
+                        x[row, p] = token
+            for row, (i, start, _, _) in enumerate(group):
+                out[i] = (start, written[row])
+    finally:
+        model.train(was_training)
+    return out

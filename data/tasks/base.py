@@ -66,12 +66,42 @@ def answer_needles(instance: Instance) -> np.ndarray:
     return mask
 
 
+def last_copy(instance: Instance, before: int, tokens: np.ndarray) -> Optional[int]:
+    """Where ``tokens`` last occur in the text before index ``before``, outside the answers
+    (the start of that copy), or None where they do not occur there."""
+    if before < len(tokens) or not len(tokens):
+        return None
+    windows = np.lib.stride_tricks.sliding_window_view(instance.tokens[:before], len(tokens))
+    answers = np.lib.stride_tricks.sliding_window_view(instance.answer[:before], len(tokens)).any(axis=1)
+    found = np.flatnonzero((windows == tokens).all(axis=1) & ~answers)
+    return int(found[-1]) if len(found) else None
+
+
+def answer_source(instance: Instance, start: int, written: np.ndarray) -> Optional[tuple[int, int]]:
+    """Whether a wrong answer was copied from the text: for the answer span at ``start`` and
+    the tokens a model wrote over it, (how far back from ``start`` the last copy of what it
+    wrote begins, how far back the last copy of the right answer begins), or None where what
+    it wrote is nowhere earlier in the text (outside the answers) or the answer is not a copy
+    of anything before it. In a needle task the first is another candidate (a distractor,
+    another needle's value, another chain's): the wrong one picked, and whether it sits
+    nearer the question than the asked needle (a smaller distance) or farther."""
+    end = start + len(written)
+    needle = last_copy(instance, start, instance.tokens[start:end])
+    copied = last_copy(instance, start, np.asarray(written))
+    if needle is None or copied is None:
+        return None
+    return start - copied, start - needle
+
+
 class Task:
     """A generator of instances. Subclasses set ``name`` and implement ``make`` and
     ``min_length``; their module docstring documents the format and vocabulary."""
 
     name: str
     has_depth = False  # make() places a needle at ``depth``: scored per (length, depth) cell
+    # Each answer span is one of several candidates the prompt holds (where ``chance`` > 0):
+    # evaluation checks whether a wrong answer copies another (eval/task_answers.py).
+    picks = False
     per_position = False  # the answer grows with the length: reports show where its first error falls
 
     def min_length(self) -> int:

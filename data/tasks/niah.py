@@ -39,6 +39,7 @@ from data.tokenizers import Tokenizer
 class Multikey(Haystack):
     name = "multikey"
     has_depth = True
+    picks = True
 
     def __init__(self, tokenizer: Tokenizer, needles: int = 4, digits: int = 5, name_letters: int = 2,
                  asked: int = 1, mixed: bool = False, spaced: bool = True):

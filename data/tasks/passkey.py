@@ -99,6 +99,7 @@ DISTRACTOR_END = ". "  # a distractor is a number and this
 class Passkey(Task):
     name = "passkey"
     has_depth = True
+    picks = True  # among its distractors
 
     def __init__(self, tokenizer: Tokenizer, digits: int = 5, style: Style = "symbolic", distractors: int = 0,
                  spaced: bool = True):

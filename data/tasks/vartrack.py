@@ -45,6 +45,7 @@ from data.tokenizers import Tokenizer
 
 class Vartrack(Haystack):
     name = "vartrack"
+    picks = True  # the chains
 
     def __init__(self, tokenizer: Tokenizer, chains: int = 2, hops: int = 2, digits: int = 5, name_letters: int = 2,
                  asked: int = 1, mixed: bool = False, spaced: bool = True, answer: str = "value",
