@@ -15,6 +15,7 @@ from eval.tasks import score_cell
 from eval.task_answers import answers_section, tally
 from model.generate import generate
 from model.transformer import Transformer
+from test_task_eval import FixedPredictions as Table  # prediction at position t: table[t]
 from training.exact_match import first_errors, wrong_answers
 
 
@@ -22,20 +23,6 @@ def inst(tokens, answer_positions) -> Instance:
     answer = np.zeros(len(tokens), dtype=bool)
     answer[list(answer_positions)] = True
     return Instance(np.asarray(tokens, dtype=np.int64), answer)
-
-
-class Table(torch.nn.Module):
-    """A stand-in model whose next-token prediction at position t is ``table[t]`` for every row."""
-
-    def __init__(self, table: list[int], vocab: int = 10):
-        super().__init__()
-        self.table, self.cfg = table, type("Cfg", (), {"vocab_size": vocab})()
-        self.weight = torch.nn.Parameter(torch.zeros(1))
-
-    def forward(self, x):
-        logits = torch.zeros(x.shape[0], x.shape[1], self.cfg.vocab_size)
-        logits[:, torch.arange(x.shape[1]), torch.tensor(self.table[:x.shape[1]])] = 1.0
-        return logits
 
 
 def test_a_wrong_answer_is_what_greedy_decoding_writes():
