@@ -34,8 +34,7 @@ import numpy as np
 
 from eval.labels import label_order, units_of
 from eval.stats import pooled_accuracy_interval
-
-Kept = dict[str, dict[str, dict[int, list[dict]]]]  # label -> run -> length -> cells
+from eval.task_positions import Kept, learned_or_every
 
 
 def tally(per_run: dict[str, dict[int, list[dict]]], length: int) -> Optional[dict]:
@@ -81,12 +80,10 @@ def _share(counts: list[tuple[int, int]], units: tuple[str, ...]) -> str:
 def answers_section(task: str, kept: Kept, everyone: Kept, units: Optional[dict[str, str]] = None) -> list[str]:
     """The report's table of what the wrong answers were for one task (nothing where no cell
     checked them: tasks without candidates, or cells scored before the check existed)."""
-    shown = {label: kept.get(label) or per_run for label, per_run in everyone.items()}
+    shown = learned_or_every(kept, everyone)
     lines = []
     for label in sorted(shown, key=label_order):
-        per_run = shown[label]
-        seeds = f"{len(per_run)} seed{'s' if len(per_run) > 1 else ''}"
-        name = label if kept.get(label) else f"{label} (not learned: {seeds})"
+        name, per_run = shown[label]
         for length in sorted({n for by_length in per_run.values() for n in by_length}):
             t = tally(per_run, length)
             if t is None:

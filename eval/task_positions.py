@@ -90,16 +90,26 @@ def token_edges(tokens: int, most: int = 12) -> list[float]:
     return [0.0, *(float(k) for k in range(1, tokens, width)), float(tokens)]
 
 
+def learned_or_every(kept: Kept, everyone: Kept) -> dict[str, tuple[str, dict[str, dict[int, list[dict]]]]]:
+    """label -> (its name in a table, its runs): the seeds that learned the task (``kept``), or
+    where none did, all of its seeds (``everyone``), marked, since where a model that never
+    learned a task fails tells why."""
+    shown = {}
+    for label, per_run in everyone.items():
+        if kept.get(label):
+            shown[label] = (label, kept[label])
+        else:
+            shown[label] = (f"{label} (not learned: {len(per_run)} seed{'s' if len(per_run) > 1 else ''})", per_run)
+    return shown
+
+
 def positions_section(task: str, kept: Kept, settings: dict[str, dict], out: Path, everyone: Kept) -> list[str]:
-    """The report's first-error table and heatmaps for one task (nothing for tasks without them):
-    each row's seeds that learned the task (``kept``), or where none did, all of its seeds
-    (``everyone``), marked, since where a model that never learned a task fails tells why."""
-    shown = {label: kept.get(label) or per_run for label, per_run in everyone.items()}
-    rows = {label: per_run for label, per_run in shown.items() if per_run and any(
+    """The report's first-error table and heatmaps for one task (nothing for tasks without them),
+    over the seeds ``learned_or_every`` picks."""
+    shown = learned_or_every(kept, everyone)
+    rows = {label: per_run for label, (_, per_run) in shown.items() if per_run and any(
         "first_error" in c for by_length in per_run.values() for cells in by_length.values() for c in cells)}
-    named = {label: label if kept.get(label) else
-             f"{label} (not learned: {len(per_run)} seed{'s' if len(per_run) > 1 else ''})"
-             for label, per_run in rows.items()}
+    named = {label: shown[label][0] for label in rows}
     if not rows:
         return []
     lengths = sorted({n for per_run in rows.values() for by_length in per_run.values() for n in by_length})

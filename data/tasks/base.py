@@ -56,24 +56,25 @@ def answer_needles(instance: Instance) -> np.ndarray:
     wording), and with several questions (multikey's ``asked``) each asked needle's value."""
     mask = np.zeros(len(instance.tokens), dtype=bool)
     for start, end in answer_spans(instance):
-        span = instance.tokens[start:end]
-        if start < len(span):
-            continue
-        windows = np.lib.stride_tricks.sliding_window_view(instance.tokens[:start], len(span))
-        for at in np.flatnonzero((windows == span).all(axis=1)):
-            if not instance.answer[at:at + len(span)].any():
-                mask[at:at + len(span)] = True
+        for at in copies(instance, start, instance.tokens[start:end]):
+            mask[at:at + end - start] = True
     return mask
+
+
+def copies(instance: Instance, before: int, tokens: np.ndarray) -> np.ndarray:
+    """The starts of every occurrence of ``tokens`` in the text before index ``before`` that
+    overlaps no answer token, in order."""
+    if before < len(tokens) or not len(tokens):
+        return np.zeros(0, dtype=np.int64)
+    windows = np.lib.stride_tricks.sliding_window_view(instance.tokens[:before], len(tokens))
+    answers = np.lib.stride_tricks.sliding_window_view(instance.answer[:before], len(tokens)).any(axis=1)
+    return np.flatnonzero((windows == tokens).all(axis=1) & ~answers)
 
 
 def last_copy(instance: Instance, before: int, tokens: np.ndarray) -> Optional[int]:
     """Where ``tokens`` last occur in the text before index ``before``, outside the answers
     (the start of that copy), or None where they do not occur there."""
-    if before < len(tokens) or not len(tokens):
-        return None
-    windows = np.lib.stride_tricks.sliding_window_view(instance.tokens[:before], len(tokens))
-    answers = np.lib.stride_tricks.sliding_window_view(instance.answer[:before], len(tokens)).any(axis=1)
-    found = np.flatnonzero((windows == tokens).all(axis=1) & ~answers)
+    found = copies(instance, before, np.asarray(tokens))
     return int(found[-1]) if len(found) else None
 
 
