@@ -37,17 +37,25 @@ ROOT = Path(__file__).resolve().parents[1]
 
 
 class FixedPredictions(torch.nn.Module):
-    """A stand-in model whose next-token prediction at position t is ``table[t]`` for every row."""
+    """A stand-in model whose next-token prediction at position t is ``table[t]`` for every row
+    (at explicit ``positions`` when decoding with a cache, which it needs none of)."""
 
     def __init__(self, table: list[int], vocab: int = 10):
         super().__init__()
         self.table, self.cfg = table, type("Cfg", (), {"vocab_size": vocab})()
         self.weight = torch.nn.Parameter(torch.zeros(1))
 
-    def forward(self, x):
+    def forward(self, x, positions=None):
+        positions = torch.arange(x.shape[1]) if positions is None else positions
         logits = torch.zeros(x.shape[0], x.shape[1], self.cfg.vocab_size)
-        logits[:, torch.arange(x.shape[1]), torch.tensor(self.table[:x.shape[1]])] = 1.0
+        logits[:, torch.arange(x.shape[1]), torch.tensor([self.table[p] for p in positions.tolist()])] = 1.0
         return logits
+
+    def setup_cache(self, batch_size: int, max_len: int) -> None:  # the table needs no past
+        pass
+
+    def clear_cache(self) -> None:
+        pass
 
 
 def inst(tokens, answer_positions) -> Instance:

@@ -4,10 +4,11 @@ of the prompt's candidates, and the report's table of it (eval/task_answers.py).
 from __future__ import annotations
 
 import numpy as np
+import pytest
 import torch
 
 from configs.schema import EvalConfig
-from conftest import tiny_config
+from conftest import ALL_KINDS, tiny_config
 from data.tasks import TASKS, Instance, eval_instance, task_tokenizer
 from data.tasks.base import answer_source, answer_spans, last_copy
 from data.tasks.passkey import Passkey
@@ -25,25 +26,29 @@ def inst(tokens, answer_positions) -> Instance:
     return Instance(np.asarray(tokens, dtype=np.int64), answer)
 
 
-def test_a_wrong_answer_is_what_greedy_decoding_writes():
+@pytest.mark.parametrize("kind", ALL_KINDS)
+def test_a_wrong_answer_is_what_greedy_decoding_writes(kind):
+    # wrong_answers decodes with the KV cache, instances wrong at the same position together;
+    # generate without a cache (a full forward per token) is the reference.
     torch.manual_seed(0)
-    model = Transformer(tiny_config("rope")).eval()
+    model = Transformer(tiny_config(kind)).eval()
     rng = np.random.default_rng(1)
     instances, greedy = [], []
-    for n in (9, 14, 20):
+    lengths = (9, 14, 14, 20)
+    for n in lengths:
         prompt = rng.integers(0, 97, size=n).tolist()
-        written = generate(model, prompt, max_new_tokens=4, temperature=0)[0, n:].tolist()
+        written = generate(model, prompt, max_new_tokens=4, temperature=0, use_cache=False)[0, n:].tolist()
         truth = [(written[0] + 1) % 97, *rng.integers(0, 97, size=3).tolist()]  # wrong from its first token
         instances.append(inst(prompt + truth, range(n, n + 4)))
         greedy.append(written)
     right_prompt = rng.integers(0, 97, size=11).tolist()
-    right = generate(model, right_prompt, max_new_tokens=4, temperature=0)[0, 11:].tolist()
+    right = generate(model, right_prompt, max_new_tokens=4, temperature=0, use_cache=False)[0, 11:].tolist()
     instances.append(inst(right_prompt + right, range(11, 15)))
     errors = first_errors(model, instances)
-    assert errors.tolist() == [0, 0, 0, 4]
+    assert errors.tolist() == [0, 0, 0, 0, 4]
     got = wrong_answers(model, instances, errors)
-    assert got[3] is None
-    for (start, tokens), n, want in zip(got[:3], (9, 14, 20), greedy):
+    assert got[4] is None
+    for (start, tokens), n, want in zip(got[:4], lengths, greedy):
         assert start == n and tokens.tolist() == want
 
 

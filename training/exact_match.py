@@ -90,17 +90,20 @@ def wrong_answers(model, instances: Sequence[Instance], errors: np.ndarray,
     first error falls (its first token's index in ``inst.tokens``) and the tokens greedy
     decoding writes over that span given the true tokens before it. The tokens before the
     first error are the answer's (teacher forcing has them right); from there each is the
-    argmax given those written before it, as ``model.generate`` would write them. One forward
-    per token still to write, for a batch of instances at once: causal attention lets a row's
-    written tokens overwrite its input in place, since nothing before a position reads it."""
+    argmax given those written before it, as ``model.generate`` would write them.
+
+    Instances whose first error falls at the same position are decoded together with the
+    model's KV cache: one prefill of the true tokens before it, then one cached step per
+    token still to write. The cache is sized to the group's longest instance, so dynamic
+    NTK fits its frequencies to the length the scoring forward saw."""
     out: list[Optional[tuple[int, np.ndarray]]] = [None] * len(instances)
-    todo = []
+    todo: dict[int, list[tuple[int, int, int]]] = {}  # first wrong position -> (instance, span start, span end)
     for i, (inst, k) in enumerate(zip(instances, np.asarray(errors).tolist())):
         if k >= int(inst.answer.sum()):
             continue
         for start, end in answer_spans(inst):  # the span holding answer token k (0-based)
             if k < end - start:
-                todo.append((i, start, end, start + k))
+                todo.setdefault(start + k, []).append((i, start, end))
                 break
             k -= end - start
     if not todo:
@@ -109,25 +112,27 @@ def wrong_answers(model, instances: Sequence[Instance], errors: np.ndarray,
     model.eval()
     device = next(model.parameters()).device
     try:
-        size = instances_per_batch(max(instances[i].length for i, *_ in todo), model.cfg.vocab_size, max_batch_tokens)
-        for b in range(0, len(todo), size):
-            group = todo[b:b + size]
-            longest = max(instances[i].length for i, *_ in group)
-            x = np.zeros((len(group), longest), dtype=np.int64)
-            for row, (i, *_rest) in enumerate(group):
-                x[row, :instances[i].length] = instances[i].tokens[:-1]
-            written = [instances[i].tokens[start:end].copy() for i, start, end, _ in group]
-            for step in range(max(end - wrong for _, _, end, wrong in group)):
-                logits = model(torch.from_numpy(x).to(device))
-                rows = [(row, wrong + step) for row, (_, _, end, wrong) in enumerate(group) if wrong + step < end]
-                picked = logits[[r for r, _ in rows], [p - 1 for _, p in rows]].argmax(dim=-1).cpu().numpy()
-                for (row, p), token in zip(rows, picked.tolist()):
-                    i, start = group[row][0], group[row][1]
-                    written[row][p - start] = token
-                    if p < instances[i].length:  # the instance's last token is only a target
-                        x[row, p] = token
-            for row, (i, start, _, _) in enumerate(group):
-                out[i] = (start, written[row])
+        for wrong, rows in sorted(todo.items()):
+            size = instances_per_batch(max(instances[i].length for i, *_ in rows), model.cfg.vocab_size,
+                                       max_batch_tokens)
+            for b in range(0, len(rows), size):
+                group = rows[b:b + size]
+                longest = max(instances[i].length for i, *_ in group)
+                prefix = np.stack([instances[i].tokens[:wrong] for i, *_ in group])
+                written = [instances[i].tokens[start:end].copy() for i, start, end in group]
+                model.setup_cache(len(group), longest)
+                logits = model(torch.from_numpy(prefix).to(device), torch.arange(wrong, device=device))[:, -1]
+                for p in range(wrong, max(end for *_, end in group)):
+                    picked = logits.argmax(dim=-1)
+                    for row, (_, start, end) in enumerate(group):
+                        if p < end:
+                            written[row][p - start] = int(picked[row])
+                    if p + 1 < max(end for *_, end in group):
+                        logits = model(picked[:, None], torch.tensor([p], device=device))[:, -1]
+                model.clear_cache()
+                for row, (i, start, _) in enumerate(group):
+                    out[i] = (start, written[row])
     finally:
+        model.clear_cache()
         model.train(was_training)
     return out
