@@ -105,6 +105,7 @@ def pooled_rows(results: dict) -> list[dict]:
                 measured[n] = [(c, r, window_measures(c, r)) for c, r in ok]
         row["sinks_ranked"] = several = len(members) >= 2  # heads of several runs are not aligned
         _order_heads(measured, ranked_sinks=several)
+        row["needle_top_runs"] = _retrieval_head_per_run(measured)
         for n, entries in measured.items():
             measures = [m for _, _, m in entries]
             names = {name for m in measures for name in m}
@@ -143,6 +144,24 @@ def _order_heads(measured: dict[int, list[tuple]], ranked_sinks: bool) -> None:
                 heads = np.asarray(m["sink_heads"])  # (W, layers, H)
                 order = np.argsort(-heads.mean(axis=0), axis=-1, kind="stable")
                 m["sink_heads"] = np.take_along_axis(heads, order[None], axis=-1)
+
+
+def _retrieval_head_per_run(measured: dict[int, list[tuple]]) -> dict[str, dict]:
+    """Each run's retrieval head per length: its mean needle mass over the run's windows, and
+    over those whose needle is farthest from the question (the smallest depth; None where the
+    cell does not say its depths). A row pools learned and unlearned seeds alike; these keep
+    them apart."""
+    per_run: dict[str, dict] = {}
+    for n, entries in sorted(measured.items()):
+        for cell, run, m in entries:
+            if "needle_top" not in m:
+                continue
+            top, depths, far = np.asarray(m["needle_top"], dtype=np.float64), cell.get("needle_depths"), None
+            if depths is not None and len(depths) == len(top) and None not in depths:
+                depths = np.asarray(depths, dtype=np.float64)
+                far = (float(depths.min()), float(top[depths == depths.min()].mean()))
+            per_run.setdefault(run["name"], {"seed": run["seed"], "lengths": {}})["lengths"][n] = (float(top.mean()), far)
+    return per_run
 
 
 def _needle_by_depth(entries: list[tuple]) -> dict[float, dict]:
@@ -288,7 +307,34 @@ def _needle_section(rows: list[dict], lengths: list[int], out: Path) -> list[str
     lines += ["", "The retrieval head: each run's head with the most attention on the needle at the shortest length "
                   "where its needle was measured, followed to the longer lengths (heads are not aligned across seeds, "
                   "so each run's own head is pooled, not one head index):", "", *_table(found, lengths, "needle_top", ".3f")]
-    return lines + _depth_table(found, lengths) + ["", "![needle mass against length](needle_mass.png)"]
+    return (lines + _depth_table(found, lengths) + _per_run_table(found, lengths)
+            + ["", "![needle mass against length](needle_mass.png)"])
+
+
+def _per_run_table(rows: list[dict], lengths: list[int]) -> list[str]:
+    """Each run's retrieval head (``_retrieval_head_per_run``), one line per run."""
+    found = [r for r in rows if r.get("needle_top_runs")]
+    if not found:
+        return []
+    head = _length_heads(found[0]["train_len"], lengths)
+    lines = ["", "The retrieval head of each run: its mean mass on the needle over the run's windows, and in "
+                 "parentheses over those with the needle farthest from the question (its smallest depth). The "
+                 "rows above pool every seed of a row, those that learned the task and those that did not (the "
+                 "task report says which did); here they stand apart:", "",
+             "| row | run | seed | " + " | ".join(head) + " |",
+             "|---|---|---:|" + "---:|" * len(lengths)]
+    for row in found:
+        for name, run in row["needle_top_runs"].items():
+            cells = []
+            for n in lengths:
+                value = run["lengths"].get(n)
+                if value is None:
+                    cells.append("–")
+                else:
+                    mean, far = value
+                    cells.append(f"{mean:.2f}" + ("" if far is None else f" ({far[1]:.2f})"))
+            lines.append(f"| {row['label']} | {name} | {run['seed']} | " + " | ".join(cells) + " |")
+    return lines
 
 
 def _depth_table(rows: list[dict], lengths: list[int]) -> list[str]:

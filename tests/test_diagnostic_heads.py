@@ -53,6 +53,29 @@ def test_seeds_pool_their_own_retrieval_heads_and_ranked_sinks_not_one_head_inde
     assert row["sinks_ranked"] and sinks[0, 0] == pytest.approx(0.801, abs=0.002) and sinks[0, 1:].max() < 0.03
 
 
+def test_each_runs_retrieval_head_stands_apart_from_the_pooled_row():
+    from eval.diagnostic_report import _per_run_table
+
+    runs = [_run("a", 0), _run("b", 1)]
+    # Seed a keeps the far needle (depth 0) at 128; seed b, say one that never learned the task, attends little.
+    cells = {"runs/a": {"64": _cell((1, 0), {0.0: 0.9, 1.0: 0.5}, (0, 1)),
+                        "128": _cell((1, 0), {0.0: 0.8, 1.0: 0.2}, (0, 1))},
+             "runs/b": {"64": _cell((0, 3), {0.0: 0.3, 1.0: 0.1}, (0, 2))}}
+    [row] = pooled_rows({"runs": runs, "cells": cells})
+    a, b = row["needle_top_runs"]["a"], row["needle_top_runs"]["b"]
+    assert a["seed"] == 0 and b["seed"] == 1 and 128 not in b["lengths"]
+    assert a["lengths"][64][0] == pytest.approx(0.7, abs=0.002) and a["lengths"][64][1] == (0.0, pytest.approx(0.901, abs=0.002))
+    assert a["lengths"][128][1][1] == pytest.approx(0.801, abs=0.002)
+    assert b["lengths"][64][0] == pytest.approx(0.2, abs=0.002) and b["lengths"][64][1][1] == pytest.approx(0.301, abs=0.002)
+    lines = _per_run_table([row], [64, 128])
+    assert "| t5 | a | 0 | 0.70 (0.90) | 0.50 (0.80) |" in lines
+    assert "| t5 | b | 1 | 0.20 (0.30) | – |" in lines
+    old = {name: {n: {k: v for k, v in c.items() if k != "needle_depths"} for n, c in by_len.items()}
+           for name, by_len in cells.items()}  # cached before depths were recorded: no far column
+    [row] = pooled_rows({"runs": runs, "cells": old})
+    assert "| t5 | a | 0 | 0.70 | 0.50 |" in _per_run_table([row], [64, 128])
+
+
 def test_one_run_keeps_its_head_indices_and_an_old_cache_has_no_depth_table():
     cell = _cell((1, 2), {0.0: 0.9, 0.5: 0.6}, (0, 3))
     old = {k: v for k, v in cell.items() if k != "needle_depths"}  # cached before depths were recorded
