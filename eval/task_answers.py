@@ -23,6 +23,10 @@ every seed where none did, marked):
   each wrong candidate lies after the needle with probability 1 − d, averaged over the
   copied answers' depths. A model whose reach ends short of a far needle and answers with
   a number it still sees shows a share near 1 at depths where the baseline is lower.
+
+Below it, a few examples per row and length (cells that kept what was written): the first
+wrong answers of the row's first seed, in depth order, the asked answer against the one
+written.
 """
 
 from __future__ import annotations
@@ -66,6 +70,17 @@ def tally(per_run: dict[str, dict[int, list[dict]]], length: int) -> Optional[di
     return {"runs": dict(runs), "baseline": baseline if depths else None}
 
 
+def examples(per_run: dict[str, dict[int, list[dict]]], length: int, count: int = 3) -> list[tuple[str, str]]:
+    """Up to ``count`` (asked, written) answers at ``length``: the first wrong ones of the
+    first run (by name) whose cells kept them, in the order of its cells (depth order)."""
+    for run in sorted(per_run):
+        found = [tuple(pair) for c in per_run[run].get(length, []) if c.get("status") == "ok"
+                 for pair in c.get("wrote") or [] if pair is not None]
+        if found:
+            return found[:count]
+    return []
+
+
 def _share(counts: list[tuple[int, int]], units: tuple[str, ...]) -> str:
     """``hit / total`` pooled over the runs that had any, with its interval; "–" where none had."""
     has = [i for i, (_, n) in enumerate(counts) if n]
@@ -81,13 +96,17 @@ def answers_section(task: str, kept: Kept, everyone: Kept, units: Optional[dict[
     """The report's table of what the wrong answers were for one task (nothing where no cell
     checked them: tasks without candidates, or cells scored before the check existed)."""
     shown = learned_or_every(kept, everyone)
-    lines = []
+    lines, shown_examples = [], []
     for label in sorted(shown, key=label_order):
         name, per_run = shown[label]
         for length in sorted({n for by_length in per_run.values() for n in by_length}):
             t = tally(per_run, length)
             if t is None:
                 continue
+            pairs = examples(per_run, length)
+            if pairs:
+                shown_examples.append(f"| {name} | {length} | "
+                                      + "; ".join(f"`{asked}` → `{wrote}`" for asked, wrote in pairs) + " |")
             runs = sorted(t["runs"])
             counts = np.array([t["runs"][r] for r in runs])
             scored, wrong, copied, nearer = counts.sum(axis=0).tolist()
@@ -105,4 +124,11 @@ def answers_section(task: str, kept: Kept, everyone: Kept, units: Optional[dict[
             "(1 − depth averaged over the copied answers; – without depths); 95% intervals across training runs "
             "and instances, over the seeds that learned the task (else every seed, marked):", "",
             "| row | length | wrong | copied another candidate | of those, nearer the question | random pick |",
-            "|---|---:|---:|---|---|---:|", *lines]
+            "|---|---:|---:|---|---|---:|", *lines] + _examples_table(shown_examples)
+
+
+def _examples_table(lines: list[str]) -> list[str]:
+    if not lines:
+        return []
+    return ["", "Examples: the first wrong answers of each row's first seed at each length (in depth order), the asked "
+            "answer → the one written:", "", "| row | length | asked → written |", "|---|---:|---|", *lines]

@@ -197,7 +197,8 @@ def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalC
     Where the answer is one of the prompt's candidates (``task.picks``, ``chance`` > 0), ``copied`` says
     per instance whether a wrong answer, greedily decoded, is another span of the prompt and
     how far back it and the right one sit (data/tasks/base.py: ``answer_source``; None where
-    right or not a copy; eval/task_answers.py); cells scored before it have none."""
+    right or not a copy; eval/task_answers.py), and ``wrote`` the text of the asked span and
+    of what was written over it (None where right); cells scored before them have none."""
     instances = [eval_instance(task, ev.tasks.seed, length, depth, i) for i in range(ev.tasks.samples)]
     errors, answers = first_errors(model, instances), answer_tokens(instances)
     correct = int((errors == answers).sum())
@@ -207,6 +208,9 @@ def score_cell(model, task: Task, length: int, depth: Optional[float], ev: EvalC
     if task.picks and task.chance > 0:  # the answer is one of the prompt's candidates: was a wrong one another?
         written = wrong_answers(model, instances, errors)
         row["copied"] = [None if w is None else answer_source(inst, *w) for inst, w in zip(instances, written)]
+        decode = task.tokenizer.decode
+        row["wrote"] = [None if w is None else [decode(inst.tokens[w[0]:w[0] + len(w[1])].tolist()), decode(w[1].tolist())]
+                        for inst, w in zip(instances, written)]
     return row
 
 

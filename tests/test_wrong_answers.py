@@ -99,6 +99,8 @@ def test_score_cell_records_a_distractor_copied_from_a_passkey_prompt():
     key_at = last_copy(instance, start, key)
     assert row["correct"] == 0 and row["copied"] == [(start - numbers[0], start - key_at)]
     assert start - numbers[0] < start - key_at
+    distractor = tokenizer.decode(instance.tokens[numbers[0]:numbers[0] + 5].tolist())
+    assert row["wrote"] == [[tokenizer.decode(key.tolist()), distractor]] and distractor.isdigit()
 
 
 def cell(run, length, depth, first_error, copied, answer=5, status="ok"):
@@ -125,6 +127,20 @@ def test_the_report_table_counts_copies_and_nearer_ones_with_a_random_pick_basel
     assert cells[5] == "0.67"
 
 
+def test_the_report_shows_the_first_wrong_answers_of_a_rows_first_seed():
+    first = cell("a", 256, 0.0, [5, 0, 2], [None, None, [3, 9]])
+    first["wrote"] = [None, ["33775", "37373"], ["76014", "76666"]]
+    later = cell("a", 256, 1.0, [1, 5], [None, None])
+    later["wrote"] = [["12345", "12000"], None]
+    other = cell("b", 256, 0.0, [0], [None])
+    other["wrote"] = [["55555", "11111"]]
+    per_run = {"b": {256: [other]}, "a": {256: [first, later]}}
+    lines = answers_section("passkey", {"RoPE": per_run}, {"RoPE": per_run})
+    assert "| RoPE | 256 | `33775` → `37373`; `76014` → `76666`; `12345` → `12000` |" in lines
+    old = {"a": {256: [{k: v for k, v in first.items() if k != "wrote"}]}}  # scored before answers were kept
+    assert not any(line.startswith("| row | length | asked") for line in answers_section("passkey", {"x": old}, {"x": old}))
+
+
 def test_no_table_without_checked_cells_and_no_baseline_without_depths():
     old = {"a": {64: [{k: v for k, v in cell("a", 64, 0.0, [0, 5], [[3, 9], None]).items() if k != "copied"}]}}
     assert answers_section("passkey", {"x": old}, {"x": old}) == []
@@ -139,6 +155,10 @@ def test_tasks_without_candidates_record_no_copies():
     ev = EvalConfig()
     ev.tasks.samples = 2
     model = Transformer(tiny_config("rope", vocab_size=tokenizer.vocab_size)).eval()
-    assert "copied" not in score_cell(model, TASKS["copy"](tokenizer), 32, None, ev)
-    assert "copied" not in score_cell(model, Passkey(tokenizer, 5), 32, 0.5, ev)  # no distractors: no choice
-    assert "copied" in score_cell(model, Passkey(tokenizer, 5, distractors=2), 64, 0.5, ev)
+    assert not {"copied", "wrote"} & set(score_cell(model, TASKS["copy"](tokenizer), 32, None, ev))
+    assert not {"copied", "wrote"} & set(score_cell(model, Passkey(tokenizer, 5), 32, 0.5, ev))  # no distractors: no choice
+    assert {"copied", "wrote"} <= set(score_cell(model, Passkey(tokenizer, 5, distractors=2), 64, 0.5, ev))
+    for name in ("multikey", "vartrack"):  # the haystack tasks decode their answers with their tokenizer too
+        row = score_cell(model, TASKS[name](tokenizer), 128, 0.5 if name == "multikey" else None, ev)
+        assert len(row["wrote"]) == 2 and any(w is not None for w in row["wrote"])  # an untrained model errs
+        assert all(w is None or all(isinstance(t, str) and t for t in w) for w in row["wrote"])

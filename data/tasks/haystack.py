@@ -115,7 +115,7 @@ class Haystack(Task):
     has_depth = False
 
     def __init__(self, tokenizer: Tokenizer, digits: int = 5, name_letters: int = 2, spaced: bool = True):
-        self.digits, self.name_letters, self.spaced = digits, name_letters, spaced
+        self.tokenizer, self.digits, self.name_letters, self.spaced = tokenizer, digits, name_letters, spaced
         self.colon, self.equals = (": ", " = ") if spaced else (":", "=")
         self.encode = checked_encoder(tokenizer, self.name)
         self.filler = FillerStream(self.encode, FILLER)
