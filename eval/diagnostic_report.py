@@ -325,16 +325,17 @@ def _per_run_table(rows: list[dict], lengths: list[int]) -> list[str]:
              "|---|---|---:|" + "---:|" * len(lengths)]
     for row in found:
         for name, run in row["needle_top_runs"].items():
-            cells = []
-            for n in lengths:
-                value = run["lengths"].get(n)
-                if value is None:
-                    cells.append("–")
-                else:
-                    mean, far = value
-                    cells.append(f"{mean:.2f}" + ("" if far is None else f" ({far[1]:.2f})"))
+            cells = (_head_cell(run["lengths"].get(n)) for n in lengths)
             lines.append(f"| {row['label']} | {name} | {run['seed']} | " + " | ".join(cells) + " |")
     return lines
+
+
+def _head_cell(value: Optional[tuple]) -> str:
+    """One run's retrieval head at one length: its mean, and (the farthest needle's) where known."""
+    if value is None:
+        return "–"
+    mean, far = value
+    return f"{mean:.2f}" + ("" if far is None else f" ({far[1]:.2f})")
 
 
 def _depth_table(rows: list[dict], lengths: list[int]) -> list[str]:

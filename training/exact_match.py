@@ -120,16 +120,16 @@ def wrong_answers(model, instances: Sequence[Instance], errors: np.ndarray,
                 longest = max(instances[i].length for i, *_ in group)
                 prefix = np.stack([instances[i].tokens[:wrong] for i, *_ in group])
                 written = [instances[i].tokens[start:end].copy() for i, start, end in group]
-                model.setup_cache(len(group), longest)
+                last = max(end for *_, end in group)
+                model.setup_cache(len(group), longest)  # replaces the previous group's
                 logits = model(torch.from_numpy(prefix).to(device), torch.arange(wrong, device=device))[:, -1]
-                for p in range(wrong, max(end for *_, end in group)):
+                for p in range(wrong, last):
                     picked = logits.argmax(dim=-1)
-                    for row, (_, start, end) in enumerate(group):
+                    for row, ((_, start, end), token) in enumerate(zip(group, picked.tolist())):
                         if p < end:
-                            written[row][p - start] = int(picked[row])
-                    if p + 1 < max(end for *_, end in group):
+                            written[row][p - start] = token
+                    if p + 1 < last:
                         logits = model(picked[:, None], torch.tensor([p], device=device))[:, -1]
-                model.clear_cache()
                 for row, (i, start, _) in enumerate(group):
                     out[i] = (start, written[row])
     finally:
