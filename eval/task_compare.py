@@ -21,8 +21,15 @@ The estimate is eval/stats.py's ``accuracy_estimate`` made a difference:
 - **Instance part.** Every row answers the same n instances (eval.tasks.seed), so which
   instances were drawn moves both. Where the cells keep each instance's outcome
   (``first_error`` against ``answer_tokens``; ``outcomes`` in retrieval cells scored before
-  every task kept first errors), it is the variance over instances of
-  the paired difference of the rows' seed-averaged outcomes, /n on n − 1 degrees of freedom. Where they keep counts
+  every task kept first errors), it is the variance over instances of the paired difference
+  d of the rows' seed-averaged outcomes, with Agresti & Min's (2005) adjustment for matched
+  pairs: half a pseudo-pair each of (right, wrong), (wrong, right), (right, right) and
+  (wrong, wrong), i.e. d = +1 and d = −1 with weight ½ each and d = 0 with weight 1, so
+  (Σd² + 1)/(n + 2) − (Σd/(n + 2))², /(n + 2), on n − 1 degrees of freedom (for one seed a
+  side, their adjusted Wald variance [(p₁₂ + p₂₁) − (p₁₂ − p₂₁)²]/(n + 2)). Unadjusted, rows
+  that agree on every instance (both 0.00 far beyond L, both 1.00 at L) had a variance of 0
+  and an interval of [+0.00, +0.00]; adjusted, the interval says what n instances can and
+  cannot rule out (0/40 against 0/40: ±0.05). Where they keep counts
   alone, it is bounded by the sum of the two rows' binomial variances, each with one success
   and one failure added (p̃ = (np̄ + 1)/(n + 2), p̃(1 − p̃)/(n + 2); Agresti & Caffo 2000), on
   n − 1 degrees of freedom: never zero at 0 or n correct, and wide where the rows fail on
@@ -105,7 +112,9 @@ def _outcomes(side: dict[str, Scored], runs: list[str], units: tuple[str, ...]) 
 def _instance_part(accuracies: list[np.ndarray], n: float, outcomes: list[Optional[np.ndarray]]) -> Part:
     a, b = outcomes
     if a is not None and b is not None and len(a) == len(b) and len(a) > 1:
-        return Part(float(np.var(a - b, ddof=1)) / len(a), len(a) - 1)
+        d, m = a - b, len(a) + 2  # with Agresti & Min's pseudo-pairs (the module's docstring)
+        spread = (float(np.sum(d * d)) + 1) / m - (float(np.sum(d)) / m) ** 2
+        return Part(spread / m, len(a) - 1)
     variance = 0.0
     for acc in accuracies:
         p = (float(acc.mean()) * n + 1) / (n + 2)

@@ -24,6 +24,12 @@ def agresti_caffo(p: float, n: int) -> float:
     return q * (1 - q) / (n + 2)
 
 
+def agresti_min(d: np.ndarray) -> float:
+    """The variance of a mean paired difference with half a pseudo-pair of each kind added."""
+    m = len(d) + 2
+    return ((np.sum(d * d) + 1) / m - (np.sum(d) / m) ** 2) / m
+
+
 def test_paired_difference_by_hand():
     """Three seeds each of two rows with the same seeds: the seed part is the spread of the
     per-seed differences (2 df), the instance part both rows' Agresti–Caffo binomial variances."""
@@ -62,10 +68,30 @@ def test_kept_outcomes_give_the_paired_instance_part():
     b = {f"b{k}": (16, n, right_b) for k in range(3)}
     found = accuracy_difference(a, b, meta(runs))
     assert found.point == pytest.approx(5 / 40) and found.parts[0].variance == 0  # every seed alike
-    assert found.parts[1].variance == pytest.approx(np.var(right_a - right_b, ddof=1) / n)
+    # Agresti & Min's adjusted Wald variance for matched pairs: 5 discordant pairs (a right, b
+    # wrong), none the other way, half a pseudo-pair of each kind added
+    p12, p21 = (5 + 0.5) / (n + 2), (0 + 0.5) / (n + 2)
+    assert found.parts[1].variance == pytest.approx(((p12 + p21) - (p12 - p21) ** 2) / (n + 2))
+    assert found.parts[1].df == n - 1
     bound = accuracy_difference({k: v[:2] for k, v in a.items()}, {k: v[:2] for k, v in b.items()}, meta(runs))
     assert bound.parts[1].variance == pytest.approx(agresti_caffo(21 / 40, n) + agresti_caffo(16 / 40, n))
     assert found.interval()[0] > 0 > bound.interval()[0]
+
+
+def test_rows_that_agree_on_every_instance_keep_an_interval():
+    """Two rows wrong on all 40 instances (both 0.00 far beyond L), or right on all: the
+    paired differences are all 0, yet 40 instances cannot rule out a difference of a few
+    points, so the interval is not [0, 0] (Agresti & Min 2005: variance 1/(n + 2)^2)."""
+    n = 40
+    runs = {f"{row}{k}": (k, None) for row in "ab" for k in range(3)}
+    for outcome in (0.0, 1.0):
+        right = np.full(n, outcome)
+        found = accuracy_difference({f"a{k}": (int(right.sum()), n, right) for k in range(3)},
+                                    {f"b{k}": (int(right.sum()), n, right) for k in range(3)}, meta(runs))
+        assert found.point == 0 and found.parts[1].variance == pytest.approx(1 / (n + 2) ** 2)
+        low, high = found.interval()
+        assert low == pytest.approx(-high) and 0.03 < high < 0.06
+        assert found.p_value == pytest.approx(1.0)
 
 
 def test_fine_tunes_pair_by_parent_and_seed_and_count_each_parent_once():
@@ -217,7 +243,7 @@ def test_cells_outcome_strings_pair_instances_across_depths():
     m = meta({f"{row}{k}": (k, None) for row in "ab" for k in range(2)})
     found = task_comparisons(kept, "b", m)["a vs b"][64]["estimate"]
     d = np.array([1, 1, 1, 1, 1, 1, 0, 0]) - np.array([1, 1, 1, 0, 1, 0, 0, 0])
-    assert found.point == pytest.approx(2 / 8) and found.parts[1].variance == pytest.approx(np.var(d, ddof=1) / 8)
+    assert found.point == pytest.approx(2 / 8) and found.parts[1].variance == pytest.approx(agresti_min(d))
 
 
 def test_a_grid_with_a_model_per_task_compares_within_each_task(tmp_path):
