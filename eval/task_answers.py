@@ -9,6 +9,9 @@ and looks for what it wrote earlier in the prompt (data/tasks/base.py: ``answer_
 The report gives, per row and length, pooled over the seeds that learned the task (or
 every seed where none did, marked):
 
+- **seeds**: of those seeds, how many have cells that kept what they wrote; cells scored
+  before evaluation kept the wrong answers hold none, and their seeds are left out of the
+  row (a grid's records scored before then, whose weights are gone, cannot be scored again);
 - **wrong**: the instances answered wrong, of those scored;
 - **copied another candidate**: the share of the wrong answers written verbatim somewhere
   earlier in the prompt, with its 95% interval across training runs and instances
@@ -114,7 +117,9 @@ def answers_section(task: str, kept: Kept, everyone: Kept, units: Optional[dict[
             copied_cell = _share([(int(c[2]), int(c[1])) for c in counts], run_units)
             nearer_cell = _share([(int(c[3]), int(c[2])) for c in counts], run_units)
             base = f"{t['baseline'] / copied:.2f}" if copied and t["baseline"] is not None else "–"
-            lines.append(f"| {name} | {length} | {wrong}/{scored} | {copied_cell} | {nearer_cell} | {base} |")
+            pooled = sum(any(c.get("status") == "ok" for c in by_length.get(length, [])) for by_length in per_run.values())
+            lines.append(f"| {name} | {length} | {len(runs)}/{pooled} | {wrong}/{scored} | {copied_cell} | {nearer_cell} "
+                         f"| {base} |")
     if not lines:
         return []
     return ["", f"What the wrong answers were ({task}; eval/task_answers.py): each wrong answer decoded greedily and "
@@ -122,9 +127,11 @@ def answers_section(task: str, kept: Kept, everyone: Kept, units: Optional[dict[
             "candidate written verbatim in the prompt (the rest are in it nowhere); \"nearer\" the share of those "
             "that sit after the asked needle, nearer the question, against a random pick of a wrong candidate "
             "(1 − depth averaged over the copied answers; – without depths); 95% intervals across training runs "
-            "and instances, over the seeds that learned the task (else every seed, marked):", "",
-            "| row | length | wrong | copied another candidate | of those, nearer the question | random pick |",
-            "|---|---:|---:|---|---|---:|", *lines] + _examples_table(shown_examples)
+            "and instances, over the seeds that learned the task (else every seed, marked); \"seeds\" says how many of "
+            "those seeds' cells kept what they wrote (cells scored before answers were kept hold none, and their "
+            "seeds are left out of the row):", "",
+            "| row | length | seeds | wrong | copied another candidate | of those, nearer the question | random pick |",
+            "|---|---:|---:|---:|---|---|---:|", *lines] + _examples_table(shown_examples)
 
 
 def _examples_table(lines: list[str]) -> list[str]:

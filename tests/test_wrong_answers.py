@@ -121,10 +121,19 @@ def test_the_report_table_counts_copies_and_nearer_ones_with_a_random_pick_basel
     lines = answers_section("passkey", {"ALiBi": per_run}, {"ALiBi": per_run})
     row = next(line for line in lines if line.startswith("| ALiBi | 256"))
     cells = [c.strip() for c in row.strip("|").split("|")]
-    assert cells[2] == "5/8"
-    assert cells[3].startswith("0.60 [") and cells[3].endswith("(3/5)")
-    assert cells[4].startswith("0.33 [") and cells[4].endswith("(1/3)")
-    assert cells[5] == "0.67"
+    assert cells[2] == "2/2" and cells[3] == "5/8"
+    assert cells[4].startswith("0.60 [") and cells[4].endswith("(3/5)")
+    assert cells[5].startswith("0.33 [") and cells[5].endswith("(1/3)")
+    assert cells[6] == "0.67"
+
+
+def test_the_report_table_says_how_many_seeds_kept_their_answers():
+    kept = cell("a", 256, 0.0, [5, 0], [None, [10, 200]])
+    old = {k: v for k, v in cell("b", 256, 0.0, [0, 0, 5], [None, None, None]).items() if k != "copied"}
+    per_run = {"a": {256: [kept]}, "b": {256: [old]}}  # b was scored before wrong answers were kept
+    lines = answers_section("multikey", {"ALiBi": per_run}, {"ALiBi": per_run})
+    cells = [c.strip() for c in next(line for line in lines if line.startswith("| ALiBi | 256")).strip("|").split("|")]
+    assert cells[2] == "1/2" and cells[3] == "1/2"  # one seed of two; b's two wrong answers are not counted
 
 
 def test_the_report_shows_the_first_wrong_answers_of_a_rows_first_seed():
