@@ -45,13 +45,17 @@ from eval.task_positions import Kept, learned_or_every
 
 
 def tally(per_run: dict[str, dict[int, list[dict]]], length: int) -> Optional[dict]:
-    """One row's wrong answers at ``length``: per run [scored, wrong, copied, nearer], and the
-    random-pick baseline's sum over the copied answers (None without cells that checked them)."""
+    """One row's wrong answers at ``length``: per run [scored, wrong, copied, nearer], the
+    random-pick baseline's sum over the copied answers, and how many runs were scored there at
+    all (``pooled``; those whose cells checked nothing are not in ``runs``); None without cells
+    that checked them."""
     runs: dict[str, list[int]] = defaultdict(lambda: [0, 0, 0, 0])
-    baseline, depths = 0.0, True
+    baseline, depths, pooled = 0.0, True, 0
     for run, by_length in per_run.items():
-        for c in by_length.get(length, []):
-            if c.get("status") != "ok" or "copied" not in c:
+        ok = [c for c in by_length.get(length, []) if c.get("status") == "ok"]
+        pooled += bool(ok)
+        for c in ok:
+            if "copied" not in c:
                 continue
             counts = runs[run]
             counts[0] += c["total"]
@@ -70,7 +74,7 @@ def tally(per_run: dict[str, dict[int, list[dict]]], length: int) -> Optional[di
                     baseline += 1.0 - c["depth"]
     if not runs:
         return None
-    return {"runs": dict(runs), "baseline": baseline if depths else None}
+    return {"runs": dict(runs), "baseline": baseline if depths else None, "pooled": pooled}
 
 
 def examples(per_run: dict[str, dict[int, list[dict]]], length: int, count: int = 3) -> list[tuple[str, str]]:
@@ -117,8 +121,7 @@ def answers_section(task: str, kept: Kept, everyone: Kept, units: Optional[dict[
             copied_cell = _share([(int(c[2]), int(c[1])) for c in counts], run_units)
             nearer_cell = _share([(int(c[3]), int(c[2])) for c in counts], run_units)
             base = f"{t['baseline'] / copied:.2f}" if copied and t["baseline"] is not None else "–"
-            pooled = sum(any(c.get("status") == "ok" for c in by_length.get(length, [])) for by_length in per_run.values())
-            lines.append(f"| {name} | {length} | {len(runs)}/{pooled} | {wrong}/{scored} | {copied_cell} | {nearer_cell} "
+            lines.append(f"| {name} | {length} | {len(runs)}/{t['pooled']} | {wrong}/{scored} | {copied_cell} | {nearer_cell} "
                          f"| {base} |")
     if not lines:
         return []
