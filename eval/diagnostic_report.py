@@ -36,8 +36,8 @@ LINEAR = ("linear attention forms no attention matrix (its weights φ(q)ᵀφ(k)
 
 
 # What ``window_measures`` gives, and a report's results.json keeps (``_reduced``).
-MEASURES = ("entropy", "distance", "sink", "needle", "entropy_by_position", "distance_histogram", "sink_heads",
-            "sink_rate", "needle_heads", "qk_share")
+MEASURES = ("entropy", "distance", "sink", "needle", "needle_first", "entropy_by_position", "distance_histogram",
+            "sink_heads", "sink_rate", "needle_heads", "needle_first_heads", "qk_share")
 
 
 def window_measures(cell: dict, meta: dict) -> dict[str, np.ndarray]:
@@ -47,7 +47,7 @@ def window_measures(cell: dict, meta: dict) -> dict[str, np.ndarray]:
     if cell.get("per_window") or "sink_rate" in cell or "qk_share" in cell:
         return {name: np.asarray(cell[name], dtype=np.float64) for name in MEASURES if name in cell}
     out = {}
-    for name in ("entropy", "distance", "sink", "needle"):
+    for name in ("entropy", "distance", "sink", "needle", "needle_first"):
         if name in cell:
             out[name] = np.asarray(cell[name]).mean(axis=(1, 2))
     for name in ("entropy_by_position", "distance_histogram"):
@@ -59,6 +59,8 @@ def window_measures(cell: dict, meta: dict) -> dict[str, np.ndarray]:
         out["sink_rate"] = (heads > meta["epsilon"]).mean(axis=(1, 2))
     if "needle" in cell:
         out["needle_heads"] = np.asarray(cell["needle"])
+    if "needle_first" in cell:
+        out["needle_first_heads"] = np.asarray(cell["needle_first"])
     if "qk_pairs" in cell:
         pairs = np.asarray(cell["qk_pairs"])  # (W, layers, H, P)
         out["qk_share"] = (pairs / pairs.sum(-1, keepdims=True)).mean(axis=2)  # (W, layers, P)
@@ -67,8 +69,8 @@ def window_measures(cell: dict, meta: dict) -> dict[str, np.ndarray]:
 
 # Measures that are fractions of a query's attention (or of the heads), so within [0, 1]; all
 # measures are ≥ 0. An interval is cut to that range: the truth lies in it, so coverage holds.
-FRACTIONS = frozenset({"sink", "sink_rate", "sink_heads", "needle", "needle_heads", "needle_top", "qk_share",
-                       "distance_histogram"})
+FRACTIONS = frozenset({"sink", "sink_rate", "sink_heads", "needle", "needle_heads", "needle_top", "needle_first",
+                       "needle_first_heads", "needle_first_top", "qk_share", "distance_histogram"})
 
 
 def pool(per_run: list[np.ndarray], ceiling: float = np.inf) -> Optional[dict]:
@@ -109,6 +111,8 @@ def pooled_rows(results: dict) -> list[dict]:
         for n, entries in measured.items():
             measures = [m for _, _, m in entries]
             names = {name for m in measures for name in m}
+            # Caches from before the first-query measure lack it: a row pools it from all its runs or not at all.
+            names -= {name for name in ("needle_first", "needle_first_top") if any(name not in m for m in measures)}
             row["lengths"][n] = {name: pool([m[name] for m in measures if name in m], 1.0 if name in FRACTIONS else np.inf)
                                  for name in sorted(names - UNALIGNED if several else names)}
             needle_uniform = [u for c, _, _ in entries for u in c.get("needle_uniform", [])]
@@ -121,13 +125,14 @@ def pooled_rows(results: dict) -> list[dict]:
 
 
 # Per-head measures left in head-index order, which pool over one run only (module doc).
-UNALIGNED = frozenset({"needle_heads"})
+UNALIGNED = frozenset({"needle_heads", "needle_first_heads"})
 
 
 def _order_heads(measured: dict[int, list[tuple]], ranked_sinks: bool) -> None:
     """Put each run's heads in an order of its own before seeds are pooled (module doc): add
     ``needle_top``, the run's retrieval head's needle mass per window (the head with the most at
-    the shortest length where the run's needle was measured), and with ``ranked_sinks`` rank each
+    the shortest length where the run's needle was measured), ``needle_first_top``, the same
+    head's mass from the first answer query alone, and with ``ranked_sinks`` rank each
     layer's heads by the run's mean sink mass at each length."""
     top: dict[str, tuple[int, int]] = {}
     for n in sorted(measured):
@@ -140,6 +145,8 @@ def _order_heads(measured: dict[int, list[tuple]], ranked_sinks: bool) -> None:
         for _, run, m in entries:
             if run["run"] in top and m.get("needle_heads") is not None and len(m["needle_heads"]):
                 m["needle_top"] = np.asarray(m["needle_heads"])[(slice(None), *top[run["run"]])]
+                if m.get("needle_first_heads") is not None and len(m["needle_first_heads"]):
+                    m["needle_first_top"] = np.asarray(m["needle_first_heads"])[(slice(None), *top[run["run"]])]
             if ranked_sinks and m.get("sink_heads") is not None and len(m["sink_heads"]):
                 heads = np.asarray(m["sink_heads"])  # (W, layers, H)
                 order = np.argsort(-heads.mean(axis=0), axis=-1, kind="stable")
@@ -307,8 +314,24 @@ def _needle_section(rows: list[dict], lengths: list[int], out: Path) -> list[str
     lines += ["", "The retrieval head: each run's head with the most attention on the needle at the shortest length "
                   "where its needle was measured, followed to the longer lengths (heads are not aligned across seeds, "
                   "so each run's own head is pooled, not one head index):", "", *_table(found, lengths, "needle_top", ".3f")]
-    return (lines + _depth_table(found, lengths) + _per_run_table(found, lengths)
+    return (lines + _first_query_table(found, lengths) + _depth_table(found, lengths) + _per_run_table(found, lengths)
             + ["", "![needle mass against length](needle_mass.png)"])
+
+
+def _first_query_table(rows: list[dict], lengths: list[int]) -> list[str]:
+    """The retrieval head's mass from the first answer query alone, where caches measured it."""
+    found = [r for r in rows if any("needle_first_top" in r["lengths"].get(n, {}) for n in lengths)]
+    if not found:
+        return []
+    lines = ["", "The same head from the first answer query alone: it predicts the answer's first token with none "
+                 "of the answer in the context yet, so this is where the needle is chosen; the queries after it "
+                 "see the asked value's first tokens and may find the needle by them, which the means above "
+                 "include:", "", *_table(found, lengths, "needle_first_top", ".3f")]
+    older = [r["label"] for r in rows if r not in found]
+    if older:
+        lines += ["", "Not measured (diagnostics cached before the first-query measure existed): "
+                      + ", ".join(f"`{label}`" for label in older) + "."]
+    return lines
 
 
 def _per_run_table(rows: list[dict], lengths: list[int]) -> list[str]:

@@ -10,9 +10,11 @@ window goes through one forward whose attention layers are read by hooks
 (entropy by query position, attended distance and its distribution, sink mass) and, for
 the RoPE family, the mean q and k norm of every rotation pair (Barbero et al. 2024).
 Needle retrieval adds the attention mass on the needle's tokens (the asked values) from the
-queries that predict the answer: on the run's own passkey or multikey instances (synthetic
-runs trained on them), or on passkey instances in the paper's wording written with the run's
-tokenizer (runs trained on text).
+queries that predict the answer, and from the first of them alone (where the needle is chosen):
+on the run's own passkey or multikey instances (synthetic runs trained on them), or on passkey
+instances in the paper's wording written with the run's tokenizer (runs trained on text).
+Caches written before the first-query measure existed lack it and stay valid (the report says
+so); delete a run's eval/diagnostics-*.json to measure it again while its weights exist.
 
 What does not apply is said, not guessed: linear attention forms no attention matrix, so
 only the RoPE pair norms (of the features its numerator rotates) are measured; lengths a
@@ -104,7 +106,12 @@ def diagnose_window(model, window: Window, meta: dict, full: bool, want_map: boo
                 out[name].append(value)
         if window.needle is not None:
             rows = torch.from_numpy(window.answer_rows).to(idx.device)
-            out["needle"].append(needle_mass(att, rows, torch.from_numpy(window.needle).to(idx.device)))
+            needle = torch.from_numpy(window.needle).to(idx.device)
+            out["needle"].append(needle_mass(att, rows, needle))
+            # The first answer query alone: it predicts the answer's first token with none of the
+            # answer in the context yet, so it is where the needle is chosen; the later queries
+            # see the asked value's first tokens and may find it by them.
+            out["needle_first"].append(needle_mass(att, rows[:1], needle))
         if want_map:
             out["map"].append(example_map(att))
     found = {name: np.stack(values) for name, values in out.items()}
@@ -142,8 +149,8 @@ def diagnose_length(saved: SavedRun, meta: dict, length: int, sample: Callable[[
         except TaskError as e:
             cell["needle_note"] = str(e)
         else:
-            found = [diagnose_window(saved.model, w, meta, full=False, want_map=False) for w in extra]
-            cell["needle"] = _stack(found)["needle"]
+            found = _stack([diagnose_window(saved.model, w, meta, full=False, want_map=False) for w in extra])
+            cell["needle"], cell["needle_first"] = found["needle"], found["needle_first"]
             cell["needle_uniform"], cell["needle_depths"] = _uniform_needle(extra), _needle_depths(extra)
     return cell
 

@@ -76,6 +76,34 @@ def test_each_runs_retrieval_head_stands_apart_from_the_pooled_row():
     assert "| t5 | a | 0 | 0.70 | 0.50 |" in _per_run_table([row], [64, 128])
 
 
+def test_the_first_answer_query_is_read_on_each_runs_own_retrieval_head():
+    from eval.diagnostic_report import _first_query_table
+
+    runs = [_run("a", 0), _run("b", 1)]
+    cells = {"runs/a": {"64": _cell((1, 0), {0.0: 0.9}, (0, 1))}, "runs/b": {"64": _cell((1, 3), {0.0: 0.9}, (0, 2))}}
+    for name, top, first in (("runs/a", (1, 0), 0.6), ("runs/b", (1, 3), 0.2)):
+        heads = np.full((10, LAYERS, HEADS), 0.05)
+        heads[(slice(None), *top)] = first  # the retrieval head (by the mean over answer queries) at its first query
+        heads[0, 0, 2] = 0.99  # another head's first query, on one window: not the retrieval head
+        cells[name]["64"]["needle_first_heads"] = heads.tolist()
+    [row] = pooled_rows({"runs": runs, "cells": cells})
+    first = row["lengths"][64]["needle_first_top"]
+    assert first["across"] == "runs" and first["mean"] == pytest.approx(0.4) and first["low"] < 0.2 < 0.6 < first["high"]
+    assert "needle_first_heads" not in row["lengths"][64]  # head indices are not pooled across seeds
+    lines = _first_query_table([row], [64])
+    assert lines[-1].startswith("| t5 | 0.400 [") and not any("Not measured" in line for line in lines)
+    # One run's diagnostics cached before the measure existed: the row does not pool the other's alone.
+    del cells["runs/b"]["64"]["needle_first_heads"]
+    [row] = pooled_rows({"runs": runs, "cells": cells})
+    assert "needle_first_top" not in row["lengths"][64] and row["lengths"][64]["needle_top"]["n"] == 2
+    assert _first_query_table([row], [64]) == []
+    other = pooled_rows({"runs": [_run("c", 2) | {"encoding": "alibi", "stem": "kind-alibi"}],
+                         "cells": {"runs/c": {"64": _cell((0, 0), {0.0: 0.9}, (0, 1))
+                                              | {"needle_first_heads": np.full((10, LAYERS, HEADS), 0.3).tolist()}}}})
+    lines = _first_query_table([row, *other], [64])
+    assert lines[-1] == "Not measured (diagnostics cached before the first-query measure existed): `t5`."
+
+
 def test_one_run_keeps_its_head_indices_and_an_old_cache_has_no_depth_table():
     cell = _cell((1, 2), {0.0: 0.9, 0.5: 0.6}, (0, 3))
     old = {k: v for k, v in cell.items() if k != "needle_depths"}  # cached before depths were recorded
@@ -149,4 +177,9 @@ def test_a_multikey_run_is_diagnosed_on_its_asked_needles(tmp_path):
     results = json.loads((out / "results.json").read_text())
     cell = results["cells"][results["runs"][0]["run"]]["64"]
     assert np.asarray(cell["needle_heads"]).shape == (5, 2, 4) and len(cell["needle_depths"]) == 5
-    assert 0 < min(cell["needle_uniform"]) and "## Attention on the needle (passkey, multikey)" in (out / "report.md").read_text()
+    first = np.asarray(cell["needle_first_heads"])
+    assert first.shape == (5, 2, 4) and (first >= 0).all() and (first <= 1).all()
+    assert not np.allclose(first, cell["needle_heads"])  # one query of the answer's, not their mean
+    report = (out / "report.md").read_text()
+    assert "## Attention on the needle (passkey, multikey)" in report and 0 < min(cell["needle_uniform"])
+    assert "The same head from the first answer query alone" in report
