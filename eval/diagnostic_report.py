@@ -143,10 +143,9 @@ def _order_heads(measured: dict[int, list[tuple]], ranked_sinks: bool) -> None:
                 top[run["run"]] = tuple(int(i) for i in np.unravel_index(int(np.argmax(mean)), mean.shape))
     for entries in measured.values():
         for _, run, m in entries:
-            if run["run"] in top and m.get("needle_heads") is not None and len(m["needle_heads"]):
-                m["needle_top"] = np.asarray(m["needle_heads"])[(slice(None), *top[run["run"]])]
-                if m.get("needle_first_heads") is not None and len(m["needle_first_heads"]):
-                    m["needle_first_top"] = np.asarray(m["needle_first_heads"])[(slice(None), *top[run["run"]])]
+            for heads, picked in (("needle_heads", "needle_top"), ("needle_first_heads", "needle_first_top")):
+                if run["run"] in top and m.get(heads) is not None and len(m[heads]):
+                    m[picked] = np.asarray(m[heads])[(slice(None), *top[run["run"]])]
             if ranked_sinks and m.get("sink_heads") is not None and len(m["sink_heads"]):
                 heads = np.asarray(m["sink_heads"])  # (W, layers, H)
                 order = np.argsort(-heads.mean(axis=0), axis=-1, kind="stable")
@@ -327,7 +326,8 @@ def _first_query_table(rows: list[dict], lengths: list[int]) -> list[str]:
                  "of the answer in the context yet, so this is where the needle is chosen; the queries after it "
                  "see the asked value's first tokens and may find the needle by them, which the means above "
                  "include:", "", *_table(found, lengths, "needle_first_top", ".3f")]
-    older = [r["label"] for r in rows if r not in found]
+    measured = {r["label"] for r in found}
+    older = [r["label"] for r in rows if r["label"] not in measured]
     if older:
         lines += ["", "Not measured (diagnostics cached before the first-query measure existed): "
                       + ", ".join(f"`{label}`" for label in older) + "."]
