@@ -24,8 +24,10 @@ import numpy as np
 
 from common.atomic import write_text_atomic
 from eval.diagnostic_plots import (plot_attention_maps, plot_distance_histogram, plot_entropy_distance,
-                                   plot_needle, plot_pair_shares, plot_position_entropy, plot_sink_heatmaps)
+                                   plot_pair_shares, plot_position_entropy, plot_sink_heatmaps)
+from eval.diagnostic_tables import cell, table
 from eval.labels import label_groups
+from eval.needle_report import needle_section
 from eval.report import write_report_files
 from eval.report_runs import missing_lines, provenance
 from eval.stats import t_interval
@@ -153,10 +155,11 @@ def _order_heads(measured: dict[int, list[tuple]], ranked_sinks: bool) -> None:
 
 
 def _retrieval_head_per_run(measured: dict[int, list[tuple]]) -> dict[str, dict]:
-    """Each run's retrieval head per length: its mean needle mass over the run's windows, and
-    over those whose needle is farthest from the question (the smallest depth; None where the
-    cell does not say its depths). A row pools learned and unlearned seeds alike; these keep
-    them apart."""
+    """Each run's retrieval head per length: its mean needle mass over the run's windows, over
+    those whose needle is farthest from the question (the smallest depth; None where the cell
+    does not say its depths), and from the first answer query alone (None where the cache
+    predates that measure). A row pools learned and unlearned seeds alike; these keep them
+    apart."""
     per_run: dict[str, dict] = {}
     for n, entries in sorted(measured.items()):
         for cell, run, m in entries:
@@ -166,7 +169,9 @@ def _retrieval_head_per_run(measured: dict[int, list[tuple]]) -> dict[str, dict]
             if depths is not None and len(depths) == len(top) and None not in depths:
                 depths = np.asarray(depths, dtype=np.float64)
                 far = (float(depths.min()), float(top[depths == depths.min()].mean()))
-            per_run.setdefault(run["name"], {"seed": run["seed"], "lengths": {}})["lengths"][n] = (float(top.mean()), far)
+            first = float(np.mean(m["needle_first_top"])) if "needle_first_top" in m else None
+            per_run.setdefault(run["name"], {"seed": run["seed"], "lengths": {}})["lengths"][n] = (float(top.mean()), far,
+                                                                                                 first)
     return per_run
 
 
@@ -191,32 +196,6 @@ def uniform_entropy(length: int) -> float:
 def uniform_distance(length: int) -> float:
     """Mean over queries of i/2: the attended distance of uniform causal attention."""
     return (length - 1) / 4
-
-
-def _cell(p: Optional[dict], fmt: str, index=()) -> str:
-    if p is None:
-        return "–"
-    mean = float(np.asarray(p["mean"])[index])
-    if p["low"] is None:
-        return format(mean, fmt)
-    return f"{mean:{fmt}} [{float(np.asarray(p['low'])[index]):{fmt}}, {float(np.asarray(p['high'])[index]):{fmt}}]"
-
-
-def _length_heads(train_len: int, lengths: list[int]) -> list[str]:
-    """Column heads: each length with its multiple of L."""
-    return [f"{n} (L)" if n == train_len else f"{n} ({n / train_len:g}L)" for n in lengths]
-
-
-def _table(rows: list[dict], lengths: list[int], name: str, fmt: str, reference=None) -> list[str]:
-    head = _length_heads(rows[0]["train_len"], lengths)
-    lines = ["| row | " + " | ".join(head) + " |", "|---|" + "---:|" * len(lengths)]
-    if reference is not None:
-        lines.append("| *uniform attention* | " + " | ".join(format(reference(n), fmt) for n in lengths) + " |")
-    for row in rows:
-        if any(name in row["lengths"].get(n, {}) for n in lengths):
-            lines.append(f"| {row['label']} | " + " | ".join(_cell(row["lengths"].get(n, {}).get(name), fmt)
-                                                            for n in lengths) + " |")
-    return lines
 
 
 def _intervals(rows: list[dict]) -> list[str]:
@@ -275,106 +254,26 @@ def _markdown(results: dict, rows: list[dict], out: Path) -> str:
         plot_sink_heatmaps(softmax, shown, epsilons[0], out / "sink_heads.png")
         lines += ["", "## Entropy", "",
                   "Mean attention entropy (nats) over layers, heads and queries; uniform causal attention has "
-                  "ln(i + 1) at query i.", "", *_table(softmax, lengths, "entropy", ".3f", uniform_entropy), "",
+                  "ln(i + 1) at query i.", "", *table(softmax, lengths, "entropy", ".3f", uniform_entropy), "",
                   "![entropy and attended distance against length](entropy_distance.png)", "",
                   "![entropy by query position](entropy_by_position.png)", "",
                   "## Attended distance", "", "Mean attended distance Σ_j p_ij (i − j) in tokens, over layers, heads "
                   "and queries; uniform causal attention has (T − 1)/4.", "",
-                  *_table(softmax, lengths, "distance", ".1f", uniform_distance), "",
+                  *table(softmax, lengths, "distance", ".1f", uniform_distance), "",
                   "![attention mass by distance](distance_histogram.png)", "",
                   "## Attention sinks", "",
                   f"Sink mass: the mean attention on {first} over layers and heads. Sink rate (Gu et al. 2025): the "
                   f"fraction of heads whose mean attention on it exceeds ε = {', '.join(map(str, epsilons))}.", "",
-                  "Sink mass:", "", *_table(softmax, lengths, "sink", ".3f"), "",
-                  "Sink rate (fraction of heads above ε):", "", *_table(softmax, lengths, "sink_rate", ".2f"), "",
+                  "Sink mass:", "", *table(softmax, lengths, "sink", ".3f"), "",
+                  "Sink rate (fraction of heads above ε):", "", *table(softmax, lengths, "sink_rate", ".2f"), "",
                   "![sink mass by layer and head](sink_heads.png)"]
-    lines += _needle_section(rows, lengths, out) + _pair_section(rows, out) + _map_section(rows, out, bool(results.get("remade")))
+    lines += needle_section(rows, lengths, out) + _pair_section(rows, out) + _map_section(rows, out, bool(results.get("remade")))
     notes = _notes(rows)
     if notes:
         lines += ["", "## Not measured", "", *notes]
     if results["missing"]:
         lines += ["", "## Missing runs", "", *missing_lines(results["missing"])]
     return "\n".join(lines) + "\n"
-
-
-def _needle_section(rows: list[dict], lengths: list[int], out: Path) -> list[str]:
-    found = [r for r in rows if any("needle" in c for c in r["lengths"].values())]
-    if not found:
-        return []
-    plot_needle(found, out / "needle_mass.png")
-    lines = ["", "## Attention on the needle (passkey, multikey)", "",
-             "The mean attention mass on the needle's tokens (the key, or the asked needles' values) from the queries "
-             "that predict the answer, over layers and heads; below, what uniform attention would put there.", "",
-             *_table(found, lengths, "needle", ".3f")]
-    lines += ["", "| uniform attention | " + " | ".join(str(n) for n in lengths) + " |", "|---|" + "---:|" * len(lengths)]
-    for row in found:
-        lines.append(f"| {row['label']} | " + " | ".join("–" if row["uniform"].get(n) is None
-                                                         else f"{row['uniform'][n]:.3f}" for n in lengths) + " |")
-    lines += ["", "The retrieval head: each run's head with the most attention on the needle at the shortest length "
-                  "where its needle was measured, followed to the longer lengths (heads are not aligned across seeds, "
-                  "so each run's own head is pooled, not one head index):", "", *_table(found, lengths, "needle_top", ".3f")]
-    return (lines + _first_query_table(found, lengths) + _depth_table(found, lengths) + _per_run_table(found, lengths)
-            + ["", "![needle mass against length](needle_mass.png)"])
-
-
-def _first_query_table(rows: list[dict], lengths: list[int]) -> list[str]:
-    """The retrieval head's mass from the first answer query alone, where caches measured it."""
-    found = [r for r in rows if any("needle_first_top" in r["lengths"].get(n, {}) for n in lengths)]
-    if not found:
-        return []
-    lines = ["", "The same head from the first answer query alone: it predicts the answer's first token with none "
-                 "of the answer in the context yet, so this is where the needle is chosen; the queries after it "
-                 "see the asked value's first tokens and may find the needle by them, which the means above "
-                 "include:", "", *_table(found, lengths, "needle_first_top", ".3f")]
-    measured = {r["label"] for r in found}
-    older = [r["label"] for r in rows if r["label"] not in measured]
-    if older:
-        lines += ["", "Not measured (diagnostics cached before the first-query measure existed): "
-                      + ", ".join(f"`{label}`" for label in older) + "."]
-    return lines
-
-
-def _per_run_table(rows: list[dict], lengths: list[int]) -> list[str]:
-    """Each run's retrieval head (``_retrieval_head_per_run``), one line per run."""
-    found = [r for r in rows if r.get("needle_top_runs")]
-    if not found:
-        return []
-    head = _length_heads(found[0]["train_len"], lengths)
-    lines = ["", "The retrieval head of each run: its mean mass on the needle over the run's windows, and in "
-                 "parentheses over those with the needle farthest from the question (its smallest depth). The "
-                 "rows above pool every seed of a row, those that learned the task and those that did not (the "
-                 "task report says which did); here they stand apart:", "",
-             "| row | run | seed | " + " | ".join(head) + " |",
-             "|---|---|---:|" + "---:|" * len(lengths)]
-    for row in found:
-        for name, run in row["needle_top_runs"].items():
-            cells = (_head_cell(run["lengths"].get(n)) for n in lengths)
-            lines.append(f"| {row['label']} | {name} | {run['seed']} | " + " | ".join(cells) + " |")
-    return lines
-
-
-def _head_cell(value: Optional[tuple]) -> str:
-    """One run's retrieval head at one length: its mean, and (the farthest needle's) where known."""
-    if value is None:
-        return "–"
-    mean, far = value
-    return f"{mean:.2f}" + ("" if far is None else f" ({far[1]:.2f})")
-
-
-def _depth_table(rows: list[dict], lengths: list[int]) -> list[str]:
-    """The retrieval head's needle mass per depth (rows × depth, one column per length)."""
-    found = [r for r in rows if r.get("needle_depth")]
-    if not found:
-        return []
-    head = _length_heads(found[0]["train_len"], lengths)
-    lines = ["", "The retrieval head's mass on the needle by its depth (0: the needle opens the filler; 1: it "
-                 "stands right before the question; a value without an interval is one window's):", "",
-             "| row | depth | " + " | ".join(head) + " |", "|---|---:|" + "---:|" * len(lengths)]
-    for row in found:
-        for d in sorted({d for cells in row["needle_depth"].values() for d in cells}):
-            lines.append(f"| {row['label']} | {d:g} | " + " | ".join(_cell(row["needle_depth"].get(n, {}).get(d), ".3f")
-                                                                   for n in lengths) + " |")
-    return lines
 
 
 def _pair_section(rows: list[dict], out: Path) -> list[str]:
@@ -393,7 +292,7 @@ def _pair_section(rows: list[dict], out: Path) -> list[str]:
                for k in ("mean", "low", "high")}
         high = {k: None if share[k] is None else np.asarray(share[k])[:, :quarter].sum(-1).mean()
                 for k in ("mean", "low", "high")}
-        lines.append(f"| {row['label']} | {_cell(low, '.3f')} | {_cell(high, '.3f')} |")
+        lines.append(f"| {row['label']} | {cell(low, '.3f')} | {cell(high, '.3f')} |")
     return lines + ["", "![q·k norm by frequency pair](qk_by_frequency.png)"]
 
 

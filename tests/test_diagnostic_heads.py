@@ -54,7 +54,7 @@ def test_seeds_pool_their_own_retrieval_heads_and_ranked_sinks_not_one_head_inde
 
 
 def test_each_runs_retrieval_head_stands_apart_from_the_pooled_row():
-    from eval.diagnostic_report import _per_run_table
+    from eval.needle_report import _per_run_table
 
     runs = [_run("a", 0), _run("b", 1)]
     # Seed a keeps the far needle (depth 0) at 128; seed b, say one that never learned the task, attends little.
@@ -77,7 +77,7 @@ def test_each_runs_retrieval_head_stands_apart_from_the_pooled_row():
 
 
 def test_the_first_answer_query_is_read_on_each_runs_own_retrieval_head():
-    from eval.diagnostic_report import _first_query_table
+    from eval.needle_report import _first_query_table, _per_run_table
 
     runs = [_run("a", 0), _run("b", 1)]
     cells = {"runs/a": {"64": _cell((1, 0), {0.0: 0.9}, (0, 1))}, "runs/b": {"64": _cell((1, 3), {0.0: 0.9}, (0, 2))}}
@@ -92,10 +92,13 @@ def test_the_first_answer_query_is_read_on_each_runs_own_retrieval_head():
     assert "needle_first_heads" not in row["lengths"][64]  # head indices are not pooled across seeds
     lines = _first_query_table([row], [64])
     assert lines[-1].startswith("| t5 | 0.400 [") and not any("Not measured" in line for line in lines)
+    # Run by run, after the slash: a learned seed and an unlearned one pooled in the row stand apart.
+    assert {"| t5 | a | 0 | 0.90 (0.90) / 0.60 |", "| t5 | b | 1 | 0.90 (0.90) / 0.20 |"} <= set(_per_run_table([row], [64]))
     # One run's diagnostics cached before the measure existed: the row does not pool the other's alone.
     del cells["runs/b"]["64"]["needle_first_heads"]
     [row] = pooled_rows({"runs": runs, "cells": cells})
     assert "needle_first_top" not in row["lengths"][64] and row["lengths"][64]["needle_top"]["n"] == 2
+    assert {"| t5 | a | 0 | 0.90 (0.90) / 0.60 |", "| t5 | b | 1 | 0.90 (0.90) |"} <= set(_per_run_table([row], [64]))
     assert _first_query_table([row], [64]) == []
     other = pooled_rows({"runs": [_run("c", 2) | {"encoding": "alibi", "stem": "kind-alibi"}],
                          "cells": {"runs/c": {"64": _cell((0, 0), {0.0: 0.9}, (0, 1))

@@ -1,0 +1,38 @@
+"""Markdown tables of the attention diagnostics' pooled rows (eval/diagnostic_report.py pools
+them; eval/needle_report.py writes the needle's tables with these too)."""
+
+from __future__ import annotations
+
+from typing import Optional
+
+import numpy as np
+
+
+def cell(p: Optional[dict], fmt: str, index=()) -> str:
+    """A pooled measure (eval/diagnostic_report.py: ``pool``) at ``index``: its mean, and its
+    interval where it has one; "–" where it was not measured."""
+    if p is None:
+        return "–"
+    mean = float(np.asarray(p["mean"])[index])
+    if p["low"] is None:
+        return format(mean, fmt)
+    return f"{mean:{fmt}} [{float(np.asarray(p['low'])[index]):{fmt}}, {float(np.asarray(p['high'])[index]):{fmt}}]"
+
+
+def length_heads(train_len: int, lengths: list[int]) -> list[str]:
+    """Column heads: each length with its multiple of L."""
+    return [f"{n} (L)" if n == train_len else f"{n} ({n / train_len:g}L)" for n in lengths]
+
+
+def table(rows: list[dict], lengths: list[int], name: str, fmt: str, reference=None) -> list[str]:
+    """One line per row that measured ``name``, one column per length; ``reference(n)``, when
+    given, is a first line (e.g. what uniform attention would give)."""
+    head = length_heads(rows[0]["train_len"], lengths)
+    lines = ["| row | " + " | ".join(head) + " |", "|---|" + "---:|" * len(lengths)]
+    if reference is not None:
+        lines.append("| *uniform attention* | " + " | ".join(format(reference(n), fmt) for n in lengths) + " |")
+    for row in rows:
+        if any(name in row["lengths"].get(n, {}) for n in lengths):
+            lines.append(f"| {row['label']} | " + " | ".join(cell(row["lengths"].get(n, {}).get(name), fmt)
+                                                            for n in lengths) + " |")
+    return lines
