@@ -25,7 +25,7 @@ import numpy as np
 from common.atomic import write_text_atomic
 from eval.diagnostic_plots import (plot_attention_maps, plot_distance_histogram, plot_entropy_distance,
                                    plot_pair_shares, plot_position_entropy, plot_sink_heatmaps)
-from eval.diagnostic_tables import cell, table
+from eval.diagnostic_tables import cell_text, table
 from eval.labels import label_groups
 from eval.needle_report import needle_section
 from eval.report import write_report_files
@@ -292,7 +292,7 @@ def _pair_section(rows: list[dict], out: Path) -> list[str]:
                for k in ("mean", "low", "high")}
         high = {k: None if share[k] is None else np.asarray(share[k])[:, :quarter].sum(-1).mean()
                 for k in ("mean", "low", "high")}
-        lines.append(f"| {row['label']} | {cell(low, '.3f')} | {cell(high, '.3f')} |")
+        lines.append(f"| {row['label']} | {cell_text(low, '.3f')} | {cell_text(high, '.3f')} |")
     return lines + ["", "![q·k norm by frequency pair](qk_by_frequency.png)"]
 
 

@@ -8,7 +8,7 @@ from typing import Optional
 import numpy as np
 
 
-def cell(p: Optional[dict], fmt: str, index=()) -> str:
+def cell_text(p: Optional[dict], fmt: str, index=()) -> str:
     """A pooled measure (eval/diagnostic_report.py: ``pool``) at ``index``: its mean, and its
     interval where it has one; "–" where it was not measured."""
     if p is None:
@@ -33,6 +33,6 @@ def table(rows: list[dict], lengths: list[int], name: str, fmt: str, reference=N
         lines.append("| *uniform attention* | " + " | ".join(format(reference(n), fmt) for n in lengths) + " |")
     for row in rows:
         if any(name in row["lengths"].get(n, {}) for n in lengths):
-            lines.append(f"| {row['label']} | " + " | ".join(cell(row["lengths"].get(n, {}).get(name), fmt)
-                                                            for n in lengths) + " |")
+            lines.append(f"| {row['label']} | " + " | ".join(cell_text(row["lengths"].get(n, {}).get(name), fmt)
+                                                             for n in lengths) + " |")
     return lines

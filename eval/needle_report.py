@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from eval.diagnostic_plots import plot_needle
-from eval.diagnostic_tables import cell, length_heads, table
+from eval.diagnostic_tables import cell_text, length_heads, table
 
 
 def needle_section(rows: list[dict], lengths: list[int], out: Path) -> list[str]:
@@ -89,7 +89,7 @@ def _depth_table(rows: list[dict], lengths: list[int]) -> list[str]:
                  "stands right before the question; a value without an interval is one window's):", "",
              "| row | depth | " + " | ".join(head) + " |", "|---|---:|" + "---:|" * len(lengths)]
     for row in found:
-        for d in sorted({d for cells in row["needle_depth"].values() for d in cells}):
-            lines.append(f"| {row['label']} | {d:g} | " + " | ".join(cell(row["needle_depth"].get(n, {}).get(d), ".3f")
-                                                                   for n in lengths) + " |")
+        for d in sorted({d for by_depth in row["needle_depth"].values() for d in by_depth}):
+            cells = (cell_text(row["needle_depth"].get(n, {}).get(d), ".3f") for n in lengths)
+            lines.append(f"| {row['label']} | {d:g} | " + " | ".join(cells) + " |")
     return lines
