@@ -24,11 +24,17 @@ def length_heads(train_len: int, lengths: list[int]) -> list[str]:
     return [f"{n} (L)" if n == train_len else f"{n} ({n / train_len:g}L)" for n in lengths]
 
 
+def header(left: list[str], right: list[str], train_len: int, lengths: list[int]) -> list[str]:
+    """A table's head line and rule: the ``left``-aligned columns, the ``right``-aligned ones,
+    then one right-aligned column per length (``length_heads``)."""
+    return ["| " + " | ".join([*left, *right, *length_heads(train_len, lengths)]) + " |",
+            "|" + "---|" * len(left) + "---:|" * (len(right) + len(lengths))]
+
+
 def table(rows: list[dict], lengths: list[int], name: str, fmt: str, reference=None) -> list[str]:
     """One line per row that measured ``name``, one column per length; ``reference(n)``, when
     given, is a first line (e.g. what uniform attention would give)."""
-    head = length_heads(rows[0]["train_len"], lengths)
-    lines = ["| row | " + " | ".join(head) + " |", "|---|" + "---:|" * len(lengths)]
+    lines = header(["row"], [], rows[0]["train_len"], lengths)
     if reference is not None:
         lines.append("| *uniform attention* | " + " | ".join(format(reference(n), fmt) for n in lengths) + " |")
     for row in rows:

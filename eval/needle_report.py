@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Optional
 
 from eval.diagnostic_plots import plot_needle
-from eval.diagnostic_tables import cell_text, length_heads, table
+from eval.diagnostic_tables import cell_text, header, table
 
 
 def needle_section(rows: list[dict], lengths: list[int], out: Path) -> list[str]:
@@ -55,14 +55,12 @@ def _per_run_table(rows: list[dict], lengths: list[int]) -> list[str]:
     found = [r for r in rows if r.get("needle_top_runs")]
     if not found:
         return []
-    head = length_heads(found[0]["train_len"], lengths)
     lines = ["", "The retrieval head of each run: its mean mass on the needle over the run's windows, in "
                  "parentheses over those with the needle farthest from the question (its smallest depth), and "
                  "after the slash from the first answer query alone (where the diagnostics measured it). The "
                  "rows above pool every seed of a row, those that learned the task and those that did not (the "
                  "task report says which did); here they stand apart:", "",
-             "| row | run | seed | " + " | ".join(head) + " |",
-             "|---|---|---:|" + "---:|" * len(lengths)]
+             *header(["row", "run"], ["seed"], found[0]["train_len"], lengths)]
     for row in found:
         for name, run in row["needle_top_runs"].items():
             cells = (_head_cell(run["lengths"].get(n)) for n in lengths)
@@ -84,10 +82,9 @@ def _depth_table(rows: list[dict], lengths: list[int]) -> list[str]:
     found = [r for r in rows if r.get("needle_depth")]
     if not found:
         return []
-    head = length_heads(found[0]["train_len"], lengths)
     lines = ["", "The retrieval head's mass on the needle by its depth (0: the needle opens the filler; 1: it "
                  "stands right before the question; a value without an interval is one window's):", "",
-             "| row | depth | " + " | ".join(head) + " |", "|---|---:|" + "---:|" * len(lengths)]
+             *header(["row"], ["depth"], found[0]["train_len"], lengths)]
     for row in found:
         for d in sorted({d for by_depth in row["needle_depth"].values() for d in by_depth}):
             cells = (cell_text(row["needle_depth"].get(n, {}).get(d), ".3f") for n in lengths)
