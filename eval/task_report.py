@@ -18,7 +18,8 @@ between seeds (a t-interval across training runs; eval/stats.py); a second table
 seed's accuracy, those that did not learn the task in parentheses.
 
 Each task adds its effective length (eval/effective_length.py); passkey and multikey add
-depth × length heatmaps, passkey k_max per seed (eval/kmax.py), and every task where the
+depth × length heatmaps and, where a seed did not learn the task, its accuracy by depth at R
+(eval/task_depth.py), passkey k_max per seed (eval/kmax.py), and every task where the
 first error falls (eval/task_positions.py; copy and addition in multiples of the answer's
 length, the others by answer token; tasks other than copy and addition once scored with it;
 a row no seed learned shows every seed's, marked), and where the answer is one of the
@@ -47,6 +48,7 @@ from eval.tables import length_table, train_lengths
 from eval.task_compare import comparison_section, task_reference
 from eval.task_plots import plot_accuracy, plot_heatmaps
 from eval.task_answers import answers_section
+from eval.task_depth import depth_section
 from eval.task_positions import positions_section
 
 
@@ -340,6 +342,8 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
                       f"{task}: accuracy by needle depth and length (seeds that learned it)")
         md += ["", f"![{task} depth × length heatmaps]({task}_heatmap.png)"]
     everyone = by_seed(runs, rows, task)
+    if depth:
+        md += depth_section(task, kept, everyone, settings)
     return (md + positions_section(task, kept, settings, out, everyone)
             + answers_section(task, kept, everyone, replicate_units(runs)))
 

@@ -254,3 +254,27 @@ def test_fine_tunes_of_shorter_parents_head_lengths_by_the_parents_length(tmp_pa
     assert "| 8 (1×L₀) | 32 (4×L₀) |" in report and "×L)" not in report
     assert parents_length([{**runs[0], "train_len": 8}]) is None  # fine-tuned at the parents' own length
     assert parents_length([{k: v for k, v in runs[0].items() if k != "parent"}]) is None
+
+
+def test_seeds_that_did_not_learn_a_needle_task_show_their_accuracy_by_depth(tmp_path):
+    """Multikey at L = 32, depths 0 and 1: seed 0 learned it (10/10, 9/10), seed 1 did not
+    (8/10 at depth 0, 2/10 at depth 1); ALiBi's one seed learned it, so its row has no line."""
+    runs = [{"run": f"{kind}{s}", "name": f"{kind}_seed-{s}", "encoding": kind, "group": kind, "stem": kind,
+             "seed": s, "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc",
+             "eval": {"tasks": {}}, "tasks_trained": ["multikey"]} for kind, s in (("rope", 0), ("rope", 1), ("alibi", 0))]
+    scored = {("rope0", 0.0): 10, ("rope0", 1.0): 9, ("rope1", 0.0): 8, ("rope1", 1.0): 2,
+              ("alibi0", 0.0): 10, ("alibi0", 1.0): 10}
+    rows = [{**cell_row(run, int(run[-1]), 32, correct, depth=depth), "task": "multikey",
+             "encoding": run[:-1]} for (run, depth), correct in scored.items()]
+    rows += [{**row, "length": 64, "correct": 0, "accuracy": 0.0} for row in rows]  # beyond L: not in the table
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "| seeds | at R | 0 | 1 |" in report
+    assert "| rope: 1 learned, pooled | 0.95 | 1.00 | 0.90 |" in report
+    assert "| rope: seed 1 (not learned) | 0.50 | 0.80 | 0.20 |" in report
+    assert "alibi: " not in report
+    # Learning not judged (learned_accuracy: null): every seed pools, and no seed failed.
+    for run in runs:
+        run["eval"] = {"tasks": {"learned_accuracy": None}}
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    assert "by the needle's depth" not in (tmp_path / "report.md").read_text()
