@@ -5,9 +5,10 @@ The depth × length heatmaps pool the seeds that learned the task, which are rig
 every depth at R by definition. A seed that did not learn it is left out of them, yet where
 its errors fall at R says something the pooled accuracy cannot: failures spread over every
 depth (the lookup itself missing) read differently from failures gathered at one depth.
-Training draws each needle's depth uniformly in [0, 1] (docs/tasks.md), so either end of the
-filler is rare in training: depth 1, the asked needle right before the question, is about one
-training instance in (room + 1) for a filler with room for that many offsets.
+Training draws each needle's depth uniformly in [0, 1] (docs/tasks.md) and lays it at offset
+round(depth × room) of a filler with room + 1 offsets, so either end of the filler comes up in
+about one training instance in 2 × room; both ends are equally rare, so where errors gather
+at one end and not the other, rarity alone does not explain it.
 
 The table gives, per row, the seeds that learned the task pooled (correct / scored over their
 instances at each depth) and then every seed that did not, on its own; a section appears only
@@ -64,7 +65,7 @@ def depth_section(task: str, kept: Kept, everyone: Kept, settings: dict[str, dic
     return ["", f"Accuracy at R by the needle's depth ({task}; eval/task_depth.py), for the rows where a seed did not "
             "learn the task: the seeds that learned it pooled, then each seed that did not on its own, with its "
             "accuracy at R over every depth first (depth 0: the asked needle at the start of the filler, 1: right "
-            "before the question; training draws depths uniformly, so both ends are rare in training):", "",
+            "before the question; training draws depths uniformly, so either end is rare in training):", "",
             f"| seeds | at R | {head} |", "|---|---:|" + "---:|" * len(order),
             *(_line(name, counts, order) for name, counts in lines)]
 
