@@ -20,8 +20,7 @@ from __future__ import annotations
 from collections import defaultdict
 
 from eval.labels import label_order
-
-Kept = dict[str, dict[str, dict[int, list[dict]]]]  # label -> run -> length -> cells
+from eval.task_positions import Kept
 
 
 def depth_counts(per_run: dict[str, dict[int, list[dict]]], settings: dict[str, dict]) -> dict[float, list[int]]:
@@ -57,7 +56,7 @@ def depth_section(task: str, kept: Kept, everyone: Kept, settings: dict[str, dic
                           depth_counts({run: failed[run]}, settings)))
         shown = [(name, counts) for name, counts in shown if counts]
         depths.update(d for _, counts in shown for d in counts)
-        lines += [(name, counts) for name, counts in shown]
+        lines += shown
     if not lines or not depths:
         return []
     order = sorted(depths)
