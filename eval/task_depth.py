@@ -57,7 +57,7 @@ def depth_section(task: str, kept: Kept, everyone: Kept, settings: dict[str, dic
         shown = [(name, counts) for name, counts in shown if counts]
         depths.update(d for _, counts in shown for d in counts)
         lines += shown
-    if not lines or not depths:
+    if not lines:  # a line is shown only with counts, so its depths are in
         return []
     order = sorted(depths)
     head = " | ".join(f"{d:g}" for d in order)
