@@ -202,7 +202,11 @@ def task_comparisons(kept: dict[str, RunCells], reference: str, meta: dict[str, 
 def _signed(x: float) -> str:
     """A difference of accuracies to two decimals, or three where two would read ±0.00 of a
     difference that is not zero (as -0.003, not -0.00), or one significant figure where three
-    would too (-0.0003, not -0.000)."""
+    would too (-0.0003, not -0.000). A difference below 1e-12 is the rounding of two equal
+    accuracies (a mean of seeds' accuracies minus the same mean summed in another order), not a
+    difference: it prints as +0.00, not +1e-16; differences of counts of instances are far above it."""
+    if abs(x) < 1e-12:
+        x = 0.0
     if x == 0 or f"{abs(x):.2f}" != "0.00":
         return f"{x:+.2f}"
     return f"{x:+.3f}" if f"{abs(x):.3f}" != "0.000" else f"{x:+.1g}"
