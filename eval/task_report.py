@@ -17,7 +17,9 @@ depths) with a 95% interval that counts both the instances (Wilson) and the disa
 between seeds (a t-interval across training runs; eval/stats.py); a second table shows every
 seed's accuracy, those that did not learn the task in parentheses.
 
-Each task adds its effective length (eval/effective_length.py); passkey and multikey add
+Where a seed's test instances cannot settle whether it learned the task (the threshold inside
+its accuracy's 95% interval at R), a table names it and the range the row's learned count
+spans (eval/task_borderline.py). Each task adds its effective length (eval/effective_length.py); passkey and multikey add
 depth × length heatmaps and, where a seed did not learn the task, its accuracy by depth at R
 (eval/task_depth.py), passkey k_max per seed (eval/kmax.py), and every task where the
 first error falls (eval/task_positions.py; copy and addition in multiples of the answer's
@@ -48,6 +50,7 @@ from eval.tables import length_table, train_lengths
 from eval.task_compare import comparison_section, task_reference
 from eval.task_plots import plot_accuracy, plot_heatmaps
 from eval.task_answers import answers_section
+from eval.task_borderline import borderline_section
 from eval.task_depth import depth_section
 from eval.task_positions import positions_section
 
@@ -332,8 +335,11 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
     train_lens = sorted({c["train_len"] for cells in table.values() for c in cells.values()})
     plot_accuracy(table, train_lens, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy")
     kept, settings = pooled_seeds(runs, rows, task)[0], {r["run"]: settings_of(r) for r in runs}
+    everyone, meta = by_seed(runs, rows, task), {r["run"]: r for r in runs}
+    status = {run: learned(meta[run], by_length) for per_run in everyone.values() for run, by_length in per_run.items()}
+    md += borderline_section(task, everyone, status, settings)
     reference = task_reference(runs, label_rows(runs, task_rows))
-    md += comparison_section(kept, reference, {r["run"]: r for r in runs}, lengths, train_lengths(table), mark,
+    md += comparison_section(kept, reference, meta, lengths, train_lengths(table), mark,
                              missing)
     md += effective_section(kept, settings, seed_accuracy, task)
     grids = heatmap_grids(runs, rows, task) if depth else {}
@@ -341,7 +347,6 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
         plot_heatmaps(grids, out / f"{task}_heatmap.png",
                       f"{task}: accuracy by needle depth and length (seeds that learned it)")
         md += ["", f"![{task} depth × length heatmaps]({task}_heatmap.png)"]
-    everyone = by_seed(runs, rows, task)
     if depth:
         md += depth_section(task, kept, everyone, settings)
     return (md + positions_section(task, kept, settings, out, everyone)
