@@ -25,6 +25,7 @@ from typing import Optional
 
 from eval.labels import label_order
 from eval.stats import wilson_interval
+from eval.task_depth import seed_of
 from eval.task_positions import Kept
 
 Z_ONE_SIDED_95 = NormalDist().inv_cdf(0.95)  # 1.645
@@ -59,8 +60,7 @@ def borderline_seeds(everyone: Kept, status: dict[str, Optional[bool]], settings
             threshold = settings[run]["learned_at"]
             bound = unsettled(correct, scored, threshold, status[run]) if scored else None
             if bound is not None:
-                seed = next(c["seed"] for cells in by_length.values() for c in cells)
-                near.append((seed, status[run], correct, scored, bound, threshold))
+                near.append((seed_of(by_length), status[run], correct, scored, bound, threshold))
         if judged:
             out[label] = (sum(judged), len(judged), sorted(near, key=lambda s: str(s[0])))
     return out

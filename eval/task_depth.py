@@ -51,8 +51,8 @@ def depth_section(task: str, kept: Kept, everyone: Kept, settings: dict[str, dic
         shown = []
         if kept.get(label):
             shown.append((f"{label}: {len(kept[label])} learned, pooled", depth_counts(kept[label], settings)))
-        for run in sorted(failed, key=lambda r: _seed(failed[r])):
-            shown.append((f"{label}: seed {_seed(failed[run])} (not learned)",
+        for run in sorted(failed, key=lambda r: seed_of(failed[r])):
+            shown.append((f"{label}: seed {seed_of(failed[run])} (not learned)",
                           depth_counts({run: failed[run]}, settings)))
         shown = [(name, counts) for name, counts in shown if counts]
         depths.update(d for _, counts in shown for d in counts)
@@ -69,5 +69,6 @@ def depth_section(task: str, kept: Kept, everyone: Kept, settings: dict[str, dic
             *(_line(name, counts, order) for name, counts in lines)]
 
 
-def _seed(by_length: dict[int, list[dict]]):
+def seed_of(by_length: dict[int, list[dict]]):
+    """The seed of one run's cells."""
     return next(c["seed"] for cells in by_length.values() for c in cells)
