@@ -77,7 +77,7 @@ def _bound(x: float, threshold: float) -> str:
 
 def _seed_text(seed, learned: bool, correct: int, scored: int, bound: float, threshold: float) -> str:
     side = "lower" if learned else "upper"
-    return (f"seed {seed} ({'learned' if learned else 'not learned'}, {correct}/{scored} = "
+    return (f"seed {seed} ({'' if learned else 'not '}learned, {correct}/{scored} = "
             f"{correct / scored:.2f}, {side} bound {_bound(bound, threshold)})")
 
 

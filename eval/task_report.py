@@ -17,9 +17,10 @@ depths) with a 95% interval that counts both the instances (Wilson) and the disa
 between seeds (a t-interval across training runs; eval/stats.py); a second table shows every
 seed's accuracy, those that did not learn the task in parentheses.
 
-Where a seed's test instances cannot settle whether it learned the task (the threshold inside
-its accuracy's 95% interval at R), a table names it and the range the row's learned count
-spans (eval/task_borderline.py). Each task adds its effective length (eval/effective_length.py); passkey and multikey add
+Where a seed's test instances cannot settle whether it learned the task (the one-sided 95%
+Wilson bound of its accuracy at R on the other side of the threshold), a table names it and
+the range the row's learned count spans (eval/task_borderline.py). Each task adds its
+effective length (eval/effective_length.py); passkey and multikey add
 depth × length heatmaps and, where a seed did not learn the task, its accuracy by depth at R
 (eval/task_depth.py), passkey k_max per seed (eval/kmax.py), and every task where the
 first error falls (eval/task_positions.py; copy and addition in multiples of the answer's
