@@ -62,7 +62,7 @@ def borderline_seeds(everyone: Kept, status: dict[str, Optional[bool]], settings
             if bound is not None:
                 near.append((seed_of(by_length), status[run], correct, scored, bound, threshold))
         if judged:
-            out[label] = (sum(judged), len(judged), sorted(near, key=lambda s: str(s[0])))
+            out[label] = (sum(judged), len(judged), sorted(near, key=lambda s: s[0]))
     return out
 
 
@@ -103,8 +103,7 @@ def borderline_section(task: str, everyone: Kept, status: dict[str, Optional[boo
              "| row | seeds learned | if the unsettled seeds went the other way | unsettled seeds: judged, correct at R, bound |",
              "|---|---|---|---|"]
     for label, (learned, judged, seeds) in near.items():
-        low = learned - sum(s[1] for s in seeds)
+        low = learned - sum(s[1] for s in seeds)  # a row here has an unsettled seed, so low < high
         high = learned + sum(not s[1] for s in seeds)
-        span = f"{low}/{judged}" if low == high else f"{low}–{high} of {judged}"
-        lines.append(f"| {label} | {learned}/{judged} | {span} | {'; '.join(_seed_text(*s) for s in seeds)} |")
+        lines.append(f"| {label} | {learned}/{judged} | {low}–{high} of {judged} | {'; '.join(_seed_text(*s) for s in seeds)} |")
     return lines
