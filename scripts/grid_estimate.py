@@ -188,7 +188,8 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
             if times.key not in busy:
                 busy.add(times.key)
                 log(f"  the shape of {run.name} was timed while other work shared the CPUs ({times.busy}): its "
-                    f"estimates may run long; delete {cache_dir() / (times.key + '.json')} to time it again")
+                    f"estimates may run long; it is timed again where this runs on a quiet machine (or delete "
+                    f"{cache_dir() / (times.key + '.json')})")
         out[run.name] = Estimate(train_s * slowdown, _eval_seconds(cfg, times, split_tokens) * slowdown, note, expected)
     return out
 

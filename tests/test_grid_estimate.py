@@ -12,8 +12,9 @@ from test_ablate import write_grid
 
 def test_a_shape_timed_on_a_busy_machine_says_so(tmp_path, corpus, monkeypatch):
     """Other work on the CPUs slows the timed steps: the record keeps that, and the estimate
-    says which shape and how to time it again. Quiet is when the others' load is under half
-    the CPUs (this process's own thread not counted)."""
+    says which shape and how to time it again; on a quiet machine the shape is timed again by
+    itself. Quiet is when the others' load is under half the CPUs (this process's own thread
+    not counted)."""
     from scripts.grid_estimate import estimate_grid
     from training import probe
     monkeypatch.setenv("ROPELAB_PROBE_CACHE", str(tmp_path / "probes"))  # timed here, not found timed
@@ -28,10 +29,20 @@ def test_a_shape_timed_on_a_busy_machine_says_so(tmp_path, corpus, monkeypatch):
     assert all(e.note.endswith("; timed while busy") for e in estimates.values())
     assert any("timed while other work shared the CPUs (load average 3.2 on 2 CPUs)" in line and
                str(probe.cache_dir()) in line for line in logged)
-    # The record keeps it: a quiet machine later does not make those timings quiet ones.
+    # While the machine stays busy the record stands (timing it again would be no better) ...
+    key = next(p.stem for p in probe.cache_dir().glob("*.json") if p.stem != "matmul-peaks")
+    assert probe.load(key).busy and probe.load(key).eager_step_s is not None
+    logged.clear()
+    estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=logged.append)
+    assert not any("timing the shape" in line for line in logged)
+    # ... and a quiet machine times the shape again, once, and keeps the quiet record.
     monkeypatch.setattr(probe.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
-    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=lambda *a: None)
-    assert all("timed while busy" in e.note for e in estimates.values())
+    assert probe.load(key).eager_step_s is None  # read as no record
+    logged.clear()
+    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=logged.append)
+    assert any("timing the shape" in line for line in logged)
+    assert not any("timed while busy" in e.note for e in estimates.values())
+    assert probe.load(key).busy == "" and probe.load(key).eager_step_s is not None
 
 
 def test_the_evaluation_estimate_counts_the_tokens_each_protocol_feeds():

@@ -22,7 +22,11 @@ Records are JSON files under ``$ROPELAB_PROBE_CACHE`` (default ``~/.cache/ropela
 one per shape; torch's inductor cache goes to ``$TORCHINDUCTOR_CACHE_DIR``, set by default
 to ``~/.cache/ropelab/inductor`` so compiled kernels outlive a reboot and are shared by every
 run of a shape. Timings on a shared machine are noisy: the figures are for planning, and
-``compile: auto`` leaves a margin.
+``compile: auto`` leaves a margin. A record timed while other work shared the CPUs says so
+(``busy``); read again on a quiet machine it counts as no record, so the shape is timed again
+there rather than planned, or compiled, on slowed steps (a grid's ``--dry-run`` beside a
+training job once recorded the retrieval grid's multivalue shapes running 1.5-1.7x slower as
+two jobs than alone, where a quiet machine had measured 1.00-1.27x).
 """
 
 from __future__ import annotations
@@ -111,13 +115,16 @@ def shape_key(cfg: RunConfig, rt: Runtime) -> str:
 
 
 def load(key: str) -> ShapeTimes:
-    """The shape's record, or an empty one."""
+    """The shape's record, or an empty one: also where the record was timed while the machine
+    was busy and it is quiet now (only CPU timings are ever marked busy), so that it is timed
+    again; while the machine stays busy the busy record is as good as a new one would be."""
     path = cache_dir() / f"{key}.json"
     try:
         data = json.loads(path.read_text())
-        return ShapeTimes(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(ShapeTimes)}})
+        times = ShapeTimes(**{k: v for k, v in data.items() if k in {f.name for f in dataclasses.fields(ShapeTimes)}})
     except (OSError, ValueError, TypeError):
         return ShapeTimes(key)
+    return ShapeTimes(key) if times.busy and not machine_busy() else times
 
 
 def _step_fn(model: torch.nn.Module, forward: torch.nn.Module, cfg: RunConfig, rt: Runtime):
