@@ -55,15 +55,18 @@ from configs.schema import EvalConfig, RunConfig
 from configs.slurm import SlurmConfig
 from scripts.grid_estimate import (estimate_grid, print_estimates, print_wall_times, rows_ended, save_estimates,
                                    saved_estimates)
-from eval.diagnostics import run_diagnostics
-from eval.extrapolation import run_extrapolation
-from eval.tasks import check_planned, run_task_evaluation, wants_tasks
+from eval.diagnostics import DIAGNOSTICS, run_diagnostics
+from eval.driver import cached_result
+from eval.extrapolation import EXTRAPOLATION, run_extrapolation
+from eval.tasks import TASKS, check_planned, run_task_evaluation, wants_tasks
 from eval.report import check_report_dir
 from common.errors import UserError
 from training.provenance import CODE, git_commit, is_dirty
 from common.cli import device_name, entry_point, positive_int, usage_when_empty
 from training.runtime import resolve_device
 from training.run_dir import RunDir
+from training.run_record import is_record, record_has_weights
+from training.saved_run import read_run_config
 from scripts.grid_deadline import Deadline, deadline_arg, describe, needs_from
 from scripts.grid_archive import archive_runs, record_of, restore_records
 from scripts.grid_local import run_all, slots_for
@@ -90,16 +93,44 @@ def planned_eval(runs: list[PlannedRun]):
     return eval_for
 
 
+# What a grid's reports hold: (kind, which runs get it, its evaluation, the command's entry,
+# where its report goes under the grid's report directory).
+REPORTS = (("perplexity", lambda r: not is_synthetic(r), EXTRAPOLATION, run_extrapolation, ""),
+           ("tasks", lambda r: wants_tasks(r.cfg, r.cfg.eval), TASKS, run_task_evaluation, "tasks"),
+           ("diagnostics", wants_diagnostics, DIAGNOSTICS, run_diagnostics, "diagnostics"))
+
+
+def unevaluated_records(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]]) -> None:
+    """Mark as a conflict each finished run restored from the archive without weights that holds
+    no evaluation under the grid's eval settings as they are now (more instances, other
+    lengths since it was archived): it cannot be evaluated anew, so it would only be missing
+    from the reports after the others had trained. Said before anything trains, with what to do."""
+    for run in runs:
+        run_dir = RunDir.of(run.cfg)
+        if states[run.name][0] != "done" or not is_record(run_dir) or record_has_weights(run_dir):
+            continue
+        cfg = read_run_config(run_dir)
+        lacking = [kind for kind, wanted, evaluation, _, _ in REPORTS
+                   if wanted(run) and cached_result(evaluation, run_dir, cfg, run.cfg.eval) is None]
+        if lacking:
+            what = " or ".join("task" if kind == "tasks" else kind for kind in lacking)
+            record = record_of(grid, run) if grid.archive else None
+            remove = (f"remove it and its record {record}" if record is not None and record.is_dir()
+                      else "remove it (the archive no longer holds its record)")
+            states[run.name] = ("conflict", (
+                f"{run_dir} was restored from the archive without weights and holds no {what} evaluation under "
+                f"the grid's eval settings as they are now, so it cannot be in the reports; to train it again, "
+                f"{remove}"))
+
+
 def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], failures: dict[str, str],
              device: str) -> None:
     """The grid's reports from the runs' cached evaluations: perplexity for runs trained on
     text, task accuracy for those that want it (see the module doc)."""
     eval_for = planned_eval(runs)
     reports = {}
-    for kind, wanted, evaluate_runs, out in (
-            ("perplexity", lambda r: not is_synthetic(r), run_extrapolation, grid.report_dir),
-            ("tasks", lambda r: wants_tasks(r.cfg, r.cfg.eval), run_task_evaluation, grid.report_dir / "tasks"),
-            ("diagnostics", wants_diagnostics, run_diagnostics, grid.report_dir / "diagnostics")):
+    for kind, wanted, _, evaluate_runs, sub in REPORTS:
+        out = grid.report_dir / sub if sub else grid.report_dir
         chosen = [r for r in finished if wanted(r)]
         if not chosen:
             continue
@@ -221,6 +252,8 @@ def run_grid(args: argparse.Namespace) -> int:
     if grid.archive and not args.archive and not args.dry_run:
         restore_records(grid, runs, log=print)
     states = {run.name: status(run) for run in runs}
+    if not args.skip_eval:
+        unevaluated_records(grid, runs, states)
     chosen = chosen_runs(grid, runs, args.rows)
     if args.archive:
         return archive_grid(grid, runs, states)

@@ -114,9 +114,17 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
     other_eval = write_grid(tmp_path, corpus)
     other_eval.write_text(other_eval.read_text().replace("lengths: [32, 64], protocols",
                                                          "lengths: [32, 48], protocols"))
+    # Other eval settings: the records hold no evaluation under them and no weights to score
+    # again, which the plan says before anything trains (a dry run too), not the report after.
+    assert ablate.main([str(other_eval), "--dry-run", "--no-estimate"]) == 0
+    out = capsys.readouterr().out
+    assert out.count("conflict") == 2
+    assert out.count("holds no perplexity evaluation under the grid's eval settings") == 2  # the diagnostics' hold
     assert ablate.main([str(other_eval)]) == 1
     out = capsys.readouterr().out
-    assert out.count("failed:") == 2 and "is a run record" in out
+    assert out.count("failed:") == 2 and f"remove it and its record {tmp_path / 'archive'}" in out and "evaluating" not in out
+    assert ablate.main([str(write_grid(tmp_path, corpus)), "--no-estimate"]) == 0  # the settings they hold
+    assert "conflict" not in capsys.readouterr().out
 
     # tune.py reads the records too (their validation loss at L), on a fresh clone as well.
     shutil.rmtree(tmp_path / "runs")
