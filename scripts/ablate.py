@@ -101,26 +101,33 @@ REPORTS = (("perplexity", lambda r: not is_synthetic(r), EXTRAPOLATION, run_extr
 
 
 def unevaluated_records(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]]) -> None:
-    """Mark as a conflict each finished run restored from the archive without weights that holds
-    no evaluation under the grid's eval settings as they are now (more instances, other
-    lengths since it was archived): it cannot be evaluated anew, so it would only be missing
-    from the reports after the others had trained. Said before anything trains, with what to do."""
+    """Mark as a conflict each finished run restored from the archive without weights (or, in
+    a dry run, each such record the grid would restore) that holds no evaluation under the
+    grid's eval settings as they are now (more instances, other lengths since it was
+    archived): it cannot be evaluated anew, so it would only be missing from the reports after
+    the others had trained. Said before anything trains, with what to do."""
     for run in runs:
-        run_dir = RunDir.of(run.cfg)
-        if states[run.name][0] != "done" or not is_record(run_dir) or record_has_weights(run_dir):
+        state, run_dir = states[run.name][0], RunDir.of(run.cfg)
+        if state == "archived":  # the archive's copy: its evaluations packed (training/run_record.py)
+            run_dir = RunDir(record_of(grid, run))
+        elif state != "done" or not is_record(run_dir):
+            continue
+        if record_has_weights(run_dir):
             continue
         cfg = read_run_config(run_dir)
-        lacking = [kind for kind, wanted, evaluation, _, _ in REPORTS
-                   if wanted(run) and cached_result(evaluation, run_dir, cfg, run.cfg.eval) is None]
-        if lacking:
-            what = " or ".join("task" if kind == "tasks" else kind for kind in lacking)
-            record = record_of(grid, run) if grid.archive else None
-            remove = (f"remove it and its record {record}" if record is not None and record.is_dir()
-                      else "remove it (the archive no longer holds its record)")
-            states[run.name] = ("conflict", (
-                f"{run_dir} was restored from the archive without weights and holds no {what} evaluation under "
-                f"the grid's eval settings as they are now, so it cannot be in the reports; to train it again, "
-                f"{remove}"))
+        lacking = [kind for kind, wanted, evaluation, _, _ in REPORTS if wanted(run) and not (
+            run_dir.eval_cache(evaluation.name, evaluation.cache_key(cfg, run.cfg.eval)).with_suffix(".json.gz").is_file()
+            if state == "archived" else cached_result(evaluation, run_dir, cfg, run.cfg.eval))]
+        if not lacking:
+            continue
+        what = " or ".join("task" if kind == "tasks" else kind for kind in lacking)
+        record = record_of(grid, run) if grid.archive else None
+        remove = (f"remove {'it and ' if state == 'done' else ''}its record {record}"
+                  if record is not None and record.is_dir() else "remove it (the archive no longer holds its record)")
+        states[run.name] = ("conflict", (
+            f"{'the record ' + str(record) if state == 'archived' else str(run_dir) + ' was restored from the archive'} "
+            f"without weights and holds no {what} evaluation under the grid's eval settings as they are now, so it "
+            f"cannot be in the reports; to train it again, {remove}"))
 
 
 def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], failures: dict[str, str],
@@ -252,8 +259,6 @@ def run_grid(args: argparse.Namespace) -> int:
     if grid.archive and not args.archive and not args.dry_run:
         restore_records(grid, runs, log=print)
     states = {run.name: status(run) for run in runs}
-    if not args.skip_eval:
-        unevaluated_records(grid, runs, states)
     chosen = chosen_runs(grid, runs, args.rows)
     if args.archive:
         return archive_grid(grid, runs, states)
@@ -261,6 +266,8 @@ def run_grid(args: argparse.Namespace) -> int:
         for run in runs:  # what the grid would restore instead of training
             if states[run.name][0] == "new" and grid.archive and record_of(grid, run).is_dir():
                 states[run.name] = ("archived", f"record in {grid.archive}, restored when the grid runs")
+    if not args.skip_eval:
+        unevaluated_records(grid, runs, states)
     if args.status:
         return print_status(grid, runs, states)
     if args.cancel:

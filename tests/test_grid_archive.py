@@ -123,6 +123,12 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
     assert ablate.main([str(other_eval)]) == 1
     out = capsys.readouterr().out
     assert out.count("failed:") == 2 and f"remove it and its record {tmp_path / 'archive'}" in out and "evaluating" not in out
+    fresh = tmp_path / "fresh-clone-runs"  # a dry run on a fresh clone reads the archive's own copies
+    other_eval.write_text(other_eval.read_text().replace(str(tmp_path / "runs"), str(fresh)))
+    assert ablate.main([str(other_eval), "--dry-run", "--no-estimate"]) == 0
+    out = capsys.readouterr().out
+    assert out.count(f"conflict the record {tmp_path / 'archive'}") == 2 and not fresh.exists()
+    assert out.count("holds no perplexity evaluation") == 2 and "archived " not in out
     assert ablate.main([str(write_grid(tmp_path, corpus)), "--no-estimate"]) == 0  # the settings they hold
     assert "conflict" not in capsys.readouterr().out
 
