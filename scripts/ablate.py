@@ -100,6 +100,15 @@ REPORTS = (("perplexity", lambda r: not is_synthetic(r), EXTRAPOLATION, run_extr
            ("diagnostics", wants_diagnostics, DIAGNOSTICS, run_diagnostics, "diagnostics"))
 
 
+def _holds(evaluation, record: RunDir, ev: EvalConfig, packed: bool) -> bool:
+    """Whether the record holds ``evaluation`` under ``ev``; ``packed``: the archive's own copy,
+    whose caches are gzipped (training/run_record.py)."""
+    cfg = read_run_config(record)
+    if packed:
+        return record.eval_cache(evaluation.name, evaluation.cache_key(cfg, ev)).with_suffix(".json.gz").is_file()
+    return cached_result(evaluation, record, cfg, ev) is not None
+
+
 def unevaluated_records(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]]) -> None:
     """Mark as a conflict each finished run restored from the archive without weights (or, in
     a dry run, each such record the grid would restore) that holds no evaluation under the
@@ -107,27 +116,21 @@ def unevaluated_records(grid: Grid, runs: list[PlannedRun], states: dict[str, tu
     archived): it cannot be evaluated anew, so it would only be missing from the reports after
     the others had trained. Said before anything trains, with what to do."""
     for run in runs:
-        state, run_dir = states[run.name][0], RunDir.of(run.cfg)
-        if state == "archived":  # the archive's copy: its evaluations packed (training/run_record.py)
-            run_dir = RunDir(record_of(grid, run))
-        elif state != "done" or not is_record(run_dir):
+        state, archived = states[run.name][0], record_of(grid, run) if grid.archive else None
+        record = RunDir(archived) if state == "archived" else RunDir.of(run.cfg)
+        if state not in ("archived", "done") or not is_record(record) or record_has_weights(record):
             continue
-        if record_has_weights(run_dir):
-            continue
-        cfg = read_run_config(run_dir)
-        lacking = [kind for kind, wanted, evaluation, _, _ in REPORTS if wanted(run) and not (
-            run_dir.eval_cache(evaluation.name, evaluation.cache_key(cfg, run.cfg.eval)).with_suffix(".json.gz").is_file()
-            if state == "archived" else cached_result(evaluation, run_dir, cfg, run.cfg.eval))]
+        lacking = [kind for kind, wanted, evaluation, _, _ in REPORTS
+                   if wanted(run) and not _holds(evaluation, record, run.cfg.eval, packed=state == "archived")]
         if not lacking:
             continue
         what = " or ".join("task" if kind == "tasks" else kind for kind in lacking)
-        record = record_of(grid, run) if grid.archive else None
-        remove = (f"remove {'it and ' if state == 'done' else ''}its record {record}"
-                  if record is not None and record.is_dir() else "remove it (the archive no longer holds its record)")
-        states[run.name] = ("conflict", (
-            f"{'the record ' + str(record) if state == 'archived' else str(run_dir) + ' was restored from the archive'} "
-            f"without weights and holds no {what} evaluation under the grid's eval settings as they are now, so it "
-            f"cannot be in the reports; to train it again, {remove}"))
+        which = f"the record {archived}" if state == "archived" else f"{record} was restored from the archive"
+        remove = (f"remove {'it and ' if state == 'done' else ''}its record {archived}"
+                  if archived is not None and archived.is_dir() else "remove it (the archive no longer holds its record)")
+        states[run.name] = ("conflict", f"{which} without weights and holds no {what} evaluation under the grid's "
+                                        f"eval settings as they are now, so it cannot be in the reports; to train it "
+                                        f"again, {remove}")
 
 
 def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], failures: dict[str, str],

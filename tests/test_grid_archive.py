@@ -123,6 +123,11 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
     assert ablate.main([str(other_eval)]) == 1
     out = capsys.readouterr().out
     assert out.count("failed:") == 2 and f"remove it and its record {tmp_path / 'archive'}" in out and "evaluating" not in out
+    away = tmp_path / "away"  # a record taken out of the archive since it was restored here
+    shutil.move(tmp_path / "archive" / runs[0].name, away)
+    assert ablate.main([str(other_eval), "--dry-run", "--no-estimate"]) == 0
+    assert capsys.readouterr().out.count("remove it (the archive no longer holds its record)") == 1
+    shutil.move(away, tmp_path / "archive" / runs[0].name)
     fresh = tmp_path / "fresh-clone-runs"  # a dry run on a fresh clone reads the archive's own copies
     other_eval.write_text(other_eval.read_text().replace(str(tmp_path / "runs"), str(fresh)))
     assert ablate.main([str(other_eval), "--dry-run", "--no-estimate"]) == 0
