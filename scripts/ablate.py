@@ -55,10 +55,9 @@ from configs.schema import EvalConfig, RunConfig
 from configs.slurm import SlurmConfig
 from scripts.grid_estimate import (estimate_grid, print_estimates, print_wall_times, rows_ended, save_estimates,
                                    saved_estimates)
-from eval.diagnostics import DIAGNOSTICS, run_diagnostics
-from eval.driver import cached_result
-from eval.extrapolation import EXTRAPOLATION, run_extrapolation
-from eval.tasks import TASKS, check_planned, run_task_evaluation, wants_tasks
+from eval.diagnostics import run_diagnostics
+from eval.extrapolation import run_extrapolation
+from eval.tasks import check_planned, run_task_evaluation, wants_tasks
 from eval.report import check_report_dir
 from common.errors import UserError
 from training.provenance import CODE, git_commit, is_dirty
@@ -66,9 +65,9 @@ from common.cli import device_name, entry_point, positive_int, usage_when_empty
 from training.runtime import resolve_device
 from training.run_dir import RunDir
 from training.run_record import is_record, record_has_weights
-from training.saved_run import read_run_config
 from scripts.grid_deadline import Deadline, deadline_arg, describe, needs_from
 from scripts.grid_archive import archive_runs, record_of, restore_records
+from scripts.grid_jobs import not_cached
 from scripts.grid_local import run_all, slots_for
 from scripts.grid_status import print_status
 from scripts.run_state import status
@@ -93,38 +92,21 @@ def planned_eval(runs: list[PlannedRun]):
     return eval_for
 
 
-# What a grid's reports hold: (kind, which runs get it, its evaluation, the command's entry,
-# where its report goes under the grid's report directory).
-REPORTS = (("perplexity", lambda r: not is_synthetic(r), EXTRAPOLATION, run_extrapolation, ""),
-           ("tasks", lambda r: wants_tasks(r.cfg, r.cfg.eval), TASKS, run_task_evaluation, "tasks"),
-           ("diagnostics", wants_diagnostics, DIAGNOSTICS, run_diagnostics, "diagnostics"))
-
-
-def _holds(evaluation, record: RunDir, ev: EvalConfig, packed: bool) -> bool:
-    """Whether the record holds ``evaluation`` under ``ev``; ``packed``: the archive's own copy,
-    whose caches are gzipped (training/run_record.py)."""
-    cfg = read_run_config(record)
-    if packed:
-        return record.eval_cache(evaluation.name, evaluation.cache_key(cfg, ev)).with_suffix(".json.gz").is_file()
-    return cached_result(evaluation, record, cfg, ev) is not None
-
-
 def unevaluated_records(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]]) -> None:
     """Mark as a conflict each finished run restored from the archive without weights (or, in
-    a dry run, each such record the grid would restore) that holds no evaluation under the
-    grid's eval settings as they are now (more instances, other lengths since it was
-    archived): it cannot be evaluated anew, so it would only be missing from the reports after
-    the others had trained. Said before anything trains, with what to do."""
+    a dry run, each such record the grid would restore) that lacks an evaluation the grid
+    plans under its eval settings as they are now (more instances, other lengths since it was
+    archived): it cannot be evaluated anew, so it would fail only after the others had
+    trained. Said before anything trains, with what to do."""
     for run in runs:
         state, archived = states[run.name][0], record_of(grid, run) if grid.archive else None
         record = RunDir(archived) if state == "archived" else RunDir.of(run.cfg)
         if state not in ("archived", "done") or not is_record(record) or record_has_weights(record):
             continue
-        lacking = [kind for kind, wanted, evaluation, _, _ in REPORTS
-                   if wanted(run) and not _holds(evaluation, record, run.cfg.eval, packed=state == "archived")]
+        lacking = not_cached(run, record=archived if state == "archived" else None)
         if not lacking:
             continue
-        what = " or ".join("task" if kind == "tasks" else kind for kind in lacking)
+        what = " or ".join({"extrapolation": "perplexity", "tasks": "task"}.get(name, name) for name in lacking)
         which = f"the record {archived}" if state == "archived" else f"{record} was restored from the archive"
         remove = (f"remove {'it and ' if state == 'done' else ''}its record {archived}"
                   if archived is not None and archived.is_dir() else "remove it (the archive no longer holds its record)")
@@ -139,8 +121,10 @@ def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], fai
     text, task accuracy for those that want it (see the module doc)."""
     eval_for = planned_eval(runs)
     reports = {}
-    for kind, wanted, _, evaluate_runs, sub in REPORTS:
-        out = grid.report_dir / sub if sub else grid.report_dir
+    for kind, wanted, evaluate_runs, out in (
+            ("perplexity", lambda r: not is_synthetic(r), run_extrapolation, grid.report_dir),
+            ("tasks", lambda r: wants_tasks(r.cfg, r.cfg.eval), run_task_evaluation, grid.report_dir / "tasks"),
+            ("diagnostics", wants_diagnostics, run_diagnostics, grid.report_dir / "diagnostics")):
         chosen = [r for r in finished if wanted(r)]
         if not chosen:
             continue

@@ -64,8 +64,14 @@ def eval_commands(run: PlannedRun, device: str) -> list[list[str]]:
              "--cache-only", "--device", device] for module in planned_evaluations(run)]
 
 
-def not_cached(run: PlannedRun) -> list[str]:
-    """The evaluations the grid plans for ``run`` that are not cached for its newest checkpoint."""
+def not_cached(run: PlannedRun, record: Optional[Path] = None) -> list[str]:
+    """The evaluations the grid plans for ``run`` that are not cached for its newest checkpoint;
+    ``record``: those its record in the grid's archive lacks (caches packed there,
+    training/run_record.py), before it is restored."""
+    if record is not None:
+        packed = RunDir(record)
+        return [e.name for e in planned_evaluations(run).values()
+                if not packed.eval_cache(e.name, e.cache_key(run.cfg, run.cfg.eval)).with_suffix(".json.gz").is_file()]
     run_dir = RunDir.of(run.cfg)
     return [e.name for e in planned_evaluations(run).values()
             if cached_result(e, run_dir, run.cfg, run.cfg.eval) is None]
