@@ -69,9 +69,9 @@ def not_cached(run: PlannedRun, record: Optional[Path] = None) -> list[str]:
     ``record``: those its record in the grid's archive lacks (caches packed there,
     training/run_record.py), before it is restored."""
     if record is not None:
-        packed = RunDir(record)
-        return [e.name for e in planned_evaluations(run).values()
-                if not packed.eval_cache(e.name, e.cache_key(run.cfg, run.cfg.eval)).with_suffix(".json.gz").is_file()]
+        packed = RunDir(record).eval_dir
+        return [e.name for e, cache in zip(planned_evaluations(run).values(), planned_caches(run))
+                if not (packed / f"{cache.name}.gz").is_file()]
     run_dir = RunDir.of(run.cfg)
     return [e.name for e in planned_evaluations(run).values()
             if cached_result(e, run_dir, run.cfg, run.cfg.eval) is None]
