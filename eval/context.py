@@ -32,8 +32,9 @@ from typing import Optional
 
 import numpy as np
 
+from eval.intervals import length_interval
 from eval.labels import label_order, replicate_units, units_of
-from eval.stats import Cell, Contrast, cell_contrast, contrast, length_interval
+from eval.stats import Cell, Contrast, cell_contrast, contrast
 from eval.tables import _cells_rows, train_lengths
 
 GAIN_SHORT = (8, 16)  # the short-context bin of the context gain

@@ -30,7 +30,7 @@ from eval.labels import label_groups
 from eval.needle_report import needle_section
 from eval.report import write_report_files
 from eval.report_runs import missing_lines, provenance
-from eval.stats import t_interval
+from eval.intervals import t_interval
 
 LINEAR = ("linear attention forms no attention matrix (its weights φ(q)ᵀφ(k), rotated in the numerator only, "
           "are not a distribution), so entropy, distance, sinks and needle mass do not apply; the q·k norm "

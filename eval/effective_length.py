@@ -37,8 +37,9 @@ from typing import Optional, Sequence
 
 import numpy as np
 
+from eval.intervals import length_interval
 from eval.labels import label_order
-from eval.stats import length_interval, unit_weights
+from eval.stats import unit_weights
 
 
 def effective_length(curve: dict[int, Optional[float]], reference: int, fraction: float,

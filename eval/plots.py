@@ -22,7 +22,7 @@ import numpy as np  # noqa: E402
 from matplotlib.ticker import Formatter, FuncFormatter, LogLocator, NullFormatter, NullLocator  # noqa: E402
 
 from eval.labels import encoding_label, with_scaling  # noqa: E402
-from eval.stats import pooled_curve  # noqa: E402
+from eval.intervals import pooled_curve  # noqa: E402
 from model.encodings import KINDS  # noqa: E402
 
 

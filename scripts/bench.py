@@ -32,7 +32,7 @@ against the code at REV (a temporary git worktree) and against this tree, back t
 and the table shows both and their ratio. On a shared machine one process can run up to
 1.5× faster than the next with the same code, so ``--rounds N`` repeats the pair N times,
 alternating which side goes first, and reports the median of the N paired ratios with
-its distribution-free 95% interval (eval/stats.py ``median_interval``; 6 rounds or more).
+its distribution-free 95% interval (eval/intervals.py ``median_interval``; 6 rounds or more).
 
 Training steps run on random tokens, except for a synthetic-task config
 (``data.source: synthetic``), whose step draws its task's instances as training does.
@@ -63,7 +63,7 @@ import configs
 from configs import load_config
 from model.config import ATTENTION_KINDS, POS_KINDS
 from common.errors import ConfigError, UserError
-from eval.stats import median_interval
+from eval.intervals import median_interval
 from scripts.bench_report import headline, print_comparison, print_shape
 from scripts.bench_worker import PROMPT, bench_config, run_section, variant_name
 from common.cli import check_output_file, entry_point

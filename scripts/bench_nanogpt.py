@@ -19,7 +19,7 @@ times from its log (``iter N: … time X ms``, evaluation included), ours the
 its loss on the train and the validation split at each evaluation, so our runs score 40
 validation batches (``train.eval_batches=40``) where the recipe scores 20: the same
 forward passes. The ratios ours / nanoGPT are taken within each round; the summary gives
-their median with a distribution-free 95% interval (eval/stats.py ``median_interval``,
+their median with a distribution-free 95% interval (eval/intervals.py ``median_interval``,
 6 rounds or more) and the final validation losses of both.
 
 ``--paired N`` measures the two models' training steps instead, in one process: nanoGPT's
@@ -60,7 +60,7 @@ from common.cli import check_output_file, entry_point, positive_int
 from common.errors import ArgumentError, UserError
 from configs import load_config
 from model.config import POS_KINDS
-from eval.stats import median_interval
+from eval.intervals import median_interval
 from scripts.bench import git_commit_of, machine
 from scripts.bench_worker import CHAR_VOCAB, bench_config, step_data, top_ops
 from training.runtime import setup_runtime, time_calls

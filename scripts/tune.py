@@ -40,7 +40,7 @@ from common.cli import entry_point, non_negative_int, usage_when_empty
 from common.errors import ConfigError, DataError
 from configs.experiment import experiment_identity
 from configs.grid import Grid, PlannedRun, load_grid, row_of
-from eval.stats import t_interval
+from eval.intervals import t_interval
 from scripts.run_state import status
 from scripts.grid_archive import restore_records
 from training.run_dir import RunDir
