@@ -50,7 +50,7 @@ from eval.report import check_report_dir
 from model.config import SCALING_TYPES
 from model.encodings import KINDS, accepts_rope_scaling, kinds_where, served_length
 from training.checkpoint import read_meta
-from training.competence import logged_earlier_check
+from training.competence import logged_progress
 from training.memory import Estimate, check_fits
 from training.run_dir import RunDir
 from training.runtime import resolve_device
@@ -256,10 +256,10 @@ def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, 
         cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"), cached["meta"].get("parent"))
         # The settings outside the key (the report's reference row, …) are today's.
         cached["meta"]["eval"] = dataclasses.asdict(ev)
-        # Scored before the report said how a budget-out run was going: its metrics say.
-        if "competence_earlier" not in cached["meta"] and (
-                earlier := logged_earlier_check(run.metrics, cached["meta"].get("competence"))):
-            cached["meta"]["competence_earlier"] = earlier
+        # Scored before the report said how a run learned (the check four fifths of the way to a
+        # budget's end, every check's accuracy): its metrics say.
+        for key, value in logged_progress(run.metrics, cached["meta"].get("competence")).items():
+            cached["meta"].setdefault(key, value)
         evaluation.refresh(cached["meta"], run, cfg, ev)
         return cached["meta"], cached["rows"], cached[evaluation.result]
     cells = Cells(path.with_suffix(".partial.jsonl"), ckpt.name if ckpt is not None else None) \

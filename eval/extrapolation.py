@@ -49,7 +49,7 @@ from common.errors import NonFiniteOutput, UserError
 from model.positional.rope import RoPE
 from model.positional.rope_scaling import effective_scale
 from common.cli import entry_point
-from training.competence import logged_earlier_check
+from training.competence import logged_progress
 from training.metrics import steady_train_seconds
 from training.provenance import git_commit, is_dirty
 from training.run_dir import RunDir
@@ -97,8 +97,7 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
             "parent": meta.get("parent"),
             "checkpoint": saved.checkpoint.name, "eval": dataclasses.asdict(ev),
             **({"competence": meta["competence"]} if meta.get("competence") else {}),
-            **({"competence_earlier": earlier} if (earlier := logged_earlier_check(metrics, meta.get("competence")))
-               else {})}
+            **logged_progress(metrics, meta.get("competence"))}
 
 
 def _check_finished(saved: SavedRun, allow_unfinished: bool) -> None:

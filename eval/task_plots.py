@@ -1,5 +1,6 @@
-"""Figures for task reports: accuracy vs length per task, and heatmaps over length (needle depth
-× length for passkey and multikey, first-error position × length for copy and addition)."""
+"""Figures for task reports: accuracy vs length per task, heatmaps over length (needle depth
+× length for passkey and multikey, first-error position × length for copy and addition), and
+each seed's accuracy at L during training."""
 
 from __future__ import annotations
 
@@ -13,7 +14,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from eval.labels import label_order  # noqa: E402
-from eval.plots import plain_ticks, finish, mark_train_len, style  # noqa: E402
+from eval.plots import PlainFormatter, plain_ticks, finish, mark_train_len, style  # noqa: E402
 
 
 def plot_accuracy(table: dict[str, dict[int, dict]], train_lens: list[int], path: Path, title: str) -> None:
@@ -61,6 +62,39 @@ def plot_heatmaps(grids: dict[str, tuple[list, list[int], np.ndarray]], path: Pa
     for ax in list(axes.flat)[len(labels):]:
         ax.axis("off")
     fig.colorbar(image, ax=axes, label=scale, shrink=0.9)  # every panel shares vmin 0, vmax 1
+    fig.suptitle(title, fontsize=10)
+    fig.savefig(path, dpi=130)
+    plt.close(fig)
+
+
+def plot_learning(curves: dict[str, dict[int, tuple[list[int], list[float]]]], threshold: float, path: Path,
+                  title: str) -> None:
+    """Validation accuracy at L against training step: a panel per row label, a line per seed
+    (``curves``: label -> seed -> (steps, accuracies)), the stop's threshold dashed. A line that
+    ends before the budget stopped at competence; one that runs to the end did not."""
+    labels = sorted(curves, key=label_order)
+    cols = min(3, len(labels))
+    rows = (len(labels) + cols - 1) // cols
+    fig, axes = plt.subplots(rows, cols, figsize=(max(5.0, 4.2 * cols), 2.8 * rows), squeeze=False,
+                             sharex=True, sharey=True, layout="constrained")
+    for ax, label in zip(axes.flat, labels):
+        for i, seed in enumerate(sorted(curves[label])):
+            steps, accuracy = curves[label][seed]
+            st = style(i)
+            ax.plot(steps, accuracy, color=st["color"], linestyle=st["linestyle"], linewidth=1.1, alpha=0.9,
+                    label=f"seed {seed}")
+        ax.axhline(threshold, color="grey", linestyle="--", linewidth=0.8)
+        ax.set_ylim(-0.03, 1.03)
+        ax.grid(True, alpha=0.3)
+        ax.set_title("\n".join(textwrap.wrap(label, 48)), fontsize=9)
+        ax.legend(fontsize=6, loc="upper left")
+        ax.xaxis.set_major_formatter(PlainFormatter())
+    for ax in axes[-1]:
+        ax.set_xlabel("training step", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("accuracy at L", fontsize=8)
+    for ax in list(axes.flat)[len(labels):]:
+        ax.axis("off")
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=130)
     plt.close(fig)

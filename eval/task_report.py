@@ -19,10 +19,10 @@ seed's accuracy, those that did not learn the task in parentheses.
 
 Where a seed's test instances cannot settle whether it learned the task (the one-sided 95%
 Wilson bound of its accuracy at R on the other side of the threshold), a table names it and
-the range the row's learned count spans (eval/task_borderline.py). Each task adds its
-effective length (eval/effective_length.py); passkey and multikey add
-depth × length heatmaps and, where a seed did not learn the task, its accuracy by depth at R
-(eval/task_depth.py), passkey k_max per seed (eval/kmax.py), and every task where the
+the range the row's learned count spans (eval/task_borderline.py). Each task adds its seeds'
+accuracy at L during training (eval/task_learning.py) and its effective length
+(eval/effective_length.py); passkey and multikey add depth × length heatmaps and, where a
+seed did not learn the task, its accuracy by depth at R (eval/task_depth.py), passkey k_max per seed (eval/kmax.py), and every task where the
 first error falls (eval/task_positions.py; copy and addition in multiples of the answer's
 length, the others by answer token; tasks other than copy and addition once scored with it;
 a row no seed learned shows every seed's, marked), and where the answer is one of the
@@ -53,6 +53,7 @@ from eval.task_plots import plot_accuracy, plot_heatmaps
 from eval.task_answers import answers_section
 from eval.task_borderline import borderline_section
 from eval.task_depth import depth_section
+from eval.task_learning import learning_section
 from eval.task_positions import positions_section
 
 
@@ -337,6 +338,7 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
     plot_accuracy(table, train_lens, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy")
     kept, settings = pooled_seeds(runs, rows, task)[0], {r["run"]: settings_of(r) for r in runs}
     everyone, meta = by_seed(runs, rows, task), {r["run"]: r for r in runs}
+    md += learning_section(task, everyone, meta, out)
     status = {run: learned(meta[run], by_length) for per_run in everyone.values() for run, by_length in per_run.items()}
     md += borderline_section(task, everyone, status, settings)
     reference = task_reference(runs, label_rows(runs, task_rows))
@@ -354,7 +356,7 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
             + answers_section(task, kept, everyone, replicate_units(runs)))
 
 
-TASK_FIGURES = ("accuracy_*.png", "*_heatmap.png", "*_first_error.png")
+TASK_FIGURES = ("accuracy_*.png", "*_heatmap.png", "*_first_error.png", "*_learning.png")
 
 
 def variant_lines(runs: list[dict]) -> list[str]:

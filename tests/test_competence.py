@@ -15,7 +15,7 @@ from configs import load_config
 from test_train import stop_after
 from eval.driver import pooling_group
 from training.checkpoint import read_meta
-from training.competence import CompetenceStop, earlier_check, reached_competence
+from training.competence import CompetenceStop, accuracy_curve, earlier_check, logged_progress, reached_competence
 from training.run_dir import RunDir
 
 
@@ -141,6 +141,13 @@ def test_a_budget_that_runs_out_is_stated(tmp_path, capsys):
     earlier = earlier_check(logged, meta["competence"])
     assert earlier == {"step": 4, "accuracy": {"copy": next(r["val_acc_copy"] for r in logged if r["step"] == 4
                                                             and "val_acc_copy" in r)}}
+    # Every check's accuracy, in step order, for the report's figure; both read from the file.
+    checks = [(r["step"], r["val_acc_copy"]) for r in logged if "val_acc_copy" in r]
+    progress = logged_progress(RunDir(tmp_path / "runs" / "short").metrics, meta["competence"])
+    assert progress == {"competence_earlier": earlier, "competence_curve": {
+        "steps": [4, 8], "accuracy": {"copy": [round(a, 4) for _, a in checks]}}}
+    assert logged_progress(tmp_path / "missing.jsonl", meta["competence"]) == {}
+    assert logged_progress(RunDir(tmp_path / "runs" / "short").metrics, None) == {}
 
 
 def test_the_earlier_check_by_hand():
@@ -154,6 +161,21 @@ def test_the_earlier_check_by_hand():
     assert earlier_check(logged, competence, share=0.2) is None  # no check by step 200
     assert earlier_check(logged, {**competence, "reached": True, "step": 1000}) is None
     assert earlier_check(logged, {**competence, "checked_at": None}) is None
+
+
+def test_the_accuracy_curve_by_hand():
+    """Every check at which each task was logged, in step order, one value a step (the last);
+    a run reached or not alike; nothing without a record of the tasks or a check."""
+    competence = {"reached": True, "threshold": 0.98, "accuracy": {"a": 0.99, "b": 0.98}, "checked_at": 750}
+    logged = [{"step": 500, "val_acc_a": 0.5, "val_acc_b": 0.25}, {"step": 250, "val_acc_a": 0.1, "val_acc_b": 0.0},
+              {"step": 600, "loss": 1.0}, {"step": 700, "val_acc_a": 0.8},  # b not logged: not a check
+              {"step": 750, "val_acc_a": 0.9, "val_acc_b": 0.9}, {"step": 750, "val_acc_a": 0.99, "val_acc_b": 0.98},
+              {"val_acc_a": 1.0, "val_acc_b": 1.0}]  # no step
+    assert accuracy_curve(logged, competence) == {"steps": [250, 500, 750],
+                                                  "accuracy": {"a": [0.1, 0.5, 0.99], "b": [0.0, 0.25, 0.98]}}
+    assert accuracy_curve(logged, {**competence, "accuracy": {}}) is None
+    assert accuracy_curve(logged, None) is None
+    assert accuracy_curve([{"step": 4, "loss": 2.0}], competence) is None
 
 
 def test_seeds_trained_to_competence_pool_whatever_their_tokens(tmp_path):

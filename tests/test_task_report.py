@@ -10,8 +10,9 @@ import pytest
 from eval.effective_length import effective_length, effective_text, row_effective_length
 from eval.report_runs import evaluation_provenance
 from eval.stats import t_quantile, wilson_interval
+from eval.task_learning import learning_curves
 from eval.task_positions import first_error_grid, token_edges
-from eval.task_report import _competence, write_task_report
+from eval.task_report import _competence, by_seed, write_task_report
 
 
 def test_effective_length_by_hand():
@@ -235,8 +236,31 @@ def test_a_task_report_replaces_an_earlier_ones_figures_it_no_longer_draws(tmp_p
     write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
     assert not (tmp_path / "accuracy_passkey.png").exists()
     assert (tmp_path / "accuracy_copy.png").read_bytes()[:4] == b"\x89PNG"
+    assert not (tmp_path / "copy_learning.png").exists()  # its run recorded no curve
     assert "×" in (tmp_path / "report.md").read_text(encoding="utf-8")
     assert not [p for p in tmp_path.iterdir() if p.name.startswith(".")]  # no temporary file left
+
+
+def test_each_seeds_accuracy_during_training_is_drawn_per_row(tmp_path):
+    """Seed 0 stopped at competence, seed 1 ran out; a run without a recorded curve is left out."""
+    curves = {0: {"steps": [100, 200, 300], "accuracy": {"copy": [0.1, 0.6, 0.99]}},
+              1: {"steps": [100, 200, 300, 400], "accuracy": {"copy": [0.0, 0.25, 0.25, 0.3]}}}
+    runs = [{"run": f"r{s}", "name": f"rope_seed-{s}", "encoding": "rope", "group": "g", "stem": "rope", "seed": s,
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
+             "tasks_trained": ["copy"], "competence": {"reached": s == 0, "threshold": 0.98, "step": 300},
+             **({"competence_curve": curves[s]} if s in curves else {})} for s in (0, 1, 2)]
+    rows = [cell_row(f"r{s}", s, n, 10, first_error=[16] * 10, answer_tokens=[16] * 10)
+            for s in (0, 1, 2) for n in (32, 64)]
+    everyone = by_seed(runs, rows, "copy")
+    drawn, threshold = learning_curves("copy", everyone, {r["run"]: r for r in runs})
+    assert threshold == 0.98 and list(drawn) == ["rope"]
+    assert drawn["rope"] == {0: ([100, 200, 300], [0.1, 0.6, 0.99]), 1: ([100, 200, 300, 400], [0.0, 0.25, 0.25, 0.3])}
+    assert learning_curves("passkey", everyone, {r["run"]: r for r in runs}) == ({}, None)  # not a task they logged
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    assert "![copy: accuracy at L during training](copy_learning.png)" in report
+    assert "(dashed: the stop's threshold, 0.98)" in report
+    assert (tmp_path / "copy_learning.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_fine_tunes_of_shorter_parents_head_lengths_by_the_parents_length(tmp_path):

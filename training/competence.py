@@ -105,14 +105,33 @@ def earlier_check(records: Iterable[dict], competence: dict, share: float = 0.8)
     return {"step": check["step"], "accuracy": {t: check[f"val_acc_{t}"] for t in tasks}}
 
 
-def logged_earlier_check(metrics_path, competence: Optional[dict]) -> Optional[dict]:
-    """``earlier_check`` from a run's metrics.jsonl; None where the file cannot be read."""
-    if not competence or competence.get("reached"):
+def accuracy_curve(records: Iterable[dict], competence: Optional[dict]) -> Optional[dict]:
+    """Every check's accuracy at L of a run trained to competence (``competence``: its meta.json
+    record), from its metrics.jsonl ``records``: {"steps": [...], "accuracy": {task: [...]}},
+    in step order, so a report can draw how each seed learned (a plateau at chance, a late
+    rise, a stop); one value a step, the last logged. None without a check."""
+    tasks = list((competence or {}).get("accuracy") or {})
+    checks = {r["step"]: r for r in records if isinstance(r.get("step"), int)
+              and all(isinstance(r.get(f"val_acc_{t}"), (int, float)) for t in tasks)} if tasks else {}
+    if not checks:
         return None
+    steps = sorted(checks)
+    return {"steps": steps, "accuracy": {t: [round(float(checks[s][f"val_acc_{t}"]), 4) for s in steps] for t in tasks}}
+
+
+def logged_progress(metrics_path, competence: Optional[dict]) -> dict:
+    """What a report says of how a run trained to competence learned, from its metrics.jsonl:
+    ``competence_earlier`` (``earlier_check``) and ``competence_curve`` (``accuracy_curve``),
+    each where there is one; {} where the file cannot be read."""
+    if not competence:
+        return {}
     try:
-        return earlier_check(read_records(metrics_path), competence)
+        records = read_records(metrics_path)
     except (OSError, UnicodeDecodeError):
-        return None
+        return {}
+    found = {"competence_earlier": earlier_check(records, competence),
+             "competence_curve": accuracy_curve(records, competence)}
+    return {key: value for key, value in found.items() if value}
 
 
 def reached_competence(meta: dict) -> bool:
