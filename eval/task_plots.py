@@ -89,12 +89,14 @@ def plot_learning(curves: dict[str, dict[int, tuple[list[int], list[float]]]], t
         ax.set_title("\n".join(textwrap.wrap(label, 48)), fontsize=9)
         ax.legend(fontsize=6, loc="upper left")
         ax.xaxis.set_major_formatter(PlainFormatter())
-    for ax in axes[-1]:
-        ax.set_xlabel("training step", fontsize=8)
-    for ax in axes[:, 0]:
-        ax.set_ylabel("accuracy at L", fontsize=8)
     for ax in list(axes.flat)[len(labels):]:
         ax.axis("off")
+    for col in range(cols):  # the lowest panel drawn in each column carries the step axis
+        lowest = axes[(len(labels) - 1 - col) // cols, col]
+        lowest.xaxis.set_tick_params(labelbottom=True)
+        lowest.set_xlabel("training step", fontsize=8)
+    for ax in axes[:, 0]:
+        ax.set_ylabel("accuracy at L", fontsize=8)
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=130)
     plt.close(fig)
