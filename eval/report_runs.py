@@ -1,5 +1,6 @@
 """The report's "Runs" section: which commits trained and evaluated the runs, where fine-tunes
-started, and a table of the runs with their sizes and wall times."""
+started, and a table of the runs with their sizes and wall times (a task report's with each
+run's competence outcome instead)."""
 
 from __future__ import annotations
 
@@ -129,6 +130,37 @@ def runs_table(runs: list[dict]) -> list[str]:
     train, evaluation, together = durations(train, evaluation, train + evaluation)
     lines += ["", f"Wall time (this machine): training {train}, evaluation {evaluation}, together {together}."]
     return lines
+
+
+def competence_text(run: dict) -> str:
+    """A run's competence outcome for a task report's runs table: the step it stopped at, or
+    **not reached** with its accuracy at the end and at its check four fifths of the way."""
+    record = run.get("competence")
+    if not record:
+        return "–"
+    checks = record.get("checks", 1)  # train.stop_checks: the passing checks in a row that stop a run
+    if record.get("reached"):
+        return f"at step {record['step']:,}" + (f" ({checks} checks in a row)" if checks > 1 else "")
+    # Three decimals: the competence check scores 256 instances (steps of 0.004), so two would
+    # print 0.977 against a threshold of 0.98 as "0.98 < 0.98".
+    accuracy = ", ".join(f"{a:.3f}" for a in (record.get("accuracy") or {}).values())
+    earlier = run.get("competence_earlier")  # the check four fifths of the way: still learning, or stalled?
+    before = (f"; {', '.join(f'{a:.3f}' for a in earlier['accuracy'].values())} at step {earlier['step']:,}"
+              if earlier else "")
+    if record.get("streak"):  # the budget ended between the first passing check and the last one asked for
+        return (f"**not reached** ({accuracy} ≥ {record['threshold']:g} at {record['streak']} of {checks} checks"
+                f"{before})")
+    return f"**not reached** ({accuracy} < {record['threshold']:g}{before})"
+
+
+def task_runs_table(runs: list[dict]) -> list[str]:
+    out = ["| run | encoding | trained on | seed | params | tokens trained | train length | competence at L | commit |",
+           "|---|---|---|---:|---:|---:|---:|---|---|"]
+    for run in runs:
+        out.append(f"| {run['name']} | {run['encoding']} | {run.get('trained_on', '')} | {run['seed']} | "
+                   f"{run['params']:,} | {(run['tokens_trained'] or 0):,} | {run['train_len']} | {competence_text(run)} | "
+                   f"{(run['git_commit'] or '')[:10]} |")
+    return out
 
 
 def missing_lines(missing: list[dict]) -> list[str]:

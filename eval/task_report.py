@@ -45,7 +45,7 @@ from eval.kmax import __doc__ as KMAX_DOC
 from eval.labels import (encoding_label, label_order, parents_note, replicate_unit, replicate_units, units_of,
                          with_scaling)
 from eval.report import write_report_files
-from eval.report_runs import commit_lines, evaluation_provenance, missing_lines, schedule_lines
+from eval.report_runs import commit_lines, evaluation_provenance, missing_lines, schedule_lines, task_runs_table
 from eval.stats import pooled_accuracy_interval
 from eval.tables import length_table, train_lengths
 from eval.task_compare import comparison_section, task_reference
@@ -279,35 +279,6 @@ def summary_table(tables: dict[str, dict[str, dict[int, dict]]], lengths: list[i
     return _table(["task", "row", "seeds learned"], tables, lengths, _accuracy_cell, mark)
 
 
-def _competence(run: dict) -> str:
-    record = run.get("competence")
-    if not record:
-        return "–"
-    checks = record.get("checks", 1)  # train.stop_checks: the passing checks in a row that stop a run
-    if record.get("reached"):
-        return f"at step {record['step']:,}" + (f" ({checks} checks in a row)" if checks > 1 else "")
-    # Three decimals: the competence check scores 256 instances (steps of 0.004), so two would
-    # print 0.977 against a threshold of 0.98 as "0.98 < 0.98".
-    accuracy = ", ".join(f"{a:.3f}" for a in (record.get("accuracy") or {}).values())
-    earlier = run.get("competence_earlier")  # the check four fifths of the way: still learning, or stalled?
-    before = (f"; {', '.join(f'{a:.3f}' for a in earlier['accuracy'].values())} at step {earlier['step']:,}"
-              if earlier else "")
-    if record.get("streak"):  # the budget ended between the first passing check and the last one asked for
-        return (f"**not reached** ({accuracy} ≥ {record['threshold']:g} at {record['streak']} of {checks} checks"
-                f"{before})")
-    return f"**not reached** ({accuracy} < {record['threshold']:g}{before})"
-
-
-def _runs_table(results: dict) -> list[str]:
-    out = ["| run | encoding | trained on | seed | params | tokens trained | train length | competence at L | commit |",
-           "|---|---|---|---:|---:|---:|---:|---|---|"]
-    for run in results["runs"]:
-        out.append(f"| {run['name']} | {run['encoding']} | {run.get('trained_on', '')} | {run['seed']} | "
-                   f"{run['params']:,} | {(run['tokens_trained'] or 0):,} | {run['train_len']} | {_competence(run)} | "
-                   f"{(run['git_commit'] or '')[:10]} |")
-    return out
-
-
 HEADER = ("A cell is the exact-match accuracy (an instance counts only if every answer token is the model's most "
           "likely next token; training/exact_match.py) pooled over the seeds of a row that learned the task (accuracy "
           "at the reference length R, the training length L unless the runs' eval.tasks.reference_length says "
@@ -391,7 +362,7 @@ def _write_markdown(results: dict, out: Path) -> str:
               f", fine-tuned from parents trained at L₀ = {base}; tables head lengths by their multiple of L₀"
               if base else "") + ". " + HEADER, *parents_note(runs),
           "", "## Runs", "", *commit_lines(runs), *evaluation_provenance(rows), *variant_lines(runs), "",
-          *_runs_table(results)]
+          *task_runs_table(results["runs"])]
     for line in schedule_lines(runs):
         md += ["", line]
     if results.get("missing"):

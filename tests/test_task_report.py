@@ -8,11 +8,11 @@ import numpy as np
 import pytest
 
 from eval.effective_length import effective_length, effective_text, row_effective_length
-from eval.report_runs import evaluation_provenance
+from eval.report_runs import competence_text, evaluation_provenance
 from eval.stats import t_quantile, wilson_interval
 from eval.task_learning import learning_curves
 from eval.task_positions import first_error_grid, token_edges
-from eval.task_report import _competence, by_seed, write_task_report
+from eval.task_report import by_seed, write_task_report
 
 
 def test_effective_length_by_hand():
@@ -95,12 +95,12 @@ def cell_row(run: str, seed: int, length: int, correct: int, total: int = 10, **
 
 
 def test_the_runs_table_names_the_checks_in_a_row_a_stop_asked_for():
-    assert _competence({"competence": {"reached": True, "step": 300}}) == "at step 300"  # written before the key
-    assert _competence({"competence": {"reached": True, "step": 300, "checks": 2}}) == "at step 300 (2 checks in a row)"
-    assert _competence({"competence": {"reached": True, "step": 7750}}) == "at step 7,750"  # as every other step
+    assert competence_text({"competence": {"reached": True, "step": 300}}) == "at step 300"  # written before the key
+    assert competence_text({"competence": {"reached": True, "step": 300, "checks": 2}}) == "at step 300 (2 checks in a row)"
+    assert competence_text({"competence": {"reached": True, "step": 7750}}) == "at step 7,750"  # as every other step
     # The budget ended right after a first passing check of the two asked for.
     ran_out = {"reached": False, "threshold": 0.98, "accuracy": {"copy": 0.984}, "checks": 2, "streak": 1}
-    assert _competence({"competence": ran_out}) == "**not reached** (0.984 ≥ 0.98 at 1 of 2 checks)"
+    assert competence_text({"competence": ran_out}) == "**not reached** (0.984 ≥ 0.98 at 1 of 2 checks)"
 
 
 def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
