@@ -22,10 +22,11 @@ Wilson bound of its accuracy at R on the other side of the threshold), a table n
 the range the row's learned count spans (eval/task_borderline.py). Each task adds its seeds'
 accuracy at L during training (eval/task_learning.py) and its effective length
 (eval/effective_length.py); passkey and multikey add depth × length heatmaps and, where a
-seed did not learn the task, its accuracy by depth at R (eval/task_depth.py), passkey k_max per seed (eval/kmax.py), and every task where the
-first error falls (eval/task_positions.py; copy and addition in multiples of the answer's
-length, the others by answer token; tasks other than copy and addition once scored with it;
-a row no seed learned shows every seed's, marked), and where the answer is one of the
+seed did not learn the task, its accuracy by depth at R (eval/task_depth.py), passkey k_max
+per seed (eval/kmax.py), and every task where the first error falls
+(eval/task_positions.py; copy and addition in multiples of the answer's length, the others
+by answer token; tasks other than copy and addition once scored with it; a row no seed
+learned shows every seed's, marked), and where the answer is one of the
 prompt's candidates, what the wrong answers were (eval/task_answers.py: another candidate
 copied, and whether it sat nearer the question than the asked needle).
 """
