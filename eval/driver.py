@@ -256,10 +256,10 @@ def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, 
         cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"), cached["meta"].get("parent"))
         # The settings outside the key (the report's reference row, …) are today's.
         cached["meta"]["eval"] = dataclasses.asdict(ev)
-        # Scored before the report said how a run learned (the check four fifths of the way to a
-        # budget's end, every check's accuracy): its metrics say.
-        for key, value in logged_progress(run.metrics, cached["meta"].get("competence")).items():
-            cached["meta"].setdefault(key, value)
+        # Scored before the report drew how a run learned (caches since hold it): its metrics say.
+        if "competence_curve" not in cached["meta"]:
+            for key, value in logged_progress(run.metrics, cached["meta"].get("competence")).items():
+                cached["meta"].setdefault(key, value)
         evaluation.refresh(cached["meta"], run, cfg, ev)
         return cached["meta"], cached["rows"], cached[evaluation.result]
     cells = Cells(path.with_suffix(".partial.jsonl"), ckpt.name if ckpt is not None else None) \

@@ -37,18 +37,29 @@ def plot_accuracy(table: dict[str, dict[int, dict]], train_lens: list[int], path
     finish(fig, ax, "evaluated length (positions)", "exact-match accuracy (95% interval)", title, path)
 
 
+def panels(labels: list[str], width: float, height: float, **subplots):
+    """(fig, axes, [(ax, label)]) for a panel per row label, three to a row, each titled with its
+    label (wrapped, so a long row name stays over its panel); the grid's spare panels hidden.
+    ``width``: the figure's extra width beyond the panels'; ``height``: one row's."""
+    cols = min(3, len(labels))
+    rows = (len(labels) + cols - 1) // cols
+    # Constrained layout leaves room for a colour bar beside the panels (tight_layout cannot).
+    fig, axes = plt.subplots(rows, cols, figsize=(max(5.0, 4.2 * cols) + width, height * rows), squeeze=False,
+                             layout="constrained", **subplots)
+    for ax, label in zip(axes.flat, labels):
+        ax.set_title("\n".join(textwrap.wrap(label, 48)), fontsize=9)
+    for ax in list(axes.flat)[len(labels):]:
+        ax.axis("off")
+    return fig, axes, list(zip(axes.flat, labels))
+
+
 def plot_heatmaps(grids: dict[str, tuple[list, list[int], np.ndarray]], path: Path, title: str,
                   ylabel: str = "needle depth", scale: str = "accuracy") -> None:
     """One panel per row label, a row per y value (a depth, or a bin's name) and a column per
     length: the value in colour (the colour bar's scale, 0 to 1) and digits, NaN (n/a) grey."""
-    labels = sorted(grids, key=label_order)
-    cols = min(3, len(labels))
-    rows = (len(labels) + cols - 1) // cols
-    # Constrained layout leaves room for the colour bar beside the panels (tight_layout cannot).
-    fig, axes = plt.subplots(rows, cols, figsize=(max(5.0, 4.2 * cols) + 1.0, 3.0 * rows), squeeze=False,
-                             layout="constrained")
+    fig, axes, drawn = panels(sorted(grids, key=label_order), 1.0, 3.0)
     cmap = matplotlib.colormaps["viridis"].with_extremes(bad="lightgrey")  # n/a cells
-    for ax, label in zip(axes.flat, labels):
+    for ax, label in drawn:
         depths, lengths, acc = grids[label]
         image = ax.imshow(np.ma.masked_invalid(acc), cmap=cmap, vmin=0, vmax=1, aspect="auto", origin="upper")
         for (i, j), value in np.ndenumerate(acc):
@@ -58,9 +69,6 @@ def plot_heatmaps(grids: dict[str, tuple[list, list[int], np.ndarray]], path: Pa
         ax.set_yticks(range(len(depths)), [d if isinstance(d, str) else f"{d:g}" for d in depths], fontsize=7)
         ax.set_xlabel("length", fontsize=8)
         ax.set_ylabel(ylabel, fontsize=8)
-        ax.set_title("\n".join(textwrap.wrap(label, 48)), fontsize=9)  # a long row name stays over its panel
-    for ax in list(axes.flat)[len(labels):]:
-        ax.axis("off")
     fig.colorbar(image, ax=axes, label=scale, shrink=0.9)  # every panel shares vmin 0, vmax 1
     fig.suptitle(title, fontsize=10)
     fig.savefig(path, dpi=130)
@@ -73,11 +81,9 @@ def plot_learning(curves: dict[str, dict[int, tuple[list[int], list[float]]]], t
     (``curves``: label -> seed -> (steps, accuracies)), the stop's threshold dashed. A line that
     ends before the budget stopped at competence; one that runs to the end did not."""
     labels = sorted(curves, key=label_order)
-    cols = min(3, len(labels))
-    rows = (len(labels) + cols - 1) // cols
-    fig, axes = plt.subplots(rows, cols, figsize=(max(5.0, 4.2 * cols), 2.8 * rows), squeeze=False,
-                             sharex=True, sharey=True, layout="constrained")
-    for ax, label in zip(axes.flat, labels):
+    fig, axes, drawn = panels(labels, 0.0, 2.8, sharex=True, sharey=True)
+    cols = axes.shape[1]
+    for ax, label in drawn:
         for i, seed in enumerate(sorted(curves[label])):
             steps, accuracy = curves[label][seed]
             st = style(i)
@@ -86,11 +92,8 @@ def plot_learning(curves: dict[str, dict[int, tuple[list[int], list[float]]]], t
         ax.axhline(threshold, color="grey", linestyle="--", linewidth=0.8)
         ax.set_ylim(-0.03, 1.03)
         ax.grid(True, alpha=0.3)
-        ax.set_title("\n".join(textwrap.wrap(label, 48)), fontsize=9)
         ax.legend(fontsize=6, loc="upper left")
         ax.xaxis.set_major_formatter(PlainFormatter())
-    for ax in list(axes.flat)[len(labels):]:
-        ax.axis("off")
     for col in range(cols):  # the lowest panel drawn in each column carries the step axis
         lowest = axes[(len(labels) - 1 - col) // cols, col]
         lowest.xaxis.set_tick_params(labelbottom=True)
