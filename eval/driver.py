@@ -10,10 +10,11 @@ in the run (RunDir.eval_cache) for its checkpoint and cache key. What they share
   ``tasks:`` merged key by key), checked against EvalConfig before any work;
 - the device choice and the report-directory check, both before any work;
 - the checks of the request before any work (``check_requests``): no run given twice or
-  as a copy (pooled, a copy would count as another seed), each evaluation's own checks of
-  a run's settings (``Evaluation.preflight``) and the memory the largest forward needs
-  (training/memory.py), for the runs whose results are not cached already; a flag asking
-  for what none of the runs has (``--scaling yarn`` for ALiBi runs) is refused;
+  as a copy (eval/run_checks.py: pooled, a copy would count as another seed), each
+  evaluation's own checks of a run's settings (``Evaluation.preflight``) and the memory the
+  largest forward needs (training/memory.py), for the runs whose results are not cached
+  already; a flag asking for what none of the runs has (``--scaling yarn`` for ALiBi runs)
+  is refused (run_checks.py);
 - the cache loop: per run, the cached result for (checkpoint, cache key), else the
   evaluation, written atomically; with ``--cache-only`` no report; with ``--rescore`` every
   run evaluated again, its new result replacing the cached one once complete;
@@ -40,16 +41,16 @@ import yaml
 from common.atomic import write_text_atomic
 from common.cli import device_name, non_negative_int, positive_int, scale_factor, usage_when_empty
 from common.devices import DEVICE_NAMES
-from common.errors import ArgumentError, ConfigError, LengthError, UserError
+from common.errors import ConfigError, LengthError, UserError
 from configs import override_section
 from configs.loader import load_yaml
 from configs.experiment import seed_group
 from configs.schema import EvalConfig, RunConfig
 from eval.journal import Cells
 from eval.report import check_report_dir
+from eval.run_checks import check_distinct, check_flags
 from model.config import SCALING_TYPES
-from model.encodings import KINDS, accepts_rope_scaling, kinds_where, served_length
-from training.checkpoint import read_meta
+from model.encodings import KINDS, served_length
 from training.competence import logged_progress
 from training.memory import Estimate, check_fits
 from training.run_dir import RunDir
@@ -150,37 +151,6 @@ def check_served(cfg: RunConfig, lengths: Sequence[int]) -> None:
 
 # --------------------------------------------------------------- checks before any work
 
-def _latest_tokens(run: RunDir) -> Optional[int]:
-    try:
-        ckpt = run.latest_checkpoint()
-        return None if ckpt is None else read_meta(ckpt).get("tokens")
-    except UserError:
-        return None
-
-
-def check_distinct(run_dirs: Sequence[Path]) -> None:
-    """Refuse a run given twice, or two runs that are the same training (the same experiment,
-    seed and tokens: a copy): pooled, either would count as two seeds of one row."""
-    seen: dict[Path, Path] = {}
-    trainings: dict[tuple, Path] = {}
-    for run_dir in map(Path, run_dirs):
-        key = run_dir.resolve()
-        if key in seen:
-            raise ArgumentError(f"{run_dir} is given twice (as {str(seen[key])!r} and {str(run_dir)!r}, the same "
-                                "directory); each run counts once, so give it once")
-        seen[key] = run_dir
-        try:
-            cfg = read_run_config(RunDir(run_dir))
-        except UserError:
-            continue  # reported as missing by the evaluation itself
-        training = (seed_group(cfg), cfg.train.seed, _latest_tokens(RunDir(run_dir)))
-        if training in trainings:
-            raise ArgumentError(f"{trainings[training]} and {run_dir} are the same training (the same experiment, "
-                                f"train.seed={cfg.train.seed} and tokens trained): one is a copy of the other, and "
-                                "pooled they would count as two seeds of one row; give one of them")
-        trainings[training] = run_dir
-
-
 def check_requests(evaluation: Evaluation, run_dirs: Sequence[Path], eval_for: EvalFor, device: str) -> None:
     """Before any evaluation: distinct runs, each run's settings (``evaluation.preflight``),
     and the memory of the largest forward of every run that is not cached already."""
@@ -195,31 +165,6 @@ def check_requests(evaluation: Evaluation, run_dirs: Sequence[Path], eval_for: E
         estimate = evaluation.preflight(cfg, ev)
         if estimate is not None and cached_result(evaluation, run, cfg, ev) is None:
             check_fits(estimate, device, evaluation.memory_fix)
-
-
-def check_flags(args: argparse.Namespace, run_dirs: Sequence[Path]) -> None:
-    """A RoPE scaling asked for on the command line must apply to some run (it is ignored for
-    the others, which are evaluated as they are, with a note); --factor needs one."""
-    if args.factor is not None and args.scalings is not None and set(args.scalings) == {"none"}:
-        raise ArgumentError("--factor sets the factor of a RoPE scaling, but --scaling asks for none; add one "
-                            "(e.g. --scaling none yarn) or drop --factor")
-    asked = [s for s in args.scalings or () if s != "none"]
-    if not asked:
-        return
-    kinds = {}
-    for run_dir in run_dirs:
-        try:
-            kinds[str(run_dir)] = read_run_config(RunDir(run_dir)).model.pos.kind
-        except UserError:
-            continue
-    without = [run for run, kind in kinds.items() if not accepts_rope_scaling(kind)]
-    if kinds and len(without) == len(kinds):
-        raise ArgumentError(f"--scaling {' '.join(asked)} scales RoPE's frequencies, but no run given has any "
-                            f"({', '.join(sorted(set(kinds.values())))}; scalings apply to pos.kind="
-                            f"{' or '.join(kinds_where('rope_scaling'))}); drop --scaling")
-    for run in without:
-        print(f"note: {run} (pos.kind={kinds[run]}) takes no RoPE scaling: it is evaluated without "
-              f"--scaling {' '.join(asked)}", file=sys.stderr)
 
 
 # --------------------------------------------------------------- the cache loop
