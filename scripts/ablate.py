@@ -231,18 +231,98 @@ def on_cluster(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, 
     return True
 
 
+def check_before_training(grid: Grid, runs: list[PlannedRun], args: argparse.Namespace) -> None:
+    """Every run's evaluation settings and the report directories it writes: checked before
+    hours of training, not after."""
+    for run in runs:
+        check_planned(run.cfg, run.cfg.eval, f"{grid.source}: run {run.name}")
+    if args.skip_eval:
+        return
+    if any(not is_synthetic(run) for run in runs):
+        check_report_dir(grid.report_dir)
+    if any(wants_tasks(run.cfg, run.cfg.eval) for run in runs):
+        check_report_dir(grid.report_dir / "tasks")
+    if any(wants_diagnostics(run) for run in runs):
+        check_report_dir(grid.report_dir / "diagnostics")
+
+
+def print_plan(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]], chosen: set[str]) -> str:
+    """Each run and its state; the grid's base config, as the command line names it."""
+    base = os.path.relpath(grid.base.resolve())
+    print(f"grid {grid.name}: {len(runs)} runs from {base} → {Path(grid.out_dir) / grid.name}")
+    for run in runs:
+        state, detail = states[run.name]
+        print(f"  {run.name:<40} {state:<8} {detail}" + ("" if run.name in chosen else "  (not in --rows)"))
+    return base
+
+
+def planned_estimates(grid: Grid, runs: list[PlannedRun], pending: list[PlannedRun], args: argparse.Namespace,
+                      local: bool) -> dict:
+    """The time estimate of the runs still to train here (printed, and saved unless a dry run),
+    after a warning when the code they would record is not a clean commit."""
+    commit = git_commit() if pending and not args.report else None
+    if is_dirty(commit):  # said before hours of training, not found in the report
+        print(f"warning: the code differs from commit {commit[:12]} (git status -- {' '.join(CODE)}): "
+              f"the runs trained now record {commit[:12]}-dirty and the reports call them not reproducible "
+              "from a clean commit; commit first, or train from a clean worktree", file=sys.stderr)
+    if not (pending and local and not args.report and not args.no_estimate):
+        return {}
+    # Times each distinct shape once (cached), which also warms the compile caches the runs use.
+    slots = slots_for(args)
+    estimates = estimate_grid(grid, pending, slots[0].threads, ended=rows_ended(grid, runs),
+                              jobs=sum(1 for slot in slots if slot.device in (None, "cpu")))
+    print_estimates(estimates, len(slots))
+    if not args.dry_run:
+        save_estimates(grid, estimates)
+    return estimates
+
+
+def print_outcome(runs: list[PlannedRun], finished: list[PlannedRun], unfinished: list[str], left_out: list[str],
+                  left: dict[str, str], failures: dict[str, str], local_report: bool) -> None:
+    """The summary: finished runs, those not in the reports and why, those left for later, failures."""
+    print(f"\n{len(finished)}/{len(runs)} runs finished.")
+    if local_report and unfinished:
+        print(f"  not finished, so not in the reports ({len(unfinished)}): {', '.join(fold_seeds(unfinished))}")
+    elif left_out:
+        print(f"  not in --rows and not finished, so not in the reports ({len(left_out)}): "
+              f"{', '.join(fold_seeds(left_out))}")
+    if left:
+        print(f"  left for later by --until ({len(left)}; the same command continues them):")
+        for name, why in left.items():
+            print(f"    {name}: {why}")
+    for name, reason in failures.items():
+        print(f"  failed: {name}: {reason}")
+
+
+def finish(grid: Grid, runs: list[PlannedRun], chosen: set[str], failures: dict[str, str], left: dict[str, str],
+           local: bool, args: argparse.Namespace) -> int:
+    """Once the chosen runs have trained (or, with --report, whatever has finished): the reports
+    from every finished run, listing those missing and why, then the summary; 1 if a chosen run
+    failed."""
+    finished = [run for run in runs if run.name not in failures and status(run)[0] == "done"]
+    unfinished = [run.name for run in runs if run.name not in failures and run not in finished]
+    missing = {**failures, **{name: left.get(name, "not finished") for name in unfinished}}  # the reports list them
+    local_report = args.report and local  # what is not finished may be training in another process
+    if not local_report:  # here, or on Slurm once its jobs have ended, an unfinished chosen run failed
+        failures = {name: why for name, why in missing.items() if name in chosen and name not in left}
+    left_out = [name for name in missing if name not in chosen]  # unfinished, or a conflict left alone
+    if left and not args.skip_eval:  # past the deadline: the reports can wait for the rest
+        print(f"\nreports not written: the deadline left {len(left)} run{'s' if len(left) > 1 else ''} for later "
+              "(--report writes them from what is finished)")
+    elif not args.skip_eval and finished:
+        if grid.archive and (not local or args.report):  # a local run was archived by its worker
+            archived, _ = archive_runs(grid, finished, {run.name for run in finished})
+            if archived:
+                print(f"{len(archived)} runs archived in {grid.archive}")
+        evaluate(grid, runs, finished, missing, args.devices[0] if args.devices else "cpu")
+    print_outcome(runs, finished, unfinished, left_out, left, failures, local_report)
+    return 1 if failures else 0
+
+
 def run_grid(args: argparse.Namespace) -> int:
     grid = load_grid(args.grid)
     runs = grid.plan(args.set)
-    for run in runs:
-        check_planned(run.cfg, run.cfg.eval, f"{grid.source}: run {run.name}")
-    if not args.skip_eval:  # before hours of training, not after
-        if any(not is_synthetic(run) for run in runs):
-            check_report_dir(grid.report_dir)
-        if any(wants_tasks(run.cfg, run.cfg.eval) for run in runs):
-            check_report_dir(grid.report_dir / "tasks")
-        if any(wants_diagnostics(run) for run in runs):
-            check_report_dir(grid.report_dir / "diagnostics")
+    check_before_training(grid, runs, args)
     if grid.archive and not args.archive and not args.dry_run:
         restore_records(grid, runs, log=print)
     states = {run.name: status(run) for run in runs}
@@ -260,26 +340,9 @@ def run_grid(args: argparse.Namespace) -> int:
     if args.cancel:
         return cancel_grid(grid)
     slurm = resources(grid, args.slurm) if args.launcher == "slurm" else None
-    base = os.path.relpath(grid.base.resolve())
-    print(f"grid {grid.name}: {len(runs)} runs from {base} → {Path(grid.out_dir) / grid.name}")
-    for run in runs:
-        state, detail = states[run.name]
-        print(f"  {run.name:<40} {state:<8} {detail}" + ("" if run.name in chosen else "  (not in --rows)"))
+    base = print_plan(grid, runs, states, chosen)
     pending = [run for run in runs if states[run.name][0] in ("new", "partial") and run.name in chosen]
-    commit = git_commit() if pending and not args.report else None
-    if is_dirty(commit):  # said before hours of training, not found in the report
-        print(f"warning: the code differs from commit {commit[:12]} (git status -- {' '.join(CODE)}): "
-              f"the runs trained now record {commit[:12]}-dirty and the reports call them not reproducible "
-              "from a clean commit; commit first, or train from a clean worktree", file=sys.stderr)
-    estimates = {}
-    if pending and slurm is None and not args.report and not args.no_estimate:
-        # Times each distinct shape once (cached), which also warms the compile caches the runs use.
-        slots = slots_for(args)
-        estimates = estimate_grid(grid, pending, slots[0].threads, ended=rows_ended(grid, runs),
-                                  jobs=sum(1 for slot in slots if slot.device in (None, "cpu")))
-        print_estimates(estimates, len(slots))
-        if not args.dry_run:
-            save_estimates(grid, estimates)
+    estimates = planned_estimates(grid, runs, pending, args, local=slurm is None)
     if args.dry_run:
         example = (pending or [run for run in runs if run.name in chosen] or runs)[0]  # one --rows picked
         print("train one by hand with:", shlex.join(["python", "train.py", base, *example.overrides]))
@@ -299,35 +362,7 @@ def run_grid(args: argparse.Namespace) -> int:
     elif todo:
         failures.update(run_all(grid, todo, slots_for(args), evaluate=not args.skip_eval, deadline=deadline,
                                 left=left))
-    finished = [run for run in runs if run.name not in failures and status(run)[0] == "done"]
-    unfinished = [run.name for run in runs if run.name not in failures and run not in finished]
-    missing = {**failures, **{name: left.get(name, "not finished") for name in unfinished}}  # the reports list them
-    local_report = args.report and slurm is None  # what is not finished may be training in another process
-    if not local_report:  # here, or on Slurm once its jobs have ended, an unfinished chosen run failed
-        failures = {name: why for name, why in missing.items() if name in chosen and name not in left}
-    left_out = [name for name in missing if name not in chosen]  # unfinished, or a conflict left alone
-    if left and not args.skip_eval:  # past the deadline: the reports can wait for the rest
-        print(f"\nreports not written: the deadline left {len(left)} run{'s' if len(left) > 1 else ''} for later "
-              "(--report writes them from what is finished)")
-    elif not args.skip_eval and finished:
-        if grid.archive and (slurm is not None or args.report):  # a local run was archived by its worker
-            archived, _ = archive_runs(grid, finished, {run.name for run in finished})
-            if archived:
-                print(f"{len(archived)} runs archived in {grid.archive}")
-        evaluate(grid, runs, finished, missing, args.devices[0] if args.devices else "cpu")
-    print(f"\n{len(finished)}/{len(runs)} runs finished.")
-    if local_report and unfinished:
-        print(f"  not finished, so not in the reports ({len(unfinished)}): {', '.join(fold_seeds(unfinished))}")
-    elif left_out:
-        print(f"  not in --rows and not finished, so not in the reports ({len(left_out)}): "
-              f"{', '.join(fold_seeds(left_out))}")
-    if left:
-        print(f"  left for later by --until ({len(left)}; the same command continues them):")
-        for name, why in left.items():
-            print(f"    {name}: {why}")
-    for name, reason in failures.items():
-        print(f"  failed: {name}: {reason}")
-    return 1 if failures else 0
+    return finish(grid, runs, chosen, failures, left, local=slurm is None, args=args)
 
 
 @entry_point
