@@ -127,6 +127,35 @@ def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float
     return total * len(ev.steps or [None])  # every checkpoint scored
 
 
+def _shape_times(name: str, cfg: RunConfig, rt, sharing: int, threads: Optional[int], log) -> ShapeTimes:
+    """The timings of the run's shape: cached, else measured now (a few steps eager and, where
+    the run may compile, compiled; its evaluation; ``sharing`` jobs at once)."""
+    times = load(shape_key(cfg, rt))
+    if times.eager_step_s is None or (cfg.train.compile is not False and times.compiled_step_s is None):
+        log(f"  timing the shape of {name} (a few steps{', compiled too' if cfg.train.compile else ''})")
+        times = measure_training(cfg, rt, compiled=cfg.train.compile is not False)
+    if not times.eval_tok_s:
+        times = measure_evaluation(cfg, rt, _eval_lengths(cfg))
+    if sharing > 1 and str(sharing) not in times.shared_step_s:
+        log(f"  timing the shape of {name} as {sharing} jobs at once")
+        times = measure_shared(cfg, rt, sharing, threads)
+    return times
+
+
+def _expected(cfg: RunConfig, times: ShapeTimes, done: int, seen: list[int],
+              slowdown: float) -> tuple[Optional[float], str]:
+    """The expected training seconds of a run that stops at competence, from the steps ``seen``
+    at which its row's ended runs stopped (those past ``done``, where it resumes), and what the
+    estimate's note says of it; (None, "") where no such run is known."""
+    later = [step - done for step in seen if step > done]  # a resumed run has not stopped by its step
+    if not later:
+        return None, ""
+    expected = _train_seconds(cfg, times, round(sum(later) / len(later)))[0] * slowdown
+    runs_said = f"{len(later)} ended run{'s' if len(later) > 1 else ''}"
+    return expected, (f"; expected {expected / 60:.1f} min as its row's {runs_said}"
+                      + (f" that went past its step {done:,}" if done else ""))
+
+
 def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], log=print,
                   jobs: int = 1, ended: Optional[dict[str, list[int]]] = None) -> dict[str, Estimate]:
     """Each pending run's estimate (runs already finished and evaluated cost nothing more),
@@ -158,28 +187,14 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
         except MemoryLimitError as e:  # the run itself is refused with this message; the others go on
             out[run.name] = Estimate(0.0, 0.0, f"no estimate: {e}"[:200], failed=True)
             continue
-        times = load(shape_key(cfg, rt))
-        if times.eager_step_s is None or (cfg.train.compile is not False and times.compiled_step_s is None):
-            log(f"  timing the shape of {run.name} (a few steps{', compiled too' if cfg.train.compile else ''})")
-            times = measure_training(cfg, rt, compiled=cfg.train.compile is not False)
-        lengths = _eval_lengths(cfg)
-        if not times.eval_tok_s:
-            times = measure_evaluation(cfg, rt, lengths)
         sharing = jobs if rt.device.type == "cpu" else 1  # jobs on other devices do not share one
-        if sharing > 1 and str(sharing) not in times.shared_step_s:
-            log(f"  timing the shape of {run.name} as {sharing} jobs at once")
-            times = measure_shared(cfg, rt, sharing, threads)
+        times = _shape_times(run.name, cfg, rt, sharing, threads, log)
         slowdown = shared_slowdown(times, sharing)
         done = _progress(run)
         train_s, note = _train_seconds(cfg, times, cfg.train.total_steps() - done)
         seen = (ended or {}).get(row_of(run.name), []) if cfg.train.stop_at_accuracy is not None else []
-        later = [step - done for step in seen if step > done]  # a resumed run has not stopped by its step
-        expected = None
-        if later:
-            expected = _train_seconds(cfg, times, round(sum(later) / len(later)))[0] * slowdown
-            runs_said = f"{len(later)} ended run{'s' if len(later) > 1 else ''}"
-            note += (f"; expected {expected / 60:.1f} min as its row's {runs_said}"
-                     + (f" that went past its step {done:,}" if done else ""))
+        expected, said = _expected(cfg, times, done, seen, slowdown)
+        note += said
         if sharing > 1:
             note += (f"; ×{slowdown:.1f} with {sharing} jobs at once" if str(sharing) in times.shared_step_s
                      else f"; not timed as {sharing} jobs at once (that probe failed): may run long")
