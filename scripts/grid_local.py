@@ -83,6 +83,24 @@ def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
     return True, ""
 
 
+def run_one(grid: Grid, run: PlannedRun, slot: Slot, trained: bool, evaluate: bool,
+            deadline: Optional[Deadline]) -> tuple[bool, str]:
+    """One run, in its slot: trained (unless ``trained``), then evaluated and kept in the grid's
+    archive at once (the machine may not last the grid); (ok, failure reason), the reason
+    STOPPED where the deadline stopped its training at a checkpoint."""
+    ok, reason = (True, "") if trained else train_one(grid, run, slot, deadline and deadline.at)
+    if reason == STOPPED:
+        return False, STOPPED
+    if ok and evaluate:
+        ok, reason = evaluate_one(run, slot)
+        reason = reason and f"evaluation: {reason}"
+    if ok and evaluate and grid.archive:
+        _, skipped = archive_runs(grid, [run], {run.name})
+        if run.name in skipped:
+            ok, reason = False, f"archive: {skipped[run.name]}"
+    return ok, reason
+
+
 def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: bool,
             deadline: Optional[Deadline] = None, left: Optional[dict[str, str]] = None) -> dict[str, str]:
     """Train the runs that need it and evaluate each, one job per slot at a time, until the
@@ -117,18 +135,11 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
                 continue
             with lock:
                 bar.write(f"→ {run.name}" + (f" on {slot.device}" if slot.device else ""))
-            ok, reason = (True, "") if trained else train_one(grid, run, slot, deadline and deadline.at)
+            ok, reason = run_one(grid, run, slot, trained, evaluate, deadline)
             if reason == STOPPED:
                 leave(run, f"{STOPPED} (at its checkpoint)",
                       f"{STOPPED}, its checkpoint saved; the same command continues it")
                 continue
-            if ok and evaluate:
-                ok, reason = evaluate_one(run, slot)
-                reason = reason and f"evaluation: {reason}"
-            if ok and evaluate and grid.archive:  # kept at once: the machine may not last the grid
-                _, skipped = archive_runs(grid, [run], {run.name})
-                if run.name in skipped:
-                    ok, reason = False, f"archive: {skipped[run.name]}"
             with lock:
                 if not ok:
                     failures[run.name] = reason
