@@ -231,21 +231,8 @@ def _suggest(key: str, valid: set[str]) -> str:
     return f" (did you mean '{close[0]}'?)" if close else ""
 
 
-def load_grid(path: str | Path) -> Grid:
-    path = Path(path)
-    if not path.is_file():
-        raise ConfigError(f"grid file not found: {path}; see configs/ablations/ for examples")
-    tree, origins = load_config_tree(path)
-    valid = {f.name for f in fields(Grid)} - {"source", "eval_overrides"} | {"eval"}
-    for key in tree:
-        if key not in valid:
-            raise ConfigError(f"{origins.get(key, path)}: unknown grid key '{key}'{_suggest(key, valid)}")
-    evaluation = tree.get("eval") or {}
-    override_section(EvalConfig(), evaluation, str(origins.get("eval", path)), "eval.")  # typed check now
-    if not isinstance(tree.get("name"), str) or not tree["name"] or "/" in tree["name"]:
-        raise ConfigError(f"{path}: 'name' must be a plain name for the grid's directory")
-    if not isinstance(tree.get("base"), str):
-        raise ConfigError(f"{path}: 'base' must name the run config the grid starts from")
+def _axes(tree: dict, path: Path) -> dict:
+    """The grid's axes, each a non-empty list of distinct values."""
     axes = tree.get("axes") or {}
     if not isinstance(axes, dict) or not all(isinstance(v, list) and v for v in axes.values()):
         raise ConfigError(f"{path}: 'axes' must map dotted keys to non-empty lists of values")
@@ -255,14 +242,12 @@ def load_grid(path: str | Path) -> Grid:
         if repeated is not None:
             raise ConfigError(f"{path}: the axis {key} lists {repeated} twice; each value is one run, so a repeat "
                               "would train one run twice and count it as two seeds; remove it")
-    if not isinstance(tree.get("overrides", []), list):
-        raise ConfigError(f"{path}: 'overrides' must be a list of key=value strings")
-    variants = tree.get("variants") or {}
-    if not isinstance(variants, dict) or not all(
-            isinstance(k, str) and re.fullmatch(r"[A-Za-z0-9.+-]+", k) and isinstance(v, list)
-            for k, v in variants.items()):
-        raise ConfigError(f"{path}: 'variants' must map names (letters, digits, . + -) to lists of "
-                          "key=value overrides")
+    return axes
+
+
+def _archive(tree: dict, path: Path) -> tuple[Optional[str], bool]:
+    """The grid's archive directory (None: none) and whether its records keep weights; an
+    archive never inside the report directory, which each report replaces."""
     archive = tree.get("archive")
     if archive is not None and (not isinstance(archive, str) or not archive):
         raise ConfigError(f"{path}: 'archive' must name a directory for the runs' records (e.g. "
@@ -278,6 +263,34 @@ def load_grid(path: str | Path) -> Grid:
     if archive is not None and report in (Path(archive), *Path(archive).parents):
         raise ConfigError(f"{path}: 'archive' ({archive}) lies inside the report directory ({report}), which "
                           "each report replaces; give the archive a directory of its own")
+    return archive, archive_weights
+
+
+def load_grid(path: str | Path) -> Grid:
+    path = Path(path)
+    if not path.is_file():
+        raise ConfigError(f"grid file not found: {path}; see configs/ablations/ for examples")
+    tree, origins = load_config_tree(path)
+    valid = {f.name for f in fields(Grid)} - {"source", "eval_overrides"} | {"eval"}
+    for key in tree:
+        if key not in valid:
+            raise ConfigError(f"{origins.get(key, path)}: unknown grid key '{key}'{_suggest(key, valid)}")
+    evaluation = tree.get("eval") or {}
+    override_section(EvalConfig(), evaluation, str(origins.get("eval", path)), "eval.")  # typed check now
+    if not isinstance(tree.get("name"), str) or not tree["name"] or "/" in tree["name"]:
+        raise ConfigError(f"{path}: 'name' must be a plain name for the grid's directory")
+    if not isinstance(tree.get("base"), str):
+        raise ConfigError(f"{path}: 'base' must name the run config the grid starts from")
+    axes = _axes(tree, path)
+    if not isinstance(tree.get("overrides", []), list):
+        raise ConfigError(f"{path}: 'overrides' must be a list of key=value strings")
+    variants = tree.get("variants") or {}
+    if not isinstance(variants, dict) or not all(
+            isinstance(k, str) and re.fullmatch(r"[A-Za-z0-9.+-]+", k) and isinstance(v, list)
+            for k, v in variants.items()):
+        raise ConfigError(f"{path}: 'variants' must map names (letters, digits, . + -) to lists of "
+                          "key=value overrides")
+    archive, archive_weights = _archive(tree, path)
     base = Path(origins.get("base", str(path))).parent / tree["base"]
     if not base.is_file():
         raise ConfigError(f"{path}: base config not found: {tree['base']} (looked for {base})")
