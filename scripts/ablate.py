@@ -320,6 +320,8 @@ def finish(grid: Grid, runs: list[PlannedRun], chosen: set[str], failures: dict[
 
 
 def run_grid(args: argparse.Namespace) -> int:
+    """The command: plan the grid and check it, restore its archived records, then the one thing
+    asked (--archive, --status, --cancel, --dry-run) or training and the reports."""
     grid = load_grid(args.grid)
     runs = grid.plan(args.set)
     check_before_training(grid, runs, args)
