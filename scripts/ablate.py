@@ -246,14 +246,13 @@ def check_before_training(grid: Grid, runs: list[PlannedRun], args: argparse.Nam
         check_report_dir(grid.report_dir / "diagnostics")
 
 
-def print_plan(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]], chosen: set[str]) -> str:
-    """Each run and its state; the grid's base config, as the command line names it."""
-    base = os.path.relpath(grid.base.resolve())
+def print_plan(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]], chosen: set[str],
+               base: str) -> None:
+    """Each run and its state (``base``: the grid's base config, as the command line names it)."""
     print(f"grid {grid.name}: {len(runs)} runs from {base} → {Path(grid.out_dir) / grid.name}")
     for run in runs:
         state, detail = states[run.name]
         print(f"  {run.name:<40} {state:<8} {detail}" + ("" if run.name in chosen else "  (not in --rows)"))
-    return base
 
 
 def planned_estimates(grid: Grid, runs: list[PlannedRun], pending: list[PlannedRun], args: argparse.Namespace,
@@ -342,7 +341,8 @@ def run_grid(args: argparse.Namespace) -> int:
     if args.cancel:
         return cancel_grid(grid)
     slurm = resources(grid, args.slurm) if args.launcher == "slurm" else None
-    base = print_plan(grid, runs, states, chosen)
+    base = os.path.relpath(grid.base.resolve())
+    print_plan(grid, runs, states, chosen, base)
     pending = [run for run in runs if states[run.name][0] in ("new", "partial") and run.name in chosen]
     estimates = planned_estimates(grid, runs, pending, args, local=slurm is None)
     if args.dry_run:
