@@ -177,11 +177,7 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
             where = None if content is None or (limit is not None and length > limit) else address({
                 **content, "model": dataclasses.asdict(_cell_model_config(base, scaling, length, ev)),
                 "length": length, "protocols": [[p, *_layout(p, length, lengths, ev).values()] for p in protocols]})
-            stored = store.get(where) if where is not None else None
-            if stored is not None and length == curve_at and stored["curve"] is None:
-                stored = None  # scored without the per-position curve this evaluation wants
-            if stored is not None and _changed_code(stored) and not is_dirty(meta.get("eval_commit")):
-                stored = None  # scored by uncommitted code: a clean evaluation scores it itself
+            stored = _stored_cell(store, where, meta, want_curve=length == curve_at)
             if stored is not None:  # the same weights, tables and tokens, scored for another run or config
                 cell_rows = [{**_cell_header(meta, data, ev, scaling, length, r["protocol"]), **r}
                              for r in stored["results"]]
@@ -200,6 +196,18 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
             if curve is not None:
                 curves[scaling] = curve
     return rows, curves
+
+
+def _stored_cell(store: Optional[CellStore], where: Optional[str], meta: dict, want_curve: bool) -> Optional[dict]:
+    """The cell at ``where`` in the store, if it can stand for scoring it here: None where it
+    lacks the per-position curve this evaluation wants, or was scored by uncommitted code while
+    this evaluation's code is clean (a clean evaluation scores such a cell itself)."""
+    stored = store.get(where) if store is not None and where is not None else None
+    if stored is None or (want_curve and stored["curve"] is None):
+        return None
+    if _changed_code(stored) and not is_dirty(meta.get("eval_commit")):
+        return None
+    return stored
 
 
 def _changed_code(stored: dict) -> bool:
