@@ -97,7 +97,29 @@ def wrong_answers(model, instances: Sequence[Instance], errors: np.ndarray,
     token still to write. The cache is sized to the group's longest instance, so dynamic
     NTK fits its frequencies to the length the scoring forward saw."""
     out: list[Optional[tuple[int, np.ndarray]]] = [None] * len(instances)
-    todo: dict[int, list[tuple[int, int, int]]] = {}  # first wrong position -> (instance, span start, span end)
+    todo = _wrong_spans(instances, errors)
+    if not todo:
+        return out
+    was_training = model.training
+    model.eval()
+    try:
+        for wrong, rows in sorted(todo.items()):
+            size = instances_per_batch(max(instances[i].length for i, *_ in rows), model.cfg.vocab_size,
+                                       max_batch_tokens)
+            for b in range(0, len(rows), size):
+                group = rows[b:b + size]
+                for (i, start, _), written in zip(group, _decode_from(model, instances, group, wrong)):
+                    out[i] = (start, written)
+    finally:
+        model.clear_cache()
+        model.train(was_training)
+    return out
+
+
+def _wrong_spans(instances: Sequence[Instance], errors: np.ndarray) -> dict[int, list[tuple[int, int, int]]]:
+    """The wrong instances grouped by the position of their first error: position ->
+    [(instance, start, end) of the answer span holding it]."""
+    todo: dict[int, list[tuple[int, int, int]]] = {}
     for i, (inst, k) in enumerate(zip(instances, np.asarray(errors).tolist())):
         if k >= int(inst.answer.sum()):
             continue
@@ -106,33 +128,25 @@ def wrong_answers(model, instances: Sequence[Instance], errors: np.ndarray,
                 todo.setdefault(start + k, []).append((i, start, end))
                 break
             k -= end - start
-    if not todo:
-        return out
-    was_training = model.training
-    model.eval()
+    return todo
+
+
+def _decode_from(model, instances: Sequence[Instance], group: list[tuple[int, int, int]],
+                 wrong: int) -> list[np.ndarray]:
+    """Greedy decoding with the KV cache for instances whose first error falls at ``wrong``:
+    one prefill of the true tokens before it, then one cached step per token still to
+    write; each instance's span tokens, the true ones before ``wrong``."""
     device = next(model.parameters()).device
-    try:
-        for wrong, rows in sorted(todo.items()):
-            size = instances_per_batch(max(instances[i].length for i, *_ in rows), model.cfg.vocab_size,
-                                       max_batch_tokens)
-            for b in range(0, len(rows), size):
-                group = rows[b:b + size]
-                longest = max(instances[i].length for i, *_ in group)
-                prefix = np.stack([instances[i].tokens[:wrong] for i, *_ in group])
-                written = [instances[i].tokens[start:end].copy() for i, start, end in group]
-                last = max(end for *_, end in group)
-                model.setup_cache(len(group), longest)  # replaces the previous group's
-                logits = model(torch.from_numpy(prefix).to(device), torch.arange(wrong, device=device))[:, -1]
-                for p in range(wrong, last):
-                    picked = logits.argmax(dim=-1)
-                    for row, ((_, start, end), token) in enumerate(zip(group, picked.tolist())):
-                        if p < end:
-                            written[row][p - start] = token
-                    if p + 1 < last:
-                        logits = model(picked[:, None], torch.tensor([p], device=device))[:, -1]
-                for row, (i, start, _) in enumerate(group):
-                    out[i] = (start, written[row])
-    finally:
-        model.clear_cache()
-        model.train(was_training)
-    return out
+    prefix = np.stack([instances[i].tokens[:wrong] for i, *_ in group])
+    written = [instances[i].tokens[start:end].copy() for i, start, end in group]
+    last = max(end for *_, end in group)
+    model.setup_cache(len(group), max(instances[i].length for i, *_ in group))  # replaces the previous group's
+    logits = model(torch.from_numpy(prefix).to(device), torch.arange(wrong, device=device))[:, -1]
+    for p in range(wrong, last):
+        picked = logits.argmax(dim=-1)
+        for row, ((_, start, end), token) in enumerate(zip(group, picked.tolist())):
+            if p < end:
+                written[row][p - start] = token
+        if p + 1 < last:
+            logits = model(picked[:, None], torch.tensor([p], device=device))[:, -1]
+    return written
