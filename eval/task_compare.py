@@ -231,6 +231,15 @@ def _power_text(cell: Optional[dict]) -> str:
     return f"±{detectable(estimate):.2f} · {'>100' if need is None else need}"
 
 
+def _why_none(kept: dict[str, RunCells], reference: str, unlearned: list[str]) -> str:
+    """Why the reference row has no comparison: which side learned nothing, or no shared length."""
+    if not any(kept.get(budget_partner(label, reference)) for label in kept if label != reference):
+        return "no seed of it learned the task"
+    if all(label in unlearned for label in kept if budget_partner(label, reference) != label):
+        return "no seed of the other rows learned the task (" + ", ".join(f"`{n}`" for n in unlearned) + ")"
+    return "no other row scored the same lengths"
+
+
 def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta: dict[str, dict],
                        lengths: list[int], train_lens: dict[str, int], mark_length, missing: int = 0) -> list[str]:
     """The task section's comparisons with the reference row: a sentence and a table, or a
@@ -244,13 +253,7 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
     comparisons = task_comparisons(kept, reference, meta)
     unlearned = [label for label in sorted(kept, key=label_order) if not kept[label]]
     if not any(comparisons.values()):
-        if not any(kept.get(budget_partner(label, reference)) for label in kept if label != reference):
-            why = "no seed of it learned the task"
-        elif all(label in unlearned for label in kept if budget_partner(label, reference) != label):
-            why = "no seed of the other rows learned the task (" + ", ".join(f"`{n}`" for n in unlearned) + ")"
-        else:
-            why = "no other row scored the same lengths"
-        return ["", f"Compared with `{reference}`: none; {why}."]
+        return ["", f"Compared with `{reference}`: none; {_why_none(kept, reference, unlearned)}."]
     tested = sum(1 for cells in comparisons.values() for c in cells.values() if c["mark"])
     welch = sorted(name for name, cells in comparisons.items()
                    if any(c["estimate"].pairing == "welch" for c in cells.values()))
