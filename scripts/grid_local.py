@@ -101,26 +101,46 @@ def run_one(grid: Grid, run: PlannedRun, slot: Slot, trained: bool, evaluate: bo
     return ok, reason
 
 
+class _Progress:
+    """The runs' progress, shared by the slots' threads: a bar on a terminal; in a log file one
+    line per finished run instead of carriage returns. Collects failures and the runs left."""
+
+    def __init__(self, grid: Grid, total: int, left: dict[str, str]):
+        self.bar = tqdm(total=total, desc=f"{grid.name}: runs", unit="run", disable=not sys.stderr.isatty())
+        self.lock, self.total, self.left = threading.Lock(), total, left
+        self.failures: dict[str, str] = {}
+        self.done: list[str] = []
+
+    def started(self, run: PlannedRun, slot: Slot) -> None:
+        with self.lock:
+            self.bar.write(f"→ {run.name}" + (f" on {slot.device}" if slot.device else ""))
+
+    def leave(self, run: PlannedRun, why: str, line: str) -> None:  # not a failure: the same command takes it up
+        with self.lock:
+            self.bar.write(f"· {run.name}: {line}")
+            self.left[run.name] = why
+            self.bar.update(1)
+
+    def ended(self, run: PlannedRun, ok: bool, reason: str) -> None:
+        with self.lock:
+            if not ok:
+                self.failures[run.name] = reason
+                self.bar.write(f"✗ {run.name}: {reason}")
+            self.bar.update(1)
+            self.done.append(run.name)
+            if self.bar.disable:
+                self.bar.write(f"{'✓' if ok else '✗'} {run.name} ({len(self.done)}/{self.total} runs done)")
+
+
 def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: bool,
             deadline: Optional[Deadline] = None, left: Optional[dict[str, str]] = None) -> dict[str, str]:
     """Train the runs that need it and evaluate each, one job per slot at a time, until the
     deadline if there is one; returns {run name: failure reason}. Runs the deadline left
     for later (not started, or stopped at a checkpoint) go into ``left`` with why."""
-    left = {} if left is None else left
     jobs: queue.Queue = queue.Queue()
     for run in todo:
         jobs.put(run)
-    failures: dict[str, str] = {}
-    # A bar on a terminal; in a log file one line per finished run instead of carriage returns.
-    bar = tqdm(total=len(todo), desc=f"{grid.name}: runs", unit="run", disable=not sys.stderr.isatty())
-    lock = threading.Lock()
-    done: list[str] = []
-
-    def leave(run: PlannedRun, why: str, line: str) -> None:  # not a failure: the same command takes it up
-        with lock:
-            bar.write(f"· {run.name}: {line}")
-            left[run.name] = why
-            bar.update(1)
+    progress = _Progress(grid, len(todo), {} if left is None else left)
 
     def worker(slot: Slot) -> None:
         while True:
@@ -131,31 +151,23 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
             trained = status(run)[0] == "done"
             refusal = deadline.refusal(run.name) if deadline and not trained else None
             if refusal:  # the others in the queue may be shorter, or already trained
-                leave(run, f"not started: {refusal}", f"not started, {refusal}")
+                progress.leave(run, f"not started: {refusal}", f"not started, {refusal}")
                 continue
-            with lock:
-                bar.write(f"→ {run.name}" + (f" on {slot.device}" if slot.device else ""))
+            progress.started(run, slot)
             ok, reason = run_one(grid, run, slot, trained, evaluate, deadline)
             if reason == STOPPED:
-                leave(run, f"{STOPPED} (at its checkpoint)",
-                      f"{STOPPED}, its checkpoint saved; the same command continues it")
-                continue
-            with lock:
-                if not ok:
-                    failures[run.name] = reason
-                    bar.write(f"✗ {run.name}: {reason}")
-                bar.update(1)
-                done.append(run.name)
-                if bar.disable:
-                    bar.write(f"{'✓' if ok else '✗'} {run.name} ({len(done)}/{len(todo)} runs done)")
+                progress.leave(run, f"{STOPPED} (at its checkpoint)",
+                               f"{STOPPED}, its checkpoint saved; the same command continues it")
+            else:
+                progress.ended(run, ok, reason)
 
     threads = [threading.Thread(target=worker, args=(slot,), daemon=True) for slot in slots]
     for t in threads:
         t.start()
     for t in threads:
         t.join()
-    bar.close()
-    return failures
+    progress.bar.close()
+    return progress.failures
 
 
 def slots_for(args: argparse.Namespace) -> list[Slot]:
