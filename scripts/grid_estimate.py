@@ -156,6 +156,20 @@ def _expected(cfg: RunConfig, times: ShapeTimes, done: int, seen: list[int],
                       + (f" that went past its step {done:,}" if done else ""))
 
 
+def _prepared(run: PlannedRun, rt, prepared: dict, log) -> tuple[int, int] | UserError:
+    """The run's data prepared once per data config (cached for training too): its vocabulary
+    and evaluation split's token count, or the error the run itself will fail with."""
+    key = json.dumps(run.cfg.data.__dict__, default=str, sort_keys=True)
+    if key not in prepared:
+        log(f"  preparing the data of {run.name} for the estimate (cached for training)")
+        try:
+            data = prepare(run.cfg, rt)
+            prepared[key] = (data.tokenizer.vocab_size, len(getattr(data, "valid", ())))
+        except UserError as e:  # the run itself will fail with this message; the others go on
+            prepared[key] = e
+    return prepared[key]
+
+
 def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], log=print,
                   jobs: int = 1, ended: Optional[dict[str, list[int]]] = None) -> dict[str, Estimate]:
     """Each pending run's estimate (runs already finished and evaluated cost nothing more),
@@ -165,22 +179,15 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
     that went past its step did (none such: no expectation)."""
     if threads:
         torch.set_num_threads(threads)
-    prepared: dict[str, tuple[int, int]] = {}  # data config -> (vocabulary, evaluation split tokens)
+    prepared: dict[str, tuple[int, int] | UserError] = {}  # data config -> (vocabulary, evaluation split tokens)
     out, busy = {}, set()
     for run in runs:
         rt = setup_runtime(run.cfg.train)
-        data_key = json.dumps(run.cfg.data.__dict__, default=str, sort_keys=True)
-        if data_key not in prepared:
-            log(f"  preparing the data of {run.name} for the estimate (cached for training)")
-            try:
-                data = prepare(run.cfg, rt)
-                prepared[data_key] = (data.tokenizer.vocab_size, len(getattr(data, "valid", ())))
-            except UserError as e:  # the run itself will fail with this message; the others go on
-                prepared[data_key] = e
-        if isinstance(prepared[data_key], UserError):
-            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {prepared[data_key]}"[:200], failed=True)
+        data = _prepared(run, rt, prepared, log)
+        if isinstance(data, UserError):
+            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {data}"[:200], failed=True)
             continue
-        vocab, split_tokens = prepared[data_key]
+        vocab, split_tokens = data
         cfg = run.cfg.with_vocab_size(vocab)
         try:
             _check_memory(cfg, rt)
