@@ -179,3 +179,25 @@ axes:
     alone = grid_estimate.estimate_grid(grid, pending, None, log=lambda *a: None,
                                         ended={"kind-rope": [40]})["kind-rope_seed-2"]
     assert alone.expected_train_s is None and "expected" not in alone.note
+
+
+def test_data_that_cannot_be_prepared_gives_its_runs_no_estimate(tmp_path, corpus, monkeypatch):
+    """The data is prepared once per data config; where that fails, each run on it gets a failed
+    estimate naming the error (the run itself fails with it), and nothing is timed for them."""
+    import scripts.grid_estimate as ge
+    from common.errors import UserError
+    calls = []
+
+    def missing(cfg, rt):
+        calls.append(cfg.model.pos.kind)
+        raise UserError("data.local.train: no such file")
+
+    monkeypatch.setattr(ge, "prepare", missing)
+    monkeypatch.setattr(ge, "_shape_times", lambda *a, **k: pytest.fail("timed a run whose data failed"))
+    grid = load_grid(write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]"))
+    logged = []
+    estimates = ge.estimate_grid(grid, grid.plan(), None, log=logged.append)
+    assert calls == ["rope"]  # one data config: prepared (and failed) once
+    assert set(estimates) == {"kind-rope", "kind-alibi"}
+    assert all(e.failed and e.note == "no estimate: data.local.train: no such file" for e in estimates.values())
+    assert logged == ["  preparing the data of kind-rope for the estimate (cached for training)"]
