@@ -1,4 +1,5 @@
-"""Data: sources, preparation and its cache, the built-in corpus, samplers (tokenizers: test_tokenizers.py)."""
+"""Data: sources, preparation and its cache, the built-in corpus, the training sampler
+(tokenizers: test_tokenizers.py; evaluation windows: test_eval_windows.py)."""
 
 from __future__ import annotations
 
@@ -16,7 +17,7 @@ import torch
 
 import data.prepare as prepare_mod
 from configs.schema import DataConfig, LocalConfig, TokenizerConfig
-from data import EOT, TrainSampler, eval_windows, prepare_data, window_batch
+from data import EOT, TrainSampler, prepare_data
 from data.builtin import builtin_documents, split_of
 from data.prepare import PreparedData
 from data.sources import group_documents, open_corpus
@@ -361,49 +362,6 @@ def test_sampler_windows_stay_inside_and_reach_the_end():
     assert starts.min() == 0 and starts.max() == 20 - 5
     with pytest.raises(DataError, match="fewer than one window"):
         TrainSampler(tokens, 20, 1, seed=0)
-
-
-# ------------------------------------------------------------------ evaluation windows
-
-@pytest.mark.parametrize("n, length", [(1000, 128), (1001, 100), (129, 128), (5000, 7), (300, 1)])
-def test_nonoverlap_windows(n, length):
-    windows = eval_windows(n, length)
-    assert len(windows) == (n - 1) // length
-    assert all(w.score_from == 0 and w.length == length for w in windows)
-    assert [w.start for w in windows] == [i * length for i in range(len(windows))]
-    assert windows[-1].start + length + 1 <= n
-
-
-@pytest.mark.parametrize("n, length, stride", [(1000, 128, 64), (1000, 100, 30), (129, 128, 5),
-                                               (5000, 256, 1), (777, 10, 9), (500, 64, 64)])
-def test_sliding_windows_score_every_target_once(n, length, stride):
-    windows = eval_windows(n, length, stride)
-    counts = np.zeros(n, dtype=int)  # counts[t]: how often target token t was scored
-    for w in windows:
-        assert w.start >= 0 and w.start + w.length + 1 <= n
-        counts[w.start + 1 + w.score_from:w.start + 1 + w.length] += 1
-    expected_cover = n - 1 if stride < length else (n - 1) // length * length
-    skipped = length - stride  # the split's first targets lack length - stride tokens of context
-    assert (counts[: skipped + 1] == 0).all()
-    assert (counts[skipped + 1:expected_cover + 1] == 1).all() and counts.sum() == expected_cover - skipped
-    # Every scored target has at least length - stride tokens of context.
-    assert all(w.score_from >= length - stride for w in windows)
-
-
-def test_eval_window_prefix_and_too_short_split():
-    assert len(eval_windows(10_000, 100, max_windows=7)) == 7
-    with pytest.raises(DataError, match=r"has 100 tokens.*length 128"):
-        eval_windows(100, 128)
-
-
-def test_window_batch_builds_shifted_inputs_and_masks():
-    tokens = np.arange(50, dtype=np.uint16)
-    windows = eval_windows(50, 8, stride=4)
-    x, y, mask = window_batch(tokens, windows)
-    assert x.shape == y.shape == mask.shape == (len(windows), 8)
-    assert torch.equal(x + 1, y) and x.dtype == torch.int64
-    assert mask.sum().item() == 49 - 4  # the first 4 targets have too little context
-    assert not mask[0, :4].any() and mask[0, 4:].all() and not mask[1, :4].any() and mask[1, 4:].all()
 
 
 def test_a_single_text_splits_at_a_character_fraction(tmp_path):
