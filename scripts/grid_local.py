@@ -109,7 +109,7 @@ class _Progress:
         self.bar = tqdm(total=total, desc=f"{grid.name}: runs", unit="run", disable=not sys.stderr.isatty())
         self.lock, self.total, self.left = threading.Lock(), total, left
         self.failures: dict[str, str] = {}
-        self.done: list[str] = []
+        self.ended_runs = 0
 
     def started(self, run: PlannedRun, slot: Slot) -> None:
         with self.lock:
@@ -127,9 +127,9 @@ class _Progress:
                 self.failures[run.name] = reason
                 self.bar.write(f"✗ {run.name}: {reason}")
             self.bar.update(1)
-            self.done.append(run.name)
+            self.ended_runs += 1
             if self.bar.disable:
-                self.bar.write(f"{'✓' if ok else '✗'} {run.name} ({len(self.done)}/{self.total} runs done)")
+                self.bar.write(f"{'✓' if ok else '✗'} {run.name} ({self.ended_runs}/{self.total} runs done)")
 
 
 def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: bool,
