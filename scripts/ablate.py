@@ -65,7 +65,7 @@ from common.cli import device_name, entry_point, positive_int, usage_when_empty
 from training.runtime import resolve_device
 from training.run_dir import RunDir
 from training.run_record import is_record, record_has_weights
-from scripts.grid_deadline import Deadline, deadline_arg, describe, needs_from
+from scripts.grid_deadline import Deadline, deadline_arg, describe, needs_from, plans_from
 from scripts.grid_archive import archive_runs, record_of, restore_records
 from scripts.grid_jobs import not_cached
 from scripts.grid_local import run_all, slots_for
@@ -351,7 +351,8 @@ def run_grid(args: argparse.Namespace) -> int:
         return 0
     deadline = None
     if args.until is not None and not args.report:
-        deadline = Deadline(args.until, needs_from(estimates, saved_estimates(grid)))
+        deadline = Deadline(args.until, needs_from(estimates, saved_estimates(grid)), plans_from(estimates),
+                            rows_ended(grid, runs))
         print(f"until {describe(args.until)}: runs start while their estimate ends by then"
               + ("" if deadline.needs else " (no estimate: every run may start, and is stopped then)"))
     left: dict[str, str] = {}  # runs the deadline left for later

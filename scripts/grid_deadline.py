@@ -9,6 +9,11 @@ which train.py saves a checkpoint at the step it is on (training/trainer.py). Ru
 or not started are left for later, not failures: the same command continues them.
 Evaluations run to their end (minutes, where training takes hours).
 
+A run that stops once it has learned its task is expected to stop where its row's ended runs
+did, on average (scripts/grid_estimate.py), and that expectation is renewed each time one of
+its row's runs ends here: a seed that looked too long for the time left when the grid started
+(no run of its row had ended) may start once one has, and takes the slot it freed.
+
 The deadline is a time of day (``09:25``: the next such time), a date and time
 (``2026-12-03T09:25``, ISO 8601), or a duration from now (``90m``, ``2h``, ``3h30m``, as a
 Slurm job's time limit would be given).
@@ -21,9 +26,10 @@ import datetime as dt
 import re
 import signal
 import subprocess
+import threading
 import time
-from dataclasses import dataclass
-from typing import Optional
+from dataclasses import dataclass, field
+from typing import NamedTuple, Optional
 
 _DURATION = re.compile(r"(?:(\d+)h)?(?:(\d+)m)?")
 _CLOCK = re.compile(r"(\d{1,2}):(\d{2})")
@@ -74,24 +80,59 @@ def _minutes(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
-@dataclass(frozen=True)
+class CompetencePlan(NamedTuple):
+    """A pending run that stops at competence: its row, the steps it has trained and those its
+    budget has left, and the seconds of training them all and of its evaluation."""
+
+    row: str
+    done: int
+    steps: int
+    train_s: float
+    eval_s: float
+
+
+@dataclass
 class Deadline:
     """When the grid stops taking runs (``at``, a ``time.time()`` value) and what each
     pending run is expected to take, in seconds (training and evaluation; none where no
-    estimate was made)."""
+    estimate was made). ``plans`` are the runs that stop at competence and ``ended`` the steps
+    at which each row's runs ended, which ``run_ended`` extends (the workers call it from
+    their threads)."""
 
     at: float
     needs: dict[str, float]
+    plans: dict[str, CompetencePlan] = field(default_factory=dict)
+    ended: dict[str, list[int]] = field(default_factory=dict)
+    _lock: threading.Lock = field(default_factory=threading.Lock, repr=False, compare=False)
 
     def refusal(self, name: str, now: Optional[float] = None) -> Optional[str]:
         """Why run ``name`` is not started now (None: it may start)."""
         now = time.time() if now is None else now
         if now >= self.at:
             return "the deadline has passed"
-        need = self.needs.get(name)
+        with self._lock:
+            need = self.needs.get(name)
         if need is not None and now + need > self.at:
             return f"needs about {_minutes(need)} by its estimate, {_minutes(self.at - now)} left"
         return None
+
+    def run_ended(self, row: str, step: int) -> list[str]:
+        """A run of ``row`` ended (reached competence or its budget) at ``step``: its row-mates
+        are now expected to train as many steps as the row's ended runs that went past their
+        own progress did on average, in proportion to their whole budget's seconds. Returns the
+        runs whose expectation changed."""
+        changed = []
+        with self._lock:
+            seen = self.ended.setdefault(row, [])
+            seen.append(step)
+            for name, plan in self.plans.items():
+                later = [s - plan.done for s in seen if s > plan.done]  # a resumed run has not stopped by its step
+                if plan.row != row or not later or plan.steps <= 0:
+                    continue
+                share = min(1.0, sum(later) / len(later) / plan.steps)
+                self.needs[name] = plan.train_s * share + plan.eval_s
+                changed.append(name)
+        return changed
 
 
 def needs_from(estimates: dict, saved: dict) -> dict[str, float]:
@@ -107,6 +148,12 @@ def needs_from(estimates: dict, saved: dict) -> dict[str, float]:
         train = e.train_s if e.expected_train_s is None else e.expected_train_s
         needs[name] = train + e.eval_s
     return needs
+
+
+def plans_from(estimates: dict) -> dict[str, CompetencePlan]:
+    """The runs of this invocation's estimates that stop at competence, as a Deadline plans them."""
+    return {name: CompetencePlan(e.competence_row, e.done, e.steps, e.train_s, e.eval_s)
+            for name, e in estimates.items() if not e.failed and e.competence_row is not None}
 
 
 def wait(proc: subprocess.Popen, deadline: Optional[float]) -> tuple[int, bool]:

@@ -64,6 +64,11 @@ class Estimate:
     note: str = ""
     expected_train_s: Optional[float] = None  # where the row's ended seeds say when a competence stop comes
     failed: bool = False  # no estimate could be made (the note says why): its seconds mean nothing
+    # A run that stops at competence: its row, the steps it has trained and those its budget has left
+    # (train_s trains them all), from which a deadline expects its stop anew as its row's runs end.
+    competence_row: Optional[str] = None
+    done: int = 0
+    steps: int = 0
 
 
 def _eval_lengths(cfg: RunConfig) -> list[int]:
@@ -212,7 +217,10 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
                 log(f"  the shape of {run.name} was timed while other work shared the CPUs ({times.busy}): its "
                     f"estimates may run long; it is timed again where this runs on a quiet machine (or delete "
                     f"{cache_dir() / (times.key + '.json')})")
-        out[run.name] = Estimate(train_s * slowdown, _eval_seconds(cfg, times, split_tokens) * slowdown, note, expected)
+        competence = cfg.train.stop_at_accuracy is not None
+        out[run.name] = Estimate(train_s * slowdown, _eval_seconds(cfg, times, split_tokens) * slowdown, note, expected,
+                                 competence_row=row_of(run.name) if competence else None, done=done,
+                                 steps=cfg.train.total_steps() - done)
     return out
 
 
@@ -244,7 +252,7 @@ def _last_meta(run: PlannedRun, grid: Optional[Grid] = None) -> dict:
     return meta if isinstance(meta, dict) else {}
 
 
-def _ended_at(grid: Grid, run: PlannedRun) -> Optional[int]:
+def ended_at(grid: Grid, run: PlannedRun) -> Optional[int]:
     """The step a run that stops at competence ended at (reached, or its whole budget), from its
     last checkpoint or else its archived record; None where it has not ended."""
     meta = _last_meta(run, grid)
@@ -259,7 +267,7 @@ def rows_ended(grid: Grid, runs: list[PlannedRun]) -> dict[str, list[int]]:
     planned run: a pending seed's estimate may then expect the stop where its row's seeds had it)."""
     out: dict[str, list[int]] = {}
     for run in runs:
-        if run.cfg.train.stop_at_accuracy is not None and (step := _ended_at(grid, run)) is not None:
+        if run.cfg.train.stop_at_accuracy is not None and (step := ended_at(grid, run)) is not None:
             out.setdefault(row_of(run.name), []).append(step)
     return out
 

@@ -20,9 +20,10 @@ from typing import Optional
 from tqdm import tqdm
 
 from common.devices import usable_cpus
-from configs.grid import Grid, PlannedRun
+from configs.grid import Grid, PlannedRun, row_of
 from scripts.grid_archive import archive_runs
 from scripts.grid_deadline import Deadline, wait
+from scripts.grid_estimate import ended_at
 from scripts.grid_jobs import eval_commands, evaluation_cached, planned_eval_file, train_command
 from scripts.job_files import failure_reason, write_files
 from scripts.run_state import status
@@ -159,6 +160,8 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
                 progress.leave(run, f"{STOPPED} (at its checkpoint)",
                                f"{STOPPED}, its checkpoint saved; the same command continues it")
             else:
+                if ok and deadline is not None and not trained and (step := ended_at(grid, run)) is not None:
+                    deadline.run_ended(row_of(run.name), step)  # before this worker takes its next run
                 progress.ended(run, ok, reason)
 
     threads = [threading.Thread(target=worker, args=(slot,), daemon=True) for slot in slots]

@@ -16,7 +16,7 @@ import pytest
 
 from configs.grid import load_grid
 from scripts import ablate, grid_local
-from scripts.grid_deadline import Deadline, needs_from, parse_deadline, wait
+from scripts.grid_deadline import CompetencePlan, Deadline, needs_from, parse_deadline, plans_from, wait
 from scripts.grid_estimate import Estimate, estimate_file, save_estimates, saved_estimates
 from scripts.run_state import status
 from test_ablate import write_synthetic_grid
@@ -66,6 +66,54 @@ def test_needs_prefer_this_invocations_estimates_and_a_rows_expected_time():
     estimates = {"b": Estimate(200.0, 10.0, expected_train_s=50.0), "c": Estimate(70.0, 1.0),
                  "a": Estimate(0.0, 0.0, "no estimate: its data is missing", failed=True)}
     assert needs_from(estimates, saved) == {"b": 60.0, "c": 71.0}
+
+
+def test_a_rows_ended_run_renews_its_row_mates_expectation():
+    """A seed planned at its whole budget (no run of its row had ended) is expected, once one
+    has, to train as many steps as the row's ended runs did past its own progress, in proportion
+    to its budget's seconds; other rows, and a resumed run already past those steps, keep theirs."""
+    plans = {"a_seed-1": CompetencePlan("a", 0, 16_000, 8_000.0, 60.0),
+             "a_seed-2": CompetencePlan("a", 9_000, 7_000, 3_500.0, 60.0),  # resumed at step 9,000
+             "b_seed-1": CompetencePlan("b", 0, 16_000, 8_000.0, 60.0)}
+    deadline = Deadline(at=6_000.0, needs={name: p.train_s + p.eval_s for name, p in plans.items()}, plans=plans)
+    assert deadline.refusal("a_seed-1", now=0.0) == "needs about 2 h 14 min by its estimate, 1 h 40 min left"
+    assert deadline.run_ended("a", 8_000) == ["a_seed-1"]  # a_seed-2 is past step 8,000: no expectation
+    assert deadline.needs["a_seed-1"] == 8_000.0 * 0.5 + 60.0 and deadline.refusal("a_seed-1", now=0.0) is None
+    assert deadline.needs["a_seed-2"] == 3_560.0 and deadline.needs["b_seed-1"] == 8_060.0
+    assert deadline.run_ended("a", 12_000) == ["a_seed-1", "a_seed-2"]
+    assert deadline.needs["a_seed-1"] == 8_000.0 * (10_000 / 16_000) + 60.0  # the mean of 8,000 and 12,000
+    assert deadline.needs["a_seed-2"] == 3_500.0 * (3_000 / 7_000) + 60.0  # only the run past step 9,000
+    assert deadline.ended == {"a": [8_000, 12_000]}
+
+
+def test_plans_are_the_estimated_runs_that_stop_at_competence():
+    estimates = {"a_seed-1": Estimate(100.0, 5.0, competence_row="a", done=10, steps=90),
+                 "b_seed-0": Estimate(70.0, 1.0),
+                 "c_seed-0": Estimate(0.0, 0.0, "no estimate: x", failed=True, competence_row="c")}
+    assert plans_from(estimates) == {"a_seed-1": CompetencePlan("a", 10, 90, 100.0, 5.0)}
+
+
+def test_a_worker_starts_a_seed_its_row_mate_made_short_enough(tmp_path, monkeypatch):
+    """One slot, a deadline 100 min away, two seeds of a row whose budget takes 150 min: the
+    first starts (no estimate refused it: it may start, and would be stopped at the deadline),
+    ends at a third of its budget, and the second is then expected to take 50 min and starts,
+    where the whole-budget estimate would have left it for later."""
+    grid = load_grid(write_synthetic_grid(tmp_path))
+    runs = [SimpleNamespace(name=f"r_seed-{seed}") for seed in (0, 1)]
+    trained = []
+    monkeypatch.setattr(grid_local, "status", lambda run: ("new", ""))
+    monkeypatch.setattr(grid_local, "run_one", lambda grid, run, *a: trained.append(run.name) or (True, ""))
+    monkeypatch.setattr(grid_local, "ended_at", lambda grid, run: 3_000)
+    plan = CompetencePlan("r", 0, 9_000, 9_000.0, 0.0)
+    for renewed in (True, False):
+        trained.clear()
+        deadline = Deadline(at=time.time() + 6_000, needs={"r_seed-1": 9_000.0}, plans={"r_seed-1": plan})
+        if not renewed:  # as before renewal: the plan is unknown, so the whole budget stands
+            deadline.plans.clear()
+        left: dict[str, str] = {}
+        assert grid_local.run_all(grid, runs, [grid_local.Slot()], evaluate=False, deadline=deadline, left=left) == {}
+        assert trained == (["r_seed-0", "r_seed-1"] if renewed else ["r_seed-0"])
+        assert list(left) == ([] if renewed else ["r_seed-1"])
 
 
 def test_a_failed_estimate_is_not_saved_over_an_earlier_one(tmp_path):

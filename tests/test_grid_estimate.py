@@ -165,6 +165,7 @@ axes:
     rope, alibi = estimates["kind-rope_seed-2"], estimates["kind-alibi_seed-1"]
     assert alibi.train_s == 600 and alibi.expected_train_s is None and "expected" not in alibi.note
     assert rope.train_s == 600 and rope.expected_train_s == 420  # (40 + 100) / 2 = 70 steps
+    assert (rope.competence_row, rope.done, rope.steps) == ("kind-rope", 0, 100)  # a deadline renews it from these
     assert "expected 7.0 min as its row's 2 ended runs" in rope.note
     grid_estimate.print_estimates(estimates, 1)
     line = capsys.readouterr().out.splitlines()[-1]
@@ -175,6 +176,7 @@ axes:
     resumed = grid_estimate.estimate_grid(grid, pending, None, log=lambda *a: None,
                                           ended={"kind-rope": [40, 80, 100]})["kind-rope_seed-2"]
     assert resumed.train_s == 240 and resumed.expected_train_s == 180
+    assert (resumed.done, resumed.steps) == (60, 40)
     assert "expected 3.0 min as its row's 2 ended runs that went past its step 60" in resumed.note
     alone = grid_estimate.estimate_grid(grid, pending, None, log=lambda *a: None,
                                         ended={"kind-rope": [40]})["kind-rope_seed-2"]
