@@ -286,7 +286,7 @@ def print_outcome(runs: list[PlannedRun], finished: list[PlannedRun], unfinished
         print(f"  not in --rows and not finished, so not in the reports ({len(left_out)}): "
               f"{', '.join(fold_seeds(left_out))}")
     if left:
-        print(f"  left for later by --until ({len(left)}; the same command continues them):")
+        print(f"  left for later ({len(left)}; the same command continues them):")
         for name, why in left.items():
             print(f"    {name}: {why}")
     for name, reason in failures.items():
@@ -305,8 +305,8 @@ def finish(grid: Grid, runs: list[PlannedRun], chosen: set[str], failures: dict[
     if not local_report:  # here, or on Slurm once its jobs have ended, an unfinished chosen run failed
         failures = {name: why for name, why in missing.items() if name in chosen and name not in left}
     left_out = [name for name in missing if name not in chosen]  # unfinished, or a conflict left alone
-    if left and not args.skip_eval:  # past the deadline: the reports can wait for the rest
-        print(f"\nreports not written: the deadline left {len(left)} run{'s' if len(left) > 1 else ''} for later "
+    if left and not args.skip_eval:  # stopped or not started: the reports can wait for the rest
+        print(f"\nreports not written: {len(left)} run{'s were' if len(left) > 1 else ' was'} left for later "
               "(--report writes them from what is finished)")
     elif not args.skip_eval and finished:
         if grid.archive and (not local or args.report):  # a local run was archived by its worker
@@ -355,7 +355,7 @@ def run_grid(args: argparse.Namespace) -> int:
                             rows_ended(grid, runs))
         print(f"until {describe(args.until)}: runs start while their estimate ends by then"
               + ("" if deadline.needs else " (no estimate: every run may start, and is stopped then)"))
-    left: dict[str, str] = {}  # runs the deadline left for later
+    left: dict[str, str] = {}  # runs the deadline (or a SIGTERM sent by hand) left for later
     failures = {name: detail for name, (state, detail) in states.items() if state == "conflict"}
     todo = in_training_order([run for run in runs if states[run.name][0] in ("new", "partial", "done")
                               and run.name in chosen], states)

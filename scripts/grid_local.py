@@ -10,6 +10,7 @@ from __future__ import annotations
 import argparse
 import os
 import queue
+import signal
 import subprocess
 import sys
 import threading
@@ -47,11 +48,15 @@ class Slot:
 
 
 STOPPED = "stopped at the deadline"  # a train_one reason: not a failure, the run resumes later
+STOPPED_OUTSIDE = "stopped by SIGTERM from outside the grid"  # one sent to train.py by hand: resumes too
 
 
-def _call(cmd: list[str], log_path: Path, slot: Slot, deadline: Optional[float] = None) -> tuple[bool, str]:
+def _call(cmd: list[str], log_path: Path, slot: Slot, deadline: Optional[float] = None,
+          resumable: bool = False) -> tuple[bool, str]:
     """Run ``cmd`` with its output appended to ``log_path``, stopped with SIGTERM at
-    ``deadline`` if it is still running then; (ok, reason)."""
+    ``deadline`` if it is still running then; (ok, reason). A ``resumable`` command (train.py)
+    that handled a SIGTERM sent from elsewhere saved a checkpoint and exits 128 + SIGTERM: the
+    reason is then STOPPED_OUTSIDE, not a failure."""
     log_path.parent.mkdir(parents=True, exist_ok=True)
     with open(log_path, "a") as log:
         log.write("$ " + " ".join(cmd) + "\n")
@@ -60,13 +65,15 @@ def _call(cmd: list[str], log_path: Path, slot: Slot, deadline: Optional[float] 
         code, stopped = wait(proc, deadline)
     if stopped and code != 0:  # one that ended on its own as the deadline came is done
         return False, STOPPED
+    if resumable and code == 128 + signal.SIGTERM:
+        return False, STOPPED_OUTSIDE
     return (True, "") if code == 0 else (False, failure_reason(log_path, code))
 
 
 def train_one(grid: Grid, run: PlannedRun, slot: Slot, deadline: Optional[float] = None) -> tuple[bool, str]:
     """Train (or resume) one run in a subprocess, its output in the run's log, until the
     deadline at most; (ok, reason)."""
-    return _call(train_command(grid, run, slot.device), RunDir.of(run.cfg).log, slot, deadline)
+    return _call(train_command(grid, run, slot.device), RunDir.of(run.cfg).log, slot, deadline, resumable=True)
 
 
 def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
@@ -88,10 +95,11 @@ def run_one(grid: Grid, run: PlannedRun, slot: Slot, trained: bool, evaluate: bo
             deadline: Optional[Deadline]) -> tuple[bool, str]:
     """One run, in its slot: trained (unless ``trained``), then evaluated and kept in the grid's
     archive at once (the machine may not last the grid); (ok, failure reason), the reason
-    STOPPED where the deadline stopped its training at a checkpoint."""
+    STOPPED (or STOPPED_OUTSIDE) where the deadline (or a SIGTERM sent by hand) stopped its
+    training at a checkpoint."""
     ok, reason = (True, "") if trained else train_one(grid, run, slot, deadline and deadline.at)
-    if reason == STOPPED:
-        return False, STOPPED
+    if reason in (STOPPED, STOPPED_OUTSIDE):
+        return False, reason
     if ok and evaluate:
         ok, reason = evaluate_one(run, slot)
         reason = reason and f"evaluation: {reason}"
@@ -136,8 +144,9 @@ class _Progress:
 def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: bool,
             deadline: Optional[Deadline] = None, left: Optional[dict[str, str]] = None) -> dict[str, str]:
     """Train the runs that need it and evaluate each, one job per slot at a time, until the
-    deadline if there is one; returns {run name: failure reason}. Runs the deadline left
-    for later (not started, or stopped at a checkpoint) go into ``left`` with why."""
+    deadline if there is one; returns {run name: failure reason}. Runs left for later (not
+    started by the deadline, or stopped at a checkpoint by it or by a SIGTERM sent to their
+    training by hand) go into ``left`` with why."""
     jobs: queue.Queue = queue.Queue()
     for run in todo:
         jobs.put(run)
@@ -156,9 +165,9 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
                 continue
             progress.started(run, slot)
             ok, reason = run_one(grid, run, slot, trained, evaluate, deadline)
-            if reason == STOPPED:
-                progress.leave(run, f"{STOPPED} (at its checkpoint)",
-                               f"{STOPPED}, its checkpoint saved; the same command continues it")
+            if reason in (STOPPED, STOPPED_OUTSIDE):
+                progress.leave(run, f"{reason} (at its checkpoint)",
+                               f"{reason}, its checkpoint saved; the same command continues it")
             else:
                 if ok and deadline is not None and not trained and (step := ended_at(grid, run)) is not None:
                     deadline.run_ended(row_of(run.name), step)  # before this worker takes its next run

@@ -166,8 +166,8 @@ def test_until_leaves_runs_the_estimate_says_cannot_finish(tmp_path, capsys):
     runs = {run.name: run for run in grid.plan()}
     assert status(runs["kind-rope"])[0] == "new" and status(runs["kind-learned"])[0] == "done"
     assert "kind-rope: not started: needs about 2 h 1 min by its estimate" in out
-    assert "reports not written: the deadline left 1 run for later" in out
-    assert "left for later by --until (1; the same command continues them)" in out and "failed" not in out
+    assert "reports not written: 1 run was left for later" in out
+    assert "left for later (1; the same command continues them)" in out and "failed" not in out
     assert not (tmp_path / "report").exists()
     assert ablate.main([str(grid_path), "--no-estimate"]) == 0
     assert all(status(run)[0] == "done" for run in runs.values())
@@ -193,6 +193,28 @@ def test_training_under_way_at_the_deadline_is_stopped_and_continued_later(tmp_p
     assert "stopped at the deadline, its checkpoint saved" in capsys.readouterr().out
     assert grid_local.run_all(grid, runs[:1], [grid_local.Slot()], evaluate=True) == {}
     assert status(runs[0])[0] == "done"
+
+
+def test_training_stopped_by_hand_is_left_for_later_not_failed(tmp_path, monkeypatch, capsys):
+    """A SIGTERM sent to a run's train.py (which saves a checkpoint and exits 128 + SIGTERM)
+    leaves the run for the same command to continue; an evaluation ending so, or a training
+    ending with another code, is still a failure."""
+    grid = load_grid(write_synthetic_grid(tmp_path))
+    runs = grid.plan()[:1]
+    exits = {"train": 143}
+
+    def command(code):
+        return [sys.executable, "-c", f"print('stopped by SIGTERM at step 7; checkpoint saved'); raise SystemExit({code})"]
+    monkeypatch.setattr(grid_local, "train_command", lambda grid, run, device: command(exits["train"]))
+    left: dict[str, str] = {}
+    assert grid_local.run_all(grid, runs, [grid_local.Slot()], evaluate=False, left=left) == {}
+    assert left == {runs[0].name: "stopped by SIGTERM from outside the grid (at its checkpoint)"}
+    assert "its checkpoint saved; the same command continues it" in capsys.readouterr().out
+    exits["train"] = 1
+    failures = grid_local.run_all(grid, runs, [grid_local.Slot()], evaluate=False, left={})
+    assert failures[runs[0].name].startswith("exit 1: stopped by SIGTERM at step 7")
+    ok, reason = grid_local._call(command(143), tmp_path / "eval.log", grid_local.Slot())  # not resumable
+    assert not ok and reason.startswith("exit 143: stopped by SIGTERM at step 7")
 
 
 def test_until_is_refused_for_slurm(tmp_path, capsys):
