@@ -256,24 +256,26 @@ def print_plan(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, 
 
 
 def planned_estimates(grid: Grid, runs: list[PlannedRun], pending: list[PlannedRun], args: argparse.Namespace,
-                      local: bool) -> dict:
+                      local: bool) -> tuple[dict, dict[str, list[int]]]:
     """The time estimate of the runs still to train here (printed, and saved unless a dry run),
-    after a warning when the code they would record is not a clean commit."""
+    after a warning when the code they would record is not a clean commit; with the steps each
+    row's ended runs stopped at, which the estimate read (a deadline renews it as runs end)."""
     commit = git_commit() if pending and not args.report else None
     if is_dirty(commit):  # said before hours of training, not found in the report
         print(f"warning: the code differs from commit {commit[:12]} (git status -- {' '.join(CODE)}): "
               f"the runs trained now record {commit[:12]}-dirty and the reports call them not reproducible "
               "from a clean commit; commit first, or train from a clean worktree", file=sys.stderr)
     if not (pending and local and not args.report and not args.no_estimate):
-        return {}
+        return {}, {}
     # Times each distinct shape once (cached), which also warms the compile caches the runs use.
     slots = slots_for(args)
-    estimates = estimate_grid(grid, pending, slots[0].threads, ended=rows_ended(grid, runs),
+    ended = rows_ended(grid, runs)
+    estimates = estimate_grid(grid, pending, slots[0].threads, ended=ended,
                               jobs=sum(1 for slot in slots if slot.device in (None, "cpu")))
     print_estimates(estimates, len(slots))
     if not args.dry_run:
         save_estimates(grid, estimates)
-    return estimates
+    return estimates, ended
 
 
 def print_outcome(runs: list[PlannedRun], finished: list[PlannedRun], unfinished: list[str], left_out: list[str],
@@ -344,15 +346,14 @@ def run_grid(args: argparse.Namespace) -> int:
     base = os.path.relpath(grid.base.resolve())
     print_plan(grid, runs, states, chosen, base)
     pending = [run for run in runs if states[run.name][0] in ("new", "partial") and run.name in chosen]
-    estimates = planned_estimates(grid, runs, pending, args, local=slurm is None)
+    estimates, ended = planned_estimates(grid, runs, pending, args, local=slurm is None)
     if args.dry_run:
         example = (pending or [run for run in runs if run.name in chosen] or runs)[0]  # one --rows picked
         print("train one by hand with:", shlex.join(["python", "train.py", base, *example.overrides]))
         return 0
     deadline = None
     if args.until is not None and not args.report:
-        deadline = Deadline(args.until, needs_from(estimates, saved_estimates(grid)), plans_from(estimates),
-                            rows_ended(grid, runs))
+        deadline = Deadline(args.until, needs_from(estimates, saved_estimates(grid)), plans_from(estimates), ended)
         print(f"until {describe(args.until)}: runs start while their estimate ends by then"
               + ("" if deadline.needs else " (no estimate: every run may start, and is stopped then)"))
     left: dict[str, str] = {}  # runs the deadline (or a SIGTERM sent by hand) left for later

@@ -80,6 +80,12 @@ def _minutes(seconds: float) -> str:
     return f"{minutes // 60} h {minutes % 60} min" if minutes >= 60 else f"{minutes} min"
 
 
+def steps_past(ended: list[int], done: int) -> list[int]:
+    """The steps its row's runs ended at (``ended``) as steps more for a run resumed at step
+    ``done``: only those that went past it count, as it has not stopped by its own step."""
+    return [step - done for step in ended if step > done]
+
+
 class CompetencePlan(NamedTuple):
     """A pending run that stops at competence: its row, the steps it has trained and those its
     budget has left, and the seconds of training them all and of its evaluation."""
@@ -126,7 +132,7 @@ class Deadline:
             seen = self.ended.setdefault(row, [])
             seen.append(step)
             for name, plan in self.plans.items():
-                later = [s - plan.done for s in seen if s > plan.done]  # a resumed run has not stopped by its step
+                later = steps_past(seen, plan.done)
                 if plan.row != row or not later or plan.steps <= 0:
                     continue
                 share = min(1.0, sum(later) / len(later) / plan.steps)

@@ -49,6 +49,7 @@ from model.encodings import accepts_rope_scaling
 from training.data import prepare
 from model.encodings import served_length
 from scripts.grid_archive import record_of
+from scripts.grid_deadline import steps_past
 from training.memory import MemoryLimitError, check_fits, check_training, forward_estimate, largest
 from training.probe import (COMPILE_MARGIN, PROBE_ROWS, ShapeTimes, cache_dir, load, measure_evaluation,
                             measure_shared, measure_training, rate_at, shape_key, shared_slowdown)
@@ -152,7 +153,7 @@ def _expected(cfg: RunConfig, times: ShapeTimes, done: int, seen: list[int],
     """The expected training seconds of a run that stops at competence, from the steps ``seen``
     at which its row's ended runs stopped (those past ``done``, where it resumes), and what the
     estimate's note says of it; (None, "") where no such run is known."""
-    later = [step - done for step in seen if step > done]  # a resumed run has not stopped by its step
+    later = steps_past(seen, done)
     if not later:
         return None, ""
     expected = _train_seconds(cfg, times, round(sum(later) / len(later)))[0] * slowdown
