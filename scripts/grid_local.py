@@ -49,6 +49,7 @@ class Slot:
 
 STOPPED = "stopped at the deadline"  # a train_one reason: not a failure, the run resumes later
 STOPPED_OUTSIDE = "stopped by SIGTERM from outside the grid"  # one sent to train.py by hand: resumes too
+RESUMES = (STOPPED, STOPPED_OUTSIDE)  # the reasons of a training stopped at its checkpoint, left for later
 
 
 def _call(cmd: list[str], log_path: Path, slot: Slot, deadline: Optional[float] = None,
@@ -98,7 +99,7 @@ def run_one(grid: Grid, run: PlannedRun, slot: Slot, trained: bool, evaluate: bo
     STOPPED (or STOPPED_OUTSIDE) where the deadline (or a SIGTERM sent by hand) stopped its
     training at a checkpoint."""
     ok, reason = (True, "") if trained else train_one(grid, run, slot, deadline and deadline.at)
-    if reason in (STOPPED, STOPPED_OUTSIDE):
+    if reason in RESUMES:
         return False, reason
     if ok and evaluate:
         ok, reason = evaluate_one(run, slot)
@@ -165,7 +166,7 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
                 continue
             progress.started(run, slot)
             ok, reason = run_one(grid, run, slot, trained, evaluate, deadline)
-            if reason in (STOPPED, STOPPED_OUTSIDE):
+            if reason in RESUMES:
                 progress.leave(run, f"{reason} (at its checkpoint)",
                                f"{reason}, its checkpoint saved; the same command continues it")
             else:
