@@ -14,16 +14,16 @@ import dataclasses
 import sys
 from typing import Optional
 
-from common.cli import device_name, entry_point, usage_when_empty
-from common.devices import DEVICE_NAMES
-from common.errors import UserError
-from common.storage import make_dir
-from configs import config_to_yaml, load_config
-from configs.schema import RunConfig
-from training.run_dir import RunDir, runs_in
-from training.run_lock import RunLock
-from training.runtime import Runtime, setup_runtime
-from training.trainer import Trainer
+from ropelab.common.cli import device_name, entry_point, usage_when_empty
+from ropelab.common.devices import DEVICE_NAMES
+from ropelab.common.errors import UserError
+from ropelab.common.storage import make_dir
+from ropelab.configs import config_to_yaml, load_config
+from ropelab.configs.schema import RunConfig
+from ropelab.training.run_dir import RunDir, runs_in
+from ropelab.training.run_lock import RunLock
+from ropelab.training.runtime import Runtime, setup_runtime
+from ropelab.training.trainer import Trainer
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:

@@ -1,6 +1,6 @@
 """How every entry point reports what a user did wrong: one ``error: …`` line, exit code 2.
 
-``train.py``, ``python -m eval.extrapolation`` and every script wrap their ``main`` with
+``train.py``, ``ropelab eval`` and every script wrap their ``main`` with
 ``entry_point``; a ``UserError`` (bad config, data, lengths, checkpoints, arguments) or a
 refusal of the file system (full disk, no permission, a file where a directory belongs:
 common/storage.py) becomes a message without a traceback; anything else stays a bug with
@@ -19,9 +19,9 @@ import sys
 from pathlib import Path
 from typing import Callable, Optional
 
-from common.devices import check_device_name
-from common.storage import is_storage_error, storage_error
-from common.errors import ArgumentError, ConfigError, UserError
+from ropelab.common.devices import check_device_name
+from ropelab.common.storage import is_storage_error, storage_error
+from ropelab.common.errors import ArgumentError, ConfigError, UserError
 
 USAGE_ERROR = 2  # the exit code of argparse's own usage errors, for the same kind of mistake
 
@@ -57,6 +57,14 @@ def out_of_memory(error: RuntimeError) -> UserError:
                      "evaluations are written whole or not at all. Ask for less at once: a smaller train.batch_size "
                      "(raising train.grad_accum keeps the tokens per step), a shorter train.seq_len, or shorter "
                      "evaluated lengths")
+
+
+def moved(old: str, new: str) -> None:
+    """Say on stderr that the entry point ``old`` is now ``new`` (the old one keeps working for now);
+    its usage lines then name ``new``."""
+    sys.argv[0] = new
+    print(f"note: `{old}` is now `{new}` (same options); the old form keeps working for now",
+          file=sys.stderr, flush=True)
 
 
 def usage_when_empty(parser: argparse.ArgumentParser, argv: Optional[list[str]]) -> None:

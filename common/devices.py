@@ -11,7 +11,7 @@ from __future__ import annotations
 import os
 import re
 
-from common.errors import ConfigError
+from ropelab.common.errors import ConfigError
 
 DEVICE_NAMES = "auto, cpu, cuda, cuda:N (N = 0, 1, …) or mps"
 _DEVICE = re.compile(r"^(auto|cpu|mps|cuda(:\d+)?)$")

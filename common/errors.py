@@ -45,3 +45,14 @@ class NonFiniteOutput(UserError):
         super().__init__(f"{found}, although the model's weights are finite: its forward overflows "
                          "there (weights this extreme come from a training that went wrong), so nothing computed "
                          "from it would mean anything, and nothing was scored or written")
+
+
+def positive(section: str, obj: object, *names: str, allow_none: bool = False) -> None:
+    """Raise a ConfigError naming ``section.name`` for each of ``names`` on ``obj`` that is not a
+    positive integer (None passes with ``allow_none``): the config sections' shared check."""
+    for name in names:
+        value = getattr(obj, name)
+        if value is None and allow_none:
+            continue
+        if value is None or value < 1:
+            raise ConfigError(f"{section}.{name} must be a positive integer (got {value!r})")

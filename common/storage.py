@@ -21,7 +21,7 @@ import shutil
 from pathlib import Path
 from typing import Optional
 
-from common.errors import StorageError
+from ropelab.common.errors import StorageError
 
 _ADVICE = {
     errno.ENOSPC: "the disk is full: free some space (or point the path elsewhere)",

@@ -4,9 +4,9 @@ and what makes two configs the same experiment.
 ``load_config("configs/quickstart.yaml", ["model.pos.kind=alibi"])`` -> ``RunConfig``.
 """
 
-from configs.loader import (config_from_dict, config_to_dict, config_to_yaml, load_config, override_section,
+from ropelab.configs.loader import (config_from_dict, config_to_dict, config_to_yaml, load_config, override_section,
                             parse_override, save_config)
-from configs.schema import (DataConfig, EvalConfig, EvalCorpus, HubConfig, LocalConfig, LogConfig, RunConfig,
+from ropelab.configs.schema import (DataConfig, EvalConfig, EvalCorpus, HubConfig, LocalConfig, LogConfig, RunConfig,
                             TokenizerConfig, TrainConfig)
 
 __all__ = [

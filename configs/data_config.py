@@ -11,9 +11,8 @@ import codecs
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from common.errors import ConfigError
-from configs.checks import positive
-from configs.tasks import MixConfig, SyntheticConfig
+from ropelab.common.errors import ConfigError, positive
+from ropelab.configs.tasks import MixConfig, SyntheticConfig
 
 # Named Hub datasets: (repo, config, text field, train, validation, test split names).
 HUB_PRESETS: dict[str, tuple[str, Optional[str], str, str, str, Optional[str]]] = {
@@ -170,4 +169,4 @@ class DataConfig:
             raise ConfigError("data.source=synthetic writes every task in one alphabet, one character "
                               f"per token: set data.tokenizer.kind=char (got {self.tokenizer.kind}). A "
                               "synthetic run has no corpus to score perplexity on: score it with "
-                              "python -m eval.tasks")
+                              "ropelab tasks")

@@ -1,15 +1,15 @@
 """Config section for the attention diagnostics: ``eval.diagnostics`` (nested in the one EvalConfig).
 
-What ``python scripts/diagnose.py`` measures and on how much data, and whether a grid
+What ``ropelab diagnose`` measures and on how much data, and whether a grid
 (scripts/ablate.py) writes the diagnostics into its report. The measures themselves live
-in eval/diagnostics.py; docs/diagnostics.md explains each one.
+in eval/diagnostics/measure.py; docs/diagnostics.md explains each one.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from common.errors import ConfigError
+from ropelab.common.errors import ConfigError
 
 
 @dataclass

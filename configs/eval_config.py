@@ -6,17 +6,16 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from common.errors import ConfigError
-from configs.checks import positive
-from configs.data_config import DocumentMode
-from configs.diagnostics import DiagnosticsConfig
-from configs.tasks import TaskEvalConfig
-from model.config import SCALING_TYPES, ScalingType
-from model.encodings import DEFAULT_KIND, KINDS, accepts_rope_scaling
+from ropelab.common.errors import ConfigError, positive
+from ropelab.configs.data_config import DocumentMode
+from ropelab.configs.diagnostics import DiagnosticsConfig
+from ropelab.configs.tasks import TaskEvalConfig
+from ropelab.model.config import SCALING_TYPES, ScalingType
+from ropelab.model.encodings import DEFAULT_KIND, KINDS, accepts_rope_scaling
 
 # nonoverlap: windows of the length, every target scored (the ALiBi paper's protocol);
 # sliding: windows eval.stride apart, each scoring its last stride targets; same-tokens: the
-# same target spans at every length, only the context before them grows (eval/perplexity.py).
+# same target spans at every length, only the context before them grows (eval/lm/perplexity.py).
 Protocol = Literal["nonoverlap", "sliding", "same-tokens"]
 
 
@@ -64,7 +63,7 @@ class EvalConfig:
     """Length-extrapolation evaluation: the one typed config of ``eval/``.
 
     A run's config carries it (``eval:``); a grid's ``eval:`` section and the flags of
-    ``python -m eval.extrapolation`` override its keys through the same typed loader.
+    ``ropelab eval`` override its keys through the same typed loader.
     Lengths: ``lengths`` if given, else ``length_multipliers`` x train.seq_len. The sliding
     protocol's stride defaults to half the evaluated length, so every scored token sees at
     least length/2 tokens of context at twice the cost of non-overlapping windows. Static
@@ -89,12 +88,12 @@ class EvalConfig:
     per_position: bool = True  # the mean loss by position at the longest length (from its windows)
     corpora: list[EvalCorpus] = field(default_factory=lambda: [EvalCorpus()])
     # The row the report compares every other row with (paired); left at "rope" where no row
-    # is called that, the row the others were fine-tuned from (eval/reference.py: report_reference).
+    # is called that, the row the others were fine-tuned from (eval/reporting/reference.py: report_reference).
     reference: str = KINDS[DEFAULT_KIND].label
     # Training steps whose checkpoints to evaluate (a fine-tuning budget curve; they must
     # be kept: train.keep_last); empty: the latest checkpoint only.
     steps: list[int] = field(default_factory=list)
-    tasks: TaskEvalConfig = field(default_factory=TaskEvalConfig)  # python -m eval.tasks
+    tasks: TaskEvalConfig = field(default_factory=TaskEvalConfig)  # ropelab tasks
     diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)  # scripts/diagnose.py
 
     def __post_init__(self) -> None:

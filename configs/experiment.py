@@ -13,8 +13,8 @@ import hashlib
 import json
 from typing import Iterable
 
-from configs.loader import config_to_dict
-from configs.schema import RunConfig
+from ropelab.configs.loader import config_to_dict
+from ropelab.configs.schema import RunConfig
 
 # Keys that may differ between two configs of one experiment: they name or place the
 # run, schedule its checkpoints and logs, choose where it runs, or say how long to train

@@ -21,7 +21,7 @@ when the grid loads and becomes ``eval.*`` overrides of every run, so each plann
 ``slurm`` holds what each run asks a cluster for (``--launcher slurm``; configs/slurm.py).
 ``archive`` names a directory where each run, once trained and evaluated, is kept as a
 record without weights (training/run_record.py), e.g. in the repository, so that a grid
-carries over to a fresh clone on another machine (scripts/grid_archive.py);
+carries over to a fresh clone on another machine (grid/archive.py);
 ``archive_weights: true`` keeps the final weights in each record too, for a grid whose
 runs other grids fine-tune from (``init.run``).
 
@@ -43,11 +43,11 @@ from dataclasses import dataclass, field, fields
 from pathlib import Path
 from typing import Any, Iterable, Optional
 
-from configs.experiment import MAY_DIFFER, experiment_identity
-from configs.loader import load_config, load_config_tree, override_section
-from configs.schema import EvalConfig, RunConfig
-from configs.slurm import SlurmConfig, slurm_config
-from common.errors import ConfigError
+from ropelab.configs.experiment import MAY_DIFFER, experiment_identity
+from ropelab.configs.loader import load_config, load_config_tree, override_section
+from ropelab.configs.schema import EvalConfig, RunConfig
+from ropelab.configs.slurm import SlurmConfig, slurm_config
+from ropelab.common.errors import ConfigError
 
 
 @dataclass
@@ -70,7 +70,7 @@ class Grid:
     eval_overrides: list[str] = field(default_factory=list)  # the grid's eval section, as eval.* overrides
     report: Optional[str] = None
     # Where each finished, evaluated run's record (no weights) is kept, e.g. in the repository,
-    # and restored from on another machine (scripts/grid_archive.py); None: not kept.
+    # and restored from on another machine (grid/archive.py); None: not kept.
     archive: Optional[str] = None
     # Whether the records keep the final checkpoint's weights (for parents that other grids
     # fine-tune from with init.run); they cost the repository 4 bytes a parameter.

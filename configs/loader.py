@@ -23,10 +23,10 @@ from typing import Any, Iterable, Literal, Sequence, Union
 
 import yaml
 
-from configs.schema import RandomPositionsConfig, RunConfig
-from configs.yaml_safe import DuplicateKey, load_yaml
-from common.errors import ConfigError
-from model.encodings import sized_by_max_len
+from ropelab.configs.schema import RandomPositionsConfig, RunConfig
+from ropelab.configs.yaml_safe import DuplicateKey, load_yaml
+from ropelab.common.errors import ConfigError
+from ropelab.model.encodings import sized_by_max_len
 
 # PyYAML follows YAML 1.1, where `3e-4` and `1e6` (no dot) are strings, not numbers.
 # Numeric fields accept exactly these spellings so the usual notation works.

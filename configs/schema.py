@@ -25,18 +25,17 @@ import math
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-from common.devices import check_device_name
-from common.errors import ConfigError
-from configs.checks import positive
+from ropelab.common.devices import check_device_name
+from ropelab.common.errors import ConfigError, positive
 # The sections kept in their own modules, gathered here: ``from configs.schema import X`` is
 # how the rest of the project names any of them.
-from configs.data_config import (HUB_PRESETS, DataConfig, DocumentMode, HubConfig, LocalConfig,
+from ropelab.configs.data_config import (HUB_PRESETS, DataConfig, DocumentMode, HubConfig, LocalConfig,
                                  TokenizerConfig)
-from configs.diagnostics import DiagnosticsConfig
-from configs.eval_config import EvalConfig, EvalCorpus, Protocol
-from configs.tasks import MixConfig, SyntheticConfig, TaskEvalConfig
-from model.config import ModelConfig
-from model.encodings import KINDS, kinds_where, served_length
+from ropelab.configs.diagnostics import DiagnosticsConfig
+from ropelab.configs.eval_config import EvalConfig, EvalCorpus, Protocol
+from ropelab.configs.tasks import MixConfig, SyntheticConfig, TaskEvalConfig
+from ropelab.model.config import ModelConfig
+from ropelab.model.encodings import KINDS, kinds_where, served_length
 
 __all__ = ["HUB_PRESETS", "DataConfig", "DiagnosticsConfig", "DocumentMode", "EvalConfig", "EvalCorpus", "HubConfig",
            "InitConfig", "LocalConfig", "LogConfig", "MixConfig", "Protocol", "RandomPositionsConfig", "RunConfig",
@@ -80,7 +79,7 @@ class TrainConfig:
     seed: int = 1337
     device: str = "auto"  # auto, cpu, cuda, cuda:N or mps (common/devices.py)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
-    # torch.compile the model: true, false, or auto (training/probe.py decides from timed steps
+    # torch.compile the model: true, false, or auto (training/step_timing.py decides from timed steps
     # of this shape whether the compile time pays back over the run's remaining steps).
     compile: Union[bool, Literal["auto"]] = False
     eval_interval: int = 200
@@ -157,7 +156,7 @@ class InitConfig:
     run: Optional[str] = None  # the parent run directory
     which: Literal["latest", "best"] = "latest"
     # The checkpoint of this training step instead of ``which``; the parent need not have
-    # finished (e.g. carrying on from a diverged run's last good step: training/divergence.py).
+    # finished (e.g. carrying on from a diverged run's last good step: training/nonfinite.py).
     step: Optional[int] = None
 
     def __post_init__(self) -> None:

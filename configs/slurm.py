@@ -25,7 +25,7 @@ import re
 from dataclasses import dataclass, field
 from typing import Any, Optional
 
-from common.errors import ConfigError
+from ropelab.common.errors import ConfigError
 
 REQUIRED = ("gpus_per_run", "time")
 _TIME = re.compile(r"^(?:(\d+)-)?(\d+(?::\d+){0,2})$")  # Slurm's time formats, see minutes()

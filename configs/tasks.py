@@ -2,7 +2,7 @@
 
 ``data.synthetic`` (SyntheticConfig) picks the tasks a ``data.source: synthetic`` run trains
 on and their parameters; ``eval.tasks`` (TaskEvalConfig, nested in the one EvalConfig)
-says which tasks ``python -m eval.tasks`` scores, on how many instances, at which passkey
+says which tasks ``ropelab tasks`` scores, on how many instances, at which passkey
 depths, and what counts as retrieval succeeding for k_max. The generators themselves
 live in ``data/tasks/``; ``TASK_NAMES`` is the one list of them (tests/test_tasks.py
 keeps the registry's keys equal to it).
@@ -15,7 +15,7 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional, Union
 
-from common.errors import ConfigError
+from ropelab.common.errors import ConfigError
 
 TaskName = Literal["passkey", "copy", "recall", "addition", "multikey", "multivalue", "vartrack"]
 TASK_NAMES: tuple[str, ...] = typing.get_args(TaskName)
@@ -125,7 +125,7 @@ class SyntheticConfig:
     def scored_as(self, asked: Optional[int], tasks: typing.Sequence[str]) -> "SyntheticConfig":
         """These settings as ``tasks`` are scored with ``asked`` questions per multikey/vartrack
         instance (``eval.tasks.asked``; None: as trained): the one place both the evaluation
-        (eval/tasks.py) and the competence stop (training/data.py) make that override, checked
+        (eval/tasks/exact_match.py) and the competence stop (training/data.py) make that override, checked
         against the tasks actually scored (a text run's mixed tasks, not data.synthetic.tasks)."""
         built = self.for_tasks(tasks)
         if asked is None or asked == built.asked:
@@ -237,7 +237,7 @@ def varied(synthetic: SyntheticConfig, variant) -> SyntheticConfig:
 
 @dataclass
 class TaskEvalConfig:
-    """Exact-match accuracy on synthetic tasks (``python -m eval.tasks``; key ``eval.tasks``).
+    """Exact-match accuracy on synthetic tasks (``ropelab tasks``; key ``eval.tasks``).
 
     Lengths and RoPE scalings are the enclosing EvalConfig's (``eval.lengths`` or
     ``eval.length_multipliers`` x train.seq_len, ``eval.scalings``), shared with the
@@ -269,7 +269,7 @@ class TaskEvalConfig:
     # learned a task when its accuracy at the reference length is at least learned_accuracy,
     # and beyond-L accuracies pool the seeds that learned it (null: every seed); a row's
     # effective length is the longest evaluated length up to which its accuracy stays at least
-    # effective_fraction x its accuracy at the reference length (eval/effective_length.py);
+    # effective_fraction x its accuracy at the reference length (eval/tasks/effective_length.py);
     # the reference length is reference_length, or null for the run's train.seq_len.
     learned_accuracy: Optional[float] = 0.95
     effective_fraction: float = 0.8

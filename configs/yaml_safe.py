@@ -12,7 +12,7 @@ import re
 
 import yaml
 
-from common.errors import ConfigError
+from ropelab.common.errors import ConfigError
 
 
 class DuplicateKey(ConfigError):

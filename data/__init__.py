@@ -4,10 +4,10 @@
 ``.dir``); ``TrainSampler`` draws training batches; ``eval_windows`` lays out evaluation.
 """
 
-from data.prepare import PreparedData, prepare_data
-from data.samplers import (EvalWindow, TrainSampler, document_spans, document_windows, eval_windows,
+from ropelab.data.prepare import PreparedData, prepare_data
+from ropelab.data.samplers import (EvalWindow, TrainSampler, document_spans, document_windows, eval_windows,
                            spread_windows, window_batch)
-from data.tokenizers import EOT, Tokenizer, load_tokenizer, train_tokenizer
+from ropelab.data.tokenizers import EOT, Tokenizer, load_tokenizer, train_tokenizer
 
 __all__ = [
     "EOT", "EvalWindow", "PreparedData", "Tokenizer", "TrainSampler", "document_spans", "document_windows",

@@ -34,12 +34,12 @@ from typing import Iterable, Iterator, Optional
 import numpy as np
 from tqdm import tqdm
 
-from configs.schema import DataConfig
-from common.atomic import atomic_directory, remove_leftovers
-from common.storage import is_storage_error, make_dir, storage_error
-from data.sources import Corpus, open_corpus
-from data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json, train_tokenizer
-from common.errors import DataError
+from ropelab.configs.schema import DataConfig
+from ropelab.common.atomic import atomic_directory, remove_leftovers
+from ropelab.common.storage import is_storage_error, make_dir, storage_error
+from ropelab.data.sources import Corpus, open_corpus
+from ropelab.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json, train_tokenizer
+from ropelab.common.errors import DataError
 
 FORMAT_VERSION = 1  # bump when the token files' content or layout changes
 CHUNK_CHARS = 1 << 20  # text per worker task: big enough to amortise pickling

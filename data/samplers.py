@@ -29,7 +29,7 @@ from typing import Optional
 import numpy as np
 import torch
 
-from common.errors import DataError
+from ropelab.common.errors import DataError
 
 
 class TrainSampler:

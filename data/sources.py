@@ -15,9 +15,9 @@ from typing import Iterable, Iterator, Optional
 
 import numpy as np
 
-from configs.schema import DataConfig, HubConfig
-from data.builtin import builtin_documents, builtin_identity, split_of
-from common.errors import DataError
+from ropelab.configs.schema import DataConfig, HubConfig
+from ropelab.data.builtin import builtin_documents, builtin_identity, split_of
+from ropelab.common.errors import DataError
 
 SPLITS = ("train", "valid", "test")
 
@@ -314,5 +314,5 @@ def undecodable(files: list[Path], split: str, encoding: str, error: UnicodeDeco
 def open_corpus(cfg: DataConfig) -> Corpus:
     if cfg.source == "synthetic":
         raise DataError("data.source=synthetic has no corpus: its task instances are made on the fly "
-                        "(data/tasks/). Score synthetic runs with python -m eval.tasks, not by perplexity.")
+                        "(data/tasks/). Score synthetic runs with ropelab tasks, not by perplexity.")
     return {"builtin": BuiltinCorpus, "hub": HubCorpus, "local": LocalCorpus}[cfg.source](cfg)

@@ -20,8 +20,8 @@ from typing import Iterable, Iterator
 
 import numpy as np
 
-from configs.schema import TokenizerConfig
-from common.errors import DataError
+from ropelab.configs.schema import TokenizerConfig
+from ropelab.common.errors import DataError
 
 EOT = "<|endoftext|>"
 

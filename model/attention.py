@@ -19,11 +19,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.config import ModelConfig
-from model.flex_attention import flex_causal_attention, usable_for_flex
-from model.kv_cache import KVCache
-from model.layers import QKVProjection
-from model.positional import PositionContext
+from ropelab.model.config import ModelConfig
+from ropelab.model.flex_attention import flex_causal_attention, usable_for_flex
+from ropelab.model.kv_cache import KVCache
+from ropelab.model.layers import QKVProjection
+from ropelab.model.positional import PositionContext
 
 
 class Attention(nn.Module):

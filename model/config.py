@@ -26,8 +26,8 @@ import typing
 from dataclasses import dataclass, field
 from typing import Literal, Optional
 
-from common.errors import ConfigError
-from model.encodings import DEFAULT_KIND, KINDS, POS_KINDS, PosKind, kinds_where
+from ropelab.common.errors import ConfigError
+from ropelab.model.encodings import DEFAULT_KIND, KINDS, POS_KINDS, PosKind, kinds_where
 
 ScalingType = Literal["none", "linear", "ntk", "dynamic", "yarn", "llama3"]
 AttentionKind = Literal["softmax", "linear"]

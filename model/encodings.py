@@ -58,7 +58,7 @@ class Encoding:
     limit: Optional[Limit] = None  # None: any length
     # Why transformers' Llama cannot express it; None: it can be exported.
     not_llama: Optional[str] = None
-    color: str = "#000000"  # its colour in every figure of the project (eval/plots.py: encoding_color)
+    color: str = "#000000"  # its colour in every figure of the project (eval/lm/plots.py: encoding_color)
 
     @property
     def takes_positions(self) -> bool:

@@ -17,8 +17,8 @@ from typing import Optional, Sequence
 
 import torch
 
-from common.errors import ArgumentError, LengthError, NonFiniteOutput
-from model.transformer import Transformer
+from ropelab.common.errors import ArgumentError, LengthError, NonFiniteOutput
+from ropelab.model.transformer import Transformer
 
 
 def sample_next(logits: torch.Tensor, temperature: float = 1.0, top_k: Optional[int] = None,

@@ -9,7 +9,7 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from common.errors import LengthError
+from ropelab.common.errors import LengthError
 
 
 class KVCache(nn.Module):

@@ -53,11 +53,11 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-from model.config import ModelConfig
-from common.errors import ConfigError
-from model.layers import QKVProjection
-from model.linear_state import LinearState
-from model.positional import PositionContext
+from ropelab.model.config import ModelConfig
+from ropelab.common.errors import ConfigError
+from ropelab.model.layers import QKVProjection
+from ropelab.model.linear_state import LinearState
+from ropelab.model.positional import PositionContext
 
 Tensor = torch.Tensor
 State = tuple[Tensor, Tensor]  # (S (B, Hkv, D, Dv), z (B, Hkv, D)), float32

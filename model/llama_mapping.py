@@ -30,11 +30,11 @@ import math
 
 import torch
 
-from model.config import ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
-from common.errors import UserError
-from model.encodings import KINDS, LLAMA_KIND
-from model.layers import fuse_projections, split_projections
-from model.positional.rope_scaling import ntk_base
+from ropelab.model.config import ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
+from ropelab.common.errors import UserError
+from ropelab.model.encodings import KINDS, LLAMA_KIND
+from ropelab.model.layers import fuse_projections, split_projections
+from ropelab.model.positional.rope_scaling import ntk_base
 
 # config.json keys that fix the network's shape and numerics (compared on import).
 ARCH_KEYS = ("vocab_size", "hidden_size", "intermediate_size", "num_hidden_layers", "num_attention_heads",

@@ -8,13 +8,13 @@ from typing import Optional
 import torch
 from torch import nn
 
-from model.attention import Attention
-from model.config import ModelConfig
-from common.errors import ArgumentError
-from model.layers import RMSNorm, SwiGLU
-from model.linear_attention import LinearAttention
-from model.loss import linear_cross_entropy
-from model.positional import PositionContext, build_positional
+from ropelab.model.attention import Attention
+from ropelab.model.config import ModelConfig
+from ropelab.common.errors import ArgumentError
+from ropelab.model.layers import RMSNorm, SwiGLU
+from ropelab.model.linear_attention import LinearAttention
+from ropelab.model.loss import linear_cross_entropy
+from ropelab.model.positional import PositionContext, build_positional
 
 # ``model.attention`` -> the layer; keys are exactly model.config.ATTENTION_KINDS (tests/test_linear_attention.py).
 ATTENTIONS: dict[str, type[nn.Module]] = {"softmax": Attention, "linear": LinearAttention}

@@ -1,4 +1,4 @@
-"""Grid → train → evaluate → report: ``python scripts/ablate.py configs/ablations/NAME.yaml``.
+"""Grid → train → evaluate → report: ``ropelab ablate configs/ablations/NAME.yaml``.
 
 Re-running the same command is always safe: finished runs are skipped, interrupted ones
 resume from their last checkpoint, and nothing complete is trained again (evaluations
@@ -10,26 +10,26 @@ run one after another. A run on disk counts as the grid's when it is the same ex
 (configs/experiment.py), so raising the grid's ``train.max_steps`` continues finished runs.
 
 What is evaluated follows what the runs were trained on: runs trained on text get the
-perplexity sweep (eval/extrapolation.py, report in the grid's report directory); runs
+perplexity sweep (eval/lm/extrapolation.py, report in the grid's report directory); runs
 trained on synthetic tasks, and text runs whose ``eval.tasks.tasks`` names tasks (passkey),
-get task accuracy (eval/tasks.py, report in its ``tasks/`` subdirectory); with
-``eval.diagnostics.enabled``, the attention diagnostics (eval/diagnostics.py) go into its
+get task accuracy (eval/tasks/exact_match.py, report in its ``tasks/`` subdirectory); with
+``eval.diagnostics.enabled``, the attention diagnostics (eval/diagnostics/measure.py) go into its
 ``diagnostics/`` subdirectory. Task settings that cannot work (a task longer than a length)
 stop the grid before anything trains.
 
 A grid with an ``archive`` directory keeps each run, once trained and evaluated, as a
-record without weights there (scripts/grid_archive.py): committed, it lets the same command
+record without weights there (grid/archive.py): committed, it lets the same command
 on a fresh clone restore those runs instead of training them again.
 
 On a cluster, ``--launcher slurm`` submits each run as a Slurm job instead, with the grid's
-``slurm:`` resources (scripts/slurm_launcher.py, docs/cluster.md); ``--status`` shows where
+``slurm:`` resources (grid/slurm_launcher.py, docs/cluster.md); ``--status`` shows where
 every run stands, ``--cancel`` stops the grid's jobs, ``--report`` writes the reports once
 they have ended.
 
 ``--until TIME`` stops taking runs at a deadline (a session's or an allocation's end): a
 run starts only while its estimate says it ends by then, and training still under way at
 the deadline is stopped at a checkpoint; what was left is continued by the same command
-later (scripts/grid_deadline.py).
+later (grid/deadline.py).
 
 ``--rows PATTERN …`` trains and evaluates only the rows it names (shell-style patterns on
 run names without their ``seed-N`` part, e.g. ``--rows rope 'fire-*'``, or on whole run
@@ -50,28 +50,28 @@ import sys
 from pathlib import Path
 from typing import Optional
 
-from configs.grid import Grid, PlannedRun, fold_seeds, load_grid, row_of
-from configs.schema import EvalConfig, RunConfig
-from configs.slurm import SlurmConfig
-from scripts.grid_estimate import (estimate_grid, print_estimates, print_wall_times, rows_ended, save_estimates,
+from ropelab.configs.grid import Grid, PlannedRun, fold_seeds, load_grid, row_of
+from ropelab.configs.schema import EvalConfig, RunConfig
+from ropelab.configs.slurm import SlurmConfig
+from ropelab.grid.estimate import (estimate_grid, print_estimates, print_wall_times, rows_ended, save_estimates,
                                    saved_estimates)
-from eval.diagnostics import run_diagnostics
-from eval.extrapolation import run_extrapolation
-from eval.tasks import check_planned, run_task_evaluation, wants_tasks
-from eval.report import check_report_dir
-from common.errors import UserError
-from training.provenance import CODE, git_commit, is_dirty
-from common.cli import device_name, entry_point, positive_int, usage_when_empty
-from training.runtime import resolve_device
-from training.run_dir import RunDir
-from training.run_record import is_record, record_has_weights
-from scripts.grid_deadline import Deadline, deadline_arg, describe, needs_from, plans_from
-from scripts.grid_archive import archive_runs, record_of, restore_records
-from scripts.grid_jobs import not_cached
-from scripts.grid_local import run_all, slots_for
-from scripts.grid_status import print_status
-from scripts.run_state import status
-from scripts.slurm_launcher import cancel_grid, check_slurm, resources, submit_grid, wait_for_grid
+from ropelab.eval.diagnostics.measure import run_diagnostics
+from ropelab.eval.lm.extrapolation import run_extrapolation
+from ropelab.eval.tasks.exact_match import check_planned, run_task_evaluation, wants_tasks
+from ropelab.eval.lm.report import check_report_dir
+from ropelab.common.errors import UserError
+from ropelab.training.provenance import CODE, git_commit, is_dirty
+from ropelab.common.cli import device_name, entry_point, positive_int, usage_when_empty, moved
+from ropelab.training.runtime import resolve_device
+from ropelab.training.run_dir import RunDir
+from ropelab.training.run_record import is_record, record_has_weights
+from ropelab.grid.deadline import Deadline, deadline_arg, describe, needs_from, plans_from
+from ropelab.grid.archive import archive_runs, record_of, restore_records
+from ropelab.grid.jobs import not_cached
+from ropelab.grid.local import run_all, slots_for
+from ropelab.grid.status import print_status
+from ropelab.grid.run_state import status
+from ropelab.grid.slurm_launcher import cancel_grid, check_slurm, resources, submit_grid, wait_for_grid
 
 
 def is_synthetic(run: PlannedRun) -> bool:
@@ -224,8 +224,8 @@ def on_cluster(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, 
     if slurm is not None:
         submit_grid(grid, runs, states, slurm, evaluate=not args.skip_eval)
         if not args.report:
-            print(f"follow it with: python scripts/ablate.py {args.grid} --status; once it is done, write the "
-                  f"reports with: python scripts/ablate.py {args.grid} --report")
+            print(f"follow it with: ropelab ablate {args.grid} --status; once it is done, write the "
+                  f"reports with: ropelab ablate {args.grid} --report")
             return False
     wait_for_grid(grid)
     return True
@@ -388,4 +388,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    moved("python scripts/ablate.py", "ropelab ablate")
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""Speed and memory against the machine's own limit: ``python scripts/bench.py [--shapes …]``.
+"""Speed and memory against the machine's own limit: ``ropelab bench [--shapes …]``.
 
 For two shapes (``--shapes``): ``bench`` (configs/bench.yaml: d_model 256, 4 layers, 4
 heads, vocab 8192, 16 × 256 tokens per step) and ``small`` (configs/bench-small.yaml:
@@ -16,13 +16,13 @@ reason), measures
   steps taken in turn with it in the same process;
 - decoding: greedy generation of 64, 256 and 1024 tokens with and without the KV cache, and
   the per-token latency at the start (tokens 1–64) and end (the last 64) of the longest;
-- evaluation: perplexity throughput (eval/perplexity.py, non-overlapping windows) at 1×, 4×
+- evaluation: perplexity throughput (eval/lm/perplexity.py, non-overlapping windows) at 1×, 4×
   and 16× the training length;
 - peak resident memory of each measurement (Linux: the high-water mark is reset before each
   one through /proc/self/clear_refs; on CUDA also the allocator's peak).
 
 Figures are medians over ``--repeats`` timed repeats after warm-up. Each (section, encoding)
-runs in a fresh process (scripts/bench_worker.py) so one measurement's memory or compiled
+runs in a fresh process (bench/worker.py) so one measurement's memory or compiled
 graphs cannot leak into the next. The table goes to stdout and everything, with the
 machine, torch version and git commit, to ``--out`` (JSON). Timings on a shared machine
 are noisy: compare ratios from one run, and see that nothing else is running.
@@ -32,7 +32,7 @@ against the code at REV (a temporary git worktree) and against this tree, back t
 and the table shows both and their ratio. On a shared machine one process can run up to
 1.5× faster than the next with the same code, so ``--rounds N`` repeats the pair N times,
 alternating which side goes first, and reports the median of the N paired ratios with
-its distribution-free 95% interval (eval/intervals.py ``median_interval``; 6 rounds or more).
+its distribution-free 95% interval (eval/reporting/intervals.py ``median_interval``; 6 rounds or more).
 
 Training steps run on random tokens, except for a synthetic-task config
 (``data.source: synthetic``), whose step draws its task's instances as training does.
@@ -59,24 +59,24 @@ from typing import Iterator, Optional
 
 import torch
 
-import configs
-from configs import load_config
-from model.config import ATTENTION_KINDS, POS_KINDS
-from common.errors import ConfigError, UserError
-from eval.intervals import median_interval
-from scripts.bench_report import headline, print_comparison, print_shape
-from scripts.bench_worker import PROMPT, bench_config, run_section, variant_name
-from common.cli import check_output_file, entry_point
-from training.memory import check_fits, check_training, decoding_estimate, forward_estimate
-from training.provenance import git_commit
-from training.runtime import resolve_device
-from training.validation import windows_per_batch
+from ropelab import configs
+from ropelab.configs import load_config
+from ropelab.model.config import ATTENTION_KINDS, POS_KINDS
+from ropelab.common.errors import ConfigError, UserError
+from ropelab.eval.reporting.intervals import median_interval
+from ropelab.bench.report import headline, print_comparison, print_shape
+from ropelab.bench.worker import PROMPT, bench_config, run_section, variant_name
+from ropelab.common.cli import check_output_file, entry_point, moved
+from ropelab.training.memory import check_fits, check_training, decoding_estimate, forward_estimate
+from ropelab.training.provenance import git_commit
+from ropelab.training.runtime import resolve_device
+from ropelab.training.validation import windows_per_batch
 
 SECTIONS = ["train", "compile", "decode", "eval"]
-EVAL_BATCH = 8  # windows per forward in section_eval: eval/perplexity.py's default batch_size
+EVAL_BATCH = 8  # windows per forward in section_eval: eval/lm/perplexity.py's default batch_size
 SHAPES = {"bench": "bench.yaml", "small": "bench-small.yaml"}
 ROOT = Path(__file__).resolve().parents[1]  # the tree whose code "this" measures
-WORKER = Path(__file__).resolve().with_name("bench_worker.py")
+WORKER = "ropelab.bench.worker"  # run with python -m, in a fresh process
 
 
 def machine() -> dict:
@@ -113,7 +113,7 @@ def measure(spec: dict, section: str, row: str, tree: Optional[Path], in_process
     env = dict(os.environ)
     if tree is not None:
         env["PYTHONPATH"] = os.pathsep.join([str(tree), env.get("PYTHONPATH", "")]).rstrip(os.pathsep)
-    proc = subprocess.run([sys.executable, str(WORKER), json.dumps(spec), section, row],
+    proc = subprocess.run([sys.executable, "-m", WORKER, json.dumps(spec), section, row],
                           capture_output=True, text=True, env=env, cwd=tree or Path.cwd())
     lines = proc.stdout.strip().splitlines()
     if proc.returncode != 0 or not lines:
@@ -304,4 +304,5 @@ def git_commit_of(tree: Path) -> str:
 
 
 if __name__ == "__main__":
+    moved("python scripts/bench.py", "ropelab bench")
     sys.exit(main())

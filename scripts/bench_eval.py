@@ -1,8 +1,8 @@
 """Evaluation time A/B against an older tree, on the same runs, with the numbers compared:
-``python scripts/bench_eval.py --compare REV --grid GRID RUN [RUN ...] [--set KEY=VALUE ...]``.
+``ropelab bench-eval --compare REV --grid GRID RUN [RUN ...] [--set KEY=VALUE ...]``.
 
 Each side (``base``: the code at git revision REV; ``this``: this tree) evaluates fresh
-copies of the same finished runs with ``python -m eval.extrapolation RUN ... --eval-file E``,
+copies of the same finished runs with ``ropelab eval RUN ... --eval-file E``,
 where E is the grid's ``eval:`` block (``--set`` changes keys of it, e.g. ``max_tokens=20000``
 for a shorter measurement). The copies carry no cached evaluation (a run's ``eval/``
 directory is left out, and each side's copies sit in a directory of their own, so no
@@ -34,10 +34,10 @@ from typing import Optional
 
 import yaml
 
-from common.cli import check_output_file, entry_point, positive_int
-from common.errors import ArgumentError, UserError
-from configs.loader import load_config_tree
-from scripts.bench import git_commit_of, machine, tree_at
+from ropelab.common.cli import check_output_file, entry_point, positive_int, moved
+from ropelab.common.errors import ArgumentError, UserError
+from ropelab.configs.loader import load_config_tree
+from ropelab.scripts.bench import git_commit_of, machine, tree_at
 
 ROOT = Path(__file__).resolve().parents[1]
 SIDES = ("base", "this")
@@ -135,7 +135,7 @@ def summarize(rounds: list[dict[str, dict]]) -> dict:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python scripts/bench_eval.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="ropelab bench-eval", description=__doc__.split("\n\n")[0])
     p.add_argument("runs", nargs="+", type=Path, help="finished run directories, evaluated by both sides")
     p.add_argument("--compare", required=True, metavar="REV", help="the older code, a git revision of this repository")
     p.add_argument("--grid", type=Path, required=True, help="the grid whose eval: block is measured")
@@ -190,4 +190,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    moved("python scripts/bench_eval.py", "ropelab bench-eval")
     sys.exit(main())

@@ -1,5 +1,5 @@
 """Our training against nanoGPT's own, A/B in one sitting:
-``python scripts/bench_nanogpt.py --nanogpt DIR [--rounds N] [--steps 2000]``.
+``ropelab bench-nanogpt --nanogpt DIR [--rounds N] [--steps 2000]``.
 
 nanoGPT (github.com/karpathy/nanoGPT) documents a CPU recipe in its README ("I only have a
 macbook"): Tiny Shakespeare characters, 4 layers, 4 heads, d 128, block 64, batch 12,
@@ -19,7 +19,7 @@ times from its log (``iter N: … time X ms``, evaluation included), ours the
 its loss on the train and the validation split at each evaluation, so our runs score 40
 validation batches (``train.eval_batches=40``) where the recipe scores 20: the same
 forward passes. The ratios ours / nanoGPT are taken within each round; the summary gives
-their median with a distribution-free 95% interval (eval/intervals.py ``median_interval``,
+their median with a distribution-free 95% interval (eval/reporting/intervals.py ``median_interval``,
 6 rounds or more) and the final validation losses of both.
 
 ``--paired N`` measures the two models' training steps instead, in one process: nanoGPT's
@@ -56,15 +56,15 @@ from typing import Callable, Optional
 
 import torch
 
-from common.cli import check_output_file, entry_point, positive_int
-from common.errors import ArgumentError, UserError
-from configs import load_config
-from model.config import POS_KINDS
-from eval.intervals import median_interval
-from scripts.bench import git_commit_of, machine
-from scripts.bench_worker import CHAR_VOCAB, bench_config, step_data, top_ops
-from training.runtime import setup_runtime, time_calls
-from training.trainer import Trainer
+from ropelab.common.cli import check_output_file, entry_point, positive_int, moved
+from ropelab.common.errors import ArgumentError, UserError
+from ropelab.configs import load_config
+from ropelab.model.config import POS_KINDS
+from ropelab.eval.reporting.intervals import median_interval
+from ropelab.scripts.bench import git_commit_of, machine
+from ropelab.bench.worker import CHAR_VOCAB, bench_config, step_data, top_ops
+from ropelab.training.runtime import setup_runtime, time_calls
+from ropelab.training.trainer import Trainer
 
 ROOT = Path(__file__).resolve().parents[1]
 RECIPE = ROOT / "configs" / "recipes" / "nanogpt-shakespeare-char-cpu.yaml"
@@ -207,7 +207,7 @@ def print_paired(found: dict) -> None:
 
 
 def parse_args(argv=None) -> argparse.Namespace:
-    p = argparse.ArgumentParser(prog="python scripts/bench_nanogpt.py", description=__doc__.split("\n\n")[0])
+    p = argparse.ArgumentParser(prog="ropelab bench-nanogpt", description=__doc__.split("\n\n")[0])
     p.add_argument("--nanogpt", type=Path, required=True, help="a nanoGPT checkout with data/shakespeare_char prepared")
     p.add_argument("--rounds", type=positive_int, default=6, help="A/B rounds (6 or more give a 95%% interval)")
     p.add_argument("--steps", type=positive_int, default=2000, help="training steps per run (the recipe's 2,000)")
@@ -264,4 +264,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    moved("python scripts/bench_nanogpt.py", "ropelab bench-nanogpt")
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""What attention does as the length grows: ``python scripts/diagnose.py RUN [RUN ...] --out DIR``.
+"""What attention does as the length grows: ``ropelab diagnose RUN [RUN ...] --out DIR``.
 
 For every run, at its training length L and at each longer length, on a sample of windows
 of its own validation split (task instances for a run trained on synthetic tasks): the
@@ -18,21 +18,21 @@ import argparse
 import sys
 from pathlib import Path
 
-from common.cli import device_name, entry_point, positive_float, positive_int, usage_when_empty
-from common.devices import DEVICE_NAMES
-from configs import override_section
-from configs.schema import EvalConfig, RunConfig
-from eval.diagnostics import DIAGNOSTICS, run_diagnostics
-from eval.driver import cached_evaluation, check_requests, merged, read_eval_file
-from eval.report import check_report_dir
-from training.runtime import resolve_device
+from ropelab.common.cli import device_name, entry_point, positive_float, positive_int, usage_when_empty, moved
+from ropelab.common.devices import DEVICE_NAMES
+from ropelab.configs import override_section
+from ropelab.configs.schema import EvalConfig, RunConfig
+from ropelab.eval.diagnostics.measure import DIAGNOSTICS, run_diagnostics
+from ropelab.eval.core.evaluation import cached_evaluation, check_requests, merged, read_eval_file
+from ropelab.eval.lm.report import check_report_dir
+from ropelab.training.runtime import resolve_device
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Attention diagnostics of trained runs against length: entropy, attended distance, sinks, "
                     "q·k norm per RoPE frequency, attention on a passkey's needle.",
-        epilog="example: python scripts/diagnose.py runs/quickstart-rope runs/quickstart-alibi --out reports/diag")
+        epilog="example: ropelab diagnose runs/quickstart-rope runs/quickstart-alibi --out reports/diag")
     p.add_argument("runs", nargs="+", type=Path, help="run directories (runs/NAME)")
     which = p.add_mutually_exclusive_group()
     which.add_argument("--lengths", type=positive_int, nargs="+",
@@ -89,4 +89,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    moved("python scripts/diagnose.py", "ropelab diagnose")
     sys.exit(main())

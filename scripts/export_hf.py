@@ -1,11 +1,11 @@
 """Export a RoPE run to Hugging Face transformers, or import a transformers Llama as a run.
 
-    python scripts/export_hf.py RUN_DIR OUT_DIR [--which best] [--scaling yarn --factor 4] [--check]
-    python scripts/export_hf.py --import HF_DIR RUN_DIR
+    ropelab export RUN_DIR OUT_DIR [--which best] [--scaling yarn --factor 4] [--check]
+    ropelab export --import HF_DIR RUN_DIR
 
 The export loads with ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` as a
 ``LlamaForCausalLM`` and with ``AutoTokenizer.from_pretrained(OUT_DIR)``. The import writes
-a run directory that ``python -m eval.extrapolation`` and ``scripts/sample.py`` read. The
+a run directory that ``ropelab eval`` and ``scripts/sample.py`` read. The
 mapping is model/llama_mapping.py; reading and writing directories training/hf_directory.py.
 """
 
@@ -17,12 +17,12 @@ from pathlib import Path
 
 import torch
 
-from model.config import SCALING_TYPES, RopeScalingConfig
-from common.errors import ArgumentError
-from common.cli import check_output_dir, entry_point, positive_int, scale_factor, usage_when_empty
-from training.hf_directory import EXPORT_FILES, check_parity, check_parity_memory, export_run, import_hf
-from training.run_dir import RunDir
-from training.saved_run import read_run_config
+from ropelab.model.config import SCALING_TYPES, RopeScalingConfig
+from ropelab.common.errors import ArgumentError
+from ropelab.common.cli import check_output_dir, entry_point, positive_int, scale_factor, usage_when_empty, moved
+from ropelab.training.hf_directory import EXPORT_FILES, check_parity, check_parity_memory, export_run, import_hf
+from ropelab.training.run_dir import RunDir
+from ropelab.training.saved_run import read_run_config
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -61,6 +61,7 @@ def _scaling(args: argparse.Namespace) -> RopeScalingConfig | None:
 
 
 @entry_point
+@torch.inference_mode()
 def main(argv=None) -> int:
     args = parse_args(argv)
     check_output_dir(args.dest, "OUT_DIR")
@@ -81,5 +82,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    with torch.inference_mode():
-        sys.exit(main())
+    moved("python scripts/export_hf.py", "ropelab export")
+    sys.exit(main())

@@ -1,4 +1,4 @@
-"""Pictures that explain RoPE: ``python scripts/plot_rope.py [--out docs/rope]``.
+"""Pictures that explain RoPE: ``ropelab plot-rope [--out docs/rope]``.
 
 1. ``rope_cos_sin.png`` — cos and sin of the rotation angles m·θ_i over position m ×
    dimension (half-split layout): fast pairs on the left, slow pairs on the right.
@@ -24,10 +24,10 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import torch  # noqa: E402
 
-from model.config import ModelConfig, PosConfig, RopeConfig  # noqa: E402
-from model.positional.rope import RoPE  # noqa: E402
-from model.positional.rope_scaling import base_inv_freq  # noqa: E402
-from common.cli import check_output_dir, entry_point  # noqa: E402
+from ropelab.model.config import ModelConfig, PosConfig, RopeConfig  # noqa: E402
+from ropelab.model.positional.rope import RoPE  # noqa: E402
+from ropelab.model.positional.rope_scaling import base_inv_freq  # noqa: E402
+from ropelab.common.cli import check_output_dir, entry_point, moved  # noqa: E402
 
 
 def rope_for(head_dim: int, theta: float = 10000.0) -> RoPE:
@@ -110,4 +110,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    moved("python scripts/plot_rope.py", "ropelab plot-rope")
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""What a trained run's score bias does with distance: ``python scripts/position_bias.py RUN...``.
+"""What a trained run's score bias does with distance: ``ropelab position-bias RUN...``.
 
 For every run whose encoding adds a bias to the attention scores (ALiBi, T5, KERPLE, FIRE),
 prints each head's bias at a range of distances for the last query of an L-token window,
@@ -24,16 +24,16 @@ from pathlib import Path
 
 import torch
 
-from eval.plots import plot_position_bias
-from common.errors import ArgumentError
-from common.cli import entry_point, positive_int, usage_when_empty
-from training.saved_run import load_run
+from ropelab.eval.lm.plots import plot_position_bias
+from ropelab.common.errors import ArgumentError
+from ropelab.common.cli import entry_point, positive_int, usage_when_empty, moved
+from ropelab.training.saved_run import load_run
 
 
 def parse_args(argv=None) -> argparse.Namespace:
     p = argparse.ArgumentParser(
         description="Each head's attention-score bias against distance, for trained bias-encoding runs.",
-        epilog="example: python scripts/position_bias.py runs/pe-extrapolation-cpu-local/t5_seed-* --length 2048")
+        epilog="example: ropelab position-bias runs/pe-extrapolation-cpu-local/t5_seed-* --length 2048")
     p.add_argument("runs", nargs="+", type=Path, help="run directories")
     p.add_argument("--length", type=positive_int, default=None,
                    help="window length L; the query sits at L − 1 (default: 16 × the run's train length)")
@@ -108,4 +108,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
+    moved("python scripts/position_bias.py", "ropelab position-bias")
     sys.exit(main())

@@ -1,4 +1,4 @@
-"""Generate text from a trained run: ``python scripts/sample.py RUN_DIR --prompt "..."``.
+"""Generate text from a trained run: ``ropelab sample RUN_DIR --prompt "..."``.
 
 Loads the run's saved config, tokenizer and weights (latest checkpoint, or ``--which
 best``), then samples with the KV cache. RoPE scaling can be switched on for long
@@ -13,15 +13,15 @@ from pathlib import Path
 
 import torch
 
-from model.config import SCALING_TYPES, RopeScalingConfig
-from model.generate import generate
-from common.devices import DEVICE_NAMES
-from common.errors import ArgumentError
-from common.cli import (device_name, entry_point, non_negative_float, positive_int, probability, scale_factor,
+from ropelab.model.config import SCALING_TYPES, RopeScalingConfig
+from ropelab.model.generate import generate
+from ropelab.common.devices import DEVICE_NAMES
+from ropelab.common.errors import ArgumentError
+from ropelab.common.cli import (moved, device_name, entry_point, non_negative_float, positive_int, probability, scale_factor,
                           usage_when_empty)
-from training.memory import check_fits, decoding_estimate
-from training.runtime import resolve_device
-from training.saved_run import load_run, rescaled
+from ropelab.training.memory import check_fits, decoding_estimate
+from ropelab.training.runtime import resolve_device
+from ropelab.training.saved_run import load_run, rescaled
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -47,6 +47,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 @entry_point
+@torch.inference_mode()
 def main(argv=None) -> int:
     args = parse_args(argv)
     if args.factor is not None and not args.scaling:
@@ -78,5 +79,5 @@ def main(argv=None) -> int:
 
 
 if __name__ == "__main__":
-    with torch.inference_mode():
-        sys.exit(main())
+    moved("python scripts/sample.py", "ropelab sample")
+    sys.exit(main())

@@ -21,9 +21,9 @@ from typing import Callable
 
 from safetensors.torch import load_file, save_file
 
-import train
-from training import memory
-from training.checkpoint import WEIGHTS_KEY, file_sha256
+from ropelab import train
+from ropelab.training import memory
+from ropelab.training.checkpoint import WEIGHTS_KEY, file_sha256
 
 ROOT = Path(__file__).resolve().parents[1]
 

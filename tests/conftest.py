@@ -8,8 +8,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from common.devices import usable_cpus
-from model.config import POS_KINDS, CopeConfig, ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
+from ropelab.common.devices import usable_cpus
+from ropelab.model.config import POS_KINDS, CopeConfig, ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
 
 ALL_KINDS = list(POS_KINDS)
 
@@ -47,7 +47,7 @@ def _deterministic():
 
 @pytest.fixture(autouse=True, scope="session")
 def _private_caches(tmp_path_factory):
-    """Shape timings and compiled kernels (training/probe.py) go to the session's own directory,
+    """Shape timings and compiled kernels (training/step_timing.py) go to the session's own directory,
     never the user's cache."""
     root = tmp_path_factory.mktemp("caches")
     saved = {k: os.environ.get(k) for k in ("ROPELAB_PROBE_CACHE", "TORCHINDUCTOR_CACHE_DIR")}
@@ -108,7 +108,7 @@ def tiny_runs(tmp_path_factory, corpus) -> Path:
     ``rope-b`` (seeds 1 and 2 of one experiment) and ``learned`` (a 32-position table), 20
     steps of the tiny config each. A test that changes or deletes run directories copies
     them first (``copy_runs``)."""
-    import train  # the command line itself, as a user trains
+    from ropelab import train  # the command line itself, as a user trains
 
     tmp = tmp_path_factory.mktemp("runs")
     cfg = str(write_run_config(tmp, corpus))

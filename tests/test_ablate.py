@@ -10,15 +10,16 @@ from pathlib import Path
 
 import pytest
 
-import train
-from configs.grid import load_grid, row_of, run_stem
+from ropelab import train
+from ropelab.configs.grid import load_grid, row_of, run_stem
 from conftest import write_run_config
-from model.config import POS_KINDS
-from common.errors import ConfigError, UserError
-from scripts import ablate, grid_local
-from training.checkpoint import read_meta
-from training.run_dir import RunDir
-from training.trainer import Trainer
+from ropelab.model.config import POS_KINDS
+from ropelab.common.errors import ConfigError, UserError
+from ropelab.scripts import ablate
+from ropelab.grid import local as grid_local
+from ropelab.training.checkpoint import read_meta
+from ropelab.training.run_dir import RunDir
+from ropelab.training.trainer import Trainer
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -90,7 +91,7 @@ def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
     rows = {line.split()[0]: line.split()[1:3] for line in out.splitlines() if line.startswith("kind-")}
     assert set(rows) == {"kind-rope", "kind-alibi"} and all(float(v) >= 0 for v in sum(rows.values(), []))
     assert "grid total (hours)" in out and "wall time with 1 job" in out
-    from scripts.grid_estimate import estimate_grid
+    from ropelab.grid.estimate import estimate_grid
     estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=lambda *a: None)
     assert all(e.train_s > 0 and e.eval_s > 0 for e in estimates.values())  # from the cached timings
 
@@ -165,7 +166,7 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
     assert out.count(" done ") == 4 and out.count("reusing") == 4
     assert mtimes == {r.name: RunDir.of(r.cfg).latest_pointer.stat().st_mtime_ns for r in runs}
     # ... and no evaluation process was started for them: their logs hold the first pass's only.
-    assert [RunDir.of(r.cfg).log.read_text().count("-m eval.extrapolation ") for r in runs] == [1] * 4
+    assert [RunDir.of(r.cfg).log.read_text().count("-m ropelab.eval.lm.extrapolation ") for r in runs] == [1] * 4
     # New evaluation settings in the grid: finished runs are evaluated again, never retrained.
     grid_path.write_text(grid_path.read_text().replace("lengths: [16, 32, 64]", "lengths: [16, 48]"))
     assert ablate.main([str(grid_path)]) == 0
@@ -295,7 +296,7 @@ def test_cpu_workers_split_the_cores(tmp_path, monkeypatch):
     grid_local.run_all(grid, runs[:1], [grid_local.Slot()], evaluate=True)
     train, score = calls  # a synthetic run is scored on tasks only
     assert train[1] is None and "train.device=cpu" not in train[0]
-    assert score[0][1:3] == ["-m", "eval.tasks"] and "--cache-only" in score[0]
+    assert score[0][1:3] == ["-m", "ropelab.eval.tasks.exact_match"] and "--cache-only" in score[0]
 
 
 def test_a_run_budgeted_by_tokens_is_done_when_its_tokens_are(tmp_path, corpus):
@@ -353,8 +354,8 @@ def test_rows_trains_only_the_rows_named_and_reports_every_finished_run(tmp_path
 def test_unfinished_runs_are_listed_a_line_per_row():
     """A grid reported while half trained (--rows, an interim report) lists its rows with their
     seeds folded, on stdout and in the reports' Missing runs, not every run on its own."""
-    from configs.grid import fold_seeds
-    from eval.report_runs import missing_lines
+    from ropelab.configs.grid import fold_seeds
+    from ropelab.eval.reporting.runs_section import missing_lines
     names = ["alibi_seed-3", "rope_seed-10", "alibi_seed-2", "rope_seed-2", "seed-0", "seed-1", "run", "x_seed-4"]
     assert fold_seeds(names) == ["alibi_seed-{2,3}", "rope_seed-{2,10}", "seed-{0,1}", "run", "x_seed-4"]
     assert fold_seeds([]) == [] and fold_seeds(["a_seed-1", "a_seed-1"]) == ["a_seed-1"]

@@ -15,12 +15,15 @@ from pathlib import Path
 import pytest
 import torch
 
-import train
+from ropelab import train
 from bad_input import cli, refused, refused_in_process
 from conftest import write_run_config
-from common.errors import ArgumentError
-from eval import driver, extrapolation, tasks
-from scripts import export_hf, sample
+from ropelab.common.errors import ArgumentError
+from ropelab.eval.core import evaluation as driver
+from ropelab.eval.lm import extrapolation
+from ropelab.eval.tasks import exact_match
+from ropelab.scripts import export_hf
+from ropelab.scripts import sample
 
 
 @pytest.fixture(scope="module")
@@ -97,7 +100,7 @@ def test_paths_of_the_wrong_kind(trained, capsys):
 
 def test_an_existing_out_is_refused_before_evaluation(trained, capsys):
     cfg, run = trained
-    res = cli("-m", "eval.extrapolation", str(run), "--out", str(cfg))
+    res = cli("-m", "ropelab.eval.lm.extrapolation", str(run), "--out", str(cfg))
     refused(res, "is a file")
     assert "evaluating" not in res.stdout
     refused_in_process(extrapolation.main, [str(run), "--out", str(cfg.parent)], capsys,
@@ -108,7 +111,7 @@ def test_an_existing_out_is_refused_before_evaluation(trained, capsys):
 def test_a_report_may_go_beside_the_sweep_record_and_reports_of_its_grid(tmp_path):
     """tune.py's record and the tasks/diagnostics reports may be in a grid's report directory
     before its first report; any other file there is still refused."""
-    from eval.report import check_report_dir
+    from ropelab.eval.lm.report import check_report_dir
     out = tmp_path / "report"
     (out / "diagnostics").mkdir(parents=True)
     (out / "tasks").mkdir()
@@ -135,7 +138,7 @@ def test_numbers_out_of_range_on_the_command_line(trained, capsys, argv, fragmen
 
 @pytest.mark.parametrize("evaluation, argv", [(extrapolation.EXTRAPOLATION, argv) for argv in (
     ["--lengths", "0"], ["--max-tokens", "-1"], ["--stride", "0"], ["--batch-size", "0"], ["--factor", "0.5"],
-    ["--factor", "inf"], ["--steps", "-1"])] + [(tasks.TASKS, argv) for argv in (
+    ["--factor", "inf"], ["--steps", "-1"])] + [(exact_match.TASKS, argv) for argv in (
     ["--lengths", "0"], ["--samples", "0"], ["--kmax-threshold", "2"], ["--steps", "x"])],
     ids=lambda value: " ".join(value) if isinstance(value, list) else value.name)
 def test_numbers_out_of_range_for_evaluation(trained, evaluation, argv):

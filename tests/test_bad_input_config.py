@@ -14,10 +14,10 @@ from pathlib import Path
 import pytest
 
 from bad_input import cli, refused
-from common.errors import ConfigError
-from configs import load_config
-from configs.loader import _all_keys
-from configs.schema import RunConfig
+from ropelab.common.errors import ConfigError
+from ropelab.configs import load_config
+from ropelab.configs.loader import _all_keys
+from ropelab.configs.schema import RunConfig
 
 QUICK = "configs/quickstart.yaml"
 

@@ -17,11 +17,15 @@ from pathlib import Path
 
 import pytest
 
-import train
+from ropelab import train
 from bad_input import cli, limit_memory, overflow_weights, refused, refused_in_process, rewrite_latest_weights
 from conftest import write_run_config
-from eval import extrapolation, tasks
-from scripts import bench, diagnose, export_hf, sample
+from ropelab.eval.lm import extrapolation
+from ropelab.eval.tasks import exact_match
+from ropelab.scripts import bench
+from ropelab.scripts import diagnose
+from ropelab.scripts import export_hf
+from ropelab.scripts import sample
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -45,13 +49,13 @@ def perplexity(*args: str, out: Path) -> list[str]:
 
 def test_a_run_given_twice_on_the_command_line(runs, tmp_path):
     rope = str(runs["rope"])
-    refused(cli("-m", "eval.extrapolation", rope, rope + "/", "--lengths", "32", "--out", str(tmp_path / "r")),
+    refused(cli("-m", "ropelab.eval.lm.extrapolation", rope, rope + "/", "--lengths", "32", "--out", str(tmp_path / "r")),
             "is given twice", "each run counts once")
     assert not (tmp_path / "r").exists()
 
 
 @pytest.mark.parametrize("main, argv", [
-    (tasks.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"]),
+    (exact_match.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"]),
     (diagnose.main, ["--lengths", "32", "--windows", "1"]),
 ], ids=["eval.tasks", "diagnose"])
 def test_a_run_given_twice_to_every_evaluation(runs, tmp_path, capsys, main, argv):
@@ -91,7 +95,7 @@ def test_a_stride_without_the_sliding_protocol(runs, tmp_path, capsys):
 
 @pytest.mark.parametrize("main, argv", [
     (extrapolation.main, ["--lengths", "64", "--max-tokens", "300"]),
-    (tasks.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"]),
+    (exact_match.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"]),
 ], ids=["eval.extrapolation", "eval.tasks"])
 def test_a_scaling_for_runs_that_take_none(runs, tmp_path, capsys, main, argv):
     """--scaling yarn on an ALiBi run was ignored by evaluation while sample.py refused it."""
@@ -130,7 +134,7 @@ def test_a_learned_table_evaluated_only_beyond_its_length(runs, tmp_path, capsys
 
 def test_task_lengths_no_machine_could_hold(runs, tmp_path):
     """Grew until the kernel's out-of-memory killer ended it (and everything else)."""
-    refused(cli("-m", "eval.tasks", str(runs["rope"]), "--lengths", "10000000000", "--out", str(tmp_path / "r")),
+    refused(cli("-m", "ropelab.eval.tasks.exact_match", str(runs["rope"]), "--lengths", "10000000000", "--out", str(tmp_path / "r")),
             "scoring rope at length 10,000,000,000", "needs about", "available", "nothing was started",
             "Evaluate shorter lengths (--lengths)")
     assert not (tmp_path / "r").exists()
@@ -138,7 +142,7 @@ def test_task_lengths_no_machine_could_hold(runs, tmp_path):
 
 # (command, what fits, what does not, what the message says), for a 2 GB limit.
 MEMORY = {
-    "eval.tasks": (tasks.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"],
+    "eval.tasks": (exact_match.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"],
                    ["--lengths", "10000000", "--samples", "1", "--depths", "0.5"], "scoring rope at length 10,000,000"),
     "eval.extrapolation": (extrapolation.main, ["--lengths", "32", "--max-tokens", "300"],
                            ["--lengths", "10000000", "--max-tokens", "300"], "evaluating rope at length 10,000,000"),
@@ -214,7 +218,7 @@ def test_a_benchmark_that_cannot_fit(tmp_path, capsys, monkeypatch, case):
 @pytest.mark.parametrize("main, argv, says", [
     (extrapolation.main, ["--lengths", "32", "--max-tokens", "300"], "the loss at length 32 (nonoverlap, scaling none) "
                                                                      "is nan"),
-    (tasks.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"], "the model's logits at length 256 are "
+    (exact_match.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"], "the model's logits at length 256 are "
                                                                             "not finite"),
     (sample.main, ["--max-new-tokens", "3"], "the next-token logits at position 1 are not finite"),
 ], ids=["eval.extrapolation", "eval.tasks", "sample"])

@@ -12,8 +12,8 @@ import pytest
 
 from bad_input import cli, refused, refused_in_process
 from conftest import write_run_config
-from configs.grid import load_grid
-from scripts import ablate
+from ropelab.configs.grid import load_grid
+from ropelab.scripts import ablate
 
 
 @pytest.fixture

@@ -20,12 +20,15 @@ from typing import Callable
 
 import pytest
 
-import train
+from ropelab import train
 from bad_input import follow, refused_in_process, rewrite_latest_weights, snapshot
 from conftest import write_run_config
-from data.tokenizers import CharTokenizer, load_tokenizer
-from eval import extrapolation, tasks
-from scripts import diagnose, export_hf, sample
+from ropelab.data.tokenizers import CharTokenizer, load_tokenizer
+from ropelab.eval.lm import extrapolation
+from ropelab.eval.tasks import exact_match
+from ropelab.scripts import diagnose
+from ropelab.scripts import export_hf
+from ropelab.scripts import sample
 
 
 @pytest.fixture(scope="module")
@@ -103,7 +106,7 @@ DAMAGES: dict[str, tuple[Callable[[Path], None], str]] = {
 COMMANDS: dict[str, tuple[Callable, Callable[[Path, Path, Path], list[str]]]] = {
     "eval.extrapolation": (extrapolation.main, lambda cfg, run, tmp: [
         str(run), "--lengths", "32", "--max-tokens", "300", "--out", str(tmp / "report")]),
-    "eval.tasks": (tasks.main, lambda cfg, run, tmp: [
+    "eval.tasks": (exact_match.main, lambda cfg, run, tmp: [
         str(run), "--lengths", "256", "--samples", "1", "--depths", "0.5", "--out", str(tmp / "report")]),
     "diagnose": (diagnose.main, lambda cfg, run, tmp: [
         str(run), "--lengths", "32", "--windows", "1", "--out", str(tmp / "report")]),

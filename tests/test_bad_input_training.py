@@ -19,17 +19,17 @@ from pathlib import Path
 import pytest
 import torch
 
-import train
+from ropelab import train
 from bad_input import cli, follow, limit_memory, refused, refused_in_process, snapshot
-from configs import load_config
-from configs.grid import load_grid
+from ropelab.configs import load_config
+from ropelab.configs.grid import load_grid
 from conftest import write_run_config
-from scripts.grid_estimate import estimate_grid
+from ropelab.grid.estimate import estimate_grid
 from test_train import stop_after
-from common.cli import entry_point
-from training import memory
-from training.memory import training_estimate
-from training.trainer import Trainer
+from ropelab.common.cli import entry_point
+from ropelab.training import memory
+from ropelab.training.memory import training_estimate
+from ropelab.training.trainer import Trainer
 
 
 @pytest.fixture

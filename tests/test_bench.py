@@ -5,7 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from scripts import bench, bench_worker
+from ropelab.scripts import bench
+
+from ropelab.bench import worker as bench_worker
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "data.tokenizer.vocab_size=300",

@@ -8,7 +8,7 @@ import math
 
 import pytest
 
-from scripts import bench_eval
+from ropelab.scripts import bench_eval
 
 
 def row(name: str, length: int, ppl: float, protocol: str = "nonoverlap", status: str = "ok") -> dict:

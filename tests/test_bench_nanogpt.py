@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from common.errors import UserError
-from scripts import bench_nanogpt
+from ropelab.common.errors import UserError
+from ropelab.scripts import bench_nanogpt
 
 LOG = """tokens per iteration will be: 768
 step 0: train loss 4.2874, val loss 4.2823

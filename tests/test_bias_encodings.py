@@ -13,10 +13,10 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from model.config import FireConfig, T5BiasConfig
-from model.generate import generate
-from model.positional.t5 import t5_bucket
-from model.transformer import Transformer
+from ropelab.model.config import FireConfig, T5BiasConfig
+from ropelab.model.generate import generate
+from ropelab.model.positional.t5 import t5_bucket
+from ropelab.model.transformer import Transformer
 from test_generation import cached_logits, sharp_model
 
 # T5 (Raffel et al. 2020): 32 buckets up to 128. n < 16 is its own bucket; beyond,
@@ -158,7 +158,7 @@ def test_biases_stay_float32_under_bf16_autocast(kind):
 # ------------------------------------------------- scripts/position_bias.py
 
 def test_relative_bias_by_hand():
-    from scripts.position_bias import distances, relative_bias
+    from ropelab.scripts.position_bias import distances, relative_bias
     assert distances(2048) == [1, 2, 4, 8, 16, 32, 64, 128, 256, 512, 1024, 2047]
     assert distances(9) == [1, 2, 4, 8] and distances(1) == []
     # ALiBi, 4 heads: slopes 1/4, 1/16, 1/64, 1/256; the bias is −slope · d.
@@ -176,9 +176,9 @@ def test_relative_bias_by_hand():
 
 
 def test_position_bias_cli(tmp_path, corpus, capsys):
-    import train
+    from ropelab import train
     from conftest import write_run_config
-    from scripts import position_bias
+    from ropelab.scripts import position_bias
     cfg = write_run_config(tmp_path, corpus)
     for kind in ("t5", "rope"):
         assert train.main([str(cfg), f"model.pos.kind={kind}", f"name={kind}", "train.max_steps=2",

@@ -6,10 +6,10 @@ import torch
 from safetensors.torch import save_file
 
 from conftest import tiny_config
-from model.layers import fuse_projections, split_projections
-from model.transformer import Transformer
-from training.checkpoint import load_weights
-from training.optim import build_optimizer, parameter_groups, set_learning_rate, upgrade_optimizer_state
+from ropelab.model.layers import fuse_projections, split_projections
+from ropelab.model.transformer import Transformer
+from ropelab.training.checkpoint import load_weights
+from ropelab.training.optim import build_optimizer, parameter_groups, set_learning_rate, upgrade_optimizer_state
 
 
 def legacy_state(model: Transformer) -> dict[str, torch.Tensor]:

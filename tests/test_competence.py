@@ -9,14 +9,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import train
-from common.errors import ConfigError
-from configs import load_config
+from ropelab import train
+from ropelab.common.errors import ConfigError
+from ropelab.configs import load_config
 from test_train import stop_after
-from eval.driver import pooling_group
-from training.checkpoint import read_meta
-from training.competence import CompetenceStop, accuracy_curve, earlier_check, logged_progress, reached_competence
-from training.run_dir import RunDir
+from ropelab.eval.core.evaluation import pooling_group
+from ropelab.training.checkpoint import read_meta
+from ropelab.training.competence import CompetenceStop, accuracy_curve, earlier_check, logged_progress, reached_competence
+from ropelab.training.run_dir import RunDir
 
 
 def config(tmp: Path) -> Path:
@@ -222,9 +222,9 @@ log: {{progress: false}}
 
 
 def test_competence_is_judged_on_the_questions_the_evaluation_asks(tmp_path, monkeypatch):
-    import training.data
-    from data.tasks import length_set
-    from training.data import TaskTraining, scored_tasks
+    import ropelab.training.data
+    from ropelab.data.tasks import length_set
+    from ropelab.training.data import TaskTraining, scored_tasks
 
     cfg = load_config(multikey(tmp_path))
     data = TaskTraining(cfg.data.synthetic)
@@ -243,7 +243,7 @@ def test_competence_is_judged_on_the_questions_the_evaluation_asks(tmp_path, mon
     def fake(tasks, seq_len, n, depths=None):
         seen.append([(t.name, t.asked, t.mixed) for t in tasks])
         return lambda model: {t.name: 1.0 for t in tasks}
-    monkeypatch.setattr(training.data, "task_accuracies", fake)
+    monkeypatch.setattr(ropelab.training.data, "task_accuracies", fake)
     assert train.main([str(multikey(tmp_path))]) == 0
     assert seen == [[("multikey", 1, False)]]
     meta = read_meta(RunDir(tmp_path / "runs" / "multikey").latest_checkpoint())
@@ -251,9 +251,9 @@ def test_competence_is_judged_on_the_questions_the_evaluation_asks(tmp_path, mon
 
 
 def test_a_needle_task_is_judged_at_the_depths_the_evaluation_scores(tmp_path, monkeypatch):
-    import training.data
-    from data.tasks import length_set
-    from training.data import TaskTraining
+    import ropelab.training.data
+    from ropelab.data.tasks import length_set
+    from ropelab.training.data import TaskTraining
 
     path = tmp_path / "passkey.yaml"
     path.write_text(f"""
@@ -298,7 +298,7 @@ log: {{progress: false}}
     def fake(tasks, seq_len, n, depths=None):
         seen.append((seq_len, n, depths))
         return lambda model: {t.name: 0.0 for t in tasks}
-    monkeypatch.setattr(training.data, "task_accuracies", fake)
+    monkeypatch.setattr(ropelab.training.data, "task_accuracies", fake)
     assert train.main([str(path)]) == 0
     assert seen == [(96, 8, [0.0, 0.5, 1.0])]
 

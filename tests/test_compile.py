@@ -6,12 +6,12 @@ import json
 
 import pytest
 
-import train
+from ropelab import train
 from conftest import write_run_config
-from configs import load_config
-from training import probe
-from training import trainer as trainer_module
-from training.runtime import setup_runtime
+from ropelab.configs import load_config
+from ropelab.training import step_timing
+from ropelab.training import trainer as trainer_module
+from ropelab.training.runtime import setup_runtime
 
 
 def losses(run_dir) -> list[float]:
@@ -38,7 +38,7 @@ def test_compiled_training_gives_eager_losses(cfg, tmp_path):
 def _record(cfg_path, overrides, **times) -> None:
     cfg = load_config(cfg_path, overrides).with_vocab_size(257)
     rt = setup_runtime(cfg.train)
-    record = probe.ShapeTimes(probe.shape_key(cfg, rt), **times)
+    record = step_timing.ShapeTimes(step_timing.shape_key(cfg, rt), **times)
     record.save()
 
 
@@ -53,7 +53,7 @@ def test_auto_follows_the_shapes_record_and_a_resume_keeps_the_choice(cfg, tmp_p
     # A cheap compile pays: 6 steps × 1 s saved against 0.5 s.
     _record(cfg, overrides, eager_step_s=2.0, compiled_step_s=1.0, compile_warm_s=0.5, compile_cold_s=30.0)
     calls = []
-    original = probe.compile_decision
+    original = step_timing.compile_decision
     monkeypatch.setattr(trainer_module, "compile_decision", lambda *a: calls.append(a) or original(*a))
     stop = {"at": 3}
     step = trainer_module.Trainer.train_step
@@ -74,8 +74,8 @@ def test_auto_follows_the_shapes_record_and_a_resume_keeps_the_choice(cfg, tmp_p
 
 def test_auto_without_a_record_stays_eager_for_a_short_run(cfg, monkeypatch, capsys):
     asked = []
-    original = probe.measure_training
-    monkeypatch.setattr(probe, "measure_training", lambda c, rt, compiled: asked.append(compiled) or original(c, rt, compiled))
+    original = step_timing.measure_training
+    monkeypatch.setattr(step_timing, "measure_training", lambda c, rt, compiled: asked.append(compiled) or original(c, rt, compiled))
     assert train.main([str(cfg), "train.max_steps=3", "train.compile=auto", "name=short"]) == 0
     assert asked == [False]  # the eager step was timed; compiling was never tried
     assert "less than a first compile costs" in capsys.readouterr().out
@@ -92,10 +92,10 @@ def test_timing_many_shapes_in_one_process_compiles_each(cfg, monkeypatch):
     monkeypatch.setattr(torch._dynamo.config, "recompile_limit", 1)
     run_cfg = load_config(cfg, ["model.n_layers=1", "train.batch_size=2"]).with_vocab_size(257)
     rt = setup_runtime(run_cfg.train)
-    base = probe.Transformer(run_cfg.model)
+    base = step_timing.Transformer(run_cfg.model)
     graphs = []
     for _ in range(2):
         before = counters["stats"]["unique_graphs"]
-        probe._first_compiled(base, run_cfg, rt)
+        step_timing._first_compiled(base, run_cfg, rt)
         graphs.append(counters["stats"]["unique_graphs"] - before)
     assert all(n >= 1 for n in graphs), graphs

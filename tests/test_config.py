@@ -8,10 +8,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from configs import config_from_dict, config_to_dict, load_config, save_config
-from configs.schema import RunConfig
-from model.config import POS_KINDS
-from common.errors import ConfigError
+from ropelab.configs import config_from_dict, config_to_dict, load_config, save_config
+from ropelab.configs.schema import RunConfig
+from ropelab.model.config import POS_KINDS
+from ropelab.common.errors import ConfigError
 
 CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
 PRESETS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if "ablations" not in p.relative_to(CONFIG_DIR).parts)  # grids: test_ablate

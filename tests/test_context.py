@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from eval.context import breakdown, breakdown_text, context_gain, crossing, position_cells
-from eval.extrapolation import share_window_sets
-from eval.perplexity import perplexity
-from eval.stats import Cell
+from ropelab.eval.lm.context_use import breakdown, breakdown_text, context_gain, crossing, position_cells
+from ropelab.eval.lm.extrapolation import share_window_sets
+from ropelab.eval.lm.perplexity import perplexity
+from ropelab.eval.reporting.stats import Cell
 from reference import ContextFree
 
 
@@ -115,7 +115,7 @@ def test_breakdowns_of_fine_tunes_count_each_parent_once():
     half = 12.706204736174705 * logs.std(ddof=1) / math.sqrt(2)  # t(0.975, 1)
     assert found["point"] == pytest.approx(2 ** logs.mean(), rel=1e-12)
     assert found["high"] == pytest.approx(2 ** (logs.mean() + half))
-    from eval.tables import summarize
+    from ropelab.eval.reporting.tables import summarize
     runs = [{"run": f"ft{p}{k}", "seed": k, "parent": {"run": f"parent-{p}", "checkpoint": "step_7"}}
             for p in "ab" for k in (0, 1)]
     rows = [{"run": r["run"], "seed": r["seed"], "corpus": "c", "protocol": "sliding", "encoding": "rope",
@@ -131,7 +131,7 @@ def test_breakdowns_of_fine_tunes_count_each_parent_once():
 def test_rows_pair_by_seed_and_fine_tunes_also_by_parent():
     """Rows of different runs trained with the same seeds pair seed by seed (each run its own
     unit); rows of fine-tunes pair by seed and parent, with the parents as the replicates."""
-    from eval.tables import compare
+    from ropelab.eval.reporting.tables import compare
 
     def results(parents: bool) -> dict:
         runs = [{"run": f"{enc}-{p}{k}", "seed": k,

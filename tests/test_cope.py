@@ -12,12 +12,12 @@ import math
 import pytest
 import torch
 
-import train
+from ropelab import train
 from conftest import tiny_config, write_run_config
-from model.config import CopeConfig, ModelConfig, PosConfig
-from common.errors import ConfigError
-from model.transformer import Transformer
-from training.saved_run import load_run
+from ropelab.model.config import CopeConfig, ModelConfig, PosConfig
+from ropelab.common.errors import ConfigError
+from ropelab.model.transformer import Transformer
+from ropelab.training.saved_run import load_run
 
 
 def cope_model() -> Transformer:

@@ -19,13 +19,13 @@ from pathlib import Path
 import pytest
 import torch
 
-import model.attention as attention_module
+import ropelab.model.attention as attention_module
 from conftest import ALL_KINDS, tiny_config, write_run_config
-from model.config import POS_KINDS
-from model.encodings import kinds_where
-from model.flex_attention import flex_causal_attention, trains_tables
-from model.generate import generate
-from model.transformer import Transformer
+from ropelab.model.config import POS_KINDS
+from ropelab.model.encodings import kinds_where
+from ropelab.model.flex_attention import flex_causal_attention, trains_tables
+from ropelab.model.generate import generate
+from ropelab.model.transformer import Transformer
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 

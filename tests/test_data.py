@@ -15,13 +15,13 @@ import numpy as np
 import pytest
 import torch
 
-import data.prepare as prepare_mod
-from configs.schema import DataConfig, LocalConfig, TokenizerConfig
-from data import EOT, TrainSampler, prepare_data
-from data.builtin import builtin_documents, split_of
-from data.prepare import PreparedData
-from data.sources import group_documents, open_corpus
-from common.errors import ConfigError, DataError
+import ropelab.data.prepare as prepare_mod
+from ropelab.configs.schema import DataConfig, LocalConfig, TokenizerConfig
+from ropelab.data import EOT, TrainSampler, prepare_data
+from ropelab.data.builtin import builtin_documents, split_of
+from ropelab.data.prepare import PreparedData
+from ropelab.data.sources import group_documents, open_corpus
+from ropelab.common.errors import ConfigError, DataError
 
 ROOT = Path(__file__).resolve().parents[1]
 WIKITEXT2 = ROOT.parent / "shared" / "data" / "wikitext-2"
@@ -113,9 +113,9 @@ def test_split_fraction_is_deterministic_document_level(tmp_path):
 def test_hub_offline_error_explains_local_files(tmp_path):
     # A fresh process so the offline switches are read at import, as datasets does.
     code = ("import sys; sys.path.insert(0, sys.argv[1])\n"
-            "from configs.schema import DataConfig, HubConfig\n"
-            "from data import prepare_data\n"
-            "from common.errors import DataError\n"
+            "from ropelab.configs.schema import DataConfig, HubConfig\n"
+            "from ropelab.data import prepare_data\n"
+            "from ropelab.common.errors import DataError\n"
             "try:\n"
             "    prepare_data(DataConfig(source='hub', hub=HubConfig(name='wikitext-2-raw-v1'),"
             " cache_dir=sys.argv[2], num_proc=1), progress=False)\n"
@@ -266,7 +266,7 @@ def test_builtin_corpus_is_deterministic_and_substantial():
     docs = builtin_documents()
     digest = hashlib.sha256(json.dumps(docs).encode()).hexdigest()
     code = ("import sys, json, hashlib; sys.path.insert(0, sys.argv[1]); "
-            "from data.builtin import builtin_documents; "
+            "from ropelab.data.builtin import builtin_documents; "
             "print(hashlib.sha256(json.dumps(builtin_documents()).encode()).hexdigest())")
     env = {**os.environ, "PYTHONHASHSEED": "987"}
     out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True,

@@ -9,11 +9,12 @@ import json
 import numpy as np
 import pytest
 
-import train
-from common.errors import ConfigError
-from configs.grid import load_grid
+from ropelab import train
+from ropelab.common.errors import ConfigError
+from ropelab.configs.grid import load_grid
 from conftest import write_run_config
-from scripts import ablate, diagnose
+from ropelab.scripts import ablate
+from ropelab.scripts import diagnose
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +61,10 @@ def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp
     """eval.remake on a diagnostics report: the same tables from results.json alone, whether it
     holds the runs' full cells (reports written before results.json kept measures per window)
     or the per-window measures; in place the example maps drawn beside it stay linked."""
-    from eval import diagnostic_report, diagnostics, remake
-    from eval.diagnostic_report import _jsonable
+    from ropelab.eval.diagnostics import report
+    from ropelab.eval.diagnostics import measure as diagnostics
+    from ropelab.eval import regenerate
+    from ropelab.eval.diagnostics.report import _jsonable
     runs = [diag_runs / name for name in ("rope-a", "rope-b", "alibi", "linear")]
     out = tmp_path / "report"
     assert diagnose.main([*map(str, runs), "--lengths", "64", "--windows", "2", "--out", str(out)]) == 0
@@ -70,7 +73,7 @@ def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp
 
     def tables(text):  # the report without the sentences that say it was made again
         if " Made again" in text:
-            text = text.replace(text[text.index(" Made again"):text.index("(python -m eval.remake).") + 24], "")
+            text = text.replace(text[text.index(" Made again"):text.index("(ropelab regenerate).") + 21], "")
         return text.replace(" Drawn when the runs' caches were at hand (results.json keeps no maps).", "")
 
     def without_maps(text):
@@ -79,7 +82,7 @@ def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp
         head, tail = text.split("\n## Example attention maps", 1)
         return head + ("\n## " + tail.split("\n## ", 1)[1] if "\n## " in tail else "\n")
 
-    remake.remake(out)
+    regenerate.remake(out)
     again = (out / "report.md").read_text()
     assert "Made again" in again and tables(again) == original
     assert "](attention_map_0.png)" in again and "Drawn when the runs' caches were at hand" in again
@@ -92,31 +95,31 @@ def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp
     (unmarked / "results.json").write_text(json.dumps({**reduced, "cells": {
         run: {n: {k: v for k, v in cell.items() if k != "per_window"} for n, cell in by_length.items()}
         for run, by_length in reduced["cells"].items()}}))
-    remake.remake(unmarked)
+    regenerate.remake(unmarked)
     assert json.loads((unmarked / "results.json").read_text())["rows"] == reduced["rows"]
     # Cells no report can be made from: one line, exit 2.
     broken = tmp_path / "broken"
     broken.mkdir()
     (broken / "results.json").write_text(json.dumps({**reduced, "cells": {
         run: {n: {**cell, "entropy": 7} for n, cell in by_length.items()} for run, by_length in reduced["cells"].items()}}))
-    assert remake.main([str(broken / "results.json")]) == 2
+    assert regenerate.main([str(broken / "results.json")]) == 2
     err = capsys.readouterr().err
     assert "cannot be read" in err and "Traceback" not in err and err.count("\n") == 1
 
     elsewhere = tmp_path / "elsewhere"
-    remake.remake(out / "results.json", out=elsewhere)  # the maps, which results.json lacks, come along
+    regenerate.remake(out / "results.json", out=elsewhere)  # the maps, which results.json lacks, come along
     assert tables((elsewhere / "report.md").read_text()) == original
     maps = sorted(f.name for f in out.glob("attention_map_*.png"))
     assert maps and sorted(f.name for f in elsewhere.glob("attention_map_*.png")) == maps
     assert all((elsewhere / m).read_bytes() == (out / m).read_bytes() for m in maps)
     nowhere = tmp_path / "nowhere"
-    remake.remake(unmarked / "results.json", out=nowhere)  # no figure beside it: no map section
+    regenerate.remake(unmarked / "results.json", out=nowhere)  # no figure beside it: no map section
     assert "Example attention maps" not in (nowhere / "report.md").read_text()
     assert tables((nowhere / "report.md").read_text()) == without_maps(original)
     taken = tmp_path / "taken"
     taken.mkdir()
     (taken / "notes.txt").write_text("mine")
-    assert remake.main([str(out / "results.json"), "--out", str(taken)]) == 2  # not a report's directory
+    assert regenerate.main([str(out / "results.json"), "--out", str(taken)]) == 2  # not a report's directory
     assert sorted(f.name for f in taken.iterdir()) == ["notes.txt"]
     capsys.readouterr()
 
@@ -129,11 +132,11 @@ def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp
     full = tmp_path / "full"
     full.mkdir()
     (full / "results.json").write_text(json.dumps(_jsonable(captured)))
-    remake.remake(full)
+    regenerate.remake(full)
     assert without_maps(tables((full / "report.md").read_text())) == without_maps(original)
     rewritten = json.loads((full / "results.json").read_text())
     assert rewritten["cells"] == reduced["cells"]
-    assert {"per_window", *diagnostic_report.MEASURES[:3]} <= set(rewritten["cells"][str(runs[0])]["64"])
+    assert {"per_window", *report.MEASURES[:3]} <= set(rewritten["cells"][str(runs[0])]["64"])
 
 
 def test_user_errors_are_one_line_and_exit_2(diag_runs, tmp_path, capsys):
@@ -212,7 +215,7 @@ report: {tmp_path / 'report'}
 
 
 def test_diagnosed_lengths_follow_each_runs_training_length_unless_set():
-    from configs.diagnostics import DiagnosticsConfig
+    from ropelab.configs.diagnostics import DiagnosticsConfig
 
     assert DiagnosticsConfig().resolved_lengths(128) == [128, 256, 512, 1024, 2048]
     pilot = DiagnosticsConfig(length_multipliers=[1, 1.5, 2, 8])

@@ -6,9 +6,9 @@ import json
 import numpy as np
 import pytest
 
-from data.tasks import Multikey, Passkey, eval_instance, task_tokenizer
-from data.tasks.base import answer_needles, answer_spans
-from eval.diagnostic_report import pooled_rows
+from ropelab.data.tasks import Multikey, Passkey, eval_instance, task_tokenizer
+from ropelab.data.tasks.base import answer_needles, answer_spans
+from ropelab.eval.diagnostics.report import pooled_rows
 
 LAYERS, HEADS = 2, 4
 
@@ -54,7 +54,7 @@ def test_seeds_pool_their_own_retrieval_heads_and_ranked_sinks_not_one_head_inde
 
 
 def test_each_runs_retrieval_head_stands_apart_from_the_pooled_row():
-    from eval.needle_report import _per_run_table
+    from ropelab.eval.diagnostics.needle import _per_run_table
 
     runs = [_run("a", 0), _run("b", 1)]
     # Seed a keeps the far needle (depth 0) at 128; seed b, say one that never learned the task, attends little.
@@ -77,7 +77,7 @@ def test_each_runs_retrieval_head_stands_apart_from_the_pooled_row():
 
 
 def test_the_first_answer_query_is_read_on_each_runs_own_retrieval_head():
-    from eval.needle_report import _first_query_table, _per_run_table
+    from ropelab.eval.diagnostics.needle import _first_query_table, _per_run_table
 
     runs = [_run("a", 0), _run("b", 1)]
     cells = {"runs/a": {"64": _cell((1, 0), {0.0: 0.9}, (0, 1))}, "runs/b": {"64": _cell((1, 3), {0.0: 0.9}, (0, 2))}}
@@ -119,9 +119,9 @@ def test_one_run_keeps_its_head_indices_and_an_old_cache_has_no_depth_table():
 
 
 def test_a_passkey_runs_report_gives_the_retrieval_heads_mass_by_depth(tmp_path):
-    import train
-    from eval import remake
-    from scripts import diagnose
+    from ropelab import train
+    from ropelab.eval import regenerate
+    from ropelab.scripts import diagnose
     from tests.test_diagnose_command import passkey_config
 
     assert train.main([str(passkey_config(tmp_path))]) == 0
@@ -136,12 +136,12 @@ def test_a_passkey_runs_report_gives_the_retrieval_heads_mass_by_depth(tmp_path)
     assert "The retrieval head's mass on the needle by its depth" in report
     table = [line for line in report.splitlines() if line.startswith("| passkey") or line.startswith("| rope")]
     assert any(f"| {depths[0]:g} |" in line for line in table)
-    assert remake.main([str(out)]) == 0  # made again from results.json alone: the same depth table
+    assert regenerate.main([str(out)]) == 0  # made again from results.json alone: the same depth table
     assert "The retrieval head's mass on the needle by its depth" in (out / "report.md").read_text()
 
 
 def test_a_passkeys_answer_needles_are_its_key_once_or_in_the_papers_wording_twice():
-    from data.tokenizers import ByteTokenizer
+    from ropelab.data.tokenizers import ByteTokenizer
     for task, copies in ((Passkey(task_tokenizer(), distractors=4), 1), (Passkey(ByteTokenizer(), style="text"), 2)):
         for depth in (0.0, 0.5, 1.0):  # the distractor numbers are not the key: not marked
             instance = eval_instance(task, 0, 400, depth, 1)
@@ -168,8 +168,8 @@ def test_multikey_needles_are_the_asked_values_and_not_the_distractors():
 
 
 def test_a_multikey_run_is_diagnosed_on_its_asked_needles(tmp_path):
-    import train
-    from scripts import diagnose
+    from ropelab import train
+    from ropelab.scripts import diagnose
     from tests.test_diagnose_command import passkey_config
 
     config = passkey_config(tmp_path)

@@ -10,17 +10,17 @@ import pytest
 import torch
 
 from conftest import ALL_KINDS, tiny_config
-from data.tasks import Passkey, eval_instance, task_tokenizer
-from eval import attention_stats
-from eval.attention_probe import (LayerAttention, attention_inputs, attention_probabilities, rotary_pair_norms,
+from ropelab.data.tasks import Passkey, eval_instance, task_tokenizer
+from ropelab.eval.diagnostics import attention_stats
+from ropelab.eval.diagnostics.attention_probe import (LayerAttention, attention_inputs, attention_probabilities, rotary_pair_norms,
                                   rotated_vectors)
-from eval.attention_stats import bin_edges, head_stats, log2_bin, needle_mass
-from eval.diagnostic_report import uniform_distance, uniform_entropy
-from eval.diagnostics import Window, diagnose_window
-from eval.plots import encoding_color
-from model.config import POS_KINDS
-from model.positional.rope import PAIRINGS
-from model.transformer import Transformer
+from ropelab.eval.diagnostics.attention_stats import bin_edges, head_stats, log2_bin, needle_mass
+from ropelab.eval.diagnostics.report import uniform_distance, uniform_entropy
+from ropelab.eval.diagnostics.measure import Window, diagnose_window
+from ropelab.eval.lm.plots import encoding_color
+from ropelab.model.config import POS_KINDS
+from ropelab.model.positional.rope import PAIRINGS
+from ropelab.model.transformer import Transformer
 
 
 @torch.no_grad()

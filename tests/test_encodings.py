@@ -18,10 +18,10 @@ from pathlib import Path
 
 import pytest
 
-from configs import load_config
-from model.config import PosConfig
-from model.encodings import DEFAULT_KIND, KINDS, LLAMA_KIND, POS_KINDS, PosKind, kinds_where
-from model.positional import ENCODINGS
+from ropelab.configs import load_config
+from ropelab.model.config import PosConfig
+from ropelab.model.encodings import DEFAULT_KIND, KINDS, LLAMA_KIND, POS_KINDS, PosKind, kinds_where
+from ropelab.model.positional import ENCODINGS
 
 ROOT = Path(__file__).resolve().parents[1]
 CODE = ("common", "model", "configs", "data", "training", "eval", "scripts")

@@ -10,16 +10,16 @@ import numpy as np
 import pytest
 import torch
 
-import train
+from ropelab import train
 from conftest import tiny_config, write_run_config
-from data.tokenizers import ByteTokenizer
-from configs.schema import EvalConfig
-from eval.extrapolation import run_extrapolation, scale_note, scaling_for
-from eval.report import write_report
-from eval.perplexity import curve_edges, perplexity
-from eval.tables import summarize
-from model.transformer import Transformer
-from training.validation import validation_loss
+from ropelab.data.tokenizers import ByteTokenizer
+from ropelab.configs.schema import EvalConfig
+from ropelab.eval.lm.extrapolation import run_extrapolation, scale_note, scaling_for
+from ropelab.eval.lm.report import write_report
+from ropelab.eval.lm.perplexity import curve_edges, perplexity
+from ropelab.eval.reporting.tables import summarize
+from ropelab.model.transformer import Transformer
+from ropelab.training.validation import validation_loss
 
 
 @pytest.fixture(scope="module")
@@ -177,7 +177,7 @@ def test_report_from_tiny_runs(tiny_runs, tmp_path):
 
 
 def test_cli_reports_missing_runs_and_errors(tiny_runs, tmp_path, capsys):
-    from eval.extrapolation import main
+    from ropelab.eval.lm.extrapolation import main
     assert main([str(tmp_path / "nope"), "--out", str(tmp_path / "r")]) == 2
     assert "not a run directory" in capsys.readouterr().err
     assert main([str(tiny_runs / "rope-a"), str(tmp_path / "nope"), "--lengths", "32",
@@ -186,8 +186,8 @@ def test_cli_reports_missing_runs_and_errors(tiny_runs, tmp_path, capsys):
 
 
 def test_token_bytes_count_utf8(tmp_path):
-    from configs.schema import TokenizerConfig
-    from data.tokenizers import train_tokenizer
+    from ropelab.configs.schema import TokenizerConfig
+    from ropelab.data.tokenizers import train_tokenizer
 
     texts = ["héllo wörld, the cat sat on the mat. " * 30, "naïve café ☕ data " * 30]
     for kind in ("bpe", "byte", "char"):
@@ -199,8 +199,8 @@ def test_token_bytes_count_utf8(tmp_path):
 
 
 def test_rescaled_model_equals_a_model_loaded_with_that_scaling(tiny_runs):
-    from model.config import RopeScalingConfig
-    from training.saved_run import load_run, rescaled
+    from ropelab.model.config import RopeScalingConfig
+    from ropelab.training.saved_run import load_run, rescaled
 
     scaling = RopeScalingConfig(type="yarn", factor=2.0, original_max_len=32)
     run = load_run(tiny_runs / "rope-a")
@@ -212,8 +212,8 @@ def test_rescaled_model_equals_a_model_loaded_with_that_scaling(tiny_runs):
 
 
 def test_evaluation_uses_the_runs_tokenizer_and_never_retrains_one(tmp_path, corpus, monkeypatch):
-    import data.tokenizers
-    from eval.extrapolation import evaluate_run
+    import ropelab.data.tokenizers
+    from ropelab.eval.lm.extrapolation import evaluate_run
 
     cfg = str(write_run_config(tmp_path, corpus))
     assert train.main([cfg, "train.max_steps=4", "data.tokenizer.kind=bpe", "data.tokenizer.vocab_size=300",
@@ -225,7 +225,7 @@ def test_evaluation_uses_the_runs_tokenizer_and_never_retrains_one(tmp_path, cor
     def no_training(*args, **kwargs):
         raise AssertionError("evaluation retrained a tokenizer")
 
-    monkeypatch.setattr(data.tokenizers, "_train_bpe", no_training)
+    monkeypatch.setattr(ropelab.data.tokenizers, "_train_bpe", no_training)
     import shutil
     shutil.rmtree(tmp_path / "cache")  # neither the training nor the evaluation cache is left
     again = evaluate_run(run_dir, ev, log=lambda *a: None)[1]
@@ -233,7 +233,7 @@ def test_evaluation_uses_the_runs_tokenizer_and_never_retrains_one(tmp_path, cor
 
 
 def test_cli_flags_are_checked_before_any_work(tiny_runs, tmp_path, capsys):
-    from eval.extrapolation import main
+    from ropelab.eval.lm.extrapolation import main
     with pytest.raises(SystemExit) as e:  # argparse's usage error, before any work
         main([str(tiny_runs / "rope-a"), "--stride", "0", "--out", str(tmp_path / "r")])
     err = capsys.readouterr().err
@@ -242,7 +242,7 @@ def test_cli_flags_are_checked_before_any_work(tiny_runs, tmp_path, capsys):
 
 
 def test_provenance_names_every_commit_and_says_whether_each_is_clean():
-    from eval.report_runs import provenance
+    from ropelab.eval.reporting.runs_section import provenance
     one = provenance([{"git_commit": "a" * 40}, {"git_commit": "a" * 40}])
     assert one == [f"All 2 runs were trained from commit `{'a' * 12}`, a clean tree."]
     assert provenance([{"git_commit": "a" * 40}]) == [f"The run was trained from commit `{'a' * 12}`, a clean tree."]
@@ -262,7 +262,7 @@ def test_provenance_names_every_commit_and_says_whether_each_is_clean():
 
 
 def test_rows_whose_seeds_had_different_schedules_are_named():
-    from eval.report_runs import provenance, schedule_lines
+    from ropelab.eval.reporting.runs_section import provenance, schedule_lines
     same = [{"name": f"a_seed-{k}", "group": "g", "total_steps": 100, "schedules": [[0, 100]]} for k in range(2)]
     assert schedule_lines(same) == []
     assert schedule_lines([{"name": "old", "group": "g"}]) == []  # a checkpoint before the record: nothing to say
@@ -282,7 +282,7 @@ def test_rows_whose_seeds_had_different_schedules_are_named():
 
 
 def test_the_reference_row_is_chosen_on_the_command_line_and_a_missing_one_is_said(tiny_runs, tmp_path, capsys):
-    from eval.extrapolation import main
+    from ropelab.eval.lm.extrapolation import main
     runs = [str(tiny_runs / name) for name in ("rope-a", "learned")]
     common = ["--lengths", "16", "32", "--protocols", "nonoverlap", "--max-tokens", "512"]
     assert main([*runs, *common, "--reference", "learned", "--out", str(tmp_path / "a")]) == 0
@@ -309,7 +309,7 @@ def test_a_one_run_report_says_there_is_nothing_to_compare(tiny_runs, tmp_path):
 
 
 def test_wall_times_read_in_one_unit_that_is_never_zero():
-    from eval.tables import durations
+    from ropelab.eval.reporting.tables import durations
 
     assert durations(4680, 1800, 6480) == ["1.30 h", "0.50 h", "1.80 h"]
     assert durations(6, 36, 42) == ["0.1 min", "0.6 min", "0.7 min"]  # 0.00 h each, as hours
@@ -338,11 +338,11 @@ def test_same_token_protocol_context_use_and_breakdown_in_the_report(tiny_runs, 
 
 
 def test_settings_a_sweep_did_not_choose_are_ablations_with_their_own_table_and_correction(tiny_runs, tmp_path, capsys):
-    """A sweep record (scripts/tune.py's tuning.json) beside the report: the rows it did not
+    """A sweep record (`ropelab tune`'s tuning.json) beside the report: the rows it did not
     choose keep their perplexities but leave the study's comparisons for a table and a
     Benjamini–Hochberg family of their own; a remade report elsewhere keeps the split."""
-    from eval.extrapolation import main
-    from eval.remake import main as remake
+    from ropelab.eval.lm.extrapolation import main
+    from ropelab.eval.regenerate import main as remake
 
     out = tmp_path / "study"
     out.mkdir()
@@ -365,4 +365,4 @@ def test_settings_a_sweep_did_not_choose_are_ablations_with_their_own_table_and_
     (out / "tuning.json").write_text("{\"encodings\": [1, 2]")
     assert main([*runs, *common, "--out", str(out)]) == 2
     err = capsys.readouterr().err
-    assert "tuning.json is not a sweep record that scripts/tune.py wrote" in err and "Traceback" not in err
+    assert "tuning.json is not a sweep record that `ropelab tune` wrote" in err and "Traceback" not in err

@@ -11,23 +11,22 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from configs.schema import EvalConfig
-from eval import driver
-from eval.extrapolation import run_extrapolation
-from model.transformer import Transformer
+from ropelab.configs.schema import EvalConfig
+from ropelab.eval.core import evaluation
+from ropelab.eval.lm.extrapolation import run_extrapolation
+from ropelab.model.transformer import Transformer
 
 
 def test_an_interrupted_evaluation_resumes_after_its_last_finished_cell(tiny_runs, tmp_path, monkeypatch):
     import shutil
 
-    import eval.extrapolation as ex
-
+    import ropelab.eval.lm.extrapolation as ex
     ev = EvalConfig(lengths=[16, 32, 64], scalings=["none", "yarn"], protocols=["nonoverlap", "sliding"],
                     max_tokens=1024)
     runs = {name: tmp_path / name / "rope-a" for name in ("whole", "cut")}  # apart: no shared cell store
     for path in runs.values():
         shutil.copytree(tiny_runs / "rope-a", path)
-    whole = driver.cached_evaluation(ex.EXTRAPOLATION, runs["whole"], lambda cfg: ev, "cpu", lambda *a: None)
+    whole = evaluation.cached_evaluation(ex.EXTRAPOLATION, runs["whole"], lambda cfg: ev, "cpu", lambda *a: None)
 
     calls, real = [], ex.perplexity
 
@@ -39,14 +38,14 @@ def test_an_interrupted_evaluation_resumes_after_its_last_finished_cell(tiny_run
 
     monkeypatch.setattr(ex, "perplexity", dies_on_the_fifth)
     with pytest.raises(KeyboardInterrupt):
-        driver.cached_evaluation(ex.EXTRAPOLATION, runs["cut"], lambda cfg: ev, "cpu", lambda *a: None)
+        evaluation.cached_evaluation(ex.EXTRAPOLATION, runs["cut"], lambda cfg: ev, "cpu", lambda *a: None)
     journal = next((runs["cut"] / "eval").glob("*.partial.jsonl"))
     with open(journal, "a") as f:
         f.write('{"cell": "None|cut sh')  # a line the kill left half written
     # Cells: none at 16, 32, 64 (two protocols each), then yarn at 64 (16 and 32 are plain
     # RoPE, copied). Two cells (four perplexities) finished before the fifth call died.
     calls.clear()
-    meta, rows, curves = driver.cached_evaluation(ex.EXTRAPOLATION, runs["cut"], lambda cfg: ev, "cpu", lambda *a: None)
+    meta, rows, curves = evaluation.cached_evaluation(ex.EXTRAPOLATION, runs["cut"], lambda cfg: ev, "cpu", lambda *a: None)
     assert calls == [64, 64, 64, 64]  # none at 64, then yarn at 64: the finished cells are not redone
     assert [(r["scaling"], r["length"], r["protocol"], r["nll"]) for r in rows] == \
         [(r["scaling"], r["length"], r["protocol"], r["nll"]) for r in whole[1]]
@@ -55,7 +54,7 @@ def test_an_interrupted_evaluation_resumes_after_its_last_finished_cell(tiny_run
 
 
 def test_a_journal_from_another_checkpoint_is_not_reused(tiny_runs, tmp_path):
-    from eval.extrapolation import Cells
+    from ropelab.eval.lm.extrapolation import Cells
 
     path = tmp_path / "j.partial.jsonl"
     cells = Cells(path, "step_000020")
@@ -69,9 +68,9 @@ def test_a_journal_from_another_checkpoint_is_not_reused(tiny_runs, tmp_path):
 
 
 def test_the_cache_key_ignores_what_cannot_change_a_perplexity():
-    from configs.diagnostics import DiagnosticsConfig
-    from configs.tasks import TaskEvalConfig
-    from eval.extrapolation import _cache_key
+    from ropelab.configs.diagnostics import DiagnosticsConfig
+    from ropelab.configs.tasks import TaskEvalConfig
+    from ropelab.eval.lm.extrapolation import _cache_key
 
     ev = EvalConfig(lengths=[16, 32])
     same = [EvalConfig(lengths=[16, 32], batch_size=3), EvalConfig(lengths=[16, 32], reference="alibi"),
@@ -85,8 +84,7 @@ def test_the_cache_key_ignores_what_cannot_change_a_perplexity():
 def test_scalings_with_the_same_rotary_tables_are_scored_once(tiny_runs, monkeypatch):
     """Dynamic NTK fitted to L is NTK at s = L / L_train (every window is L tokens): scored
     once, and the shared numbers are those of scoring dynamic NTK on its own."""
-    import eval.extrapolation as ex
-
+    import ropelab.eval.lm.extrapolation as ex
     calls, real = [], ex.perplexity
 
     def counted(model, *args, **kwargs):
@@ -120,7 +118,7 @@ def test_scalings_with_the_same_rotary_tables_are_scored_once(tiny_runs, monkeyp
 def test_the_report_compares_a_row_identical_to_another_only_once(tiny_runs, tmp_path):
     """Dynamic NTK equals NTK bit for bit here: both rows are shown, the note says why, and
     only NTK is compared; a row that differs in a single unit is never folded."""
-    from eval.tables import identical_rows
+    from ropelab.eval.reporting.tables import identical_rows
 
     ev = EvalConfig(lengths=[16, 32, 64], scalings=["none", "ntk", "dynamic", "yarn", "linear"],
                     protocols=["nonoverlap"], max_tokens=1024)
@@ -149,8 +147,7 @@ def test_cells_are_shared_by_content_between_runs_and_configs(tiny_runs, tmp_pat
     score their own."""
     import shutil
 
-    import eval.extrapolation as ex
-
+    import ropelab.eval.lm.extrapolation as ex
     grid = tmp_path / "grid"
     for name, source in (("a", "rope-a"), ("b", "rope-a"), ("c", "rope-b")):
         shutil.copytree(tiny_runs / source, grid / name, ignore=shutil.ignore_patterns("eval"))
@@ -163,22 +160,22 @@ def test_cells_are_shared_by_content_between_runs_and_configs(tiny_runs, tmp_pat
     monkeypatch.setattr(ex, "perplexity", counted)
     ev = EvalConfig(lengths=[16, 32], scalings=["none", "yarn"], protocols=["nonoverlap", "sliding"], max_tokens=1024)
     quiet = lambda *a: None  # noqa: E731
-    meta_a, rows_a, curves_a = driver.cached_evaluation(ex.EXTRAPOLATION, grid / "a", lambda cfg: ev, "cpu", quiet)
+    meta_a, rows_a, curves_a = evaluation.cached_evaluation(ex.EXTRAPOLATION, grid / "a", lambda cfg: ev, "cpu", quiet)
     assert calls == [16, 16, 32, 32]  # yarn is plain RoPE up to L = 32: shared within the run
     calls.clear()
-    meta_b, rows_b, curves_b = driver.cached_evaluation(ex.EXTRAPOLATION, grid / "b", lambda cfg: ev, "cpu", quiet)
+    meta_b, rows_b, curves_b = evaluation.cached_evaluation(ex.EXTRAPOLATION, grid / "b", lambda cfg: ev, "cpu", quiet)
     assert calls == []  # the same weights and tokens: every cell from the store
     assert [{**r, "run": None, "name": None} for r in rows_b] == [{**r, "run": None, "name": None} for r in rows_a]
     assert curves_b == curves_a and {r["run"] for r in rows_b} == {meta_b["run"]} != {meta_a["run"]}
     calls.clear()
     wider = dataclasses.replace(ev, lengths=[16, 32, 64])
-    _, rows, curves = driver.cached_evaluation(ex.EXTRAPOLATION, grid / "a", lambda cfg: wider, "cpu", quiet)
+    _, rows, curves = evaluation.cached_evaluation(ex.EXTRAPOLATION, grid / "a", lambda cfg: wider, "cpu", quiet)
     assert calls == [64, 64, 64, 64]  # one more length (none, then yarn at 2L): only its cells are new
     assert [r["nll"] for r in rows if r["length"] <= 32] == [r["nll"] for r in rows_a]
     (curve_corpus,) = curves.values()
     assert curve_corpus["none"]["edges"][-1] == 65  # the curve moved to the longest length
     calls.clear()
-    driver.cached_evaluation(ex.EXTRAPOLATION, grid / "c", lambda cfg: ev, "cpu", quiet)
+    evaluation.cached_evaluation(ex.EXTRAPOLATION, grid / "c", lambda cfg: ev, "cpu", quiet)
     assert calls == [16, 16, 32, 32]  # other weights (another seed) are scored
     assert len(list((grid / ".eval-cells").glob("*.json"))) == 2 + 1 + 1 + 2  # a: 16, 32; 64 none, yarn; c
 
@@ -189,21 +186,21 @@ def test_cells_are_shared_by_content_between_runs_and_configs(tiny_runs, tmp_pat
     shutil.rmtree(grid / ".eval-cells")
     calls.clear()
     monkeypatch.setattr(ex, "git_commit", lambda: "d" * 40 + "-dirty")
-    driver.cached_evaluation(ex.EXTRAPOLATION, grid / "d", lambda cfg: ev, "cpu", quiet)
+    evaluation.cached_evaluation(ex.EXTRAPOLATION, grid / "d", lambda cfg: ev, "cpu", quiet)
     assert calls == [16, 16, 32, 32]
     calls.clear()
-    driver.cached_evaluation(ex.EXTRAPOLATION, grid / "b", lambda cfg: wider, "cpu", quiet)
+    evaluation.cached_evaluation(ex.EXTRAPOLATION, grid / "b", lambda cfg: wider, "cpu", quiet)
     assert calls == [64, 64, 64, 64]  # 16 and 32 from d's cells, both trees changed; 64 is new
     calls.clear()
     monkeypatch.setattr(ex, "git_commit", lambda: "d" * 40)
-    _, rows_e, _ = driver.cached_evaluation(ex.EXTRAPOLATION, grid / "e", lambda cfg: ev, "cpu", quiet)
+    _, rows_e, _ = evaluation.cached_evaluation(ex.EXTRAPOLATION, grid / "e", lambda cfg: ev, "cpu", quiet)
     assert calls == [16, 16, 32, 32] and {r["eval_commit"] for r in rows_e} == {"d" * 40}
 
 
 def test_weights_digest_covers_every_encoding_and_every_weight():
     """Every encoding's state dict can be digested (FIRE has a 0-dim parameter), and the digest
     changes with any weight and only with the weights."""
-    from eval.cell_store import weights_digest
+    from ropelab.eval.core.cell_cache import weights_digest
 
     for kind in ("rope", "sinusoidal", "learned", "alibi", "none", "t5", "kerple", "fire", "xpos"):
         torch.manual_seed(0)

@@ -7,10 +7,10 @@ import signal
 
 import pytest
 
-import train
+from ropelab import train
 from conftest import copy_runs, write_run_config
-from eval.extrapolation import main as extrapolation
-from training.trainer import Trainer
+from ropelab.eval.lm.extrapolation import main as extrapolation
+from ropelab.training.trainer import Trainer
 
 BOOK = "It was a dark and stormy night; the rain fell in torrents. " * 12  # ~700 bytes
 

@@ -7,10 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from common.errors import DataError
-from data import window_batch
-from data.samplers import document_spans, document_windows, eval_windows, spread_windows, target_windows
-from eval.perplexity import perplexity
+from ropelab.common.errors import DataError
+from ropelab.data import window_batch
+from ropelab.data.samplers import document_spans, document_windows, eval_windows, spread_windows, target_windows
+from ropelab.eval.lm.perplexity import perplexity
 from reference import ContextFree
 
 EOT = 99

@@ -4,12 +4,12 @@ from __future__ import annotations
 
 import pytest
 
-import train
-from configs import load_config
-from configs.experiment import MAY_DIFFER, experiment_differences, seed_group
-from configs.grid import load_grid
+from ropelab import train
+from ropelab.configs import load_config
+from ropelab.configs.experiment import MAY_DIFFER, experiment_differences, seed_group
+from ropelab.configs.grid import load_grid
 from conftest import write_run_config
-from scripts import ablate
+from ropelab.scripts import ablate
 
 QUICK = "configs/quickstart.yaml"
 

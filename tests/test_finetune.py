@@ -9,16 +9,16 @@ import signal
 import pytest
 import torch
 
-import train
-from configs.schema import EvalConfig
+from ropelab import train
+from ropelab.configs.schema import EvalConfig
 from conftest import write_run_config
-from eval import extrapolation
-from eval.extrapolation import evaluate_run, run_extrapolation
-from eval.reference import missing_reference
-from training.checkpoint import read_meta
-from training.run_dir import RunDir
-from training.saved_run import load_run
-from training.trainer import Trainer
+from ropelab.eval.lm import extrapolation
+from ropelab.eval.lm.extrapolation import evaluate_run, run_extrapolation
+from ropelab.eval.reporting.reference import missing_reference
+from ropelab.training.checkpoint import read_meta
+from ropelab.training.run_dir import RunDir
+from ropelab.training.saved_run import load_run
+from ropelab.training.trainer import Trainer
 
 YARN = ["model.pos.rope.scaling.type=yarn", "model.pos.rope.scaling.factor=4",
         "model.pos.rope.scaling.original_max_len=16"]
@@ -113,8 +113,8 @@ def test_the_budget_report(parent, tmp_path):
 
 
 def test_budget_rows_sort_by_step_and_pair_at_equal_steps(monkeypatch):
-    import eval.report as report
-    from eval.labels import label_order, split_step
+    import ropelab.eval.lm.report as report
+    from ropelab.eval.reporting.labels import label_order, split_step
 
     labels = ["yarn @ 400", "none @ 50", "none @ 100", "yarn @ 0", "none @ 0", "none @ 400", "yarn @ 50", "rope"]
     assert sorted(labels, key=label_order) == ["none @ 0", "none @ 50", "none @ 100", "none @ 400", "rope",
@@ -164,7 +164,7 @@ def test_a_parent_still_training_is_refused(parent, capsys, monkeypatch):
 
 def test_a_fine_tuned_run_exports_with_its_scaling(parent, tmp_path, capsys):
     pytest.importorskip("transformers")
-    from scripts.export_hf import main as export
+    from ropelab.scripts.export_hf import main as export
 
     tmp, cfg, parent_dir = parent
     if not (tmp / "runs" / "child").exists():

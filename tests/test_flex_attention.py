@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from model.flex_attention import (flex_causal_attention, kernel_options, torch_version, trains_tables,
+from ropelab.model.flex_attention import (flex_causal_attention, kernel_options, torch_version, trains_tables,
                                   usable_for_flex)
-from model.transformer import Transformer
+from ropelab.model.transformer import Transformer
 
 
 @pytest.mark.parametrize("kind", ["alibi", "t5", "kerple", "fire"])

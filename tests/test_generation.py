@@ -6,10 +6,10 @@ import pytest
 import torch
 
 from conftest import ALL_KINDS, tiny_config
-from model.config import RopeScalingConfig, XposConfig
-from common.errors import LengthError
-from model.generate import generate, sample_next
-from model.transformer import Transformer
+from ropelab.model.config import RopeScalingConfig, XposConfig
+from ropelab.common.errors import LengthError
+from ropelab.model.generate import generate, sample_next
+from ropelab.model.transformer import Transformer
 from reference import cached_logits
 
 VARIANTS = {kind: tiny_config(kind) for kind in ALL_KINDS}

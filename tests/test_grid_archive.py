@@ -1,4 +1,4 @@
-"""A grid's archive (scripts/grid_archive.py, training/run_record.py): finished, evaluated runs
+"""A grid's archive (scripts/archive.py, training/run_record.py): finished, evaluated runs
 kept as records without weights, restored on a fresh clone so the grid carries over."""
 
 from __future__ import annotations
@@ -11,14 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 
-import train
-from common.errors import CheckpointError, ConfigError
-from configs.grid import load_grid
+from ropelab import train
+from ropelab.common.errors import CheckpointError, ConfigError
+from ropelab.configs.grid import load_grid
 from conftest import write_run_config
-from scripts import ablate, grid_archive, grid_local, tune
-from training.run_dir import RunDir
-from training.run_record import is_record
-from training.saved_run import load_run
+from ropelab.scripts import ablate
+from ropelab.grid import archive
+from ropelab.grid import local
+from ropelab.scripts import tune
+from ropelab.training.run_dir import RunDir
+from ropelab.training.run_record import is_record
+from ropelab.training.saved_run import load_run
 
 
 def write_grid(tmp: Path, corpus: Path, extra: str = "", archive: str = "archive") -> Path:
@@ -73,7 +76,7 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
     # Written again from the same run: the same bytes (nothing in a record says when it was written).
     first = archive_bytes(tmp_path)
     for run in runs:
-        grid_archive.archive_run(load_grid(grid_path), run)
+        archive.archive_run(load_grid(grid_path), run)
     assert archive_bytes(tmp_path) == first
 
     # A fresh clone: no run directories, only the archive. Nothing trains or is evaluated
@@ -196,7 +199,7 @@ def test_archive_alone_keeps_what_another_process_finished(tmp_path, corpus, cap
     assert ablate.main([str(grid_path), "--skip-eval", "--no-estimate"]) == 0
     grid_path.write_text(text)
     runs = load_grid(grid_path).plan()
-    grid_local.evaluate_one(runs[0], grid_local.Slot())
+    local.evaluate_one(runs[0], local.Slot())
     capsys.readouterr()
     assert ablate.main([str(grid_path), "--archive"]) == 0
     out = capsys.readouterr().out
@@ -262,8 +265,8 @@ def test_a_grid_that_keeps_weights_can_be_fine_tuned_from_on_a_fresh_clone(tmp_p
     assert "failed" not in out, out
     for run in load_grid(other_eval).plan():
         kept = {p.name for p in (tmp_path / "archive" / run.name / "eval").glob("*.json.gz")}
-        assert kept == {f"{p.name}.gz" for p in grid_archive.planned_caches(run)}
-        assert not kept & {f"{p.name}.gz" for p in grid_archive.planned_caches(runs[0])
+        assert kept == {f"{p.name}.gz" for p in archive.planned_caches(run)}
+        assert not kept & {f"{p.name}.gz" for p in archive.planned_caches(runs[0])
                            if p.name.startswith("extrapolation")}
 
 

@@ -1,4 +1,4 @@
-"""scripts/grid_deadline.py and ``ablate.py --until``: a grid stops taking runs at a deadline,
+"""grid/deadline.py and ``ablate.py --until``: a grid stops taking runs at a deadline,
 stops training under way there at a checkpoint, and leaves the rest for the same command."""
 
 from __future__ import annotations
@@ -14,11 +14,12 @@ from types import SimpleNamespace
 
 import pytest
 
-from configs.grid import load_grid
-from scripts import ablate, grid_local
-from scripts.grid_deadline import CompetencePlan, Deadline, needs_from, parse_deadline, plans_from, wait
-from scripts.grid_estimate import Estimate, estimate_file, save_estimates, saved_estimates
-from scripts.run_state import status
+from ropelab.configs.grid import load_grid
+from ropelab.scripts import ablate
+from ropelab.grid import local as grid_local
+from ropelab.grid.deadline import CompetencePlan, Deadline, needs_from, parse_deadline, plans_from, wait
+from ropelab.grid.estimate import Estimate, estimate_file, save_estimates, saved_estimates
+from ropelab.grid.run_state import status
 from test_ablate import write_synthetic_grid
 
 NOW = dt.datetime(2026, 12, 3, 9, 10, 30)

@@ -5,8 +5,8 @@ from __future__ import annotations
 
 import pytest
 
-from configs.grid import load_grid
-from scripts.grid_estimate import print_wall_times
+from ropelab.configs.grid import load_grid
+from ropelab.grid.estimate import print_wall_times
 from test_ablate import write_grid
 
 
@@ -15,42 +15,42 @@ def test_a_shape_timed_on_a_busy_machine_says_so(tmp_path, corpus, monkeypatch):
     says which shape and how to time it again; on a quiet machine the shape is timed again by
     itself. Quiet is when the others' load is under half the CPUs (this process's own thread
     not counted)."""
-    from scripts.grid_estimate import estimate_grid
-    from training import probe
+    from ropelab.grid.estimate import estimate_grid
+    from ropelab.training import step_timing
     monkeypatch.setenv("ROPELAB_PROBE_CACHE", str(tmp_path / "probes"))  # timed here, not found timed
-    monkeypatch.setattr(probe.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
-    monkeypatch.setattr(probe.os, "getloadavg", lambda: (1.9, 0.0, 0.0))
-    assert probe.machine_busy() == ""
-    monkeypatch.setattr(probe.os, "getloadavg", lambda: (3.2, 0.0, 0.0))
-    assert probe.machine_busy() == "load average 3.2 on 2 CPUs"
+    monkeypatch.setattr(step_timing.os, "sched_getaffinity", lambda pid: {0, 1}, raising=False)
+    monkeypatch.setattr(step_timing.os, "getloadavg", lambda: (1.9, 0.0, 0.0))
+    assert step_timing.machine_busy() == ""
+    monkeypatch.setattr(step_timing.os, "getloadavg", lambda: (3.2, 0.0, 0.0))
+    assert step_timing.machine_busy() == "load average 3.2 on 2 CPUs"
     grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope]")
     logged = []
     estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=logged.append)
     assert all(e.note.endswith("; timed while busy") for e in estimates.values())
     assert any("timed while other work shared the CPUs (load average 3.2 on 2 CPUs)" in line and
-               str(probe.cache_dir()) in line for line in logged)
+               str(step_timing.cache_dir()) in line for line in logged)
     # While the machine stays busy the record stands (timing it again would be no better) ...
-    key = next(p.stem for p in probe.cache_dir().glob("*.json") if p.stem != "matmul-peaks")
-    assert probe.load(key).busy and probe.load(key).eager_step_s is not None
+    key = next(p.stem for p in step_timing.cache_dir().glob("*.json") if p.stem != "matmul-peaks")
+    assert step_timing.load(key).busy and step_timing.load(key).eager_step_s is not None
     logged.clear()
     estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=logged.append)
     assert not any("timing the shape" in line for line in logged)
     # ... and a quiet machine times the shape again, once, and keeps the quiet record.
-    monkeypatch.setattr(probe.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
-    assert probe.load(key).eager_step_s is None  # read as no record
+    monkeypatch.setattr(step_timing.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
+    assert step_timing.load(key).eager_step_s is None  # read as no record
     logged.clear()
     estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=logged.append)
     assert any("timing the shape" in line for line in logged)
     assert not any("timed while busy" in e.note for e in estimates.values())
-    assert probe.load(key).busy == "" and probe.load(key).eager_step_s is not None
+    assert step_timing.load(key).busy == "" and step_timing.load(key).eager_step_s is not None
 
 
 def test_the_evaluation_estimate_counts_the_tokens_each_protocol_feeds():
     """Scored tokens / rate per length; sliding windows of stride S feed n/S tokens per scored one,
     the same-token protocol n/T; a RoPE scaling is one more model past L only."""
-    from configs.schema import EvalConfig, RunConfig, TrainConfig
-    from scripts.grid_estimate import _eval_seconds
-    from training.probe import ShapeTimes
+    from ropelab.configs.schema import EvalConfig, RunConfig, TrainConfig
+    from ropelab.grid.estimate import _eval_seconds
+    from ropelab.training.step_timing import ShapeTimes
     rates = ShapeTimes("k", eval_tok_s={"16": 100.0, "32": 50.0, "64": 25.0})
     ev = EvalConfig(lengths=[16, 32, 64], protocols=["nonoverlap", "sliding", "same-tokens"], max_tokens=200,
                     scalings=["none", "yarn"])
@@ -64,10 +64,10 @@ def test_the_estimate_counts_every_task_depth_scaling_checkpoint_and_competence_
     """Task scoring: samples x length tokens per task, scaling and depth (tasks that place a
     needle), for every checkpoint of eval.steps; a competence check reads as many instances at
     L per task as a validation, and its budget is an upper bound."""
-    from configs.schema import DataConfig, EvalConfig, RunConfig, TokenizerConfig, TrainConfig
-    from configs.tasks import SyntheticConfig, TaskEvalConfig
-    from scripts.grid_estimate import _eval_seconds, _train_seconds
-    from training.probe import ShapeTimes
+    from ropelab.configs.schema import DataConfig, EvalConfig, RunConfig, TokenizerConfig, TrainConfig
+    from ropelab.configs.tasks import SyntheticConfig, TaskEvalConfig
+    from ropelab.grid.estimate import _eval_seconds, _train_seconds
+    from ropelab.training.step_timing import ShapeTimes
     rates = ShapeTimes("k", eager_step_s=0.5, eval_tok_s={"16": 100.0, "32": 50.0})
     data = DataConfig(source="synthetic", tokenizer=TokenizerConfig(kind="char"), synthetic=SyntheticConfig(tasks=["copy"]))
     ev = EvalConfig(lengths=[16, 32], scalings=["none", "yarn"], steps=[0, 10, 20],
@@ -84,14 +84,15 @@ def test_the_estimate_counts_every_task_depth_scaling_checkpoint_and_competence_
 def test_jobs_at_once_on_the_cpu_stretch_each_runs_estimate_by_their_slowdown(tmp_path, corpus, monkeypatch, capsys):
     """With --jobs 2 each shape is also timed as two jobs at once (here: a shared step twice the
     step alone), and every run's training and evaluation estimates are twice the single job's."""
-    from scripts import ablate, grid_estimate
-    from training import probe
+    from ropelab.scripts import ablate
+    from ropelab.grid import estimate as grid_estimate
+    from ropelab.training import step_timing
     monkeypatch.setenv("ROPELAB_PROBE_CACHE", str(tmp_path / "probes"))
     asked = []
 
     def shared(cfg, rt, jobs, threads):
         asked.append((jobs, threads))
-        times = probe.load(probe.shape_key(cfg, rt))
+        times = step_timing.load(step_timing.shape_key(cfg, rt))
         times.shared_step_s[str(jobs)] = 2 * times.eager_step_s
         times.save()
         return times
@@ -105,7 +106,7 @@ def test_jobs_at_once_on_the_cpu_stretch_each_runs_estimate_by_their_slowdown(tm
         assert e.train_s == pytest.approx(2 * alone[name].train_s) and e.eval_s == pytest.approx(2 * alone[name].eval_s)
         assert "×2.0 with 2 jobs at once" in e.note and "jobs at once" not in alone[name].note
     # A probe that failed leaves the estimate as one job's, and says it may run long.
-    monkeypatch.setattr(grid_estimate, "measure_shared", lambda cfg, rt, jobs, threads: probe.load(probe.shape_key(cfg, rt)))
+    monkeypatch.setattr(grid_estimate, "measure_shared", lambda cfg, rt, jobs, threads: step_timing.load(step_timing.shape_key(cfg, rt)))
     failed = grid_estimate.estimate_grid(load_grid(grid), load_grid(grid).plan(), 1, log=lambda *a: None, jobs=3)
     assert all(e.train_s == pytest.approx(alone[n].train_s) and "(that probe failed): may run long" in e.note
                for n, e in failed.items())
@@ -133,7 +134,7 @@ def test_pending_seeds_are_expected_to_stop_where_their_rows_seeds_did(tmp_path,
     went past its step); the total says so."""
     import json
 
-    from scripts import grid_estimate
+    from ropelab.grid import estimate as grid_estimate
     from test_ablate import write_synthetic_grid
     write_synthetic_grid(tmp_path)
     grid_file = tmp_path / "stop-grid.yaml"
@@ -186,8 +187,8 @@ axes:
 def test_data_that_cannot_be_prepared_gives_its_runs_no_estimate(tmp_path, corpus, monkeypatch):
     """The data is prepared once per data config; where that fails, each run on it gets a failed
     estimate naming the error (the run itself fails with it), and nothing is timed for them."""
-    import scripts.grid_estimate as ge
-    from common.errors import UserError
+    import ropelab.grid.estimate as ge
+    from ropelab.common.errors import UserError
     calls = []
 
     def missing(cfg, rt):

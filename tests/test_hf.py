@@ -20,19 +20,19 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from configs import config_to_dict, save_config
-from configs.schema import DataConfig, LocalConfig, RunConfig, TokenizerConfig, TrainConfig
-from data.tokenizers import ByteTokenizer, train_tokenizer
-from model.config import POS_KINDS, RopeScalingConfig
-from model.encodings import KINDS
-from model.generate import generate
-from model.llama_mapping import permute_rows
-from model.transformer import Transformer
-from scripts.export_hf import main as cli
-from training.checkpoint import save_checkpoint
-from training.hf_directory import EXPORT_FILES, SIDE_FILE
-from training.run_dir import RunDir
-from training.saved_run import load_run
+from ropelab.configs import config_to_dict, save_config
+from ropelab.configs.schema import DataConfig, LocalConfig, RunConfig, TokenizerConfig, TrainConfig
+from ropelab.data.tokenizers import ByteTokenizer, train_tokenizer
+from ropelab.model.config import POS_KINDS, RopeScalingConfig
+from ropelab.model.encodings import KINDS
+from ropelab.model.generate import generate
+from ropelab.model.llama_mapping import permute_rows
+from ropelab.model.transformer import Transformer
+from ropelab.scripts.export_hf import main as cli
+from ropelab.training.checkpoint import save_checkpoint
+from ropelab.training.hf_directory import EXPORT_FILES, SIDE_FILE
+from ropelab.training.run_dir import RunDir
+from ropelab.training.saved_run import load_run
 
 transformers = pytest.importorskip("transformers")
 
@@ -333,7 +333,7 @@ def test_an_export_with_nan_weights_is_not_imported(exported, tmp_path, capsys):
 
 
 def test_imported_run_evaluates_with_extrapolation_tools(tmp_path, corpus):
-    from eval.extrapolation import main as extrapolation
+    from ropelab.eval.lm.extrapolation import main as extrapolation
 
     data = DataConfig(source="local", local=LocalConfig(train=[str(corpus / "train.txt")],
                                                         valid=[str(corpus / "valid.txt")]),
@@ -368,8 +368,7 @@ def test_edited_export_is_read_from_config_json_not_the_side_file(exported, tmp_
 
 
 def test_a_failed_write_leaves_nothing_behind(exported, tmp_path, monkeypatch):
-    import training.hf_directory as hf_io
-
+    import ropelab.training.hf_directory as hf_io
     def broken(model):
         raise OSError("disk full")
 

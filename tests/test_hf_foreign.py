@@ -10,10 +10,10 @@ import json
 import pytest
 import torch
 
-from configs.schema import LocalConfig
-from data.tokenizers import load_tokenizer
-from scripts.export_hf import main as cli
-from training.saved_run import load_run
+from ropelab.configs.schema import LocalConfig
+from ropelab.data.tokenizers import load_tokenizer
+from ropelab.scripts.export_hf import main as cli
+from ropelab.training.saved_run import load_run
 
 pytest.importorskip("transformers")
 
@@ -60,8 +60,8 @@ def test_foreign_llama_with_its_own_eos_and_yarn(tmp_path):
 def test_foreign_import_evaluates_with_its_own_tokenizer(tmp_path, corpus):
     """A foreign tokenizer cannot be retrained: the run says data.tokenizer.kind=file and
     evaluation tokenizes the corpus with the run's tokenizer.json, even after a move."""
-    from configs import load_config, save_config
-    from eval.extrapolation import main as extrapolation
+    from ropelab.configs import load_config, save_config
+    from ropelab.eval.lm.extrapolation import main as extrapolation
 
     hf_dir, _, fast = _foreign_llama(tmp_path)
     assert cli(["--import", str(hf_dir), str(tmp_path / "run")]) == 0

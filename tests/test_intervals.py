@@ -1,4 +1,4 @@
-"""The intervals of single quantities (eval/intervals.py) against values computed by hand,
+"""The intervals of single quantities (eval/reporting/intervals.py) against values computed by hand,
 and their coverage checked by simulation."""
 
 from __future__ import annotations
@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from eval.intervals import length_interval, median_interval, pooled_curve, t_interval
+from ropelab.eval.reporting.intervals import length_interval, median_interval, pooled_curve, t_interval
 
 
 def test_pooled_curve_band_by_hand():

@@ -1,9 +1,9 @@
-"""A report's results.json layout (common/jsonfile.py): the same data, one line per cell."""
+"""A report's results.json layout (common/report_json.py): the same data, one line per cell."""
 
 import json
 import math
 
-from common.jsonfile import dumps_report
+from ropelab.common.report_json import dumps_report
 
 
 def _results():

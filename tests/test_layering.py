@@ -1,7 +1,10 @@
 """Layers only point down, and nothing dodges that rule.
 
-Lowest first: common < model < configs < data < training < eval < train.py < scripts. A module may
-import its own package or a lower one. No file-level import cycles (within a package
+Lowest first: common < model < configs < data < training < eval < grid, bench < train.py <
+scripts. A module may import its own package or a lower one (grid and bench are one layer and
+do not import each other). Everything is imported through the one package, ``ropelab``
+(``from ropelab.model.config import ...``): a bare ``model`` or ``eval`` is an error, since
+installing the project puts no such name on the path. No file-level import cycles (within a package
 too), no project import inside a function (the usual way to hide a cycle), and no
 ``sys.path`` edits (the project is installed). Imports are read with ``ast``; nothing is
 imported or executed.
@@ -13,7 +16,9 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
-LAYERS = {"common": 0, "model": 1, "configs": 2, "data": 3, "training": 4, "eval": 5, "train": 6, "scripts": 7}
+LAYERS = {"common": 0, "model": 1, "configs": 2, "data": 3, "training": 4, "eval": 5, "grid": 6, "bench": 6,
+          "train": 7, "scripts": 8}
+PACKAGE = "ropelab"
 
 
 def project_modules(root: Path) -> dict[str, Path]:
@@ -52,7 +57,8 @@ class _Imports(ast.NodeVisitor):
     def visit_ImportFrom(self, node: ast.ImportFrom) -> None:
         base = node.module or ""
         if node.level:
-            anchor = self.package.split(".")[: len(self.package.split(".")) - node.level + 1]
+            anchor = [PACKAGE, *self.package.split(".")]
+            anchor = anchor[: len(anchor) - node.level + 1]
             base = ".".join(p for p in [*anchor, base] if p)
         self.found += [(f"{base}.{alias.name}", node.lineno, self.depth > 0) for alias in node.names]
         self.found.append((base, node.lineno, self.depth > 0))
@@ -73,6 +79,10 @@ def check(root: Path) -> tuple[list[str], dict[str, set[str]]]:
         where = path.relative_to(root)
         problems += [f"{where}:{line}: edits sys.path" for line in visitor.sys_path_lines]
         for target, line, in_function in visitor.found:
+            if target.split(".")[0] in LAYERS and target in modules:
+                problems.append(f"{where}:{line}: imports {target} by its bare name; use {PACKAGE}.{target}")
+                continue
+            target = target.removeprefix(f"{PACKAGE}.")
             if target not in modules:  # third-party, stdlib, or a name inside a module
                 continue
             if in_function:
@@ -130,14 +140,15 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
     """A deliberately broken miniature project: every rule must fire."""
     files = {
         "model/__init__.py": "",
-        "model/a.py": "from model.b import x\n",
-        "model/b.py": "from model.a import y\n",  # cycle a <-> b
-        "model/up.py": "from training.run import z\n",  # upward
+        "model/a.py": "from ropelab.model.b import x\n",
+        "model/b.py": "from ropelab.model.a import y\n",  # cycle a <-> b
+        "model/up.py": "from ropelab.training.run import z\n",  # upward
+        "model/bare.py": "from model.a import y\n",  # a bare name, not through the package
         "data/__init__.py": "",
-        "data/lazy.py": "def f():\n    from configs.c import q\n",  # inside a function
+        "data/lazy.py": "def f():\n    from ropelab.configs.c import q\n",  # inside a function
         "configs/__init__.py": "",
         "configs/c.py": "from . import d\nimport sys\nsys.path.insert(0, '.')\n",  # relative ok, sys.path not
-        "configs/d.py": "from model.a import y\n",
+        "configs/d.py": "from ropelab.model.a import y\n",
         "training/__init__.py": "",
         "training/run.py": "import numpy\n",
     }
@@ -149,21 +160,28 @@ def test_the_checker_catches_each_kind_of_violation(tmp_path):
     assert "model.up imports training.run, a higher layer" in text
     assert "imports configs.c inside a function" in text
     assert "configs/c.py:3: edits sys.path" in text
+    assert "model/bare.py:1: imports model.a by its bare name; use ropelab.model.a" in text
     assert "configs.d" in graph["configs.c"]  # the relative import was resolved
     assert cycles(graph) == [["model.a", "model.b"]]
-    assert len(problems) == 3
+    assert len(problems) == 4
 
 
 def test_every_entry_point_reports_user_errors_through_the_one_helper():
-    """Each module runnable as a command wraps its ``main`` in ``common.cli.entry_point``."""
-    commands = []
-    for name, path in project_modules(ROOT).items():
+    """Each module runnable as a command wraps its ``main`` in ``common.cli.entry_point``; an
+    old entry point kept for a while (``python -m eval.tasks``) runs a command's ``main``."""
+    commands, modules = [], project_modules(ROOT)
+    for name, path in modules.items():
         tree = ast.parse(path.read_text(encoding="utf-8"))
         if "__main__" not in path.read_text(encoding="utf-8"):
             continue
         commands.append(name)
+        borrowed = [n.module.removeprefix(f"{PACKAGE}.") for n in tree.body if isinstance(n, ast.ImportFrom)
+                    and any(a.name == "main" for a in n.names)]
+        if borrowed:
+            assert borrowed[0] in commands or "__main__" in modules[borrowed[0]].read_text(encoding="utf-8"), name
+            continue
         mains = [n for n in tree.body if isinstance(n, ast.FunctionDef) and n.name == "main"]
         assert mains, f"{name} runs as a command but has no main()"
         decorators = [ast.unparse(d) for d in mains[0].decorator_list]
         assert "entry_point" in decorators, f"{name}.main is not wrapped in entry_point"
-    assert {"train", "eval.extrapolation", "scripts.ablate", "scripts.sample"} <= set(commands)
+    assert {"train", "eval.lm.extrapolation", "scripts.ablate", "scripts.sample", "scripts.cli"} <= set(commands)

@@ -10,20 +10,20 @@ import pytest
 import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
-import train
+from ropelab import train
 from conftest import tiny_config, write_run_config
-from configs.schema import EvalConfig
-from eval.extrapolation import run_extrapolation
-from eval.labels import label_groups, with_scaling
-from model.config import ATTENTION_KINDS, POS_KINDS, LinearAttentionConfig, ModelConfig, PosConfig, RopeScalingConfig
-from model.encodings import kinds_where
-from common.errors import ConfigError, LengthError
-from model.generate import generate
-from model.linear_attention import MIN_COSINE, chunked_linear_attention, recurrent_linear_attention
-from model.llama_mapping import HFConversionError, check_exportable
-from model.transformer import ATTENTIONS, Transformer
+from ropelab.configs.schema import EvalConfig
+from ropelab.eval.lm.extrapolation import run_extrapolation
+from ropelab.eval.reporting.labels import label_groups, with_scaling
+from ropelab.model.config import ATTENTION_KINDS, POS_KINDS, LinearAttentionConfig, ModelConfig, PosConfig, RopeScalingConfig
+from ropelab.model.encodings import kinds_where
+from ropelab.common.errors import ConfigError, LengthError
+from ropelab.model.generate import generate
+from ropelab.model.linear_attention import MIN_COSINE, chunked_linear_attention, recurrent_linear_attention
+from ropelab.model.llama_mapping import HFConversionError, check_exportable
+from ropelab.model.transformer import ATTENTIONS, Transformer
 from reference import assert_causal, cached_logits, project_heads
-from training.saved_run import load_run
+from ropelab.training.saved_run import load_run
 
 USABLE_KINDS = [k for k in POS_KINDS if k not in kinds_where("forms_scores")]
 

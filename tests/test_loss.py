@@ -4,10 +4,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-import model.loss as loss_mod
-from model.config import ModelConfig, PosConfig
-from model.loss import linear_cross_entropy
-from model.transformer import Transformer
+import ropelab.model.loss as loss_mod
+from ropelab.model.config import ModelConfig, PosConfig
+from ropelab.model.loss import linear_cross_entropy
+from ropelab.model.transformer import Transformer
 
 
 @pytest.fixture

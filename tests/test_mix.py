@@ -9,16 +9,16 @@ import numpy as np
 import pytest
 import torch
 
-import train
-from common.errors import ConfigError
-from configs import load_config
+from ropelab import train
+from ropelab.common.errors import ConfigError
+from ropelab.configs import load_config
 from conftest import write_run_config
-from data.samplers import TrainSampler
-from data.tasks import TaskSampler, build_task
-from eval import tasks as eval_tasks
-from model.loss import IGNORE_INDEX
-from training.data import MixedData, MixedSampler, mix_weights, mixed_rows, prepare
-from training.runtime import Runtime
+from ropelab.data.samplers import TrainSampler
+from ropelab.data.tasks import TaskSampler, build_task
+from ropelab.eval.tasks import exact_match as eval_tasks
+from ropelab.model.loss import IGNORE_INDEX
+from ropelab.training.data import MixedData, MixedSampler, mix_weights, mixed_rows, prepare
+from ropelab.training.runtime import Runtime
 
 CPU = Runtime(torch.device("cpu"), torch.float32)
 
@@ -72,8 +72,8 @@ def test_the_task_rows_carry_their_share_of_the_loss(mixed, tmp_path):
     """By default a task row weighs what a text row does (2 of 8 rows: a quarter of the loss),
     whatever its few answer tokens; data.mix.loss_share sets the share; the trainer's step
     uses it."""
-    from model.transformer import Transformer
-    from training.trainer import Trainer
+    from ropelab.model.transformer import Transformer
+    from ropelab.training.trainer import Trainer
 
     _, cfg_path, cfg = mixed
     data = prepare(cfg, CPU)

@@ -9,9 +9,9 @@ import torch
 import torch.nn.functional as F
 
 from conftest import ALL_KINDS, tiny_config
-from model.config import ModelConfig, PosConfig
-from common.errors import ConfigError
-from model.transformer import Transformer
+from ropelab.model.config import ModelConfig, PosConfig
+from ropelab.common.errors import ConfigError
+from ropelab.model.transformer import Transformer
 from reference import assert_causal, reference_forward
 
 
@@ -111,7 +111,7 @@ def test_config_rejects_impossible_models(fields, match):
 @pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
 def test_rms_norm_is_the_written_out_formula(dtype):
     """The fused norm gives the values and gradients of x·rsqrt(mean(x²) + eps)·w in float32."""
-    from model.layers import RMSNorm
+    from ropelab.model.layers import RMSNorm
 
     torch.manual_seed(0)
     norm = RMSNorm(48, eps=1e-5)

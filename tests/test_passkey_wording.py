@@ -9,11 +9,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from configs.loader import load_config
-from configs.tasks import SyntheticConfig
-from data.tasks import TaskData, TaskError, build_task
-from data.tasks.passkey import Passkey
-from data.tokenizers import ByteTokenizer
+from ropelab.configs.loader import load_config
+from ropelab.configs.tasks import SyntheticConfig
+from ropelab.data.tasks import TaskData, TaskError, build_task
+from ropelab.data.tasks.passkey import Passkey
+from ropelab.data.tokenizers import ByteTokenizer
 
 ROOT = Path(__file__).resolve().parents[1]
 TOK = TaskData(SyntheticConfig()).tokenizer

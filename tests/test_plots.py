@@ -6,8 +6,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
-from eval.plots import RATIO_CEILING, plain_labels, plain_number, plot_paired, plot_training
-from eval.task_plots import plot_heatmaps
+from ropelab.eval.lm.plots import RATIO_CEILING, plain_labels, plain_number, plot_paired, plot_training
+from ropelab.eval.tasks.plots import plot_heatmaps
 
 
 def test_plot_labels_and_paired_figure(tmp_path):
@@ -15,7 +15,7 @@ def test_plot_labels_and_paired_figure(tmp_path):
     against the reference only, and says which rows run past its ceiling."""
     assert [plain_number(v) for v in (64, 1024, 2048, 20_000, 2_048_000, 0.5)] == \
         ["64", "1024", "2048", "20k", "2.048M", "0.5"]
-    def ratio(point, low, high):  # what the figure reads of a comparison (eval/tables.py: Comparison)
+    def ratio(point, low, high):  # what the figure reads of a comparison (eval/reporting/tables.py: Comparison)
         return SimpleNamespace(ratio=point, interval=(low, high))
 
     comparisons = {"alibi vs rope": {128: ratio(0.99, 0.98, 1.0), 2048: ratio(0.81, 0.79, 0.83)},
@@ -32,10 +32,9 @@ def test_plot_labels_and_paired_figure(tmp_path):
 
 def drawn(monkeypatch, plot, *args):
     """The figure ``plot`` draws (kept open instead of closed) after a draw."""
-    import eval.plots
-
+    import ropelab.eval.lm.plots
     figures = []
-    monkeypatch.setattr(eval.plots.plt, "close", figures.append)
+    monkeypatch.setattr(ropelab.eval.lm.plots.plt, "close", figures.append)
     plot(*args)
     (fig,) = figures
     fig.canvas.draw()

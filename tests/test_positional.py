@@ -8,14 +8,14 @@ import pytest
 import torch
 
 from conftest import ALL_KINDS, tiny_config
-from model.config import POS_KINDS, RopeScalingConfig
-from model.encodings import KINDS, served_length
-from common.errors import ConfigError, LengthError
-from model.positional import ENCODINGS, build_positional
-from model.positional.absolute import sinusoid_table
-from model.positional.alibi import alibi_slopes
-from model.positional.base import PositionalEncoding
-from model.transformer import Transformer
+from ropelab.model.config import POS_KINDS, RopeScalingConfig
+from ropelab.model.encodings import KINDS, served_length
+from ropelab.common.errors import ConfigError, LengthError
+from ropelab.model.positional import ENCODINGS, build_positional
+from ropelab.model.positional.absolute import sinusoid_table
+from ropelab.model.positional.alibi import alibi_slopes
+from ropelab.model.positional.base import PositionalEncoding
+from ropelab.model.transformer import Transformer
 from reference import reference_forward
 
 
@@ -113,8 +113,8 @@ def test_sinusoidal_scales_tokens_by_sqrt_d():
 
 
 def test_token_scale_only_for_additive_encodings():
-    from model.config import PosConfig
-    from common.errors import ConfigError
+    from ropelab.model.config import PosConfig
+    from ropelab.common.errors import ConfigError
     with pytest.raises(ConfigError, match="pos.kind=rope adds none"):
         PosConfig(kind="rope", token_scale=2.0)
     with pytest.raises(ConfigError, match="positive"):

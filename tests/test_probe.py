@@ -7,32 +7,32 @@ import math
 import pytest
 import torch
 
-from configs.schema import RunConfig, TrainConfig
-from model.config import ModelConfig
-from training import probe
-from training.runtime import setup_runtime
+from ropelab.configs.schema import RunConfig, TrainConfig
+from ropelab.model.config import ModelConfig
+from ropelab.training import step_timing
+from ropelab.training.runtime import setup_runtime
 
 
 def test_rates_between_measured_lengths_are_log_log_interpolated():
-    times = probe.ShapeTimes("k", eval_tok_s={"128": 8000.0, "2048": 2000.0})
-    assert probe.rate_at(times, 128) == 8000.0 and probe.rate_at(times, 2048) == 2000.0
+    times = step_timing.ShapeTimes("k", eval_tok_s={"128": 8000.0, "2048": 2000.0})
+    assert step_timing.rate_at(times, 128) == 8000.0 and step_timing.rate_at(times, 2048) == 2000.0
     # 512 is halfway in log length: the geometric mean of the rates.
-    assert probe.rate_at(times, 512) == pytest.approx(math.sqrt(8000.0 * 2000.0))
-    assert probe.rate_at(times, 64) == 8000.0 and probe.rate_at(times, 4096) == 2000.0  # the nearest beyond
-    assert probe.rate_at(probe.ShapeTimes("k"), 128) is None
-    assert probe._spread([64, 128, 192, 256, 512, 1024, 2048]) == [64, 256, 1024, 2048]
+    assert step_timing.rate_at(times, 512) == pytest.approx(math.sqrt(8000.0 * 2000.0))
+    assert step_timing.rate_at(times, 64) == 8000.0 and step_timing.rate_at(times, 4096) == 2000.0  # the nearest beyond
+    assert step_timing.rate_at(step_timing.ShapeTimes("k"), 128) is None
+    assert step_timing._spread([64, 128, 192, 256, 512, 1024, 2048]) == [64, 256, 1024, 2048]
 
 
 def test_a_shape_is_what_sets_a_steps_cost():
     cfg = RunConfig(model=ModelConfig(vocab_size=97, d_model=32, n_layers=2, n_heads=4))
     rt = setup_runtime(cfg.train)
-    key = probe.shape_key(cfg, rt)
-    assert key == probe.shape_key(RunConfig(model=cfg.model, name="other", train=TrainConfig(seed=3)), rt)
-    assert key != probe.shape_key(RunConfig(model=cfg.model, train=TrainConfig(seq_len=64)), rt)
+    key = step_timing.shape_key(cfg, rt)
+    assert key == step_timing.shape_key(RunConfig(model=cfg.model, name="other", train=TrainConfig(seed=3)), rt)
+    assert key != step_timing.shape_key(RunConfig(model=cfg.model, train=TrainConfig(seq_len=64)), rt)
     threads = torch.get_num_threads()
     try:
         torch.set_num_threads(1 if threads > 1 else 2)
-        assert key != probe.shape_key(cfg, rt)
+        assert key != step_timing.shape_key(cfg, rt)
     finally:
         torch.set_num_threads(threads)
 
@@ -43,11 +43,11 @@ def test_timing_a_shape_touches_no_random_state_and_is_recorded():
     rt = setup_runtime(cfg.train)
     torch.manual_seed(5)
     before = torch.get_rng_state()
-    times = probe.measure_training(cfg, rt, compiled=False)
-    times = probe.measure_evaluation(cfg, rt, [16, 32, 256])
+    times = step_timing.measure_training(cfg, rt, compiled=False)
+    times = step_timing.measure_evaluation(cfg, rt, [16, 32, 256])
     assert torch.equal(torch.get_rng_state(), before)
     assert times.eager_step_s > 0 and set(times.eval_tok_s) == {"16", "256"}
-    assert probe.load(probe.shape_key(cfg, rt)).eval_tok_s == times.eval_tok_s
+    assert step_timing.load(step_timing.shape_key(cfg, rt)).eval_tok_s == times.eval_tok_s
 
 
 def test_jobs_timed_together_record_one_jobs_step_and_the_slowdown_it_means():
@@ -56,19 +56,19 @@ def test_jobs_timed_together_record_one_jobs_step_and_the_slowdown_it_means():
     cfg = RunConfig(model=ModelConfig(vocab_size=97, d_model=32, n_layers=1, n_heads=4),
                     train=TrainConfig(seq_len=16, batch_size=2))
     rt = setup_runtime(cfg.train)
-    times = probe.measure_shared(cfg, rt, jobs=2, threads=1)
+    times = step_timing.measure_shared(cfg, rt, jobs=2, threads=1)
     assert times.eager_step_s > 0 and times.shared_step_s["2"] > 0
-    assert probe.load(probe.shape_key(cfg, rt)).shared_step_s == times.shared_step_s
-    assert probe.shared_slowdown(times, 2) == max(1.0, times.shared_step_s["2"] / times.eager_step_s)
+    assert step_timing.load(step_timing.shape_key(cfg, rt)).shared_step_s == times.shared_step_s
+    assert step_timing.shared_slowdown(times, 2) == max(1.0, times.shared_step_s["2"] / times.eager_step_s)
 
 
 def test_the_slowdown_is_one_where_nothing_says_otherwise():
-    times = probe.ShapeTimes("k", eager_step_s=0.04, shared_step_s={"2": 0.09, "4": 0.03})
-    assert probe.shared_slowdown(times, 2) == pytest.approx(2.25)
-    assert probe.shared_slowdown(times, 1) == 1.0  # one job: alone
-    assert probe.shared_slowdown(times, 3) == 1.0  # not measured for three
-    assert probe.shared_slowdown(times, 4) == 1.0  # faster in company: noise, not a gain
-    assert probe.shared_slowdown(probe.ShapeTimes("k", shared_step_s={"2": 0.09}), 2) == 1.0
+    times = step_timing.ShapeTimes("k", eager_step_s=0.04, shared_step_s={"2": 0.09, "4": 0.03})
+    assert step_timing.shared_slowdown(times, 2) == pytest.approx(2.25)
+    assert step_timing.shared_slowdown(times, 1) == 1.0  # one job: alone
+    assert step_timing.shared_slowdown(times, 3) == 1.0  # not measured for three
+    assert step_timing.shared_slowdown(times, 4) == 1.0  # faster in company: noise, not a gain
+    assert step_timing.shared_slowdown(step_timing.ShapeTimes("k", shared_step_s={"2": 0.09}), 2) == 1.0
 
 
 def test_a_shared_probe_whose_jobs_fail_records_nothing_and_returns_at_once():
@@ -78,7 +78,7 @@ def test_a_shared_probe_whose_jobs_fail_records_nothing_and_returns_at_once():
                     train=TrainConfig(seq_len=16, batch_size=2))
     object.__setattr__(cfg.model, "vocab_size", 0)  # past the config's own check, as a bug would be
     rt = setup_runtime(cfg.train)
-    probe.ShapeTimes(probe.shape_key(cfg, rt), eager_step_s=0.01).save()
-    times = probe.measure_shared(cfg, rt, jobs=2, threads=1)
+    step_timing.ShapeTimes(step_timing.shape_key(cfg, rt), eager_step_s=0.01).save()
+    times = step_timing.measure_shared(cfg, rt, jobs=2, threads=1)
     assert times.eager_step_s == 0.01 and times.shared_step_s == {}
-    assert probe.load(probe.shape_key(cfg, rt)).shared_step_s == {}
+    assert step_timing.load(step_timing.shape_key(cfg, rt)).shared_step_s == {}

@@ -5,7 +5,7 @@ from __future__ import annotations
 import subprocess
 from pathlib import Path
 
-from training.provenance import git_commit
+from ropelab.training.provenance import git_commit
 
 
 def _git(root: Path, *args: str) -> str:

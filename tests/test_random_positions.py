@@ -8,12 +8,12 @@ import signal
 import pytest
 import torch
 
-import train
-from configs import load_config
+from ropelab import train
+from ropelab.configs import load_config
 from conftest import ALL_KINDS, tiny_config, write_run_config
-from data.samplers import RandomPositions
-from common.errors import ArgumentError
-from model.transformer import Transformer
+from ropelab.data.samplers import RandomPositions
+from ropelab.common.errors import ArgumentError
+from ropelab.model.transformer import Transformer
 from test_train import ROOT, records, stop_after
 
 

@@ -16,12 +16,12 @@ from pathlib import Path
 
 import pytest
 
-import train
-import training.checkpoint
+from ropelab import train
+import ropelab.training.checkpoint
 from conftest import write_run_config
-from training.checkpoint import read_meta
-from training.run_dir import RunDir
-from training.run_lock import RunLock
+from ropelab.training.checkpoint import read_meta
+from ropelab.training.run_dir import RunDir
+from ropelab.training.run_lock import RunLock
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -116,7 +116,7 @@ def test_a_second_trainer_is_refused_and_kill_9_leaves_no_stale_lock(tmp_path, c
 def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, corpus, capsys, monkeypatch):
     cfg = write_run_config(tmp_path, corpus)
     run = tmp_path / "runs" / "tiny"
-    real_save = training.checkpoint.torch.save
+    real_save = ropelab.training.checkpoint.torch.save
     calls = []
 
     def fills_the_disk(obj, f):
@@ -126,7 +126,7 @@ def test_a_full_disk_while_saving_keeps_the_previous_checkpoint(tmp_path, corpus
         f.write(b"half a checkpoint")
         raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
 
-    monkeypatch.setattr(training.checkpoint.torch, "save", fills_the_disk)
+    monkeypatch.setattr(ropelab.training.checkpoint.torch, "save", fills_the_disk)
     assert train.main([str(cfg), "train.max_steps=30"]) == 2
     err = capsys.readouterr().err
     assert "No space left on device" in err and "continue with --resume" in err

@@ -7,9 +7,9 @@ import shutil
 
 import pytest
 
-from configs.schema import EvalConfig
-from eval import remake
-from eval.extrapolation import run_extrapolation
+from ropelab.configs.schema import EvalConfig
+from ropelab.eval import regenerate
+from ropelab.eval.lm.extrapolation import run_extrapolation
 
 
 @pytest.fixture(scope="module")
@@ -30,7 +30,7 @@ def test_a_report_is_made_again_from_its_results_alone(report, tmp_path):
     shutil.rmtree(tmp / "runs")  # the runs are gone
     moved = tmp_path / "copy"
     shutil.copytree(out, moved)
-    assert remake.main([str(moved / "results.json")]) == 0
+    assert regenerate.main([str(moved / "results.json")]) == 0
     after = json.loads((moved / "results.json").read_text())
     assert after["results"] == before["results"] and after["runs"] == before["runs"]
     text = (moved / "report.md").read_text()
@@ -54,12 +54,12 @@ def test_an_early_report_made_again_elsewhere_keeps_its_training_figure(report, 
     figure = (early / "training_loss.png").read_bytes()
     for where in (early, tmp_path / "elsewhere"):
         args = [str(early / "results.json")] + ([] if where == early else ["--out", str(where)])
-        assert remake.main(args) == 0
+        assert regenerate.main(args) == 0
         text = (where / "report.md").read_text()
         assert "## Training" in text and "when this report was first made" in text
         assert (where / "training_loss.png").read_bytes() == figure
     (early / "training_loss.png").unlink()  # nothing to carry: no section, nothing invented
-    assert remake.main([str(early / "results.json"), "--out", str(tmp_path / "bare")]) == 0
+    assert regenerate.main([str(early / "results.json"), "--out", str(tmp_path / "bare")]) == 0
     assert "## Training" not in (tmp_path / "bare" / "report.md").read_text()
     assert not (tmp_path / "bare" / "training_loss.png").exists()
 
@@ -70,6 +70,6 @@ def test_bad_results_are_one_line_errors(tmp_path, capsys, content, message):
     path = tmp_path / "results.json"
     if content is not None:
         path.write_text(content)
-    assert remake.main([str(path)]) == 2
+    assert regenerate.main([str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and message in err and "Traceback" not in err

@@ -8,15 +8,15 @@ import re
 import numpy as np
 import pytest
 
-from common.errors import ConfigError
-from configs.loader import load_config
-from configs.schema import TokenizerConfig
-from configs.tasks import SyntheticConfig
-from data.tasks import TaskError, build_task
-from data.tasks.haystack import FILLER as FILLER_TEXT
-from data.tasks.passkey import WORDINGS
-from data.tasks.vartrack import Vartrack
-from data.tokenizers import ByteTokenizer, train_tokenizer
+from ropelab.common.errors import ConfigError
+from ropelab.configs.loader import load_config
+from ropelab.configs.schema import TokenizerConfig
+from ropelab.configs.tasks import SyntheticConfig
+from ropelab.data.tasks import TaskError, build_task
+from ropelab.data.tasks.haystack import FILLER as FILLER_TEXT
+from ropelab.data.tasks.passkey import WORDINGS
+from ropelab.data.tasks.vartrack import Vartrack
+from ropelab.data.tokenizers import ByteTokenizer, train_tokenizer
 from test_tasks import ROOT, TOK, answer_of, task, text_of
 
 

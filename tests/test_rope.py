@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from model.config import RopeScalingConfig
-from model.positional.rope import PAIRINGS, HalfPairing, InterleavedPairing, RoPE
-from model.transformer import Transformer
+from ropelab.model.config import RopeScalingConfig
+from ropelab.model.positional.rope import PAIRINGS, HalfPairing, InterleavedPairing, RoPE
+from ropelab.model.transformer import Transformer
 
 
 def rope(head_dim: int, pairing: str, rotary_fraction: float = 1.0, theta: float = 10000.0) -> RoPE:
@@ -126,7 +126,7 @@ class MixedPairing:
     """Half-split turn with interleaved cos/sin layout: a layout bug, built on purpose."""
 
     layout = staticmethod(InterleavedPairing.layout)
-    turn = staticmethod(HalfPairing.turn)
+    rotate_half = staticmethod(HalfPairing.rotate_half)
 
 
 def test_mixed_pairing_gives_different_logits():
@@ -144,7 +144,7 @@ def test_mixed_pairing_gives_different_logits():
 
 
 def test_config_rejects_odd_rotary_dims():
-    from common.errors import ConfigError
+    from ropelab.common.errors import ConfigError
     with pytest.raises(ConfigError, match="even whole number"):
         tiny_config(rotary_fraction=0.75, d_model=24, n_heads=4)  # 6 * 0.75 = 4.5
     with pytest.raises(ConfigError, match="even whole number"):
@@ -219,7 +219,7 @@ def test_p_rope_model_is_causal():
 
 
 def test_p_rope_bad_fractions_are_config_errors():
-    from common.errors import ConfigError
+    from ropelab.common.errors import ConfigError
     for bad in (0.0, -0.5, 1.5):
         with pytest.raises(ConfigError, match=r"frequency_fraction must be in \(0, 1\]"):
             tiny_config(frequency_fraction=bad)

@@ -8,9 +8,9 @@ import pytest
 import torch
 
 from conftest import tiny_config
-from model.config import SCALING_TYPES, RopeScalingConfig
-from model.positional.rope_scaling import base_inv_freq, effective_scale, inverse_frequencies
-from model.transformer import Transformer
+from ropelab.model.config import SCALING_TYPES, RopeScalingConfig
+from ropelab.model.positional.rope_scaling import base_inv_freq, effective_scale, inverse_frequencies
+from ropelab.model.transformer import Transformer
 
 METHODS = [t for t in SCALING_TYPES if t != "none"]
 

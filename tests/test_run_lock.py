@@ -11,11 +11,11 @@ import sys
 
 import pytest
 
-from common.errors import RunInUseError
+from ropelab.common.errors import RunInUseError
 from fake_slurm import FakeSlurm
-from training.run_dir import RunDir
-from training.run_lock import RunLock, live_holder
-from training.slurm import JobState, current_job, job_states
+from ropelab.training.run_dir import RunDir
+from ropelab.training.run_lock import RunLock, live_holder
+from ropelab.training.slurm import JobState, current_job, job_states
 
 
 @pytest.fixture

@@ -21,8 +21,8 @@ import pytest
 pytest.importorskip("submitit")
 
 from conftest import write_run_config
-from scripts import ablate
-from training.slurm import job_states
+from ropelab.scripts import ablate
+from ropelab.training.slurm import job_states
 
 pytestmark = [pytest.mark.slurm,
               pytest.mark.skipif(shutil.which("sbatch") is None or subprocess.run(
@@ -126,7 +126,7 @@ def test_grid_on_slurm_resumes_stopped_jobs_and_matches_a_local_run(tmp_path, co
     assert f"resuming {alibi} from step_{int(stopped.group(1)):06d}" in (alibi / "train.log").read_text()
     none_log = (none / "train.log").read_text()
     assert re.search(r"stopped by SIGTERM at step \d+", none_log) and "resuming" in none_log
-    trainings = re.findall(r"-m train .*# Slurm job (\S+)", none_log)
+    trainings = re.findall(r"-m ropelab.train .*# Slurm job (\S+)", none_log)
     assert len(trainings) == 2 and len(set(trainings)) == 1  # one job, started twice
 
     # The same grid trained and evaluated here, one thread per run like the Slurm jobs.
@@ -149,6 +149,6 @@ def test_multi_gpu_run_trains_under_torchrun(tmp_path, corpus, capsys):
     grid = write_grid(tmp_path, corpus, "ddp", tmp_path, "[rope]", 20, slurm)
     assert ablate.main([str(grid), "--launcher", "slurm", "--skip-eval", "--report"]) == 0
     text = (tmp_path / "runs" / "ddp" / "kind-rope" / "train.log").read_text()
-    assert "-m torch.distributed.run --standalone --nproc_per_node=2 -m train" in text
+    assert "-m torch.distributed.run --standalone --nproc_per_node=2 -m ropelab.train" in text
     assert "512 tokens/step" in text and "× 2" in text and "done: 20 steps" in text
     log(capsys, "\n".join(line for line in text.splitlines() if not line.startswith("step")), start)

@@ -1,5 +1,5 @@
 """scripts/ablate.py --launcher slurm: resources, job scripts, resubmission, status, cancel,
-bad input; the job side (scripts/slurm_job.py) under submitit's local executor.
+bad input; the job side (grid/slurm_job.py) under submitit's local executor.
 
 Slurm itself is faked (tests/fake_slurm.py); tests/test_slurm_cluster.py runs a grid on a
 real one.
@@ -19,15 +19,16 @@ import pytest
 
 submitit = pytest.importorskip("submitit")
 
-from common.errors import ConfigError
-from configs.grid import load_grid
+from ropelab.common.errors import ConfigError
+from ropelab.configs.grid import load_grid
 from conftest import write_run_config
 from fake_slurm import FakeSlurm
-from scripts import ablate, slurm_launcher
-from scripts.grid_jobs import train_command
-from scripts.grid_status import print_status
-from scripts.slurm_job import RunJob, torchrun
-from training.run_dir import RunDir
+from ropelab.scripts import ablate
+from ropelab.grid import slurm_launcher
+from ropelab.grid.jobs import train_command
+from ropelab.grid.status import print_status
+from ropelab.grid.slurm_job import RunJob, torchrun
+from ropelab.training.run_dir import RunDir
 
 SLURM = "slurm: {partition: gpu, gpus_per_run: 2, cpus_per_run: 8, mem: 32G, time: 90, eval_time: \"0:30:00\"}"
 
@@ -89,16 +90,16 @@ def test_submission_writes_arrays_with_resources_and_dependency(tmp_path, corpus
     assert (job.procs_per_node, job.nodes, job.threads, job.cwd) == (2, 1, 4, str(Path.cwd()))
     assert job.log == str(tmp_path / "runs" / "g" / "kind-alibi" / "train.log")
     ev = submitted_job(grid, "2_1")
-    assert ev.commands[0][2:4] == ["eval.extrapolation", str(tmp_path / "runs" / "g" / "kind-alibi")]
+    assert ev.commands[0][2:4] == ["ropelab.eval.lm.extrapolation", str(tmp_path / "runs" / "g" / "kind-alibi")]
     assert ev.procs_per_node == 1 and list(ev.files) == [str(RunDir(tmp_path / "runs/g/kind-alibi").planned_eval)]
     assert not (tmp_path / "runs" / "g" / "kind-alibi").exists()  # nothing in the runs until a job starts
     assert "--status" in capsys.readouterr().out
 
 
 def test_torchrun_wraps_the_same_command():
-    cmd = [sys.executable, "-m", "train", "c.yaml", "name=x"]
+    cmd = [sys.executable, "-m", "ropelab.train", "c.yaml", "name=x"]
     assert torchrun(cmd, 4, 1, {}) == [sys.executable, "-m", "torch.distributed.run", "--standalone",
-                                       "--nproc_per_node=4", "-m", "train", "c.yaml", "name=x"]
+                                       "--nproc_per_node=4", "-m", "ropelab.train", "c.yaml", "name=x"]
 
 
 def test_resubmission_skips_running_finished_and_held_runs(tmp_path, corpus, monkeypatch, capsys):

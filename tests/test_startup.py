@@ -14,7 +14,7 @@ HEAVY = ("torch._dynamo", "scipy.stats")
 
 
 def test_training_and_cache_filling_evaluations_start_without_unused_libraries():
-    # The modules `python -m` runs for a grid's runs (scripts/grid_jobs.py): training, and
+    # The modules `python -m` runs for a grid's runs (grid/jobs.py): training, and
     # the evaluations that fill caches (their p-values and t quantiles come with the report).
     modules = ("train", "eval.extrapolation", "eval.tasks", "eval.diagnostics")
     code = (f"import importlib, json, sys\nloaded = {{}}\nfor m in {modules!r}:\n    importlib.import_module(m)\n"

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 from scipy import stats as sps
 
-from eval.stats import (Cell, accuracy_estimate, cell_contrast, contrast, benjamini_hochberg, detectable, mark,
+from ropelab.eval.reporting.stats import (Cell, accuracy_estimate, cell_contrast, contrast, benjamini_hochberg, detectable, mark,
                         paired_contrast, pooled_accuracy_interval, seeds_needed, t_quantile, wilson_interval)
 
 
@@ -157,7 +157,7 @@ def _simulate_nested(rng, reps, parents, per_parent, units, sd_parent, sd_seed, 
     effect + noise; row b = row a + delta + a parent-by-row effect + a seed-by-row effect."""
     tokens = rng.integers(50, 500, size=units).astype(np.float64)
     runs = parents * per_parent
-    parent_of = np.arange(runs) % parents  # seed-major, as eval/tables.py orders rows
+    parent_of = np.arange(runs) % parents  # seed-major, as eval/reporting/tables.py orders rows
     doc = rng.normal(0, sd_doc, (reps, 1, units))
     noise = lambda: rng.normal(0, 0.01, (reps, runs, units)) * np.sqrt(100 / tokens)  # noqa: E731
     rate_a = (4.0 + rng.normal(0, sd_parent, (reps, parents, 1))[:, parent_of] + rng.normal(0, sd_seed, (reps, runs, 1))
@@ -272,6 +272,6 @@ def test_t_quantiles_are_the_tables():
 
 
 def test_the_normal_quantile_literal_is_scipys_to_the_last_digit():
-    from eval.stats import Z95
+    from ropelab.eval.reporting.stats import Z95
 
     assert Z95 == float(sps.norm.ppf(0.975))  # a literal only so that importing eval.stats skips scipy.stats

@@ -1,4 +1,4 @@
-"""Seeds whose learned judgement their test instances do not settle (eval/task_borderline.py)."""
+"""Seeds whose learned judgement their test instances do not settle (eval/tasks/borderline.py)."""
 
 from __future__ import annotations
 
@@ -6,8 +6,8 @@ import math
 
 import pytest
 
-from eval.task_borderline import Z_ONE_SIDED_95, unsettled
-from eval.task_report import write_task_report
+from ropelab.eval.tasks.borderline import Z_ONE_SIDED_95, unsettled
+from ropelab.eval.tasks.report import write_task_report
 from tests.test_task_report import cell_row
 
 

@@ -1,4 +1,4 @@
-"""Task accuracies compared with the reference row (eval/task_compare.py)."""
+"""Task accuracies compared with the reference row (eval/tasks/compare.py)."""
 
 from __future__ import annotations
 
@@ -7,10 +7,10 @@ import json
 import numpy as np
 import pytest
 
-from eval.stats import t_quantile
-from eval.labels import budget_partner
-from eval.task_compare import accuracy_difference
-from eval.task_report import write_task_report
+from ropelab.eval.reporting.stats import t_quantile
+from ropelab.eval.reporting.labels import budget_partner
+from ropelab.eval.tasks.compare import accuracy_difference
+from ropelab.eval.tasks.report import write_task_report
 
 
 def meta(runs: dict[str, tuple[int, str | None]]) -> dict[str, dict]:
@@ -196,7 +196,7 @@ def test_a_task_report_compares_every_row_with_the_reference(tmp_path):
     partial = (tmp_path / "partial" / "report.md").read_text()
     assert "correction over this table's 4 tests of the runs in so far (1 run listed as missing" in partial
     # The same report made again from its results.json against another row: ALiBi's.
-    from eval.remake import main as remake
+    from ropelab.eval.regenerate import main as remake
     (tmp_path / "results.json").write_text(json.dumps({"created": "now", "runs": runs, "results": rows, "kmax": [],
                                                        "missing": []}))
     assert remake([str(tmp_path / "results.json"), "--reference", "alibi", "--out", str(tmp_path / "vs-alibi")]) == 0
@@ -206,9 +206,9 @@ def test_a_task_report_compares_every_row_with_the_reference(tmp_path):
     assert remake([str(tmp_path / "results.json"), "--reference", "xpos", "--out", str(tmp_path / "vs-xpos")]) == 0
     assert "eval.reference names no row of this task" in (tmp_path / "vs-xpos" / "report.md").read_text()
     # Power: the smallest difference each comparison detects, and the seeds the observed one needs.
-    from eval.stats import detectable, seeds_needed
-    from eval.task_compare import task_comparisons
-    from eval.task_report import label_rows, pooled_seeds
+    from ropelab.eval.reporting.stats import detectable, seeds_needed
+    from ropelab.eval.tasks.compare import task_comparisons
+    from ropelab.eval.tasks.report import label_rows, pooled_seeds
     kept = pooled_seeds(runs, rows, "copy")[0]
     found = task_comparisons(kept, "rope", {r["run"]: r for r in runs})["alibi vs rope"][64]["estimate"]
     power = [x for x in report.splitlines() if x.startswith("| alibi vs rope |")][1]
@@ -235,7 +235,7 @@ def test_cells_outcome_strings_pair_instances_across_depths():
     """Passkey cells keep "outcomes" per depth: a run's instances are its depth cells in depth
     order (whatever order its rows came in), and the instance part is their paired difference's
     spread."""
-    from eval.task_compare import task_comparisons
+    from ropelab.eval.tasks.compare import task_comparisons
     outcomes = {"a": {0.0: "1111", 1.0: "1100"}, "b": {0.0: "1110", 1.0: "1000"}}
     kept = {row: {f"{row}{k}": {64: [{"status": "ok", "depth": d, "correct": o.count("1"), "total": 4, "outcomes": o}
                                      for d, o in sorted(outcomes[row].items(), reverse=row == "a")]} for k in range(2)}
@@ -285,7 +285,7 @@ def test_a_reference_row_no_seed_of_which_learned_the_task_says_so(tmp_path):
 
 
 def test_a_difference_that_rounds_to_zero_keeps_its_sign_and_a_digit():
-    from eval.task_compare import _signed
+    from ropelab.eval.tasks.compare import _signed
     assert [_signed(x) for x in (-0.003, 0.004, 0.0, -0.12, 0.005)] == ["-0.003", "+0.004", "+0.00", "-0.12", "+0.01"]
     assert [_signed(x) for x in (-0.0003, 0.00004)] == ["-0.0003", "+4e-05"]  # not -0.000
     noise = (0.1 + 0.2) - 0.3  # 5.6e-17: equal accuracies summed in another order

@@ -15,23 +15,24 @@ import numpy as np
 import pytest
 import torch
 
-import train
-from common.devices import DEVICE_NAMES
-from configs import load_config, override_section
-from configs.schema import EvalConfig
+from ropelab import train
+from ropelab.common.devices import DEVICE_NAMES
+from ropelab.configs import load_config, override_section
+from ropelab.configs.schema import EvalConfig
 from conftest import tiny_config, write_run_config
 from test_train import stop_after
-from data.tasks import Instance, TaskError, task_tokenizer
-from eval import driver, extrapolation
-from eval import tasks as eval_tasks
-from training.exact_match import exact_match, first_errors
-from training.provenance import git_commit
-from eval.kmax import k_max
-from eval.stats import pooled_accuracy_interval, wilson_interval
-from model.generate import generate
-from model.transformer import Transformer
-from training.run_dir import RunDir
-from training.validation import answer_loss
+from ropelab.data.tasks import Instance, TaskError, task_tokenizer
+from ropelab.eval.core import evaluation
+from ropelab.eval.lm import extrapolation
+from ropelab.eval.tasks import exact_match as eval_tasks
+from ropelab.training.exact_match import exact_match, first_errors
+from ropelab.training.provenance import git_commit
+from ropelab.eval.tasks.effective_length import k_max
+from ropelab.eval.reporting.stats import pooled_accuracy_interval, wilson_interval
+from ropelab.model.generate import generate
+from ropelab.model.transformer import Transformer
+from ropelab.training.run_dir import RunDir
+from ropelab.training.validation import answer_loss
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -174,7 +175,7 @@ def test_report_pools_seeds_with_seed_aware_intervals_and_marks_learned_na(score
         if r["status"] == "ok":
             assert (r["ci_low"], r["ci_high"]) == wilson_interval(r["correct"], r["total"]) and r["total"] == 6
             # Every task keeps each instance's first error (where it broke, and for paired
-            # comparisons whether it was right: eval/task_compare.py).
+            # comparisons whether it was right: eval/tasks/compare.py).
             assert "outcomes" not in r and len(r["first_error"]) == len(r["answer_tokens"]) == 6
             assert r["eval_commit"] == git_commit()  # the code that scored it
             assert all(0 <= e <= a for e, a in zip(r["first_error"], r["answer_tokens"]))
@@ -256,7 +257,7 @@ def eval_tasks_for(**tree):
 
 def cli(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "eval.tasks", *args], capture_output=True, text=True, env=env,
+    return subprocess.run([sys.executable, "-m", "ropelab.eval.tasks.exact_match", *args], capture_output=True, text=True, env=env,
                           cwd=ROOT, timeout=300)
 
 
@@ -312,7 +313,7 @@ def test_eval_tasks_asked_scores_multikey_with_fewer_questions_than_trained(tmp_
 
 def test_perplexity_sweep_points_synthetic_runs_to_task_scoring(scored_runs, tmp_path, capsys):
     assert extrapolation.main([str(scored_runs / "rope-a"), "--out", str(tmp_path / "ppl")]) == 2
-    assert "score it with python -m eval.tasks" in capsys.readouterr().err
+    assert "score it with ropelab tasks" in capsys.readouterr().err
 
 
 def test_cache_keys_are_those_of_earlier_versions(tmp_path):
@@ -349,11 +350,11 @@ def test_tasks_score_each_checkpoint_of_steps(scored_runs, tmp_path):
 def test_both_commands_share_one_driver(scored_runs, tmp_path, capsys):
     """The same common flags, help and --eval-file merge: the file's keys, then the flags over
     them, a nested mapping (tasks:) merged key by key; a bad key fails before any work."""
-    for module in (extrapolation, eval_tasks):
+    for module, name in ((extrapolation, "eval"), (eval_tasks, "tasks")):
         with pytest.raises(SystemExit) as e:  # no arguments: the full help, exit 2
             module.main([])
         err = capsys.readouterr().err
-        assert e.value.code == 2 and f"usage: python -m {module.__name__}" in err
+        assert e.value.code == 2 and f"usage: ropelab {name}" in err
         for flag in ("--lengths", "--scaling", "--factor", "--steps", "--eval-file", "--cache-only", "--rescore",
                      "--out"):
             assert flag in err, (module, flag)
@@ -362,10 +363,10 @@ def test_both_commands_share_one_driver(scored_runs, tmp_path, capsys):
     planned.write_text("lengths: [24]\nsteps: [12]\ntasks: {samples: 3, depths: [0.5]}\n")
     run = str(scored_runs / "rope-a")
     for spec in (extrapolation.EXTRAPOLATION, eval_tasks.TASKS):
-        args = driver.parse_args(spec, [run, "--eval-file", str(planned), "--lengths", "48"])
-        assert driver.eval_tree(spec, args) == {"lengths": [48], "steps": [12], "tasks": {"samples": 3, "depths": [0.5]}}
-    args = driver.parse_args(eval_tasks.TASKS, [run, "--eval-file", str(planned), "--seed", "5"])
-    assert driver.eval_tree(eval_tasks.TASKS, args)["tasks"] == {"samples": 3, "depths": [0.5], "seed": 5}
+        args = evaluation.parse_args(spec, [run, "--eval-file", str(planned), "--lengths", "48"])
+        assert evaluation.eval_tree(spec, args) == {"lengths": [48], "steps": [12], "tasks": {"samples": 3, "depths": [0.5]}}
+    args = evaluation.parse_args(eval_tasks.TASKS, [run, "--eval-file", str(planned), "--seed", "5"])
+    assert evaluation.eval_tree(eval_tasks.TASKS, args)["tasks"] == {"samples": 3, "depths": [0.5], "seed": 5}
     planned.write_text("lenghts: [24]\n")
     for module in (extrapolation, eval_tasks):
         assert module.main([run, "--eval-file", str(planned), "--out", str(tmp_path / "r")]) == 2

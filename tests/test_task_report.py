@@ -1,18 +1,18 @@
 """The task report: effective length with its interval, chance, pooling the seeds that
-learned a task, and how the report's files are written (eval/effective_length.py,
-eval/task_report.py, eval/task_positions.py)."""
+learned a task, and how the report's files are written (eval/tasks/effective_length.py,
+eval/tasks/report.py, eval/tasks/first_error.py)."""
 
 from __future__ import annotations
 
 import numpy as np
 import pytest
 
-from eval.effective_length import effective_length, effective_text, row_effective_length
-from eval.report_runs import competence_text, evaluation_provenance
-from eval.stats import t_quantile, wilson_interval
-from eval.task_learning import learning_curves
-from eval.task_positions import first_error_grid, token_edges
-from eval.task_report import by_seed, write_task_report
+from ropelab.eval.tasks.effective_length import effective_length, effective_text, row_effective_length
+from ropelab.eval.reporting.runs_section import competence_text, evaluation_provenance
+from ropelab.eval.reporting.stats import t_quantile, wilson_interval
+from ropelab.eval.tasks.learning import learning_curves
+from ropelab.eval.tasks.first_error import first_error_grid, token_edges
+from ropelab.eval.tasks.report import by_seed, write_task_report
 
 
 def test_effective_length_by_hand():
@@ -51,7 +51,7 @@ def test_effective_length_by_hand():
 
 
 def test_effective_length_section_names_the_fraction_even_where_no_row_learned():
-    from eval.effective_length import effective_section
+    from ropelab.eval.tasks.effective_length import effective_section
     settings = {"r0": {"reference": 32, "fraction": 0.8, "chance": {}}, "r1": {"reference": 32, "fraction": 0.8}}
     lines = effective_section({"rope": {}, "alibi": {}}, settings, lambda cells: None, "copy")
     assert "at least 0.8 × its accuracy" in lines[1]
@@ -70,8 +70,8 @@ def test_effective_length_above_chance():
 
 
 def test_chance_of_each_task_by_hand():
-    from data.tasks import build_task, task_tokenizer
-    from configs.tasks import SyntheticConfig
+    from ropelab.data.tasks import build_task, task_tokenizer
+    from ropelab.configs.tasks import SyntheticConfig
     tok = task_tokenizer()
 
     def chance(name, **cfg):
@@ -185,8 +185,8 @@ def test_evaluation_provenance_names_the_scoring_commits_and_cells_scored_before
 def test_fine_tunes_of_several_parents_count_each_parent_once(tmp_path):
     """Two parents x two fine-tuning seeds, every seed pooled: the accuracy interval and the
     effective length's interval come from the two parents' means (1 df), not from four runs
-    taken as independent (eval/stats.py, "Fine-tunes of several parents")."""
-    from eval.stats import pooled_accuracy_interval
+    taken as independent (eval/reporting/stats.py, "Fine-tunes of several parents")."""
+    from ropelab.eval.reporting.stats import pooled_accuracy_interval
     runs = [{"run": f"r{p}{s}", "name": f"ft_p{p}_seed-{s}", "encoding": "rope", "group": "g", "stem": "ft", "seed": s,
              "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "tasks_trained": ["copy"],
              "eval": {"tasks": {"learned_accuracy": None}}, "parent": {"run": f"parents/p{p}", "checkpoint": "step_9"}}
@@ -208,7 +208,7 @@ def test_fine_tunes_of_several_parents_count_each_parent_once(tmp_path):
     assert found["low"] == 32 and 2 ** (5.5 + half) > 128 and found["high"] == 128  # cut to [R, longest]
     assert "| rope | 32 | 45 (×1.41) (32–128) |" in report
     # k_max per run names each value's parent: the two parents' fine-tunes share seeds 0 and 1.
-    from eval.task_report import kmax_table
+    from ropelab.eval.tasks.report import kmax_table
     passkey = [{**r, "task": "passkey"} for r in rows]
     kmax = [{**cell_row(run, int(run[-1]), 32, 0), "task": "passkey", "kmax": 64 if run[1] == "0" else None}
             for run in sorted(correct)]
@@ -266,7 +266,7 @@ def test_each_seeds_accuracy_during_training_is_drawn_per_row(tmp_path):
 def test_fine_tunes_of_shorter_parents_head_lengths_by_the_parents_length(tmp_path):
     """Context extension: runs fine-tuned at 32 from parents trained at 8 speak of multiples of
     the parents' L₀ ("32 (4×L₀)"), not of their own L ("32 (1×L)")."""
-    from eval.task_report import parents_length
+    from ropelab.eval.tasks.report import parents_length
     runs = [{"run": f"r{s}", "name": f"ft_seed-{s}", "encoding": "rope", "group": "g", "stem": "ft", "seed": s,
              "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "tasks_trained": ["copy"],
              "eval": {"tasks": {"learned_accuracy": None}},

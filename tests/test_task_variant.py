@@ -10,11 +10,11 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-import train
-from configs import load_config, override_section
-from common.errors import ConfigError
-from data.tasks import TaskError, task_tokenizer
-from eval import tasks as eval_tasks
+from ropelab import train
+from ropelab.configs import load_config, override_section
+from ropelab.common.errors import ConfigError
+from ropelab.data.tasks import TaskError, task_tokenizer
+from ropelab.eval.tasks import exact_match as eval_tasks
 from test_task_eval import cli, synthetic_config
 
 

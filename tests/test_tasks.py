@@ -11,13 +11,13 @@ import numpy as np
 import pytest
 import torch
 
-from configs.tasks import TASK_NAMES, SyntheticConfig
-from data.tasks import ALPHABET, TASKS, TaskData, TaskError, build_task, check_task_name, collate, eval_instance
-from data.tasks.batches import TaskSampler, draw
-from data.tasks.passkey import WORDINGS
-from data.tokenizers import ByteTokenizer, CharTokenizer, train_tokenizer
-from configs.schema import TokenizerConfig
-from model.loss import IGNORE_INDEX
+from ropelab.configs.tasks import TASK_NAMES, SyntheticConfig
+from ropelab.data.tasks import ALPHABET, TASKS, TaskData, TaskError, build_task, check_task_name, collate, eval_instance
+from ropelab.data.tasks.batches import TaskSampler, draw
+from ropelab.data.tasks.passkey import WORDINGS
+from ropelab.data.tokenizers import ByteTokenizer, CharTokenizer, train_tokenizer
+from ropelab.configs.schema import TokenizerConfig
+from ropelab.model.loss import IGNORE_INDEX
 
 ROOT = Path(__file__).resolve().parents[1]
 TOK = TaskData(SyntheticConfig()).tokenizer

@@ -11,9 +11,9 @@ from pathlib import Path
 
 import pytest
 
-from configs.schema import TokenizerConfig
-from data import EOT, load_tokenizer, train_tokenizer
-from common.errors import DataError
+from ropelab.configs.schema import TokenizerConfig
+from ropelab.data import EOT, load_tokenizer, train_tokenizer
+from ropelab.common.errors import DataError
 
 ROOT = Path(__file__).resolve().parents[1]
 WORDS = "the cat sat on a mat while dogs ran past quietly and birds sang loudly".split()

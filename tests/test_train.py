@@ -14,17 +14,17 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-import model.transformer
-import train
-import training.trainer
-from configs import load_config
+import ropelab.model.transformer
+from ropelab import train
+import ropelab.training.trainer
+from ropelab.configs import load_config
 from conftest import write_run_config as write_config
-from training.checkpoint import load_state, read_meta
-from training.metrics import MetricsLog
-from training.run_dir import RunDir
-from training.runtime import Runtime
-from training.saved_run import load_run
-from training.trainer import Trainer
+from ropelab.training.checkpoint import load_state, read_meta
+from ropelab.training.metrics import MetricsLog
+from ropelab.training.run_dir import RunDir
+from ropelab.training.runtime import Runtime
+from ropelab.training.saved_run import load_run
+from ropelab.training.trainer import Trainer
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
@@ -82,7 +82,7 @@ def tick_per_step(monkeypatch, seconds: float) -> None:
     """Give the trainer a clock that advances ``seconds`` per training step and stands still
     otherwise, so the wall time it records is known exactly."""
     now = [0.0]
-    monkeypatch.setattr(training.trainer, "time", SimpleNamespace(perf_counter=lambda: now[0]))
+    monkeypatch.setattr(ropelab.training.trainer, "time", SimpleNamespace(perf_counter=lambda: now[0]))
     original = Trainer.train_step
 
     def train_step(self):
@@ -98,7 +98,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, corpus, monkeypa
     with monkeypatch.context() as m:
         tick_per_step(m, 0.25)
         stop_after(13, m)
-        m.setattr(training.trainer, "git_commit", lambda: "a" * 40)
+        m.setattr(ropelab.training.trainer, "git_commit", lambda: "a" * 40)
         assert train.main([str(cfg), "name=broken"]) == 128 + signal.SIGTERM
     run_dir = tmp_path / "runs" / "broken"
     assert read_meta(latest_checkpoint(run_dir))["step"] == 13
@@ -107,7 +107,7 @@ def test_interrupted_and_resumed_equals_uninterrupted(tmp_path, corpus, monkeypa
     assert read_meta(latest_checkpoint(run_dir))["train_seconds"] == 13 * 0.25  # recorded unrounded
     with monkeypatch.context() as m:
         tick_per_step(m, 0.25)  # a new session's clock starts again at 0
-        m.setattr(training.trainer, "git_commit", lambda: "b" * 40)  # resumed under other code
+        m.setattr(ropelab.training.trainer, "git_commit", lambda: "b" * 40)  # resumed under other code
         assert train.main([str(cfg), "name=broken", "--resume"]) == 0
     assert read_meta(latest_checkpoint(run_dir))["train_seconds"] == 30 * 0.25  # the sum of both sessions
     meta = read_meta(latest_checkpoint(run_dir))
@@ -169,14 +169,14 @@ def test_sigterm_saves_a_loadable_checkpoint(tmp_path, corpus):
 def test_nan_loss_stops_cleanly_and_keeps_checkpoints(tmp_path, corpus, monkeypatch, capsys):
     cfg = write_config(tmp_path, corpus)
     calls = {"n": 0}
-    real = model.transformer.linear_cross_entropy
+    real = ropelab.model.transformer.linear_cross_entropy
 
     def poisoned(*args, **kwargs):
         calls["n"] += 1
         loss = real(*args, **kwargs)
         return loss * float("nan") if calls["n"] == 15 else loss
 
-    monkeypatch.setattr(model.transformer, "linear_cross_entropy", poisoned)
+    monkeypatch.setattr(ropelab.model.transformer, "linear_cross_entropy", poisoned)
     assert train.main([str(cfg), "train.eval_interval=1000"]) == 2
     err = capsys.readouterr().err
     assert "loss became nan at step 15" in err and "Traceback" not in err
@@ -205,9 +205,9 @@ def test_corrupt_checkpoints_are_refused_clearly(tmp_path, corpus):
 
 def test_checkpoint_keys_have_no_compile_prefix(tmp_path):
     from conftest import tiny_config
-    from model.transformer import Transformer
+    from ropelab.model.transformer import Transformer
     from safetensors import safe_open
-    from training.checkpoint import save_checkpoint
+    from ropelab.training.checkpoint import save_checkpoint
 
     model = Transformer(tiny_config())
     compiled = torch.compile(model)  # not run: wrapping alone adds the _orig_mod. prefix
@@ -263,8 +263,8 @@ def test_wandb_offline_writes_files_without_network(tmp_path, corpus):
 
 
 def test_mfu_peak_is_measured_on_cpu_or_taken_from_the_environment(monkeypatch):
-    from configs.schema import TrainConfig
-    from training.runtime import setup_runtime
+    from ropelab.configs.schema import TrainConfig
+    from ropelab.training.runtime import setup_runtime
 
     monkeypatch.delenv("ROPELAB_PEAK_FLOPS", raising=False)
     rt = setup_runtime(TrainConfig(device="cpu"))
@@ -283,8 +283,8 @@ def test_mfu_peak_is_measured_on_cpu_or_taken_from_the_environment(monkeypatch):
 def test_a_peak_timed_on_a_busy_cpu_never_lowers_the_one_seen_before(tmp_path, monkeypatch):
     """Other work on the cores the whole time slows every timed repeat: the peak for MFU is the
     best this processor has shown (kept beside the probes), so MFU does not pass 100%."""
-    from configs.schema import TrainConfig
-    from training import runtime
+    from ropelab.configs.schema import TrainConfig
+    from ropelab.training import runtime
 
     monkeypatch.delenv("ROPELAB_PEAK_FLOPS", raising=False)
     monkeypatch.setenv("ROPELAB_PROBE_CACHE", str(tmp_path / "probes"))

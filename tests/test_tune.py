@@ -1,4 +1,4 @@
-"""scripts/tune.py: a setting per encoding chosen on validation at L from a finished sweep grid,
+"""ropelab tune (grid/tune.py): a setting per encoding chosen on validation at L from a finished sweep grid,
 each other row set against it by seed."""
 
 from __future__ import annotations
@@ -9,9 +9,11 @@ from pathlib import Path
 import pytest
 
 from conftest import write_run_config
-from configs.grid import load_grid, row_of
-from scripts import ablate, tune
-from training.run_dir import RunDir
+from ropelab.configs.grid import load_grid, row_of
+from ropelab.scripts import ablate
+from ropelab.grid import tune
+from ropelab.scripts import tune as tune_command
+from ropelab.training.run_dir import RunDir
 
 
 def sweep(tmp: Path, corpus: Path, seeds=(0, 1, 2)) -> Path:
@@ -64,7 +66,7 @@ def test_a_choice_at_the_end_of_the_range_swept_is_flagged(tmp_path, corpus, mon
     grid = sweep(tmp_path, corpus)
     fake_finished(monkeypatch, grid, {"t5-lr1": [3.00, 3.10, 2.95], "t5-lr10": [2.80, 2.85, 2.76],
                                       "t5-lr30": [2.70, 2.78, 2.69], "rope": [2.7, 2.8, 2.9]})
-    assert tune.main([str(grid)]) == 0
+    assert tune_command.main([str(grid)]) == 0
     out = capsys.readouterr().out
     edge = ("train.pos_lr_multiplier = 30 is the largest value swept (1, 10, 30): a value beyond it may do better; "
             "extend the sweep before a study relies on the choice")
@@ -78,16 +80,16 @@ def test_a_choice_at_the_end_of_the_range_swept_is_flagged(tmp_path, corpus, mon
 
 def test_unfinished_runs_are_refused_with_the_command_that_finishes_them(tmp_path, corpus, capsys):
     grid = sweep(tmp_path, corpus, seeds=(0,))
-    assert tune.main([str(grid)]) == 2
+    assert tune_command.main([str(grid)]) == 2
     err = capsys.readouterr().err
-    assert "4 of the grid's 4 runs are not finished" in err and "scripts/ablate.py" in err
+    assert "4 of the grid's 4 runs are not finished" in err and "ropelab ablate" in err
 
 
 def test_a_sweep_without_seeds_is_refused(tmp_path, corpus, capsys):
     grid = sweep(tmp_path, corpus, seeds=(0,))
     text = grid.read_text()
     grid.write_text(text[:text.index("axes:")])
-    assert tune.main([str(grid)]) == 2
+    assert tune_command.main([str(grid)]) == 2
     assert "a sweep needs seeds" in capsys.readouterr().err
 
 
@@ -95,7 +97,7 @@ def test_a_real_sweep_end_to_end(tmp_path, corpus, capsys):
     """Trained by the grid runner, tuned, and the sweep kept beside the grid's report."""
     grid = sweep(tmp_path, corpus, seeds=(0, 1))
     assert ablate.main([str(grid), "--skip-eval", "--no-estimate"]) == 0
-    assert tune.main([str(grid)]) == 0
+    assert tune_command.main([str(grid)]) == 0
     out = capsys.readouterr().out
     assert "chosen, as variant lines for a study grid:" in out and "  rope: [model.pos.kind=rope]" in out
     found = json.loads((tmp_path / "report" / "tuning.json").read_text())
@@ -110,7 +112,7 @@ def test_a_sweep_grows_into_the_study_that_cites_it(tmp_path, corpus, capsys):
     sweep's record, which stays (tests/test_bad_input.py checks the directory rule quickly)."""
     grid = sweep(tmp_path, corpus, seeds=(0, 1))
     assert ablate.main([str(grid), "--skip-eval", "--no-estimate"]) == 0
-    assert tune.main([str(grid)]) == 0
+    assert tune_command.main([str(grid)]) == 0
     tuning = (tmp_path / "report" / "tuning.md").read_text()
     grid.write_text(grid.read_text() + "eval: {lengths: [16, 32], max_tokens: 256}\nmore_seeds: {t5-lr1: [2]}\n")
     assert ablate.main([str(grid), "--no-estimate"]) == 0
@@ -124,7 +126,7 @@ def test_seeds_added_to_the_chosen_row_later_do_not_change_the_choice(tmp_path, 
     grid = sweep(tmp_path, corpus, seeds=(0, 1))
     losses = {"t5-lr1": [3.00, 3.10], "t5-lr10": [2.80, 2.85], "t5-lr30": [2.90, 2.95], "rope": [2.7, 2.8]}
     fake_finished(monkeypatch, grid, losses)
-    assert tune.main([str(grid), "--more-seeds", "2", "3"]) == 0
+    assert tune_command.main([str(grid), "--more-seeds", "2", "3"]) == 0
     out = capsys.readouterr().out
     block = out[out.index("more_seeds:"):]
     assert "  t5-lr10: [2, 3]" in block and "  rope: [2, 3]" in block and "t5-lr1:" not in block
@@ -142,7 +144,7 @@ def test_more_seeds_that_repeat_the_sweeps_own_are_refused(tmp_path, corpus, mon
     grid = sweep(tmp_path, corpus, seeds=(0, 1))
     fake_finished(monkeypatch, grid, {"t5-lr1": [3.0, 3.1], "t5-lr10": [2.8, 2.85], "t5-lr30": [2.9, 2.95],
                                       "rope": [2.7, 2.8]})
-    assert tune.main([str(grid), "--more-seeds", "1", "2"]) == 2
+    assert tune_command.main([str(grid), "--more-seeds", "1", "2"]) == 2
     assert "seeds 1 are the sweep's own; give new ones" in capsys.readouterr().err
 
 
@@ -153,7 +155,7 @@ def test_the_block_keeps_seeds_the_grid_already_added(tmp_path, corpus, monkeypa
     grid.write_text(grid.read_text() + "more_seeds: {rope: [2, 3]}\n")
     fake_finished(monkeypatch, grid, {"t5-lr1": [3.0, 3.1], "t5-lr10": [2.8, 2.85], "t5-lr30": [2.9, 2.95],
                                       "rope": [2.7, 2.8, 2.75, 2.72]})
-    assert tune.main([str(grid), "--more-seeds", "2", "3", "4"]) == 0
+    assert tune_command.main([str(grid), "--more-seeds", "2", "3", "4"]) == 0
     out = capsys.readouterr().out
     assert "it replaces the grid's own more_seeds block" in out
     block = out[out.index("more_seeds:"):out.index("\nwrote")]

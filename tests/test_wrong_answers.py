@@ -1,5 +1,5 @@
 """What the wrong answers were: greedy decoding of a wrong answer span, whether it copies another
-of the prompt's candidates, and the report's table of it (eval/task_answers.py)."""
+of the prompt's candidates, and the report's table of it (eval/tasks/answers.py)."""
 
 from __future__ import annotations
 
@@ -7,17 +7,17 @@ import numpy as np
 import pytest
 import torch
 
-from configs.schema import EvalConfig
+from ropelab.configs.schema import EvalConfig
 from conftest import ALL_KINDS, tiny_config
-from data.tasks import TASKS, Instance, eval_instance, task_tokenizer
-from data.tasks.base import answer_source, answer_spans, last_copy
-from data.tasks.passkey import Passkey
-from eval.tasks import score_cell
-from eval.task_answers import answers_section, tally
-from model.generate import generate
-from model.transformer import Transformer
+from ropelab.data.tasks import TASKS, Instance, eval_instance, task_tokenizer
+from ropelab.data.tasks.base import answer_source, answer_spans, last_copy
+from ropelab.data.tasks.passkey import Passkey
+from ropelab.eval.tasks.exact_match import score_cell
+from ropelab.eval.tasks.answers import answers_section, tally
+from ropelab.model.generate import generate
+from ropelab.model.transformer import Transformer
 from test_task_eval import FixedPredictions as Table  # prediction at position t: table[t]
-from training.exact_match import first_errors, wrong_answers
+from ropelab.training.exact_match import first_errors, wrong_answers
 
 
 def inst(tokens, answer_positions) -> Instance:

@@ -13,15 +13,15 @@ import math
 import pytest
 import torch
 
-import train
+from ropelab import train
 from conftest import tiny_config, write_run_config
-from configs.schema import EvalConfig
-from eval.extrapolation import run_extrapolation
-from model.config import RopeScalingConfig, XposConfig
-from common.errors import LengthError
-from model.generate import generate
-from model.positional.xpos import XPos
-from model.transformer import Transformer
+from ropelab.configs.schema import EvalConfig
+from ropelab.eval.lm.extrapolation import run_extrapolation
+from ropelab.model.config import RopeScalingConfig, XposConfig
+from ropelab.common.errors import LengthError
+from ropelab.model.generate import generate
+from ropelab.model.positional.xpos import XPos
+from ropelab.model.transformer import Transformer
 
 SCALE_BASE = 8.0  # small, so the decay is large enough to see
 

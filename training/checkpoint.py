@@ -30,11 +30,11 @@ from safetensors import SafetensorError
 from safetensors.torch import load_file, save_model
 from torch import nn
 
-from common.atomic import atomic_directory, write_text_atomic
-from common.storage import CONTINUE_RUN, RecordingWriter, os_error_in, storage_error
-from common.errors import CheckpointError
-from model.layers import fuse_projections
-from training.run_dir import META, STATE, WEIGHTS, RunDir
+from ropelab.common.atomic import atomic_directory, write_text_atomic
+from ropelab.common.storage import CONTINUE_RUN, RecordingWriter, os_error_in, storage_error
+from ropelab.common.errors import CheckpointError
+from ropelab.model.layers import fuse_projections
+from ropelab.training.run_dir import META, STATE, WEIGHTS, RunDir
 
 FORMAT = "ropelab-checkpoint/1"
 WEIGHTS_KEY = "weights_sha256"  # meta.json: the sha256 of the weights file as saved
@@ -47,7 +47,7 @@ class UnreadableCheckpoint(CheckpointError):
 
 class NonFiniteWeights(CheckpointError):
     """A checkpoint whose weights hold NaN or infinite values: nothing computed from it means
-    anything. Callers that know the run add what to do (training/divergence.py)."""
+    anything. Callers that know the run add what to do (training/nonfinite.py)."""
 
     def __init__(self, path: Path, bad: dict[str, int]):
         self.path, self.bad = path, bad

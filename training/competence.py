@@ -29,7 +29,7 @@ from __future__ import annotations
 
 from typing import Callable, Iterable, Optional
 
-from training.metrics import read_records
+from ropelab.training.metrics import read_records
 
 Accuracies = Callable[[object], dict[str, float]]  # model -> {task: exact-match accuracy at L}
 

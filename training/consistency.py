@@ -25,11 +25,11 @@ import json
 from pathlib import Path
 from typing import Callable, Optional
 
-from common.errors import CheckpointError, UserError
-from configs.experiment import experiment_identity
-from configs.schema import RunConfig
-from data.prepare import cache_root
-from training.run_dir import RunDir
+from ropelab.common.errors import CheckpointError, UserError
+from ropelab.configs.experiment import experiment_identity
+from ropelab.configs.schema import RunConfig
+from ropelab.data.prepare import cache_root
+from ropelab.training.run_dir import RunDir
 
 TOKENIZER_KEY, EXPERIMENT_KEY = "tokenizer_sha256", "experiment"
 

@@ -1,7 +1,7 @@
 """What the trainer trains on: one interface over text corpora and synthetic tasks.
 
 ``prepare(cfg, rt)`` gives a run's data; anything else with the same three members can
-stand in for it (scripts/bench_worker.py trains on random tokens through ``TextData``):
+stand in for it (bench/worker.py trains on random tokens through ``TextData``):
 
 - ``tokenizer``: at least its ``vocab_size``;
 - ``train_sampler(seq_len, batch_size, seed, rank, world_size)``: this rank's training
@@ -29,16 +29,16 @@ import numpy as np
 import torch
 from torch import nn
 
-from configs.schema import RunConfig
-from common.errors import DataError
-from configs.tasks import MixConfig, SyntheticConfig
-from data.prepare import PreparedData, prepare_data
-from data.samplers import TrainSampler
-from data.tasks import Task, TaskData, TaskSampler, build_task, length_set
-from model.loss import IGNORE_INDEX
-from training.exact_match import exact_match
-from training.runtime import Runtime
-from training.validation import answer_loss, validation_loss
+from ropelab.configs.schema import RunConfig
+from ropelab.common.errors import DataError
+from ropelab.configs.tasks import MixConfig, SyntheticConfig
+from ropelab.data.prepare import PreparedData, prepare_data
+from ropelab.data.samplers import TrainSampler
+from ropelab.data.tasks import Task, TaskData, TaskSampler, build_task, length_set
+from ropelab.model.loss import IGNORE_INDEX
+from ropelab.training.exact_match import exact_match
+from ropelab.training.runtime import Runtime
+from ropelab.training.validation import answer_loss, validation_loss
 
 ValidationLoss = Callable[[nn.Module], float]
 Accuracies = Callable[[nn.Module], dict[str, float]]

@@ -1,6 +1,6 @@
 """Scoring task instances: exact match of every answer token, and where the first error
 falls (the answer-only loss the trainer logs is training/validation.py's ``answer_loss``).
-Training's competence stop (training/competence.py) and evaluation (eval/tasks.py) score
+Training's competence stop (training/competence.py) and evaluation (eval/tasks/exact_match.py) score
 with the same functions.
 
 An instance is correct when, at every answer position, the model's most likely next token
@@ -21,9 +21,9 @@ from typing import Iterable, Optional, Sequence
 import numpy as np
 import torch
 
-from common.errors import NonFiniteOutput
-from data.tasks import Instance
-from data.tasks.base import answer_spans
+from ropelab.common.errors import NonFiniteOutput
+from ropelab.data.tasks import Instance
+from ropelab.data.tasks.base import answer_spans
 
 LOGIT_BUDGET = 1 << 24  # logits held per forward (64 MB of float32): batches shrink with length × vocab
 

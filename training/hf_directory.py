@@ -24,18 +24,18 @@ import torch
 from safetensors import SafetensorError
 from safetensors.torch import load_file, save_file
 
-from configs import config_from_dict, config_to_dict, save_config
-from configs.schema import DataConfig, RunConfig, TokenizerConfig, TrainConfig
-from common.atomic import atomic_directory
-from data.tokenizers import HF_TOKENIZER_FILES, load_hf_tokenizer, save_hf_tokenizer, tokenizer_from_json
-from model.config import ModelConfig, RopeScalingConfig
-from model.llama_mapping import (ARCH_KEYS, HFConversionError, check_exportable, from_hf_state, hf_config,
+from ropelab.configs import config_from_dict, config_to_dict, save_config
+from ropelab.configs.schema import DataConfig, RunConfig, TokenizerConfig, TrainConfig
+from ropelab.common.atomic import atomic_directory
+from ropelab.data.tokenizers import HF_TOKENIZER_FILES, load_hf_tokenizer, save_hf_tokenizer, tokenizer_from_json
+from ropelab.model.config import ModelConfig, RopeScalingConfig
+from ropelab.model.llama_mapping import (ARCH_KEYS, HFConversionError, check_exportable, from_hf_state, hf_config,
                                  hf_rope_settings, model_config_from_hf, to_hf_state)
-from model.transformer import Transformer
-from training.checkpoint import NonFiniteWeights, non_finite, save_checkpoint
-from training.memory import Estimate, check_fits, forward_estimate
-from training.run_dir import TOKENIZER, RunDir
-from training.saved_run import load_run, with_scaling
+from ropelab.model.transformer import Transformer
+from ropelab.training.checkpoint import NonFiniteWeights, non_finite, save_checkpoint
+from ropelab.training.memory import Estimate, check_fits, forward_estimate
+from ropelab.training.run_dir import TOKENIZER, RunDir
+from ropelab.training.saved_run import load_run, with_scaling
 
 SIDE_FILE = "ropelab.json"
 FORMAT = "ropelab-hf/1"

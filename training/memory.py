@@ -50,11 +50,11 @@ from typing import Optional
 
 import torch
 
-from common.errors import UserError
-from configs.schema import RunConfig
-from model.config import ModelConfig
-from model.encodings import KINDS, served_length
-from model.loss import CHUNK_BYTES
+from ropelab.common.errors import UserError
+from ropelab.configs.schema import RunConfig
+from ropelab.model.config import ModelConfig
+from ropelab.model.encodings import KINDS, served_length
+from ropelab.model.loss import CHUNK_BYTES
 
 FLOAT = 4  # bytes: weights and activations are counted as float32
 QUERY_CHUNK = 512  # queries per chunk on attention's masked path (model/attention.py)

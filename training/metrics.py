@@ -23,12 +23,12 @@ from typing import Optional
 
 from tqdm import tqdm
 
-from configs import config_to_dict
-from common.atomic import write_text_atomic
-from common.storage import CONTINUE_RUN, is_storage_error, storage_error
-from common.errors import UserError
-from model.loss import perplexity_of
-from training.run_dir import RunDir
+from ropelab.configs import config_to_dict
+from ropelab.common.atomic import write_text_atomic
+from ropelab.common.storage import CONTINUE_RUN, is_storage_error, storage_error
+from ropelab.common.errors import UserError
+from ropelab.model.loss import perplexity_of
+from ropelab.training.run_dir import RunDir
 
 
 class _NoBar:

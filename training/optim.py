@@ -19,7 +19,7 @@ import math
 import torch
 from torch import nn
 
-from model.layers import fused_parts
+from ropelab.model.layers import fused_parts
 
 
 POSITIONAL_PREFIX = "pos."  # the model's one positional module (model/transformer.py)

@@ -29,7 +29,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Optional
 
 if TYPE_CHECKING:  # annotations only: the run directory does not depend on the config schema
-    from configs.schema import RunConfig
+    from ropelab.configs.schema import RunConfig
 
 WEIGHTS, STATE, META = "model.safetensors", "state.pt", "meta.json"
 TOKENIZER, METRICS = "tokenizer.json", "metrics.jsonl"

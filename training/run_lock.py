@@ -32,10 +32,10 @@ try:
 except ImportError:  # Windows
     fcntl = None
 
-from common.storage import make_dir
-from common.errors import RunInUseError
-from training.run_dir import RunDir
-from training.slurm import current_job, job_states
+from ropelab.common.storage import make_dir
+from ropelab.common.errors import RunInUseError
+from ropelab.training.run_dir import RunDir
+from ropelab.training.slurm import current_job, job_states
 
 
 @dataclass(frozen=True)

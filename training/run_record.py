@@ -2,7 +2,7 @@
 
 A grid whose file names an ``archive`` directory (configs/grid.py) copies each of its runs
 there once it has trained and every evaluation the grid plans for it is cached
-(scripts/grid_archive.py). A record is a run directory (training/run_dir.py) with only::
+(grid/archive.py). A record is a run directory (training/run_dir.py) with only::
 
     config.yaml, tokenizer.json.gz, metrics.jsonl.gz  what it was and how it trained
     checkpoints/latest, checkpoints/step_N/meta.json   its final step, tokens and provenance
@@ -36,9 +36,9 @@ import shutil
 from pathlib import Path
 from typing import Iterable
 
-from common.atomic import atomic_directory, write_bytes_atomic
-from common.errors import CheckpointError
-from training.run_dir import META, METRICS, TOKENIZER, WEIGHTS, RunDir
+from ropelab.common.atomic import atomic_directory, write_bytes_atomic
+from ropelab.common.errors import CheckpointError
+from ropelab.training.run_dir import META, METRICS, TOKENIZER, WEIGHTS, RunDir
 
 RECORD = "record.json"
 RECORD_FORMAT = 1  # "weights": true, in a record that keeps them, does not change the format

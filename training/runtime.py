@@ -23,9 +23,9 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from common.atomic import write_text_atomic
-from common.devices import check_device_name
-from common.errors import ConfigError
+from ropelab.common.atomic import write_text_atomic
+from ropelab.common.devices import check_device_name
+from ropelab.common.errors import ConfigError
 
 # Dense bf16 peak FLOP/s of common accelerators, for MFU (vendor datasheets).
 PEAK_FLOPS = {"A100": 312e12, "H100": 989e12, "H200": 989e12, "A10G": 125e12, "L4": 121e12,
@@ -185,7 +185,7 @@ def measure_matmul_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[i
 
 
 def cache_dir() -> Path:
-    """Where the machine's timings are kept: the shapes' probes (training/probe.py) and the
+    """Where the machine's timings are kept: the shapes' probes (training/step_timing.py) and the
     best matmul rates seen."""
     return Path(os.environ.get("ROPELAB_PROBE_CACHE") or Path.home() / ".cache" / "ropelab" / "probes")
 

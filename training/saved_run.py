@@ -15,18 +15,18 @@ from typing import Optional
 
 import torch
 
-from configs import load_config
-from configs.schema import RunConfig
-from data.tokenizers import Tokenizer, load_tokenizer
-from model.config import RopeScalingConfig
-from model.encodings import accepts_rope_scaling, kinds_where
-from common.errors import CheckpointError, ConfigError, DataError
-from model.transformer import Transformer
-from training.checkpoint import NonFiniteWeights, load_newest, load_weights, read_meta
-from training.consistency import check_parts
-from training.divergence import non_finite_checkpoint, retrain_advice
-from training.run_dir import RunDir
-from training.run_record import check_loadable
+from ropelab.configs import load_config
+from ropelab.configs.schema import RunConfig
+from ropelab.data.tokenizers import Tokenizer, load_tokenizer
+from ropelab.model.config import RopeScalingConfig
+from ropelab.model.encodings import accepts_rope_scaling, kinds_where
+from ropelab.common.errors import CheckpointError, ConfigError, DataError
+from ropelab.model.transformer import Transformer
+from ropelab.training.checkpoint import NonFiniteWeights, load_newest, load_weights, read_meta
+from ropelab.training.consistency import check_parts
+from ropelab.training.nonfinite import non_finite_checkpoint, retrain_advice
+from ropelab.training.run_dir import RunDir
+from ropelab.training.run_record import check_loadable
 
 
 @dataclass

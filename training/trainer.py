@@ -21,28 +21,28 @@ from typing import Optional
 
 import torch
 
-from common.atomic import write_text_atomic
-from common.errors import CheckpointError, UserError
-from configs import config_to_yaml, load_config
-from configs.experiment import experiment_differences
-from configs.schema import RunConfig
-from data.samplers import RandomPositions
-from model.transformer import Transformer
-from training.checkpoint import (NonFiniteWeights, load_newest, load_state, load_weights, read_meta, save_best,
+from ropelab.common.atomic import write_text_atomic
+from ropelab.common.errors import CheckpointError, UserError
+from ropelab.configs import config_to_yaml, load_config
+from ropelab.configs.experiment import experiment_differences
+from ropelab.configs.schema import RunConfig
+from ropelab.data.samplers import RandomPositions
+from ropelab.model.transformer import Transformer
+from ropelab.training.checkpoint import (NonFiniteWeights, load_newest, load_state, load_weights, read_meta, save_best,
                                  save_checkpoint, set_aside, unwrap)
-from training.consistency import check_continuation, fingerprints
-from training.competence import CompetenceStop
-from training.data import MixedSampler, TrainingData, prepare
-from training.divergence import diverged, non_finite_checkpoint
-from training.memory import check_training
-from training.metrics import MetricsLog
-from training.optim import build_optimizer, lr_at, set_learning_rate, upgrade_optimizer_state
-from training.parent import load_parent, parent_record
-from training.probe import compile_decision, use_compile_cache
-from training.provenance import git_commit
-from training.run_dir import RunDir
-from training.run_record import check_not_record
-from training.runtime import Runtime
+from ropelab.training.consistency import check_continuation, fingerprints
+from ropelab.training.competence import CompetenceStop
+from ropelab.training.data import MixedSampler, TrainingData, prepare
+from ropelab.training.nonfinite import diverged, non_finite_checkpoint
+from ropelab.training.memory import check_training
+from ropelab.training.metrics import MetricsLog
+from ropelab.training.optim import build_optimizer, lr_at, set_learning_rate, upgrade_optimizer_state
+from ropelab.training.warm_start import load_parent, parent_record
+from ropelab.training.step_timing import compile_decision, use_compile_cache
+from ropelab.training.provenance import git_commit
+from ropelab.training.run_dir import RunDir
+from ropelab.training.run_record import check_not_record
+from ropelab.training.runtime import Runtime
 
 
 def check_resumable(saved: RunConfig, current: RunConfig, run: RunDir) -> None:
@@ -97,7 +97,7 @@ class Trainer:
         # Every learning-rate schedule this run trained under, [from step, planned total steps]
         # oldest first: more than one where a resumed session re-planned it (a grid that raised
         # train.max_steps; training/consistency.py), which the reports name, since such a run is
-        # not the run a fresh start at its final budget would train (eval/report_runs.py).
+        # not the run a fresh start at its final budget would train (eval/reporting/runs_section.py).
         self.schedules: list[list[int]] = [[0, self.total_steps]]
         self.compiled: Optional[bool] = None  # train.compile=auto's decision, once made
         if resume_from is None and self.cfg.init.run:
@@ -128,7 +128,7 @@ class Trainer:
         return ckpt
 
     def _compiles(self) -> bool:
-        """train.compile, or for ``auto`` the decision (training/probe.py), made once per run: a
+        """train.compile, or for ``auto`` the decision (training/step_timing.py), made once per run: a
         resumed run keeps the choice its checkpoint recorded, so it continues as it began."""
         choice = self.cfg.train.compile
         if choice != "auto":
@@ -267,7 +267,7 @@ class Trainer:
 
     def commits(self) -> list[str]:
         """Every commit that trained some of this run's steps, oldest first, each once: a run
-        resumed under other code says so (eval/report_runs.py names it in the report)."""
+        resumed under other code says so (eval/reporting/runs_section.py names it in the report)."""
         return list(dict.fromkeys([*self.earlier_commits, *filter(None, [self.git_commit])]))
 
     def save(self, val_loss: Optional[float] = None) -> None:

@@ -3,7 +3,7 @@
 - text: ``validation_loss``, the mean NLL over the first non-overlapping windows of a split;
 - synthetic tasks: ``answer_loss``, the mean NLL over the answer targets of fixed batches.
 
-``window_losses`` (per-target NLL of a batch of windows) is also what eval/perplexity.py's
+``window_losses`` (per-target NLL of a batch of windows) is also what eval/lm/perplexity.py's
 protocols score, so training-time and evaluation-time losses are one computation.
 """
 
@@ -14,8 +14,8 @@ from typing import Iterable, Iterator, Optional, Sequence
 import numpy as np
 import torch
 
-from data.samplers import EvalWindow, eval_windows, window_batch
-from model.loss import IGNORE_INDEX
+from ropelab.data.samplers import EvalWindow, eval_windows, window_batch
+from ropelab.model.loss import IGNORE_INDEX
 
 
 MAX_BATCH_TOKENS = 16384  # tokens per forward: fewer windows per batch as the length grows

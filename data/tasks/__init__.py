@@ -22,16 +22,16 @@ from __future__ import annotations
 import difflib
 import string
 
-from configs.tasks import RETRIEVAL_TASKS, TASK_NAMES, SyntheticConfig
-from data.tasks.addition import Addition
-from data.tasks.base import Instance, Task, TaskError
-from data.tasks.batches import TaskSampler, collate, eval_instance, length_set, validation_batches
-from data.tasks.copy import Copy
-from data.tasks.niah import Multikey, Multivalue
-from data.tasks.passkey import Passkey
-from data.tasks.recall import Recall
-from data.tasks.vartrack import Vartrack
-from data.tokenizers import CharTokenizer, Tokenizer
+from ropelab.configs.tasks import RETRIEVAL_TASKS, TASK_NAMES, SyntheticConfig
+from ropelab.data.tasks.addition import Addition
+from ropelab.data.tasks.base import Instance, Task, TaskError
+from ropelab.data.tasks.batches import TaskSampler, collate, eval_instance, length_set, validation_batches
+from ropelab.data.tasks.copy import Copy
+from ropelab.data.tasks.niah import Multikey, Multivalue
+from ropelab.data.tasks.passkey import Passkey
+from ropelab.data.tasks.recall import Recall
+from ropelab.data.tasks.vartrack import Vartrack
+from ropelab.data.tokenizers import CharTokenizer, Tokenizer
 
 # Digits, lower-case letters, and the punctuation of the formats: space . : (the retrieval
 # tasks), > (copy), + = (addition, and vartrack's assignments); . is also recall's filler.

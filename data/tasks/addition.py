@@ -37,8 +37,8 @@ from typing import Optional
 
 import numpy as np
 
-from data.tasks.base import Instance, Task, assemble
-from data.tokenizers import Tokenizer
+from ropelab.data.tasks.base import Instance, Task, assemble
+from ropelab.data.tokenizers import Tokenizer
 
 
 def digits_of_sum(a: np.ndarray, b: np.ndarray) -> np.ndarray:

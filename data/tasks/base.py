@@ -18,7 +18,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from common.errors import UserError
+from ropelab.common.errors import UserError
 
 
 class TaskError(UserError):
@@ -101,7 +101,7 @@ class Task:
     name: str
     has_depth = False  # make() places a needle at ``depth``: scored per (length, depth) cell
     # Each answer span is one of several candidates the prompt holds (where ``chance`` > 0):
-    # evaluation checks whether a wrong answer copies another (eval/task_answers.py).
+    # evaluation checks whether a wrong answer copies another (eval/tasks/answers.py).
     picks = False
     per_position = False  # the answer grows with the length: reports show where its first error falls
 

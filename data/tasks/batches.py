@@ -10,7 +10,7 @@ depends on the order or the process that draws it:
   sampler's state is the counter ``k``.
 - validation: instance ``i`` from ``(VALID, i)``, the same for every seed of a task, so
   validation losses of seeds compare.
-- evaluation (eval/tasks.py): instance ``i`` from ``(TEST, seed, task, length, depth, i)``.
+- evaluation (eval/tasks/exact_match.py): instance ``i`` from ``(TEST, seed, task, length, depth, i)``.
 - competence at L (training/competence.py): instance ``i`` of a task at exactly length ``L``
   from ``(AT_L, task, L, i)``, with a uniform depth, or, for a task that places a needle and
   given the evaluation's depths, at depth ``i mod`` their count; the same for every seed.
@@ -33,8 +33,8 @@ from typing import Optional, Sequence
 import numpy as np
 import torch
 
-from data.tasks.base import Instance, Task
-from model.loss import IGNORE_INDEX
+from ropelab.data.tasks.base import Instance, Task
+from ropelab.model.loss import IGNORE_INDEX
 
 TRAIN, VALID, TEST, AT_L = 0, 1, 2, 3  # first word of every seed: the streams never meet
 

@@ -38,9 +38,9 @@ from typing import Callable, Optional, Sequence
 
 import numpy as np
 
-from common.errors import DataError
-from data.tasks.base import Instance, Task, TaskError, assemble
-from data.tokenizers import Tokenizer
+from ropelab.common.errors import DataError
+from ropelab.data.tasks.base import Instance, Task, TaskError, assemble
+from ropelab.data.tokenizers import Tokenizer
 
 FILLER = "the grass is green. the sky is blue. the sun is yellow. here we go. there and back again. "
 FILLER_WORDS = frozenset(FILLER.replace(".", " ").split())

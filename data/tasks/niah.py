@@ -32,8 +32,8 @@ from typing import Optional
 
 import numpy as np
 
-from data.tasks.haystack import Haystack, Piece
-from data.tokenizers import Tokenizer
+from ropelab.data.tasks.haystack import Haystack, Piece
+from ropelab.data.tokenizers import Tokenizer
 
 
 class Multikey(Haystack):

@@ -49,9 +49,9 @@ from typing import Literal, Optional
 
 import numpy as np
 
-from data.tasks.base import Instance, Task, TaskError, answer_needles, assemble
-from data.tasks.haystack import FILLER, FillerStream, checked_encoder, lay, number
-from data.tokenizers import Tokenizer
+from ropelab.data.tasks.base import Instance, Task, TaskError, answer_needles, assemble
+from ropelab.data.tasks.haystack import FILLER, FillerStream, checked_encoder, lay, number
+from ropelab.data.tokenizers import Tokenizer
 
 Style = Literal["text", "symbolic"]
 

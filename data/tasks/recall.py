@@ -24,8 +24,8 @@ from typing import Optional
 
 import numpy as np
 
-from data.tasks.base import Instance, Task
-from data.tokenizers import Tokenizer
+from ropelab.data.tasks.base import Instance, Task
+from ropelab.data.tokenizers import Tokenizer
 
 
 class Recall(Task):

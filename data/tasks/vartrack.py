@@ -38,9 +38,9 @@ from typing import Optional
 
 import numpy as np
 
-from data.tasks.base import TaskError
-from data.tasks.haystack import Haystack, Piece
-from data.tokenizers import Tokenizer
+from ropelab.data.tasks.base import TaskError
+from ropelab.data.tasks.haystack import Haystack, Piece
+from ropelab.data.tokenizers import Tokenizer
 
 
 class Vartrack(Haystack):

@@ -13,16 +13,16 @@ The registry maps each class's ``kind`` to the class; its keys are exactly the r
 model/encodings.py, and each row agrees with its class (tests/test_positional.py).
 """
 
-from model.config import ModelConfig
-from model.positional.absolute import Learned, Sinusoidal
-from model.positional.alibi import ALiBi
-from model.positional.base import NoPE, PositionalEncoding, PositionContext
-from model.positional.cope import CoPE
-from model.positional.fire import Fire
-from model.positional.kerple import Kerple
-from model.positional.rope import RoPE
-from model.positional.t5 import T5Bias
-from model.positional.xpos import XPos
+from ropelab.model.config import ModelConfig
+from ropelab.model.positional.absolute import Learned, Sinusoidal
+from ropelab.model.positional.alibi import ALiBi
+from ropelab.model.positional.base import NoPE, PositionalEncoding, PositionContext
+from ropelab.model.positional.cope import CoPE
+from ropelab.model.positional.fire import Fire
+from ropelab.model.positional.kerple import Kerple
+from ropelab.model.positional.rope import RoPE
+from ropelab.model.positional.t5 import T5Bias
+from ropelab.model.positional.xpos import XPos
 
 ENCODINGS: dict[str, type[PositionalEncoding]] = {
     cls.kind: cls for cls in (RoPE, Sinusoidal, Learned, ALiBi, NoPE, T5Bias, Kerple, Fire, XPos, CoPE)

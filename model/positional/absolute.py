@@ -16,9 +16,9 @@ import math
 import torch
 from torch import nn
 
-from common.errors import LengthError
-from model.config import ModelConfig
-from model.positional.base import PositionalEncoding
+from ropelab.common.errors import LengthError
+from ropelab.model.config import ModelConfig
+from ropelab.model.positional.base import PositionalEncoding
 
 
 def sinusoid_table(positions: torch.Tensor, dim: int) -> torch.Tensor:

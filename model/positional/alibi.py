@@ -9,8 +9,8 @@ import math
 
 import torch
 
-from model.config import ModelConfig
-from model.positional.distance import TableBias
+from ropelab.model.config import ModelConfig
+from ropelab.model.positional.distance import TableBias
 
 
 def alibi_slopes(n_heads: int) -> torch.Tensor:

@@ -28,7 +28,7 @@ from typing import Callable, Optional
 import torch
 from torch import nn
 
-from common.errors import LengthError
+from ropelab.common.errors import LengthError
 
 Tensor = torch.Tensor
 Rotate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (q, k) -> rotated (q, k)

@@ -28,8 +28,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.config import ModelConfig
-from model.positional.base import PositionalEncoding
+from ropelab.model.config import ModelConfig
+from ropelab.model.positional.base import PositionalEncoding
 
 Tensor = torch.Tensor
 

@@ -15,7 +15,7 @@ from typing import Optional
 
 import torch
 
-from model.positional.base import Bias, DistanceBias, PositionalEncoding
+from ropelab.model.positional.base import Bias, DistanceBias, PositionalEncoding
 
 Tensor = torch.Tensor
 

@@ -29,9 +29,9 @@ from typing import Optional
 import torch
 from torch import nn
 
-from model.config import ModelConfig
-from model.positional.base import Bias, DistanceBias, causal_distance
-from model.positional.distance import TableBias
+from ropelab.model.config import ModelConfig
+from ropelab.model.positional.base import Bias, DistanceBias, causal_distance
+from ropelab.model.positional.distance import TableBias
 
 EPS = 1e-6  # added to the normaliser, as in the paper's implementation
 BLOCK_PAIRS = 1 << 16  # (query, key) pairs per MLP call on the pairwise path

@@ -19,8 +19,8 @@ from __future__ import annotations
 import torch
 from torch import nn
 
-from model.config import ModelConfig
-from model.positional.distance import TableBias
+from ropelab.model.config import ModelConfig
+from ropelab.model.positional.distance import TableBias
 
 MIN_PARAM = 1e-2  # the lower bound on r₁ and r₂
 

@@ -37,9 +37,9 @@ from typing import Optional
 
 import torch
 
-from model.config import ModelConfig
-from model.positional.base import PositionalEncoding
-from model.positional.rope_scaling import inverse_frequencies, keep_highest_frequencies
+from ropelab.model.config import ModelConfig
+from ropelab.model.positional.base import PositionalEncoding
+from ropelab.model.positional.rope_scaling import inverse_frequencies, keep_highest_frequencies
 
 
 class HalfPairing:
@@ -50,7 +50,7 @@ class HalfPairing:
         return torch.cat((angles, angles), dim=-1)
 
     @staticmethod
-    def turn(x: torch.Tensor) -> torch.Tensor:
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
         x1, x2 = x.chunk(2, dim=-1)
         return torch.cat((-x2, x1), dim=-1)
 
@@ -68,7 +68,7 @@ class InterleavedPairing:
         return angles.repeat_interleave(2, dim=-1)
 
     @staticmethod
-    def turn(x: torch.Tensor) -> torch.Tensor:
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
         pairs = x.unflatten(-1, (-1, 2))  # (..., r/2, 2)
         return torch.stack((-pairs[..., 1], pairs[..., 0]), dim=-1).flatten(-2)
 
@@ -84,7 +84,7 @@ PAIRINGS = {"half": HalfPairing, "interleaved": InterleavedPairing}
 def rotate(x: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, pairing, rotary_dim: int) -> torch.Tensor:
     """Rotate the first ``rotary_dim`` dims of x (…, T, D) by laid-out cos/sin (T, rotary_dim)."""
     x_rot = x[..., :rotary_dim].float()
-    out = x_rot * cos + pairing.turn(x_rot) * sin
+    out = x_rot * cos + pairing.rotate_half(x_rot) * sin
     if rotary_dim < x.shape[-1]:
         out = torch.cat((out, x[..., rotary_dim:].float()), dim=-1)
     return out.to(x.dtype)

@@ -32,7 +32,7 @@ from typing import Optional
 
 import torch
 
-from model.config import RopeScalingConfig
+from ropelab.model.config import RopeScalingConfig
 
 
 def base_inv_freq(dim: int, theta: float) -> torch.Tensor:

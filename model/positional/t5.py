@@ -24,8 +24,8 @@ from typing import Optional
 import torch
 from torch import nn
 
-from model.config import ModelConfig
-from model.positional.distance import TableBias
+from ropelab.model.config import ModelConfig
+from ropelab.model.positional.distance import TableBias
 
 
 def t5_bucket(distance: torch.Tensor, num_buckets: int, max_distance: int) -> torch.Tensor:

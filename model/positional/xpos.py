@@ -29,9 +29,9 @@ from typing import Optional
 
 import torch
 
-from model.config import ModelConfig
-from common.errors import LengthError
-from model.positional.rope import RoPE, rotate
+from ropelab.model.config import ModelConfig
+from ropelab.common.errors import LengthError
+from ropelab.model.positional.rope import RoPE, rotate
 
 FLOAT16_MAX_SCALE = 2.0 ** 8  # keys of |k| ~ 100 still fit float16's 65504
 

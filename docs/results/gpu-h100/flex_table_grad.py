@@ -8,9 +8,9 @@ one H100 is flex_table_grad.txt.
 """
 import time
 import torch
-import model.attention as A
-from model.config import ModelConfig, PosConfig
-from model.transformer import Transformer
+import ropelab.model.attention as A
+from ropelab.model.config import ModelConfig, PosConfig
+from ropelab.model.transformer import Transformer
 
 torch.set_float32_matmul_precision("highest")
 orig = A.usable_for_flex

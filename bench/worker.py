@@ -1,0 +1,282 @@
+"""One benchmark measurement in a fresh process: ``python -m ropelab.bench.worker SPEC SECTION ROW``.
+
+The measurement code of scripts/bench.py (see its docstring for what is measured). This
+file imports nothing from ``scripts``, only the project's own packages, so
+``scripts/bench.py --compare REV`` can run this very file against another commit's code
+(``PYTHONPATH`` at that commit's tree): both sides then share the timing code exactly.
+SPEC is JSON: the config file, overrides, vocabulary size and the repeat counts.
+"""
+
+from __future__ import annotations
+
+import importlib
+import dataclasses
+import json
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+from types import SimpleNamespace
+from typing import Callable
+
+import numpy as np
+import torch
+
+from ropelab.configs import load_config
+from ropelab.eval.lm.perplexity import perplexity
+from ropelab.common.errors import ConfigError, UserError
+from ropelab.model.generate import generate
+from ropelab.model.transformer import Transformer
+from ropelab.common.cli import entry_point
+from ropelab.training.runtime import measure_matmul_peak, setup_runtime, synchronize, time_calls
+
+try:  # synthetic tasks; --compare against a commit without them measures text configs only
+    from ropelab.data.tasks import TaskData, task_tokenizer
+except ImportError:
+    TaskData = task_tokenizer = None
+try:
+    from ropelab.training.data import TaskTraining, TextData
+    from ropelab.training.trainer import Trainer
+except ImportError:  # --compare against a commit whose trainer was train.py's and read data.split(name):
+    # that tree's train.py, by name (this tree's train.py sits above the benchmark's layer)
+    Trainer = importlib.import_module("ropelab.train").Trainer
+    TaskTraining = TextData = None
+
+PROMPT = 16  # prompt tokens before decoding
+LATENCY_WINDOW = 64  # decode steps averaged for the start/end latency
+# A char vocabulary depends on its corpus; the benchmark takes Tiny Shakespeare's 65
+# characters, the vocabulary of nanoGPT's CPU recipe (configs/bench-small.yaml).
+CHAR_VOCAB = 65
+
+
+# --- measurement helpers ---------------------------------------------------------------
+class PeakMemory:
+    """Peak resident memory (MB) since the last ``reset``; plus the CUDA allocator's peak."""
+
+    def __init__(self, device: torch.device):
+        self.device = device
+        self.resettable = Path("/proc/self/clear_refs").exists()
+
+    def reset(self) -> None:
+        if self.resettable:
+            try:  # "5" resets the VmHWM high-water mark (Linux >= 4.0, proc(5))
+                Path("/proc/self/clear_refs").write_text("5")
+            except OSError:
+                self.resettable = False
+        if self.device.type == "cuda":
+            torch.cuda.reset_peak_memory_stats(self.device)
+
+    def read(self) -> dict:
+        out = {"peak_rss_mb": None, "rss_scope": "since reset" if self.resettable else "process lifetime"}
+        status = Path("/proc/self/status")
+        if self.resettable and status.exists():
+            for line in status.read_text().splitlines():
+                if line.startswith("VmHWM:"):
+                    out["peak_rss_mb"] = int(line.split()[1]) / 1024
+        if out["peak_rss_mb"] is None:
+            scale = 1 if sys.platform == "darwin" else 1024  # bytes on macOS, KiB on Linux
+            out["peak_rss_mb"] = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss * scale / 2**20
+        if self.device.type == "cuda":
+            out["cuda_peak_mb"] = torch.cuda.max_memory_allocated(self.device) / 2**20
+        return out
+
+
+def top_ops(step: Callable[[], object], n: int, steps: int = 2) -> list[dict]:
+    """The ``n`` operators with the most self time over ``steps`` profiled steps (torch.profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if torch.cuda.is_available() else [])
+    with profile(activities=activities) as prof:
+        for _ in range(steps):
+            step()
+    events = [e for e in prof.key_averages() if e.self_cpu_time_total > 0 or getattr(e, "self_device_time_total", 0)]
+    total = sum(e.self_cpu_time_total for e in events) or 1.0
+    events.sort(key=lambda e: e.self_cpu_time_total, reverse=True)
+    return [{"op": e.key, "self_cpu_ms_per_step": e.self_cpu_time_total / 1e3 / steps,
+             "share": e.self_cpu_time_total / total, "calls_per_step": e.count / steps} for e in events[:n]]
+
+
+
+# --- the model under test ----------------------------------------------------------------
+def variant_name(attention: str, kind: str) -> str:
+    """The row of one (attention kind, encoding) pair: ``rope`` (softmax), ``linear+rope``."""
+    return kind if attention == "softmax" else f"{attention}+{kind}"
+
+
+def bench_config(spec, variant: str, compile_: bool = False):
+    """The run config for one row (``variant_name``); vocab from the tokenizer settings (no data
+    needed). Without an attention prefix the config's own ``model.attention`` is kept."""
+    attention, _, kind = variant.rpartition("+")
+    cfg = load_config(spec.config, spec.set + ([f"model.attention={attention}"] if attention else []))
+    tok = cfg.data.tokenizer
+    if tok.kind == "file":
+        raise ConfigError("the benchmark needs a vocabulary size without data: use a bpe, byte or "
+                          "char tokenizer in data.tokenizer")
+    if cfg.data.source == "synthetic":  # the task alphabet, fixed
+        vocab = task_tokenizer().vocab_size
+    else:
+        vocab = {"bpe": tok.vocab_size, "byte": 257, "char": CHAR_VOCAB}[tok.kind]
+    longest = max(cfg.train.seq_len * max(spec.eval_multipliers), PROMPT + max(spec.decode_lengths))
+    # pos.max_len sizes a learned table and is ignored by every other encoding, so it is set
+    # whatever the kind: no kind is named here, and this file still runs against older trees.
+    pos = dataclasses.replace(cfg.model.pos, kind=kind, max_len=longest)
+    train = dataclasses.replace(cfg.train, compile=compile_, max_steps=10**6, max_tokens=None,
+                                warmup_steps=10)
+    cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pos=pos), train=train,
+                              out_dir=tempfile.mkdtemp(prefix="ropelab-bench-"))
+    return cfg.with_vocab_size(vocab)
+
+
+def step_data(cfg):
+    """What the training step draws from: random tokens of the config's vocabulary, or for a
+    synthetic config the real instances, made as training makes them."""
+    if cfg.data.source == "synthetic":
+        return TaskTraining(cfg.data.synthetic) if TaskTraining else TaskData(cfg.data.synthetic)
+    tokens = np.random.default_rng(0).integers(0, cfg.model.vocab_size, size=1_000_000, dtype=np.int64)
+    # A stand-in with what the trainer asks of a tokenizer: its size, and its file's text
+    # (fingerprinted in every checkpoint).
+    tokenizer = SimpleNamespace(vocab_size=cfg.model.vocab_size,
+                                to_json=lambda: json.dumps({"random_tokens": cfg.model.vocab_size}))
+    if TextData is None:  # an older tree's trainer read the splits itself
+        return SimpleNamespace(tokenizer=tokenizer, split=lambda name: tokens)
+    return TextData(tokenizer, train=tokens, valid=tokens)
+
+
+def eval_model(cfg, device: torch.device) -> Transformer:
+    torch.manual_seed(0)
+    return Transformer(cfg.model).to(device).eval()
+
+
+# --- sections (each runs in its own process) ---------------------------------------------
+def section_train(spec, kind: str, compile_: bool) -> dict:
+    cfg = bench_config(spec, kind, compile_)
+    rt = setup_runtime(cfg.train)
+    # training/runtime.py's GPU_PEAK_SIZES, restated: with --compare this file runs against
+    # older trees, which lack it. A GPU reaches its limit only on large matmuls.
+    sizes = (2048, 4096, 8192) if rt.device.type == "cuda" else (512, 1024, 2048)
+    peak = measure_matmul_peak(rt.device, rt.dtype, sizes=sizes, repeats=10)
+    data = step_data(cfg)
+    trainer = Trainer(cfg, rt, data=data)
+    memory = PeakMemory(rt.device)
+    memory.reset()
+    started = time.perf_counter()
+    trainer.train_step()  # the first step pays for compilation, allocation and warm-up
+    first = time.perf_counter() - started
+    times = time_calls(trainer.train_step, spec.repeats, spec.warmup, rt.device)
+    step = statistics.median(times)
+    profile = top_ops(trainer.train_step, spec.profile) if spec.profile else None
+    tokens_per_step = cfg.train.tokens_per_step()
+    tok_s = tokens_per_step / step
+    flops = trainer.model.flops_per_token(cfg.train.seq_len) * tok_s
+    result = {"tok_s": tok_s, "step_ms": step * 1e3, "step_ms_all": [t * 1e3 for t in times],
+              "first_step_s": first, "achieved_flops": flops, "peak": peak, "mfu": flops / peak["flops"],
+              "params": trainer.model.num_params(), "tokens_per_step": tokens_per_step,
+              "device": str(rt.device), "dtype": str(rt.dtype).replace("torch.", ""), "profile": profile,
+              **memory.read()}
+    if compile_:
+        result.update(paired_speedup(spec, kind, trainer, data, rt))
+    return result
+
+
+def paired_speedup(spec, kind: str, compiled: Trainer, data, rt) -> dict:
+    """The compiled step against the eager one in this same process, steps alternating.
+
+    Two processes running the same code differ by up to 1.5× on a shared machine (README,
+    Benchmarks), which swamps a speed-up measured across them. Here an eager trainer of the
+    same config takes turns with the compiled one, one step each, ``spec.repeats`` times;
+    the speed-up is the ratio of their median steps. (Built after the compiled run's memory
+    was read, so its peak RSS is the compiled run's alone.)
+    """
+    eager = Trainer(bench_config(spec, kind, compile_=False), rt, data=data)
+    time_calls(eager.train_step, 0, spec.warmup + 1, rt.device)
+    eager_times, compiled_times = [], []
+    for _ in range(spec.repeats):
+        eager_times += time_calls(eager.train_step, 1, 0, rt.device)
+        compiled_times += time_calls(compiled.train_step, 1, 0, rt.device)
+    eager_ms, compiled_ms = statistics.median(eager_times) * 1e3, statistics.median(compiled_times) * 1e3
+    return {"paired": {"eager_step_ms": eager_ms, "compiled_step_ms": compiled_ms,
+                       "speedup": eager_ms / compiled_ms, "steps": spec.repeats}}
+
+
+def section_decode(spec, kind: str) -> dict:
+    cfg = bench_config(spec, kind)
+    device = setup_runtime(cfg.train).device
+    model = eval_model(cfg, device)
+    prompt = torch.randint(0, cfg.model.vocab_size, (1, PROMPT), generator=torch.Generator().manual_seed(0))
+    memory = PeakMemory(device)
+    rows = []
+    for n in spec.decode_lengths:
+        row = {"new_tokens": n}
+        for use_cache in (True, False):
+            memory.reset()
+            times = time_calls(lambda: generate(model, prompt, n, temperature=0, use_cache=use_cache),
+                          spec.decode_repeats, 1 if n <= 256 else 0, device)
+            label = "cached" if use_cache else "uncached"
+            row[f"{label}_tok_s"] = n / statistics.median(times)
+            row[f"{label}_peak_rss_mb"] = memory.read()["peak_rss_mb"]
+        row["speedup"] = row["cached_tok_s"] / row["uncached_tok_s"]
+        rows.append(row)
+    # Per-token latency: the time between successive forward calls of one cached generation.
+    n = max(spec.decode_lengths)
+    stamps: list[float] = []
+
+    def stamp(*_) -> None:  # a forward hook must return None, or it replaces the output
+        synchronize(device)
+        stamps.append(time.perf_counter())
+
+    hook = model.register_forward_hook(stamp)
+    generate(model, prompt, n, temperature=0)
+    hook.remove()
+    gaps = np.diff(stamps) * 1e3  # gaps[i]: producing token i + 2 (token 1 comes from the prefill)
+    window = min(LATENCY_WINDOW, max(1, len(gaps) // 2))
+    start_ms, end_ms = float(np.median(gaps[:window])), float(np.median(gaps[-window:]))
+    return {"rows": rows, "latency": {"new_tokens": n, "window": window, "start_ms": start_ms,
+                                      "end_ms": end_ms, "end_over_start": end_ms / start_ms}}
+
+
+def section_eval(spec, kind: str) -> dict:
+    cfg = bench_config(spec, kind)
+    device = setup_runtime(cfg.train).device
+    model = eval_model(cfg, device)
+    memory = PeakMemory(device)
+    rows = []
+    for mult in spec.eval_multipliers:
+        length = cfg.train.seq_len * mult
+        n_tokens = max(spec.eval_tokens, length)
+        tokens = np.random.default_rng(mult).integers(0, cfg.model.vocab_size, size=n_tokens + 1)
+        memory.reset()
+        result = {}
+        times = time_calls(lambda: result.update(ppl=perplexity(model, tokens, length)),
+                      spec.eval_repeats, 1, device)
+        scored = result["ppl"].tokens
+        rows.append({"multiplier": mult, "length": length, "tokens": scored,
+                     "tok_s": scored / statistics.median(times), **memory.read()})
+    return {"rows": rows}
+
+
+def run_section(spec, section: str, row: str) -> dict:
+    with torch.inference_mode(section in ("decode", "eval")):
+        if section == "train":
+            return section_train(spec, row, compile_=False)
+        if section == "compile":
+            return section_train(spec, row, compile_=True)
+        if section == "decode":
+            return section_decode(spec, row)
+        return section_eval(spec, row)
+
+
+@entry_point
+def main(argv: list[str]) -> int:
+    spec, section, row = SimpleNamespace(**json.loads(argv[0])), argv[1], argv[2]
+    try:
+        result = run_section(spec, section, row)
+    except (UserError, RuntimeError) as e:
+        result = {"error": f"{type(e).__name__}: {e}"}
+    print(json.dumps(result))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

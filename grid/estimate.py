@@ -1,0 +1,345 @@
+"""How long a grid will take on this machine, before it starts, and how that compared after.
+
+For each distinct shape of the grid's pending runs (training/step_timing.py: architecture with
+its vocabulary, length, batch, thread count, …) a few training steps are timed and the
+forward throughput at every evaluation length measured, once: the records are cached, so
+a second ``--dry-run`` (and the runs' own ``train.compile: auto``) reuse them. The data of
+each distinct corpus is prepared first (cached for training anyway), which gives the exact
+vocabulary and the size of the evaluation split.
+
+A run's estimate:
+- training: its remaining steps × the step time (compiled or eager, as ``train.compile``
+  would choose, plus the warm compile), plus the validations (``eval_batches`` windows
+  every ``eval_interval`` steps, at the forward rate at L, and with ``train.stop_at_accuracy``
+  as many instances at L per task for the competence check). A run trained to competence
+  may stop early: its estimate is the whole budget, an upper bound, and says so;
+- evaluation: for every checkpoint scored (``eval.steps``, else the latest), corpus,
+  scaling, length and protocol, the tokens its windows feed through the model (the scored
+  tokens; × length / stride for sliding windows, × length / target span for the same-token
+  protocol) at the forward rate at that length; task scoring as its instances' tokens, for
+  every task, scaling and length (and depth, for the tasks that place a needle).
+
+The grid's wall time divides the sum by the number of parallel jobs. Jobs on the CPU share
+its caches, memory bandwidth and maybe its cores, so a job among others may run slower
+than alone: with ``--jobs`` N > 1 on the CPU each shape's eager step is also timed in N
+processes at once (training/step_timing.py ``measure_shared``), and the run's training and
+evaluation times are stretched by that slowdown (the task grid's copy runs then trained at
+69-78 ms a step, two at once; their shape's probe said 73). An estimate is for the machine
+it was made on and the load it had then: virtual machines of one kind differ (the task
+grid's runs went at 22,700 tokens/s per job on one and 10,500-14,800 on others, two jobs at
+once each time). It is a plan; the grid's summary prints it beside what each run took.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Optional
+
+import torch
+
+from ropelab.common.atomic import write_text_atomic
+from ropelab.common.errors import UserError
+from ropelab.configs.grid import Grid, PlannedRun, row_of
+from ropelab.configs.schema import EvalConfig, RunConfig
+from ropelab.data.tasks import TASKS
+from ropelab.eval.tasks.exact_match import planned_parent, resolved_tasks, wants_tasks
+from ropelab.model.encodings import accepts_rope_scaling
+from ropelab.training.data import prepare
+from ropelab.model.encodings import served_length
+from ropelab.grid.archive import record_of
+from ropelab.grid.deadline import steps_past
+from ropelab.training.memory import MemoryLimitError, check_fits, check_training, forward_estimate, largest
+from ropelab.training.step_timing import (COMPILE_MARGIN, PROBE_ROWS, ShapeTimes, cache_dir, load, measure_evaluation,
+                            measure_shared, measure_training, rate_at, shape_key, shared_slowdown)
+from ropelab.training.run_dir import RunDir
+from ropelab.training.runtime import setup_runtime
+from ropelab.training.validation import windows_per_batch
+
+
+@dataclass
+class Estimate:
+    train_s: float
+    eval_s: float
+    note: str = ""
+    expected_train_s: Optional[float] = None  # where the row's ended seeds say when a competence stop comes
+    failed: bool = False  # no estimate could be made (the note says why): its seconds mean nothing
+    # A run that stops at competence: its row, the steps it has trained and those its budget has left
+    # (train_s trains them all), from which a deadline expects its stop anew as its row's runs end.
+    competence_row: Optional[str] = None
+    done: int = 0
+    steps: int = 0
+
+
+def _eval_lengths(cfg: RunConfig) -> list[int]:
+    ev = cfg.eval
+    lengths = set(ev.resolved_lengths(cfg.train.seq_len)) | {cfg.train.seq_len}
+    for corpus in ev.corpora:
+        lengths |= set(corpus.lengths)
+    return sorted(lengths)
+
+
+def _rate(times: ShapeTimes, n: int, limit: Optional[int] = None) -> Optional[float]:
+    """Forward tokens/s at ``n``, or None past the encoding's served length ``limit``."""
+    return None if limit is not None and n > limit else rate_at(times, n)
+
+
+def _train_seconds(cfg: RunConfig, times: ShapeTimes, steps: int) -> tuple[float, str]:
+    t = cfg.train
+    step, note = times.eager_step_s, "eager"
+    compiled = times.compiled_step_s is not None
+    if t.compile is True and compiled:
+        step, note = times.compiled_step_s + (times.compile_warm_s or 0) / max(steps, 1), "compiled"
+    elif t.compile == "auto" and compiled:
+        saved = steps * (times.eager_step_s - times.compiled_step_s)
+        if saved > COMPILE_MARGIN * (times.compile_warm_s or 0):
+            step, note = times.compiled_step_s + (times.compile_warm_s or 0) / max(steps, 1), "compiled (auto)"
+    validations = steps // t.eval_interval + 1
+    rate = _rate(times, t.seq_len) or t.seq_len / times.eager_step_s
+    # A competence check scores as many instances at L per task as a validation reads.
+    passes = 1 + (len(cfg.data.mix.tasks or cfg.data.synthetic.tasks) if t.stop_at_accuracy is not None else 0)
+    validation_s = passes * validations * t.eval_batches * t.batch_size * t.seq_len / rate
+    if t.stop_at_accuracy is not None:
+        note += f"; at most: stops once accuracy at L reaches {t.stop_at_accuracy:g}"
+    return steps * step + validation_s, note
+
+
+def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float:
+    ev: EvalConfig = cfg.eval
+    train_len, limit = cfg.train.seq_len, served_length(cfg.model.pos)
+    total = 0.0
+    for corpus in ev.corpora:
+        lengths = sorted(set(corpus.lengths)) or ev.resolved_lengths(train_len)
+        protocols = corpus.protocols or ev.protocols
+        scored = min(ev.max_tokens or split_tokens, split_tokens)
+        n_scalings = len(ev.resolved_scalings(cfg.model.pos.kind)) if accepts_rope_scaling(cfg.model.pos.kind) else 1
+        for n in lengths:
+            rate = _rate(times, n, limit)
+            if rate is None:  # a length the encoding cannot serve
+                continue
+            models = n_scalings if n > train_len else 1
+            for protocol in protocols:
+                fed = scored * (n / min(ev.sliding_stride(n), n) if protocol == "sliding" else
+                                n / ev.target_span(lengths)[0] if protocol == "same-tokens" else 1)
+                total += models * fed / rate
+    if wants_tasks(cfg, ev):
+        cells = sum(len(ev.tasks.resolved_depths()) if TASKS[name].has_depth else 1
+                    for name in resolved_tasks(cfg, ev, planned_parent(cfg))) * len(ev.resolved_scalings(cfg.model.pos.kind))
+        for n in ev.resolved_lengths(train_len):
+            rate = _rate(times, n, limit)
+            if rate is not None:
+                total += cells * ev.tasks.samples * n / rate
+    return total * len(ev.steps or [None])  # every checkpoint scored
+
+
+def _shape_times(name: str, cfg: RunConfig, rt, sharing: int, threads: Optional[int], log) -> ShapeTimes:
+    """The timings of the run's shape: cached, else measured now (a few steps eager and, where
+    the run may compile, compiled; its evaluation; ``sharing`` jobs at once)."""
+    times = load(shape_key(cfg, rt))
+    if times.eager_step_s is None or (cfg.train.compile is not False and times.compiled_step_s is None):
+        log(f"  timing the shape of {name} (a few steps{', compiled too' if cfg.train.compile else ''})")
+        times = measure_training(cfg, rt, compiled=cfg.train.compile is not False)
+    if not times.eval_tok_s:
+        times = measure_evaluation(cfg, rt, _eval_lengths(cfg))
+    if sharing > 1 and str(sharing) not in times.shared_step_s:
+        log(f"  timing the shape of {name} as {sharing} jobs at once")
+        times = measure_shared(cfg, rt, sharing, threads)
+    return times
+
+
+def _expected(cfg: RunConfig, times: ShapeTimes, done: int, seen: list[int],
+              slowdown: float) -> tuple[Optional[float], str]:
+    """The expected training seconds of a run that stops at competence, from the steps ``seen``
+    at which its row's ended runs stopped (those past ``done``, where it resumes), and what the
+    estimate's note says of it; (None, "") where no such run is known."""
+    later = steps_past(seen, done)
+    if not later:
+        return None, ""
+    expected = _train_seconds(cfg, times, round(sum(later) / len(later)))[0] * slowdown
+    runs_said = f"{len(later)} ended run{'s' if len(later) > 1 else ''}"
+    return expected, (f"; expected {expected / 60:.1f} min as its row's {runs_said}"
+                      + (f" that went past its step {done:,}" if done else ""))
+
+
+def _prepared(run: PlannedRun, rt, prepared: dict, log) -> tuple[int, int] | UserError:
+    """The run's data prepared once per data config (cached for training too): its vocabulary
+    and evaluation split's token count, or the error the run itself will fail with."""
+    key = json.dumps(run.cfg.data.__dict__, default=str, sort_keys=True)
+    if key not in prepared:
+        log(f"  preparing the data of {run.name} for the estimate (cached for training)")
+        try:
+            data = prepare(run.cfg, rt)
+            prepared[key] = (data.tokenizer.vocab_size, len(getattr(data, "valid", ())))
+        except UserError as e:  # the run itself will fail with this message; the others go on
+            prepared[key] = e
+    return prepared[key]
+
+
+def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], log=print,
+                  jobs: int = 1, ended: Optional[dict[str, list[int]]] = None) -> dict[str, Estimate]:
+    """Each pending run's estimate (runs already finished and evaluated cost nothing more),
+    as one of ``jobs`` CPU jobs at once, each with ``threads`` threads. A run that stops at
+    competence, in a row some of whose runs have ended (``ended``, from ``rows_ended``), is also
+    expected to train as many steps as they did on average; a resumed one, as many more as those
+    that went past its step did (none such: no expectation)."""
+    if threads:
+        torch.set_num_threads(threads)
+    prepared: dict[str, tuple[int, int] | UserError] = {}  # data config -> (vocabulary, evaluation split tokens)
+    out, busy = {}, set()
+    for run in runs:
+        rt = setup_runtime(run.cfg.train)
+        data = _prepared(run, rt, prepared, log)
+        if isinstance(data, UserError):
+            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {data}"[:200], failed=True)
+            continue
+        vocab, split_tokens = data
+        cfg = run.cfg.with_vocab_size(vocab)
+        try:
+            _check_memory(cfg, rt)
+        except MemoryLimitError as e:  # the run itself is refused with this message; the others go on
+            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {e}"[:200], failed=True)
+            continue
+        sharing = jobs if rt.device.type == "cpu" else 1  # jobs on other devices do not share one
+        times = _shape_times(run.name, cfg, rt, sharing, threads, log)
+        slowdown = shared_slowdown(times, sharing)
+        done = _progress(run)
+        train_s, note = _train_seconds(cfg, times, cfg.train.total_steps() - done)
+        seen = (ended or {}).get(row_of(run.name), []) if cfg.train.stop_at_accuracy is not None else []
+        expected, said = _expected(cfg, times, done, seen, slowdown)
+        note += said
+        if sharing > 1:
+            note += (f"; ×{slowdown:.1f} with {sharing} jobs at once" if str(sharing) in times.shared_step_s
+                     else f"; not timed as {sharing} jobs at once (that probe failed): may run long")
+        if times.busy:
+            note += "; timed while busy"
+            if times.key not in busy:
+                busy.add(times.key)
+                log(f"  the shape of {run.name} was timed while other work shared the CPUs ({times.busy}): its "
+                    f"estimates may run long; it is timed again where this runs on a quiet machine (or delete "
+                    f"{cache_dir() / (times.key + '.json')})")
+        competence = cfg.train.stop_at_accuracy is not None
+        out[run.name] = Estimate(train_s * slowdown, _eval_seconds(cfg, times, split_tokens) * slowdown, note, expected,
+                                 competence_row=row_of(run.name) if competence else None, done=done,
+                                 steps=cfg.train.total_steps() - done)
+    return out
+
+
+def _check_memory(cfg: RunConfig, rt) -> None:
+    """The probe trains a few steps of the run's shape and runs forwards at its evaluation
+    lengths (training/step_timing.py): refused before they start when they cannot fit, as the run's
+    training and evaluation would be (training/memory.py)."""
+    check_training(cfg, rt.device)
+    limit = served_length(cfg.model.pos)
+    forwards = [forward_estimate(cfg.model, windows_per_batch(n, PROBE_ROWS), n,
+                                 f"timing {cfg.name}'s forward at length {n:,}")
+                for n in _eval_lengths(cfg) if limit is None or n <= limit]
+    estimate = largest(forwards)
+    if estimate is not None:
+        check_fits(estimate, rt.device, "Evaluate shorter lengths (eval.lengths).")
+
+
+def _last_meta(run: PlannedRun, grid: Optional[Grid] = None) -> dict:
+    """The metadata of the run's newest checkpoint, else (given a grid that keeps records) of its
+    archived record's; {} where there is none or it does not read."""
+    ckpt = RunDir.of(run.cfg).latest_checkpoint() if RunDir.of(run.cfg).path.exists() else None
+    if ckpt is None and grid is not None and grid.archive is not None:
+        kept = sorted((record_of(grid, run) / "checkpoints").glob("step_*"))
+        ckpt = kept[-1] if kept else None
+    try:
+        meta = json.loads((ckpt / "meta.json").read_text()) if ckpt is not None else {}
+    except (OSError, ValueError):
+        return {}
+    return meta if isinstance(meta, dict) else {}
+
+
+def ended_at(grid: Grid, run: PlannedRun) -> Optional[int]:
+    """The step a run that stops at competence ended at (reached, or its whole budget), from its
+    last checkpoint or else its archived record; None where it has not ended."""
+    meta = _last_meta(run, grid)
+    step, competence = meta.get("step"), meta.get("competence") or {}
+    if step is None or not (competence.get("reached") or step >= run.cfg.train.total_steps()):
+        return None
+    return int(step)
+
+
+def rows_ended(grid: Grid, runs: list[PlannedRun]) -> dict[str, list[int]]:
+    """Row -> the steps its runs that stop at competence ended at (scripts/ablate.py passes every
+    planned run: a pending seed's estimate may then expect the stop where its row's seeds had it)."""
+    out: dict[str, list[int]] = {}
+    for run in runs:
+        if run.cfg.train.stop_at_accuracy is not None and (step := ended_at(grid, run)) is not None:
+            out.setdefault(row_of(run.name), []).append(step)
+    return out
+
+
+def _progress(run: PlannedRun) -> int:
+    """The steps the run has trained (its newest checkpoint's), 0 where it has none."""
+    try:
+        return int(_last_meta(run).get("step", 0))
+    except (TypeError, ValueError):
+        return 0
+
+
+def print_estimates(estimates: dict[str, Estimate], jobs: int) -> None:
+    print(f"\n{'estimated on this machine':<40} {'train (min)':>11} {'eval (min)':>10}")
+    for name, e in estimates.items():
+        print(f"{name:<40} {e.train_s / 60:11.1f} {e.eval_s / 60:10.1f}   {e.note}")
+    train, evaluation = (sum(getattr(e, k) for e in estimates.values()) / 3600 for k in ("train_s", "eval_s"))
+    print(f"{'grid total (hours)':<40} {train:11.2f} {evaluation:10.2f}   about {(train + evaluation) / jobs:.2f} h "
+          f"of wall time with {jobs} job{'s' if jobs > 1 else ''} at once")
+    informed = [e for e in estimates.values() if e.expected_train_s is not None]
+    if informed:
+        expected = sum(e.train_s if e.expected_train_s is None else e.expected_train_s for e in estimates.values())
+        print(f"{'expected where rows have ended runs':<40} {expected / 3600:11.2f} {evaluation:10.2f}   about "
+              f"{(expected / 3600 + evaluation) / jobs:.2f} h of wall time, if the {len(informed)} "
+              f"run{'s' if len(informed) > 1 else ''} in such rows stop at their row's mean step (the "
+              "others at their whole budget)")
+
+
+def print_wall_times(reports: dict[str, list[dict]], estimates: Optional[dict[str, dict]] = None) -> None:
+    """Each run's wall times in minutes: its training (over all sessions) and the evaluation of
+    each report kind (perplexity, tasks) that produced its numbers (the runs' own records),
+    beside the estimate made before it started; then the grid's totals in hours."""
+    kinds = list(reports)
+    per_run: dict[str, dict] = {}
+    for kind, runs in reports.items():
+        for run in runs:
+            entry = per_run.setdefault(run["name"], {"train": run.get("train_seconds")})
+            entry[kind] = run.get("eval_seconds")
+    for name, entry in per_run.items():
+        planned = (estimates or {}).get(name, {})
+        entry.update(est_train=planned.get("train_s"), est_eval=planned.get("eval_s"))
+    heads = ["train (min)"] + [f"{kind} eval (min)" for kind in kinds] + ["estimated train", "estimated eval"]
+    widths = [max(9, len(h)) for h in heads]
+    columns = ["train", *kinds, "est_train", "est_eval"]
+    print(f"\n{'wall time of each run':<40} " + " ".join(f"{h:>{w}}" for h, w in zip(heads, widths)))
+    for name, entry in per_run.items():
+        print(f"{name:<40} " + " ".join(f"{entry[k] / 60:{w}.1f}" if entry.get(k) else f"{'–':>{w}}"
+                                         for k, w in zip(columns, widths)))
+    totals = [sum(e.get(k) or 0 for e in per_run.values()) / 3600 for k in columns]
+    actual = sum(totals[:len(kinds) + 1])
+    print(f"{'grid total (hours, not minutes)':<40} " + " ".join(f"{t:{w}.2f}" for t, w in zip(totals, widths))
+          + f"   together {actual:.2f} hours" + (f", estimated {sum(totals[len(kinds) + 1:]):.2f}"
+                                                  if any(totals[len(kinds) + 1:]) else ""))
+
+
+def estimate_file(grid: Grid) -> Path:
+    return Path(grid.out_dir) / grid.name / "_estimate.json"
+
+
+def save_estimates(grid: Grid, estimates: dict[str, Estimate]) -> None:
+    path = estimate_file(grid)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    old = json.loads(path.read_text()) if path.is_file() else {}
+    old.update({name: {"train_s": e.train_s, "eval_s": e.eval_s} for name, e in estimates.items() if not e.failed})
+    write_text_atomic(path, json.dumps(old, indent=1))
+
+
+def saved_estimates(grid: Grid) -> dict[str, dict]:
+    path = estimate_file(grid)
+    try:
+        return json.loads(path.read_text())
+    except (OSError, ValueError):
+        return {}
+

@@ -1,0 +1,95 @@
+"""``scripts/ablate.py GRID --status``: every run of a grid in one table, from its run
+directory (trained how far, evaluated or not, who holds its lock) and the grid's Slurm
+jobs (grid/slurm_launcher.py records them; squeue and sacct say how they are):
+
+    done         trained to the end (and whether its evaluation is cached)
+    running      its job is running (job id), or a process holds its lock (pid and host)
+    queued       its job waits in Slurm's queue (and squeue's reason)
+    failed       its job failed before the run was done, or its last session stopped on an
+                 error; the last lines of its log follow the row
+    stopped      cancelled, timed out or preempted after a checkpoint (the log's last lines
+                 follow), or interrupted here: the next submission resumes it
+    not started  nothing trained yet
+    conflict     its directory holds another experiment
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from dataclasses import dataclass, field
+from typing import Optional
+
+from ropelab.configs.grid import Grid, PlannedRun
+from ropelab.grid.jobs import evaluation_cached
+from ropelab.grid.job_files import log_tail
+from ropelab.grid.slurm_launcher import jobs_dir, recorded_states
+from ropelab.training.run_dir import RunDir
+from ropelab.training.run_lock import live_holder
+from ropelab.training.slurm import JobState
+
+TAIL_LINES = 3
+ACTIVE = ("RUNNING", "COMPLETING", "CONFIGURING", "STAGE_OUT", "SIGNALING")
+STOPPED = ("CANCELLED", "TIMEOUT", "PREEMPTED")  # ended from outside, after a checkpoint
+
+
+@dataclass
+class Row:
+    state: str
+    job: str = "-"
+    detail: str = ""
+    tail: list[str] = field(default_factory=list)
+
+
+def _live_row(jobs: dict[str, str], known: dict[str, JobState], detail: str) -> Optional[Row]:
+    for kind, what in (("train", "training"), ("eval", "evaluation")):
+        state = known.get(jobs.get(kind, ""))
+        if state is not None and state.live:
+            words = [what, detail if kind == "train" else "", state.reason and f"({state.reason})"]
+            return Row("running" if state.state in ACTIVE else "queued", jobs[kind], " ".join(w for w in words if w))
+    return None
+
+
+def run_row(run: PlannedRun, state: str, detail: str, jobs: dict[str, str], known: dict[str, JobState]) -> Row:
+    """How one run stands (see the module doc)."""
+    live = _live_row(jobs, known, detail)
+    if live is not None:
+        return live
+    run_dir = RunDir.of(run.cfg)
+    holder = live_holder(run_dir)
+    if holder:
+        return Row("running", "-", f"by {holder}" + (f", {detail}" if detail else ""))
+    if state == "conflict":
+        return Row("conflict", "-", detail)
+    train, ev = jobs.get("train"), jobs.get("eval")
+    if state == "done":
+        ended = known.get(ev or "")
+        if ended is not None and ended.state != "COMPLETED":
+            return Row("done", ev, f"{detail}; evaluation {ended.state.lower()}", log_tail(run_dir.log, TAIL_LINES))
+        return Row("done", train or "-", f"{detail}, {'evaluated' if evaluation_cached(run) else 'not evaluated'}")
+    tail = log_tail(run_dir.log, TAIL_LINES)
+    if train is not None:  # a job trained it and ended before the run did
+        ended = known.get(train)
+        how = ended.state if ended else "ENDED"
+        stopped = how in STOPPED and state == "partial"
+        return Row("stopped" if stopped else "failed", train, f"job {how.lower()}, {detail or 'no checkpoint'}", tail)
+    if any(line.startswith("error:") for line in tail):
+        return Row("failed", "-", detail or "no checkpoint", tail)
+    return Row("stopped", "-", detail) if state == "partial" else Row("not started")
+
+
+def print_status(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]]) -> int:
+    record, known = recorded_states(grid)
+    print(f"grid {grid.name}: {len(runs)} runs in {grid.runs_dir}"
+          + (f" (Slurm jobs: {jobs_dir(grid) / 'jobs.json'})" if record else ""))
+    if record and known is None:
+        print("  (squeue is not on PATH here: the jobs' states are unknown; run --status on the cluster)")
+    rows = {run.name: run_row(run, *states[run.name], record.get(run.name, {}), known or {}) for run in runs}
+    width = max([40, *(len(name) for name in rows)])
+    print(f"  {'run':<{width}} {'state':<12} {'job':<12} detail")
+    for name, row in rows.items():
+        print(f"  {name:<{width}} {row.state:<12} {row.job:<12} {row.detail}")
+        for line in row.tail:
+            print(f"  {'':<{width}}   | {line[:160]}")
+    counts = Counter(row.state for row in rows.values())
+    print("  " + ", ".join(f"{n} {state}" for state, n in counts.most_common()))
+    return 0
