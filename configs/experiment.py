@@ -15,6 +15,7 @@ from typing import Iterable
 
 from ropelab.configs.loader import config_to_dict
 from ropelab.configs.schema import RunConfig
+from ropelab.model.encodings import DEFAULT_DAPE_BASE
 
 # Keys that may differ between two configs of one experiment: they name or place the
 # run, schedule its checkpoints and logs, choose where it runs, or say how long to train
@@ -37,6 +38,15 @@ SEED = "train.seed"
 # instances (data/tasks/batches.py: length_set), which train.eval_batches sizes; like that
 # key it does not count: the instances and their questions are the same kind either way.
 STEERS_STOP = "eval.tasks.asked"
+# Keys the schema gained after runs were recorded, each with the value that leaves a run what
+# it was. At that value a key is left out of the identity, so every earlier run, config and
+# record stays the same experiment (and ``seed_group`` the same hash); set to anything else,
+# it counts like any other key.
+ADDED_LATER: dict[str, object] = {
+    "model.layers.pattern": "",  # a layer plan (model/layer_config.py); "" is a uniform model
+    "model.pos.dape.base": DEFAULT_DAPE_BASE,  # DAPE's settings, read only by pos.kind=dape
+    "model.pos.dape.mlp_width": 32,
+}
 
 
 def _flatten(tree: dict, prefix: str = "") -> dict[str, object]:
@@ -57,7 +67,8 @@ def experiment_identity(cfg: RunConfig, ignore: Iterable[str] = ()) -> dict[str,
     """Dotted key -> value for every key that defines the experiment (and is not ignored)."""
     ignored = MAY_DIFFER + tuple(ignore)
     flat = _flatten(config_to_dict(cfg))
-    identity = {k: v for k, v in flat.items() if _counts(k, ignored)}
+    identity = {k: v for k, v in flat.items()
+                if _counts(k, ignored) and not (k in ADDED_LATER and v == ADDED_LATER[k])}
     asked = flat.get(STEERS_STOP)
     if cfg.train.stop_at_accuracy is not None and asked is not None and asked != cfg.data.synthetic.asked \
             and _counts(STEERS_STOP, tuple(ignore)):

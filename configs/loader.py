@@ -26,7 +26,7 @@ import yaml
 from ropelab.configs.schema import RandomPositionsConfig, RunConfig
 from ropelab.configs.yaml_safe import DuplicateKey, load_yaml
 from ropelab.common.errors import ConfigError
-from ropelab.model.encodings import sized_by_max_len
+from ropelab.model.encodings import DEFAULT_KIND, sized_by_max_len
 
 # PyYAML follows YAML 1.1, where `3e-4` and `1e6` (no dot) are strings, not numbers.
 # Numeric fields accept exactly these spellings so the usual notation works.
@@ -173,6 +173,8 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
     keys = []
     for name, tp in typing.get_type_hints(cls).items():
         keys.append(prefix + name)
+        if typing.get_origin(tp) is dict:  # named entries: their keys are the user's
+            continue
         if dataclasses.is_dataclass(tp):
             keys.extend(_all_keys(tp, f"{prefix}{name}."))
     return keys
@@ -198,6 +200,8 @@ def _type_name(tp: Any) -> str:
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) is list:
         return f"a list (each {_type_name(typing.get_args(tp)[0])})"
+    if typing.get_origin(tp) is dict:
+        return f"a mapping of names to {_type_name(typing.get_args(tp)[1])}s"
     if dataclasses.is_dataclass(tp):
         return "a mapping"
     names = {int: "an integer", float: "a number", bool: "true or false", str: "a string",
@@ -225,6 +229,9 @@ def _coerce(value: Any, tp: Any, key: str, origins: Origins) -> Any:
     elif origin is Literal:
         if any(value == a and type(value) is type(a) for a in args):
             return value
+    elif origin is dict:  # named entries (model.layers.types): any name, each value typed
+        if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+            return {k: _coerce({} if v is None else v, args[1], f"{key}.{k}", origins) for k, v in value.items()}
     elif origin is list:
         if isinstance(value, str) and args[0] is str:  # one path where a list is expected
             value = [value]
@@ -318,7 +325,33 @@ def config_from_dict(tree: dict, origins: Origins | None = None) -> RunConfig:
         raise ConfigError(f"a config must be a mapping, got {type(tree).__name__}")
     tree = _copy(tree)
     _fill_learned_max_len(tree)
+    _resolve_layer_types(tree)
     return _build(RunConfig, tree, "", origins or {})
+
+
+def _resolve_layer_types(tree: dict) -> None:
+    """Each layer type's ``pos`` as a whole (model/layer_config.py): the default's
+    (``model.pos``) with the type's keys merged in when the type keeps the default's kind,
+    the type's own when it names another kind, the default's when it sets none."""
+    model = tree.get("model")
+    layers = model.get("layers") if isinstance(model, dict) else None
+    types = layers.get("types") if isinstance(layers, dict) else None
+    if not isinstance(types, dict):
+        return
+    default = model.get("pos") if isinstance(model.get("pos"), dict) else {}
+    default_kind = default.get("kind", DEFAULT_KIND)
+    for name, layer in types.items():
+        layer = {} if layer is None else layer
+        types[name] = layer
+        if not isinstance(layer, dict):
+            continue  # typed construction says it must be a mapping
+        own = layer.get("pos")
+        if own is None:
+            layer["pos"] = _copy(default)
+        elif isinstance(own, dict) and own.get("kind", default_kind) == default_kind:
+            merged = _copy(default)
+            _merge(merged, own, "", {})
+            layer["pos"] = merged
 
 
 def override_section(section: Any, tree: dict, origin: str, prefix: str) -> Any:

@@ -201,6 +201,12 @@ class RunConfig:
             raise ConfigError(f"name must be a non-empty run name without slashes (got {self.name!r})")
         pos = self.model.pos
         self._check_served("train.seq_len", self.train.seq_len, "is shorter than")
+        for name, layer in self.model.layers.types.items():
+            if layer.window is not None and layer.window > self.train.seq_len:
+                raise ConfigError(f"model.layers.types.{name}.window={layer.window} is larger than the training "
+                                  f"context train.seq_len={self.train.seq_len}: the layer would attend to every key in "
+                                  "training and the window would first act past it; use a window of at most "
+                                  f"{self.train.seq_len}, or null for full attention")
         if self.train.random_positions is not None:
             self._check_random_positions(self.train.random_positions.max_len)
         mix = self.data.mix

@@ -1,13 +1,22 @@
 """Causal multi-head self-attention with optional grouped-query heads and KV cache.
 
-Attention receives the forward's ``PositionContext`` and uses it the same way whatever
-the encoding: ``ctx.rotate`` on q and k, ``ctx.bias`` on the scores. Without a bias and
-without a cache it is ``F.scaled_dot_product_attention`` with the fused ``is_causal``
-path; a distance-only bias on CUDA goes to FlexAttention (model/flex_attention.py). With a bias or a cache, queries are processed in chunks with an explicit mask, so
-a long sequence never materialises a full (H, T, T) bias; memory grows with chunk × T
-instead of T². One new query against the cache (decoding) takes two small matmuls.
-A contextual bias (CoPE) needs the logits themselves: each chunk then forms them in
-float32, masked, hands them to ``ctx.contextual_bias`` and takes the softmax itself.
+Attention receives its layer's ``PositionContext`` and uses it the same way whatever the
+encoding or layer type: ``ctx.rotate`` on q and k, ``ctx.bias`` and the decay on the scores,
+``ctx.window`` as its span. What is the layer's own is here: the temperature on its queries
+(model/temperature.py) and its attention sinks, both from its layer type
+(model/layer_config.py).
+
+Paths, fastest first:
+- full span, no bias, no sinks, no cache: ``F.scaled_dot_product_attention`` with the fused
+  ``is_causal`` path;
+- on CUDA, a distance-only bias, a window, sinks or a decay: FlexAttention
+  (model/flex_attention.py), which skips the blocks a mask excludes;
+- one new query against the cache (decoding): two small matmuls;
+- otherwise queries in chunks with an explicit mask, so a long sequence never
+  materialises a full (H, T, T) bias; memory grows with chunk × T instead of T². A chunk
+  sees only the keys its queries may (causal, and within a window), so a sliding-window
+  layer's cost grows with T × window. A contextual bias (CoPE, DAPE) or sinks need the
+  scores themselves: such chunks form them in float32 (model/attention_scores.py).
 """
 
 from __future__ import annotations
@@ -19,83 +28,106 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
+from ropelab.model.attention_scores import added_bias, explicit_scores, softmax_with_sinks, visible
 from ropelab.model.config import ModelConfig
-from ropelab.model.flex_attention import flex_causal_attention, usable_for_flex
+from ropelab.model.flex_attention import flex_attention_layer, usable_for_flex
 from ropelab.model.kv_cache import KVCache
+from ropelab.model.layer_config import LayerType
 from ropelab.model.layers import QKVProjection
 from ropelab.model.positional import PositionContext
+from ropelab.model.temperature import Temperature
 
 
 class Attention(nn.Module):
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: Optional[LayerType] = None):
         super().__init__()
+        layer = layer or LayerType(pos=cfg.pos)
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.wqkv = QKVProjection(cfg)
         self.wo = nn.Linear(cfg.n_heads * cfg.head_dim, cfg.d_model, bias=False)
         self.dropout = cfg.dropout
+        self.init_std = cfg.init_std
+        self.temperature = Temperature(layer.temperature, cfg.n_heads) if layer.temperature.kind != "none" else None
+        self.sinks = nn.Parameter(torch.zeros(cfg.n_heads)) if layer.sinks else None
         self.cache: Optional[KVCache] = None  # attached by Transformer.setup_cache
         self.query_chunk = 512  # queries per chunk on the masked/biased path (512: fastest at 16×L)
+
+    def reset_parameters(self) -> None:
+        """The layer's own parameters beyond its projections (those are the model's generic init)."""
+        if self.sinks is not None:  # N(0, init_std), as transformers initialises gpt-oss's sinks
+            nn.init.normal_(self.sinks, mean=0.0, std=self.init_std)
+        if self.temperature is not None:
+            self.temperature.reset_parameters()
 
     def forward(self, x: torch.Tensor, ctx: PositionContext) -> torch.Tensor:
         B, T, _ = x.shape
         q, k, v = self.wqkv(x)  # (B, H, T, D), (B, Hkv, T, D), (B, Hkv, T, D)
         q, k = ctx.rotate(q, k)
-        k_positions = ctx.positions
+        if self.temperature is not None:
+            q = self.temperature(q, ctx)
+        decay = ctx.log_forget(x).cumsum(-1) if ctx.decays and self.cache is None else None  # (B, H, T)
+        k_positions, k_decay = ctx.positions, decay
         if self.cache is not None:
-            k, v = self.cache.update(ctx.positions, k, v)  # (B, Hkv, Tk, D), Tk = last position + 1
-            k_positions = torch.arange(k.shape[2], device=k.device)
+            # The host knows where the new tokens go when the Transformer made the positions.
+            start = ctx.first_position if ctx.first_position is not None else int(ctx.positions[0])
+            if ctx.decays:
+                decay = self.cache.running_decay(start, ctx.log_forget(x))
+            k, v, k_positions, k_decay = self.cache.update(start, k, v, decay)
         dropout = self.dropout if self.training else 0.0
-        table = ctx.distance_table
-        if self.cache is None and not ctx.has_bias:
+        plain = not ctx.has_bias and ctx.window is None and self.sinks is None
+        if self.cache is None and plain:
             y = F.scaled_dot_product_attention(q, k, v, is_causal=True, enable_gqa=True, dropout_p=dropout)
-        elif self.cache is None and table is not None and usable_for_flex(q, table, dropout):
-            y = flex_causal_attention(q, k, v, ctx.positions, table)
+        elif self.cache is None and usable_for_flex(q, ctx, dropout):
+            y = flex_attention_layer(q, k, v, ctx, decay, self.sinks)
         elif T == 1 and self.cache is not None and not ctx.contextual:
-            y = self._decode_step(q, k, v, ctx.bias(ctx.positions, k_positions))
+            y = self._decode_step(q, k, v, ctx, k_positions, decay, k_decay)
         else:
-            y = self._chunked(q, k, v, ctx, k_positions, same_tokens=self.cache is None)
+            y = self._chunked(q, k, v, ctx, k_positions, decay, k_decay, same_tokens=self.cache is None)
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * self.head_dim))  # (B, T, d)
 
-    def _decode_step(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                     bias: Optional[torch.Tensor]) -> torch.Tensor:
-        """One new query against the cache: every cached key is visible, so no mask.
-
-        Two small matmuls instead of the fused kernel, whose fixed cost per call (~3 ms on
-        a 2-core CPU) was most of a decoding step. Query heads are grouped under their
-        key/value head, so GQA needs no copies of k and v.
-        """
+    def _decode_step(self, q, k, v, ctx: PositionContext, k_positions, q_decay, k_decay) -> torch.Tensor:
+        """One new query against the cache: two small matmuls instead of the fused kernel,
+        whose fixed cost per call (~3 ms on a 2-core CPU) was most of a decoding step. Query
+        heads are grouped under their key/value head, so GQA needs no copies of k and v."""
         B, _, _, D = q.shape
         groups = self.n_heads // self.n_kv_heads
         qg = q.view(B, self.n_kv_heads, groups, D)  # (B, Hkv, G, D): the single position folded in
         scores = (qg @ k.transpose(-2, -1)).float() / math.sqrt(D)  # (B, Hkv, G, Tk)
-        if bias is not None:  # (H, 1, Tk)
-            scores = scores + bias.view(self.n_kv_heads, groups, -1)
-        probs = F.dropout(scores.softmax(dim=-1), self.dropout, self.training).to(v.dtype)
+        bias = added_bias(ctx, ctx.positions, k_positions, q_decay, k_decay)  # (H, 1, Tk) or (B, H, 1, Tk)
+        if bias is not None:
+            scores = scores + bias.reshape(-1, self.n_kv_heads, groups, bias.shape[-1])
+        if ctx.window is not None:  # ring slots outside the window (not written yet) are hidden
+            scores = scores.masked_fill(~visible(ctx.positions, k_positions, ctx.window), float("-inf"))
+        probs = softmax_with_sinks(scores, None if self.sinks is None else self.sinks.view(self.n_kv_heads, groups))
+        probs = F.dropout(probs, self.dropout, self.training).to(v.dtype)
         return (probs @ v).view(B, self.n_heads, 1, D)  # (B, H, 1, D)
 
-    def _chunked(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx: PositionContext,
-                 k_positions: torch.Tensor, same_tokens: bool) -> torch.Tensor:
-        """Attention over query chunks with an explicit causal mask and the encoding's bias.
+    def _chunked(self, q, k, v, ctx: PositionContext, k_positions, q_decay, k_decay,
+                 same_tokens: bool) -> torch.Tensor:
+        """Attention over query chunks with an explicit mask and the layer's bias.
 
         ``same_tokens``: keys are the queries' own tokens (no cache), so with ascending
-        positions a chunk ending at query index e sees only keys 0 … e-1; the keys after
-        it are dropped instead of masked, which halves the work of a long biased
-        sequence (an explicit mask gets none of ``is_causal``'s block skipping).
+        positions a chunk ending at query index e sees only keys before e, and with a window
+        w none before its first query − w + 1: the others are dropped instead of masked, which
+        halves the work of a long biased sequence and makes a window's cost linear in T.
         """
         dropout = self.dropout if self.training else 0.0
+        explicit = ctx.contextual or self.sinks is not None
         outputs = []
         for start in range(0, q.shape[2], self.query_chunk):
-            qp = ctx.positions[..., start:start + self.query_chunk]  # (tq,), or (B, tq) per sequence
-            qc = q[:, :, start:start + self.query_chunk]
-            kc, vc, kp = k, v, k_positions
+            end = start + min(self.query_chunk, q.shape[2] - start)
+            qp, qc = ctx.positions[..., start:end], q[:, :, start:end]  # (tq,) or (B, tq)
+            qd = None if q_decay is None else q_decay[..., start:end]
+            kc, vc, kp, kd = k, v, k_positions, k_decay
             if same_tokens:
-                end = start + qc.shape[2]
-                kc, vc, kp = k[:, :, :end], v[:, :, :end], k_positions[..., :end]
-            mask = (kp[..., None, :] <= qp[..., :, None]).unsqueeze(-3)  # (…, 1, tq, Tk), True = may attend
-            bias = ctx.bias(qp, kp)  # (…, H, tq, Tk) float32, or None
-            if ctx.contextual:
-                outputs.append(self._contextual_chunk(qc, kc, vc, mask, bias, ctx, dropout).to(q.dtype))
+                first = 0 if ctx.window is None else max(0, start - ctx.window + 1)
+                kc, vc, kp = k[:, :, first:end], v[:, :, first:end], k_positions[..., first:end]
+                kd = None if k_decay is None else k_decay[..., first:end]
+            if explicit:
+                outputs.append(self._explicit_chunk(qc, kc, vc, ctx, qp, kp, qd, kd, dropout).to(q.dtype))
                 continue
+            mask = visible(qp, kp, ctx.window).unsqueeze(-3)  # (…, 1, tq, Tk), True = may attend
+            bias = added_bias(ctx, qp, kp, qd, kd)  # (…, H, tq, Tk) float32, or None
             if bias is not None:
                 mask = bias.masked_fill(~mask, float("-inf"))
                 # The bias stays float32 up to the scores: in bf16 a slope·distance of ~2
@@ -109,35 +141,30 @@ class Attention(nn.Module):
             outputs.append(y.to(q.dtype))
         return torch.cat(outputs, dim=2) if len(outputs) > 1 else outputs[0]
 
-    def _contextual_chunk(self, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                          bias: Optional[torch.Tensor], ctx: PositionContext, dropout: float) -> torch.Tensor:
-        """softmax(q·kᵀ/√d + bias + contextual bias) v for one query chunk, all in float32.
-
-        The contextual bias is a function of the masked logits (CoPE's gates), so the
-        scores are formed here rather than inside a fused kernel.
-        """
+    def _explicit_chunk(self, q, k, v, ctx: PositionContext, qp, kp, qd, kd, dropout: float) -> torch.Tensor:
+        """softmax(scores) v for one query chunk, all in float32 (model/attention_scores.py):
+        the contextual bias is a function of the masked logits, and sinks join the softmax."""
         with _full_precision(q):
-            q, k, v = q.float(), k.float(), v.float()
             groups = self.n_heads // self.n_kv_heads
             if groups > 1:
                 k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
-            logits = (q @ k.transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, tq, Tk)
-            logits = logits.masked_fill(~mask, float("-inf"))
-            scores = logits + ctx.contextual_bias(q, logits)
-            if bias is not None:
-                scores = scores + bias
-            probs = F.dropout(scores.softmax(dim=-1), dropout, self.training)
-            return probs @ v
+            scores = explicit_scores(q, k, ctx, qp, kp, qd, kd)
+            sinks = None if self.sinks is None else self.sinks.view(-1, 1)  # (H, 1) against (B, H, tq, Tk)
+            probs = F.dropout(softmax_with_sinks(scores, sinks), dropout, self.training)
+            return probs @ v.float()
 
-    def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device) -> KVCache:
-        return KVCache(batch_size, max_len, self.n_kv_heads, self.head_dim, dtype, device)
+    def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype, device: torch.device,
+                  window: Optional[int] = None, decays: bool = False) -> KVCache:
+        return KVCache(batch_size, max_len, self.n_kv_heads, self.head_dim, dtype, device, window=window,
+                       decay_heads=self.n_heads if decays else None)
 
-    def flops_per_token(self, seq_len: int) -> float:
-        """Forward matmul FLOPs per token, projections excluded: QKᵀ and AV over ``seq_len`` keys
-        without the causal halving (PaLM, Chowdhery et al. 2022, App. B; nanoGPT's MFU)."""
-        return 4 * self.n_heads * self.head_dim * seq_len
+    def flops_per_token(self, seq_len: int, window: Optional[int] = None) -> float:
+        """Forward matmul FLOPs per token, projections excluded: QKᵀ and AV over the keys a query
+        sees, ``seq_len`` (or the window) without the causal halving (PaLM, Chowdhery et al.
+        2022, App. B; nanoGPT's MFU)."""
+        return 4 * self.n_heads * self.head_dim * (seq_len if window is None else min(window, seq_len))
 
 
 def _full_precision(x: torch.Tensor):
-    """A context where autocast is off on ``x``'s device (the contextual path is float32)."""
+    """A context where autocast is off on ``x``'s device (the explicit path is float32)."""
     return torch.autocast(x.device.type, enabled=False)

@@ -40,6 +40,12 @@ class Encoding:
     # Adds a bias that depends on the content too (q and k of each layer; the class's
     # ``contextual``): attention forms the logits and hands them over.
     contextual: bool = False
+    # Adds a data-dependent decay from each layer's input (the class's ``decays``): the
+    # running sums of log forget gates between key and query, kept in the KV cache.
+    decay: bool = False
+    # Its bias depends on the distance alone, one (H, n) table per forward (the class is a
+    # TableBias, model/positional/distance.py): a base DAPE can build on.
+    table_bias: bool = False
     trained: bool = False  # has trained parameters of its own, under the model's ``pos.``
     rotary: bool = False  # rotates q and k and reads ``pos.rope`` (theta, pairing, fractions)
     # Accepts ``pos.rope.scaling`` (context extension), in training and at evaluation.
@@ -67,7 +73,7 @@ class Encoding:
     @property
     def forms_scores(self) -> bool:
         """Whether attention must form the score matrix (so linear attention cannot serve it)."""
-        return self.score_bias or self.contextual
+        return self.score_bias or self.contextual or self.decay
 
     @property
     def sized_by_max_len(self) -> bool:
@@ -94,15 +100,15 @@ KINDS: dict[str, Encoding] = {
         not_llama="sinusoidal positions are added to the (√d_model-scaled) token embeddings", color="#2ca02c"),
     "learned": Encoding("learned absolute positions", "learned", trained=True, additive=True, limit=LEARNED_TABLE,
                         not_llama="a learned position table is added to the token embeddings", color="#bcbd22"),
-    "alibi": Encoding("ALiBi", "alibi", score_bias=True,
+    "alibi": Encoding("ALiBi", "alibi", score_bias=True, table_bias=True,
                       not_llama=f"ALiBi adds a per-head linear distance bias {_BIAS}", color="#d62728"),
     "none": Encoding("NoPE", "nope", no_positions="NoPE has no positional encoding",
                      not_llama="NoPE has no positional encoding, while Llama always rotates q and k", color="#7f7f7f"),
-    "t5": Encoding("T5's bias", "t5", score_bias=True, trained=True,
+    "t5": Encoding("T5's bias", "t5", score_bias=True, trained=True, table_bias=True,
                    not_llama=f"T5's bias adds a learned per-head, per-distance-bucket bias {_BIAS}", color="#ff7f0e"),
-    "kerple": Encoding("KERPLE", "kerple", score_bias=True, trained=True,
+    "kerple": Encoding("KERPLE", "kerple", score_bias=True, trained=True, table_bias=True,
                        not_llama=f"KERPLE adds a learned per-head logarithmic distance bias {_BIAS}", color="#8c564b"),
-    "fire": Encoding("FIRE", "fire", score_bias=True, trained=True,
+    "fire": Encoding("FIRE", "fire", score_bias=True, trained=True, table_bias=True,
                      not_llama=f"FIRE adds a bias computed by a learned MLP of the distance {_BIAS}", color="#e377c2"),
     "xpos": Encoding("xPos", "xpos", rotary=True, rope_scaling=True, limit=XPOS_RANGE,
                      not_llama="xPos scales queries and keys by a position-dependent decay on top of the rotation", color="#17becf"),
@@ -110,6 +116,13 @@ KINDS: dict[str, Encoding] = {
                      no_positions="CoPE counts positions from the content",
                      not_llama="CoPE adds a bias computed from gated counts of q·k, with learned per-layer position "
                                f"embeddings, {_BIAS}", color="#9467bd"),
+    "fox": Encoding("FoX (forget gate)", "fox", decay=True, trained=True,
+                    no_positions="FoX decays by forget gates computed from the content",
+                    not_llama=f"FoX adds the sums of learned, data-dependent log forget gates {_BIAS}",
+                    color="#393b79"),
+    "dape": Encoding("DAPE", "dape", score_bias=True, contextual=True, trained=True,
+                     not_llama=f"DAPE adds a base bias and an MLP of the logits and that bias {_BIAS}",
+                     color="#637939"),
 }
 
 # The one list of kinds, for the config's Literal (the loader checks values against it),
@@ -118,6 +131,9 @@ POS_KINDS: tuple[str, ...] = tuple(KINDS)
 PosKind = Literal[POS_KINDS]  # type: ignore[valid-type]  # Literal["rope", "sinusoidal", …]
 # The default encoding, and the row others are compared with (eval.reference, the benchmark).
 DEFAULT_KIND = "rope"
+# The bases DAPE builds on (distance-table biases) and the paper's headline one, DAPE-KERPLE.
+DAPE_BASES: tuple[str, ...] = tuple(kind for kind, row in KINDS.items() if row.table_bias)
+DEFAULT_DAPE_BASE = "kerple"
 # The kind transformers' Llama computes: the one row it can express.
 (LLAMA_KIND,) = (kind for kind, row in KINDS.items() if row.exportable)
 

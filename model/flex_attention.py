@@ -1,11 +1,21 @@
-"""FlexAttention for distance-only score biases on CUDA (PyTorch's ``flex_attention``).
+"""FlexAttention on CUDA (PyTorch's ``flex_attention``): score biases, windows, sinks, decays.
 
-The fused SDPA kernel takes no bias, so biased encodings otherwise run query chunks with
-an explicit (H, tq, Tk) mask, which forgoes the causal block skipping and writes the
-bias into memory. FlexAttention instead adds the bias inside the kernel: ``score_mod``
+The fused SDPA kernel takes no bias and no window, so such layers otherwise run query
+chunks with an explicit (H, tq, Tk) mask, which forgoes block skipping and writes the bias
+into memory. FlexAttention instead adds to the scores inside the kernel: ``score_mod``
 looks up the per-forward table ``table[h, pos_q − pos_k]`` (ALiBi, T5, KERPLE, and FIRE
-below its threshold; model/positional/base.py's DistanceBias) in float32, and a causal
-block mask skips the blocks above the diagonal.
+below its threshold; model/positional/base.py's DistanceBias) in float32 and adds a
+layer's decay c_q − c_k (FoX), and a block mask skips the blocks above the diagonal and,
+for a sliding-window layer, those wholly before its window, so a window's cost grows with
+T × window. Attention sinks join the softmax afterwards, exactly: the kernel's output times
+σ(lse − sink) (model/attention_scores.py's ``sink_share``).
+
+Block masks depend only on the length, the window and the device when positions are those
+of a sequence from 0 (training, evaluation): they are built once per such key, compiled on
+CUDA, and reused; per-sequence positions (randomized positions) build theirs per call. The
+kernel is compiled with automatic dynamic shapes, so the lengths and batch sizes of an
+evaluation reuse one compiled kernel instead of recompiling per shape (tests/test_flex.py
+counts the compilations).
 
 Tables that need no gradient (ALiBi always; learned tables in evaluation) use it on any
 torch. Training a learned table (T5, KERPLE, FIRE) needs the gradient into a tensor that
@@ -32,40 +42,95 @@ heads keep inductor's choice, which already uses narrower tiles for them.
 from __future__ import annotations
 
 from functools import lru_cache
+from typing import Optional
 
 import torch
+from torch.nn.attention import flex_attention as _flex
 from torch.nn.attention.flex_attention import create_block_mask, flex_attention
+
+from ropelab.model.attention_scores import sink_share
+from ropelab.model.positional import PositionContext
 
 Tensor = torch.Tensor
 
 
 @lru_cache(maxsize=1)
 def _compiled():
-    return torch.compile(flex_attention, dynamic=False)
+    return torch.compile(flex_attention, dynamic=None)
 
 
-@lru_cache(maxsize=32)
-def _causal_block_mask(length: int, device: str):
-    return create_block_mask(lambda b, h, q, k: q >= k, None, None, length, length, device=device)
+def _mask_mod(window: Optional[int], positions: Optional[Tensor] = None):
+    """Causal (and within ``window``) by index, or by per-sequence ``positions`` (B, T)."""
+    if positions is None:
+        if window is None:
+            return lambda b, h, q, k: q >= k
+        return lambda b, h, q, k: (q >= k) & (q - k < window)
+
+    def by_position(b, h, q, k):
+        distance = positions[b, q] - positions[b, k]
+        return (distance >= 0) & (distance < window)
+    return by_position
 
 
-def flex_causal_attention(q: Tensor, k: Tensor, v: Tensor, positions: Tensor, table: Tensor) -> Tensor:
-    """Causal attention with ``table[h, pos_q − pos_k]`` added to the scores.
+@lru_cache(maxsize=64)
+def cached_block_mask(length: int, window: Optional[int], device: str):
+    """The block mask of a sequence of ``length`` from position 0 (or of ascending per-sequence
+    positions without a window), built once per key (compiled on CUDA)."""
+    return create_block_mask(_mask_mod(window), None, None, length, length, device=device,
+                             _compile=device.startswith("cuda"))
 
-    q (B, H, T, D), k/v (B, Hkv, T, D) (GQA), positions (T,) or (B, T) ascending,
-    table (H, n) float32 with n above every distance. Returns (B, H, T, D).
+
+def block_mask(ctx: PositionContext, length: int, device: torch.device):
+    if ctx.window is None or ctx.positions.dim() == 1:
+        return cached_block_mask(length, ctx.window, str(device))
+    B = ctx.positions.shape[0]
+    return create_block_mask(_mask_mod(ctx.window, ctx.positions), B, None, length, length, device=str(device))
+
+
+def _score_mod(positions: Tensor, table: Optional[Tensor], decay: Optional[Tensor]):
+    """score + table[h, pos_q − pos_k] (+ c_q − c_k), or None when neither is added."""
+    if table is None and decay is None:
+        return None
+    per_sequence = positions.dim() == 2
+
+    def score_mod(score, b, h, q_idx, k_idx):
+        if table is not None:
+            distance = (positions[b, q_idx] - positions[b, k_idx]) if per_sequence else (
+                positions[q_idx] - positions[k_idx])
+            score = score + table[h, torch.clamp(distance, min=0)]
+        if decay is not None:
+            score = score + decay[b, h, q_idx] - decay[b, h, k_idx]
+        return score
+    return score_mod
+
+
+def flex_attention_layer(q: Tensor, k: Tensor, v: Tensor, ctx: PositionContext, decay: Optional[Tensor],
+                         sinks: Optional[Tensor]) -> Tensor:
+    """One layer's causal attention with its table bias, decay, window and sinks.
+
+    q (B, H, T, D), k/v (B, Hkv, T, D) (GQA), decay (B, H, T) float32 or None, sinks (H,)
+    or None. Returns (B, H, T, D).
     """
-    if positions.dim() == 1:
-        def score_mod(score, b, h, q_idx, k_idx):
-            return score + table[h, torch.clamp(positions[q_idx] - positions[k_idx], min=0)]
+    kwargs = dict(score_mod=_score_mod(ctx.positions, ctx.distance_table, decay),
+                  block_mask=block_mask(ctx, q.shape[2], q.device), enable_gqa=True)
+    if sinks is not None:
+        kwargs.update(_lse_request())
+    if q.is_cuda:
+        out = _compiled()(q, k, v, kernel_options=kernel_options(q.shape[-1]), **kwargs)
     else:
-        def score_mod(score, b, h, q_idx, k_idx):
-            return score + table[h, torch.clamp(positions[b, q_idx] - positions[b, k_idx], min=0)]
-    mask = _causal_block_mask(q.shape[2], str(q.device))
-    if not q.is_cuda:
-        return flex_attention(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=True)
-    return _compiled()(q, k, v, score_mod=score_mod, block_mask=mask, enable_gqa=True,
-                       kernel_options=kernel_options(q.shape[-1]))
+        out = flex_attention(q, k, v, **kwargs)
+    if sinks is None:
+        return out
+    out, aux = out
+    lse = aux.lse if hasattr(aux, "lse") else aux
+    return out * sink_share(lse, sinks).to(out.dtype)
+
+
+def _lse_request() -> dict:
+    """Ask for the log-sum-exp of the scores: ``return_aux`` where this torch has it."""
+    if hasattr(_flex, "AuxRequest"):
+        return {"return_aux": _flex.AuxRequest(lse=True)}
+    return {"return_lse": True}
 
 
 # The compiled kernel refuses smaller heads ("embedding dimension … must be at least 16",
@@ -88,11 +153,19 @@ def torch_version(text: str = torch.__version__) -> tuple[int, int]:
 
 
 def trains_tables(version: tuple[int, int] | None = None) -> bool:
-    """Whether this torch's FlexAttention is used for tables that need a gradient."""
+    """Whether this torch's FlexAttention is used for tensors that need a gradient."""
     return (version or torch_version()) >= FLEX_TABLE_GRAD_TORCH
 
 
-def usable_for_flex(q: Tensor, table: Tensor, training_dropout: float) -> bool:
-    """Whether the FlexAttention path serves this call (see the module docstring)."""
-    return (q.is_cuda and q.shape[-1] >= MIN_HEAD_DIM and (not table.requires_grad or trains_tables())
-            and training_dropout == 0.0)
+def usable_for_flex(q: Tensor, ctx: PositionContext, training_dropout: float) -> bool:
+    """Whether the FlexAttention path serves this layer's call (see the module docstring):
+    CUDA, heads of at least MIN_HEAD_DIM, no dropout, no contextual bias (it needs the
+    logits), a bias that is a distance table if any, and gradients into captured tensors
+    (a trained table, a decay in training) only where this torch supports them."""
+    if not q.is_cuda or q.shape[-1] < MIN_HEAD_DIM or training_dropout != 0.0 or ctx.contextual:
+        return False
+    table = ctx.distance_table
+    if ctx.bias_fn is not None and table is None:
+        return False
+    needs_grad = (table is not None and table.requires_grad) or (ctx.decays and torch.is_grad_enabled())
+    return not needs_grad or trains_tables()

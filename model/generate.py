@@ -76,7 +76,7 @@ def generate(model: Transformer, prompt: torch.Tensor | Sequence[int], max_new_t
     if max_len is not None and total > max_len:
         raise LengthError(f"prompt ({T} tokens) + max_new_tokens ({max_new_tokens}) = {total} "
                           f"exceeds max_len={max_len}; shorten the prompt or ask for fewer tokens")
-    model.pos.check_length(total)
+    model.check_length(total)
     generator = None
     if seed is not None:
         generator = torch.Generator(device=device).manual_seed(seed)
@@ -100,9 +100,8 @@ def _decode(model, tokens, total, temperature, top_k, top_p, generator, eos_id, 
     finished = torch.zeros(B, dtype=torch.bool, device=device)
     logits = None
     if use_cache:
-        for start in range(0, T, chunk):  # chunked prefill
-            positions = torch.arange(start, min(start + chunk, T), device=device)
-            logits = model(tokens[:, positions], positions)[:, -1]
+        for start in range(0, T, chunk):  # chunked prefill, at positions the host knows
+            logits = model(tokens[:, start:start + chunk], start=start)[:, -1]
     for t in range(T, total):
         if not use_cache:
             logits = model(out[:, :t], fit_len=total)[:, -1]
@@ -116,6 +115,5 @@ def _decode(model, tokens, total, temperature, top_k, top_p, generator, eos_id, 
         if eos_id is not None and bool(finished.all()):
             return out[:, : t + 1]
         if use_cache and t + 1 < total:
-            positions = torch.tensor([t], device=device)
-            logits = model(nxt[:, None], positions)[:, -1]
+            logits = model(nxt[:, None], start=t)[:, -1]
     return out

@@ -136,7 +136,7 @@ def recurrent_linear_attention(fq: Tensor, fk: Tensor, rq: Tensor, rk: Tensor, v
 class LinearAttention(nn.Module):
     """Causal linear attention with the projections of ``Attention`` (same names, same shapes)."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: object = None):  # its layer type: plain (ModelConfig checks)
         super().__init__()
         self.n_heads, self.n_kv_heads, self.head_dim = cfg.n_heads, cfg.kv_heads, cfg.head_dim
         self.wqkv = QKVProjection(cfg)
@@ -169,12 +169,13 @@ class LinearAttention(nn.Module):
         return self.wo(y.transpose(1, 2).reshape(B, T, self.n_heads * D))  # (B, T, d)
 
     def new_cache(self, batch_size: int, max_len: int, dtype: torch.dtype,
-                  device: torch.device) -> LinearState:
+                  device: torch.device, window: Optional[int] = None, decays: bool = False) -> LinearState:
         """The decoding state: two running sums per key/value head, float32 (linear_state.py)."""
         return LinearState(batch_size, max_len, self.n_kv_heads, self.head_dim, device)
 
-    def flops_per_token(self, seq_len: int) -> float:
-        """Forward matmul FLOPs per token of the chunked form, projections excluded.
+    def flops_per_token(self, seq_len: int, window: Optional[int] = None) -> float:
+        """Forward matmul FLOPs per token of the chunked form, projections excluded (a linear
+        layer has no window: the config refuses one).
 
         Per query head: 2·C·D for the scores within the chunk and 2·C·D for applying them
         (full C × C blocks, as executed, like softmax's count without the causal halving),

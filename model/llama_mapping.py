@@ -47,6 +47,16 @@ class HFConversionError(UserError):
 
 # --------------------------------------------------------------------------- config mapping
 
+def describe_types(cfg: ModelConfig) -> str:
+    """Each layer type of a plan in a few words (its encoding and what differs)."""
+    parts = []
+    for name, layer in cfg.layers.types.items():
+        bits = [KINDS[layer.pos.kind].label] + ([f"window {layer.window}"] if layer.window else []) + (
+            ["sinks"] if layer.sinks else []) + ([layer.temperature.kind] if layer.temperature.kind != "none" else [])
+        parts.append(f"{name} = {', '.join(bits)}")
+    return "; ".join(parts)
+
+
 def check_exportable(cfg: ModelConfig) -> None:
     """Raise HFConversionError unless transformers' Llama computes exactly what ``cfg`` does."""
     if cfg.attention != "softmax":
@@ -55,6 +65,11 @@ def check_exportable(cfg: ModelConfig) -> None:
             "(LlamaForCausalLM) computes softmax attention, and linear attention replaces the "
             "softmax by a feature map φ(q)ᵀφ(k) with RoPE in the numerator only, which no Llama "
             "config can express. Only softmax-attention runs can be exported.")
+    if not cfg.layers.uniform:
+        raise HFConversionError(
+            f"a layer plan (model.layers.pattern={cfg.layers.pattern!r}: {describe_types(cfg)}) cannot be exported: "
+            "transformers' Llama (LlamaForCausalLM) gives every layer the same full attention, the same RoPE and "
+            "no sinks or temperature. Only uniform RoPE runs can be exported.")
     kind = cfg.pos.kind
     if not KINDS[kind].exportable:
         raise HFConversionError(

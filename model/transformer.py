@@ -1,4 +1,11 @@
-"""The decoder: token embedding → pre-norm blocks → RMSNorm → LM head."""
+"""The decoder: token embedding → pre-norm blocks → RMSNorm → LM head.
+
+Layers may differ (a layer plan, model/layer_config.py): the model holds one encoding per
+distinct ``pos`` of its layer types (``pos`` for the default layer's, ``layer_pos`` for the
+others), prepares each one's context once per forward, and hands every block the context
+of its own layer (its index and its window). A uniform model is the plan with one type:
+one encoding, ``pos``, as always.
+"""
 
 from __future__ import annotations
 
@@ -8,13 +15,14 @@ from typing import Optional
 import torch
 from torch import nn
 
+from ropelab.common.errors import ArgumentError
 from ropelab.model.attention import Attention
 from ropelab.model.config import ModelConfig
-from ropelab.common.errors import ArgumentError
+from ropelab.model.layer_config import LayerType
 from ropelab.model.layers import RMSNorm, SwiGLU
 from ropelab.model.linear_attention import LinearAttention
 from ropelab.model.loss import linear_cross_entropy
-from ropelab.model.positional import PositionContext, build_positional
+from ropelab.model.positional import PositionalEncoding, PositionContext, build_positional
 
 # ``model.attention`` -> the layer; keys are exactly model.config.ATTENTION_KINDS (tests/test_linear_attention.py).
 ATTENTIONS: dict[str, type[nn.Module]] = {"softmax": Attention, "linear": LinearAttention}
@@ -23,10 +31,11 @@ ATTENTIONS: dict[str, type[nn.Module]] = {"softmax": Attention, "linear": Linear
 class Block(nn.Module):
     """x + attn(norm(x)), then x + mlp(norm(x))."""
 
-    def __init__(self, cfg: ModelConfig):
+    def __init__(self, cfg: ModelConfig, layer: LayerType):
         super().__init__()
+        self.layer = layer  # its type in the layer plan (window, sinks, temperature, encoding)
         self.attn_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
-        self.attn = ATTENTIONS[cfg.attention](cfg)
+        self.attn = ATTENTIONS[cfg.attention](cfg, layer)
         self.mlp_norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.mlp = SwiGLU(cfg)
         self.drop = nn.Dropout(cfg.dropout)
@@ -41,9 +50,23 @@ class Transformer(nn.Module):
         super().__init__()
         self.cfg = cfg
         self.tok_emb = nn.Embedding(cfg.vocab_size, cfg.d_model)
-        self.pos = build_positional(cfg)  # one instance, shared by every block
+        self.pos = build_positional(cfg)  # the default layer's encoding (model.pos)
+        # One encoding per other distinct pos of the plan's layer types, under the first type
+        # that uses it; ``encoding_of`` names each block's ("" for ``pos``).
+        self.layer_pos = nn.ModuleDict()
+        self.encoding_of: list[str] = []
+        for name, layer in zip(cfg.layer_names(), cfg.layer_types()):
+            if layer.pos == cfg.pos:
+                self.encoding_of.append("")
+                continue
+            shared = next((n for n, e in self.layer_pos.items() if e.pos_config == layer.pos), None)
+            if shared is None:
+                self.layer_pos[name] = build_positional(cfg.for_layer_type(layer))
+                self.layer_pos[name].pos_config = layer.pos
+                shared = name
+            self.encoding_of.append(shared)
         self.drop = nn.Dropout(cfg.dropout)
-        self.blocks = nn.ModuleList(Block(cfg) for _ in range(cfg.n_layers))
+        self.blocks = nn.ModuleList(Block(cfg, layer) for layer in cfg.layer_types())
         self.norm = RMSNorm(cfg.d_model, cfg.norm_eps)
         self.head = nn.Linear(cfg.d_model, cfg.vocab_size, bias=False)
         if cfg.tie_embeddings:
@@ -51,13 +74,15 @@ class Transformer(nn.Module):
         self.reset_parameters()
 
     def forward(self, idx: torch.Tensor, positions: Optional[torch.Tensor] = None, *,
-                fit_len: Optional[int] = None, targets: Optional[torch.Tensor] = None,
+                start: int = 0, fit_len: Optional[int] = None, targets: Optional[torch.Tensor] = None,
                 reduction: str = "mean", first_target: int = 0,
                 target_weights: Optional[torch.Tensor] = None) -> torch.Tensor:
-        """Logits (B, T, vocab) for tokens ``idx`` (B, T) at ``positions``, default 0 … T-1.
+        """Logits (B, T, vocab) for tokens ``idx`` (B, T) at ``positions``, default start … start+T−1.
 
         ``positions`` is (T,), shared by the batch, or (B, T), ascending per sequence (the
-        training path's randomized positions; not with a KV cache).
+        training path's randomized positions; not with a KV cache). Without it the positions
+        follow ``start`` (a host integer: a KV cache then writes there without reading the
+        device, as generation does).
 
         ``fit_len`` is the length of the whole sequence (dynamic NTK fits its frequencies
         to it): by default the attached KV cache's size, else this forward's last position
@@ -73,19 +98,20 @@ class Transformer(nn.Module):
             raise ValueError("first_target needs targets and reduction='none'")
         # The positions served are known on the host: no layer reads them back from the
         # device, and the default path has no data-dependent call to split a compiled graph.
+        first = None
         if positions is None:
-            end = idx.shape[1]
-            positions = torch.arange(end, device=idx.device)
+            first, end = start, start + idx.shape[1]
+            positions = torch.arange(start, end, device=idx.device)
         else:
             if positions.dim() == 2 and self.cache_max_len() is not None:
                 raise ArgumentError("per-sequence positions (B, T) are for the training path; a KV "
                                     "cache takes one position vector (T,) for the whole batch")
             end = int(positions.max()) + 1
-        self.pos.check_length(end)  # learned: a clear LengthError, never an index error
-        ctx = self.pos.context(positions, max(fit_len or self.cache_max_len() or end, end))
+        self.check_length(end)  # learned: a clear LengthError, never an index error
+        contexts = self.contexts(positions, max(fit_len or self.cache_max_len() or end, end), first)
         x = self.drop(self.pos.embed(self.tok_emb(idx), positions))  # (B, T, d)
-        for i, block in enumerate(self.blocks):
-            x = block(x, ctx.at_layer(i))
+        for block, ctx in zip(self.blocks, contexts):
+            x = block(x, ctx)
         if first_target:
             nll = linear_cross_entropy(self.norm(x[:, first_target:]), self.head.weight,
                                        targets[:, first_target:], reduction)
@@ -94,6 +120,34 @@ class Transformer(nn.Module):
         if targets is not None:
             return linear_cross_entropy(x, self.head.weight, targets, reduction, target_weights)
         return self.head(x)  # (B, T, vocab)
+
+    def encodings(self) -> list[PositionalEncoding]:
+        """Every distinct encoding of the model, the default layer's first."""
+        return [self.pos, *self.layer_pos.values()]
+
+    def encoding(self, layer: int) -> PositionalEncoding:
+        """The encoding block ``layer`` uses."""
+        name = self.encoding_of[layer]
+        return self.layer_pos[name] if name else self.pos
+
+    @property
+    def max_len(self) -> Optional[int]:
+        """The most positions every layer's encoding serves (a learned table, xPos), or None."""
+        limits = [e.max_len for e in self.encodings() if e.max_len is not None]
+        return min(limits) if limits else None
+
+    def check_length(self, n_positions: int) -> None:
+        """Raise LengthError if some layer's encoding cannot serve positions 0 … n_positions−1."""
+        for encoding in self.encodings():
+            encoding.check_length(n_positions)
+
+    def contexts(self, positions: torch.Tensor, fit_len: int, first: Optional[int] = None) -> list[PositionContext]:
+        """Each block's context for one forward: each encoding's prepared once (gathered
+        cos/sin, bias functions), then given each block's index and window."""
+        firsts = {name: i for i, name in reversed(list(enumerate(self.encoding_of)))}  # a layer of each
+        prepared = {name: self.encoding(i).context(positions, fit_len, first) for name, i in firsts.items()}
+        return [prepared[name].for_layer(i, block.layer.window)
+                for i, (name, block) in enumerate(zip(self.encoding_of, self.blocks))]
 
     # --- initialisation -------------------------------------------------------------
     def reset_parameters(self) -> None:
@@ -111,18 +165,22 @@ class Transformer(nn.Module):
         for block in self.blocks:
             for proj in (block.attn.wo, block.mlp.w2):
                 nn.init.normal_(proj.weight, mean=0.0, std=std / math.sqrt(2 * self.cfg.n_layers))
-        self.pos.reset_parameters()  # an encoding's own parameters keep their paper's init
+            if hasattr(block.attn, "reset_parameters"):
+                block.attn.reset_parameters()  # sinks, a temperature: their own init
+        for encoding in self.encodings():
+            encoding.reset_parameters()  # an encoding's own parameters keep their paper's init
 
     # --- KV cache -------------------------------------------------------------------
     def setup_cache(self, batch_size: int, max_len: int, dtype: Optional[torch.dtype] = None,
                     device: Optional[torch.device] = None) -> None:
         """Attach a cache for ``max_len`` positions to every attention layer: a preallocated
         KV cache (softmax), or a constant-size recurrent state (linear; model/linear_state.py)."""
-        self.pos.check_length(max_len)
+        self.check_length(max_len)
         weight = self.tok_emb.weight
-        for block in self.blocks:
+        for i, block in enumerate(self.blocks):
             block.attn.cache = block.attn.new_cache(batch_size, max_len, dtype or weight.dtype,
-                                                    device or weight.device)
+                                                    device or weight.device, block.layer.window,
+                                                    self.encoding(i).decays)
 
     def clear_cache(self) -> None:
         for block in self.blocks:
@@ -154,6 +212,6 @@ class Transformer(nn.Module):
         beyond one chunk (model/linear_attention.py).
         """
         n_matmul = sum(m.weight.numel() for m in self.modules() if isinstance(m, nn.Linear))
-        attn = sum(block.attn.flops_per_token(seq_len) for block in self.blocks)
+        attn = sum(block.attn.flops_per_token(seq_len, block.layer.window) for block in self.blocks)
         forward = 2 * n_matmul + attn
         return 3 * forward if training else forward

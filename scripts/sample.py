@@ -58,7 +58,7 @@ def main(argv=None) -> int:
     # Documents follow an end-of-text token in training, so a prompt starts with one.
     prompt = [tok.eot_id] + (tok.encode(args.prompt) if args.prompt else [])
     total = len(prompt) + args.max_new_tokens
-    run.model.pos.check_length(total)  # a learned table's limit, said as such, before the memory
+    run.model.check_length(total)  # a learned table's limit, said as such, before the memory
     check_fits(decoding_estimate(run.cfg.model, 1, len(prompt), total,
                                  f"sampling {args.max_new_tokens:,} tokens after a {len(prompt):,}-token prompt"),
                device, "Ask for fewer tokens (--max-new-tokens) or give a shorter --prompt.")

@@ -4,7 +4,11 @@
 heads copied to every query head, the full T×T score matrix with the encoding's bias over
 all positions, a float32 softmax. It shares the model's embeddings, norms, MLPs and the
 encoding's rotation/bias (tested on their own in test_rope/test_positional), so a
-difference isolates the attention paths: fused SDPA, query chunks, the decode step.
+difference isolates the attention paths: fused SDPA, query chunks, the decode step. What a
+layer type adds is written out here per query–key pair from its paper's formula, from the
+layer plan in the config (not from the model's contexts): the window mask i − j < w, the
+sinks as an extra softmax column, SSMax's s_h·ln(n_i) and Llama 4's 1 + β·ln(1 + ⌊(i+1)/c⌋)
+on the logits, FoX's Σ_{l=j+1}^{i} ln f_l summed pair by pair, DAPE's MLP on (A_ij, B_ij).
 """
 
 from __future__ import annotations
@@ -32,13 +36,50 @@ def reference_cope_bias(embeddings: torch.Tensor, q: torch.Tensor, k: torch.Tens
 
 
 def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
-                        mask: torch.Tensor, bias: Optional[torch.Tensor]) -> torch.Tensor:
-    """softmax(q kᵀ/√d + bias, masked) v with float32 scores; k/v already expanded to q's heads."""
+                        mask: torch.Tensor, bias: Optional[torch.Tensor], scale: Optional[torch.Tensor] = None,
+                        sinks: Optional[torch.Tensor] = None) -> torch.Tensor:
+    """softmax(scale·q kᵀ/√d + bias, masked, with a sink column) v with float32 scores; k/v
+    already expanded to q's heads; ``scale`` (H or 1, T) multiplies each query's logits."""
     scores = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])  # (B, H, Tq, Tk)
+    if scale is not None:
+        scores = scores * scale[..., None]
     if bias is not None:
         scores = scores + bias
     scores = scores.masked_fill(~mask, float("-inf"))
-    return (scores.softmax(dim=-1) @ v.float()).to(q.dtype)
+    if sinks is not None:  # one more column per head, dropped after the softmax
+        column = sinks.float().view(1, -1, 1, 1).expand(*scores.shape[:-1], 1)
+        probs = torch.cat((scores, column), dim=-1).softmax(dim=-1)[..., :-1]
+    else:
+        probs = scores.softmax(dim=-1)
+    return (probs @ v.float()).to(q.dtype)
+
+
+def reference_temperature(kind: str, cfg, attn, T: int, window: Optional[int]) -> Optional[torch.Tensor]:
+    """The factor on each query's logits, per pair of the papers' formulas: (H or 1, T)."""
+    if kind == "ssmax":  # s_h · ln(n_i), n_i the keys query i sees
+        n = torch.tensor([float(min(i + 1, window or T + 1)) for i in range(T)])
+        return attn.temperature.scale.float()[:, None] * n.log()[None, :]
+    if kind == "llama4":
+        return torch.tensor([[1 + cfg.beta * math.log(1 + math.floor((i + 1) / cfg.floor_scale)) for i in range(T)]])
+    return None
+
+
+def reference_fox_bias(log_f: torch.Tensor) -> torch.Tensor:
+    """Σ_{l=j+1}^{i} ln f_l for every pair (B, H, T, T), summed pair by pair (not a cumsum)."""
+    T = log_f.shape[-1]
+    out = torch.zeros(*log_f.shape[:-1], T, T)
+    for i in range(T):
+        for j in range(i + 1):
+            out[..., i, j] = log_f[..., j + 1:i + 1].sum(-1)
+    return out
+
+
+def reference_dape(mlp, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """DAPE's A + B + f(A, B), f applied to the heads' (A_ij, B_ij) of each pair: (B, H, T, T)."""
+    w1, b1, w2, b2 = mlp[0].weight, mlp[0].bias, mlp[2].weight, mlp[2].bias
+    pair = torch.cat((a, b.expand_as(a)), dim=1)  # (B, 2H, T, T)
+    hidden = torch.nn.functional.leaky_relu(torch.einsum("oc,bcij->boij", w1, pair) + b1[:, None, None])
+    return a + b + torch.einsum("ho,boij->bhij", w2, hidden) + b2[:, None, None]
 
 
 def project_heads(attn, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -57,10 +98,12 @@ def reference_forward(model, idx: torch.Tensor) -> torch.Tensor:
     """Logits (B, T, V) of ``model`` at positions 0 … T-1, attention computed the slow way."""
     B, T = idx.shape
     positions = torch.arange(T)
-    ctx = model.pos.context(positions, T)
-    mask = torch.ones(T, T, dtype=torch.bool).tril()
     x = model.pos.embed(model.tok_emb(idx), positions)
-    for layer, block in enumerate(model.blocks):
+    distance = positions[:, None] - positions[None, :]
+    for layer, (block, spec) in enumerate(zip(model.blocks, model.cfg.layer_types())):
+        encoding = model.encoding(layer)
+        ctx = encoding.context(positions, T)
+        mask = (distance >= 0) & (distance < (spec.window or T + 1))
         attn = block.attn
         h = block.attn_norm(x)
         q, k, v = project_heads(attn, h)
@@ -68,9 +111,18 @@ def reference_forward(model, idx: torch.Tensor) -> torch.Tensor:
         groups = attn.n_heads // attn.n_kv_heads
         k, v = k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1)
         bias = ctx.bias(positions, positions)
-        if model.pos.contextual:  # CoPE: layer ``layer``'s embeddings
-            bias = reference_cope_bias(model.pos.weight[layer], q, k)
-        y = reference_attention(q, k, v, mask, bias)
+        kind = encoding.kind
+        if kind == "cope":  # layer ``layer``'s embeddings
+            bias = reference_cope_bias(encoding.weight[layer], q, k)
+        elif kind == "fox":  # ln f_t = ln σ(w_f·h_t + b_f), the layer's own gate
+            gate = encoding.gates[layer]
+            bias = reference_fox_bias(torch.nn.functional.logsigmoid(h.float() @ gate.weight.T.float()
+                                                                     + gate.bias.float()).transpose(1, 2))
+        elif kind == "dape":  # the whole score, A + B + f(A, B), handed over as the "bias" of zero logits
+            a = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+            bias = reference_dape(encoding.mlps[layer], a, bias) - a
+        scale = reference_temperature(spec.temperature.kind, spec.temperature, attn, T, spec.window)
+        y = reference_attention(q, k, v, mask, bias, scale, attn.sinks)
         x = x + attn.wo(y.transpose(1, 2).reshape(B, T, -1))
         x = x + block.mlp(block.mlp_norm(x))
     return model.head(model.norm(x))

@@ -202,7 +202,7 @@ def test_whole_floats_accepted_for_ints():
     (["model.pos.kind=t5", "train.pos_lr_multiplier=0"], "pos_lr_multiplier must be positive"),
     (["model.pos.kind=t5", "train.pos_lr_multiplier=-2"], "pos_lr_multiplier must be positive"),
     (["model.pos.kind=rope", "train.pos_lr_multiplier=10"], "model.pos.kind=rope has no learned parameters"),
-    (["model.pos.kind=alibi", "train.pos_lr_multiplier=10"], "fire, kerple, learned, t5"),
+    (["model.pos.kind=alibi", "train.pos_lr_multiplier=10"], "dape, fire, fox, kerple, learned, t5"),
     (["train.max_tokens=1000"], "exactly one of train.max_steps"),
     (["train.max_steps=null"], "exactly one of train.max_steps"),
     (["train.seq_len=0"], "train.seq_len must be a positive"),
@@ -281,10 +281,10 @@ def test_pe_overlays_compose_with_presets(preset, overlay):
     assert dataclasses.replace(cfg.model) == cfg.model  # revalidates cleanly
 
 
-def test_pe_overlays_only_touch_model_pos():
+def test_pe_overlays_only_touch_the_models_positions_and_layers():
     for overlay in (CONFIG_DIR / "pe").glob("*.yaml"):
         data = yaml.safe_load(overlay.read_text())
-        assert list(data) == ["model"] and list(data["model"]) == ["pos"], overlay.name
+        assert list(data) == ["model"] and set(data["model"]) <= {"pos", "layers"}, overlay.name
 
 
 def test_local_preset_points_at_shared_wikitext():

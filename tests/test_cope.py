@@ -86,8 +86,8 @@ def test_contextual_path_stays_float32_under_bf16_autocast(monkeypatch):
     seen = []
     real = type(model.pos).contextual_bias
 
-    def spy(self, layer, q, logits):
-        out = real(self, layer, q, logits)
+    def spy(self, layer, q, logits, bias=None):
+        out = real(self, layer, q, logits, bias)
         seen.append((layer, q.dtype, logits.dtype, out.dtype))
         return out
 

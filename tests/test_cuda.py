@@ -20,10 +20,11 @@ import pytest
 import torch
 
 import ropelab.model.attention as attention_module
-from conftest import ALL_KINDS, tiny_config, write_run_config
+from conftest import ALL_KINDS, PLANS, plan_config, tiny_config, write_run_config
+from reference import cached_logits
 from ropelab.model.config import POS_KINDS
 from ropelab.model.encodings import kinds_where
-from ropelab.model.flex_attention import flex_causal_attention, trains_tables
+from ropelab.model.flex_attention import flex_attention_layer, trains_tables
 from ropelab.model.generate import generate
 from ropelab.model.transformer import Transformer
 
@@ -76,9 +77,9 @@ def count_flex_calls(monkeypatch) -> list:
 
     def counted(*args):
         calls.append(1)
-        return flex_causal_attention(*args)
+        return flex_attention_layer(*args)
 
-    monkeypatch.setattr(attention_module, "flex_causal_attention", counted)
+    monkeypatch.setattr(attention_module, "flex_attention_layer", counted)
     return calls
 
 
@@ -145,10 +146,10 @@ def test_compiled_flex_kernel_equals_the_sdpa_path(kind, dtype):
         q, k, v = attn.wqkv(x)
         q, k = ctx.rotate(q, k)
         q, k, v = (t.to(dtype) for t in (q, k, v))
-        want = attn._chunked(q.float(), k.float(), v.float(), ctx, positions, same_tokens=True)
+        want = attn._chunked(q.float(), k.float(), v.float(), ctx, positions, None, None, same_tokens=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")
-            got = flex_causal_attention(q, k, v, positions, ctx.distance_table).float()
+            got = flex_attention_layer(q, k, v, ctx, None, None).float()
     atol = 1e-5 if dtype == torch.float32 else 3e-2
     assert torch.allclose(got, want, atol=atol), (got - want).abs().max()
 
@@ -278,3 +279,48 @@ def test_train_command_on_cuda_with_bf16_and_compile(tmp_path, corpus, kind):
                      "--max-new-tokens", "20", "--prompt", "the cat")
     assert sample.returncode == 0, sample.stderr[-3000:]
     assert sample.stdout.strip()
+
+
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_layer_plans_on_cuda_equal_cpu_and_their_cache(plan, monkeypatch):
+    """Windows, sinks, temperatures and FoX's decay on CUDA (FlexAttention where it serves:
+    block masks that skip what a window excludes) equal the CPU's paths, and cached decoding
+    equals the full forward with prompts longer than a window."""
+    calls = count_flex_calls(monkeypatch)
+    cfg = plan_config(plan, d_model=64)
+    cpu = Transformer(cfg).eval()
+    with torch.no_grad():
+        for block in cpu.blocks:
+            if block.attn.sinks is not None:
+                block.attn.sinks.normal_(0.0, 1.0)
+    gpu = Transformer(cfg).cuda().eval()
+    gpu.load_state_dict(cpu.state_dict())
+    idx = tokens(T=200)
+    with torch.no_grad():
+        want, got = cpu(idx), gpu(idx.cuda()).cpu()
+        cached = cached_logits(gpu, idx[:, :40].cuda(), 7).cpu()
+        full = gpu(idx[:, :40].cuda()).cpu()
+    special = [b for b in cpu.blocks if b.layer.window or b.attn.sinks is not None or b.attn.temperature is not None]
+    assert calls or not special  # a plan with windows or sinks takes FlexAttention on CUDA
+    assert torch.allclose(got, want, atol=5e-5, rtol=1e-4), (got - want).abs().max()
+    assert torch.allclose(cached, full, atol=1e-5, rtol=1e-4), (cached - full).abs().max()
+
+
+@pytest.mark.parametrize("plan", ["gpt-oss", "alibi-window-sinks", "fox-window"])
+def test_training_windows_sinks_and_decays_through_flex_equals_the_explicit_path(plan, monkeypatch):
+    """The gradients of a training step through FlexAttention (the sinks through σ(lse − sink),
+    FoX's decay through a captured tensor) equal those of the explicit path."""
+    if not trains_tables():
+        pytest.skip(f"torch {torch.__version__} trains captured tensors on the SDPA path")
+    model = Transformer(plan_config(plan, d_model=64, max_len=256)).cuda().train()
+    idx, targets = tokens(T=128).cuda(), tokens(T=128).cuda()
+    calls = count_flex_calls(monkeypatch)
+    loss, grads = loss_and_grads(model, idx, targets)
+    assert calls
+    monkeypatch.setattr(attention_module, "usable_for_flex", lambda *args: False)
+    want_loss, want = loss_and_grads(model, idx, targets)
+    assert torch.allclose(loss, want_loss, atol=1e-5)
+    scale = torch.cat([g.flatten() for g in want.values()]).norm()
+    for name, g in grads.items():
+        if want[name].norm() > 1e-6 * scale:
+            assert relative(g, want[name]) < 1e-4, (name, relative(g, want[name]))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ALL_KINDS, tiny_config
+from conftest import ALL_KINDS, PLANS, plan_config, tiny_config
 from ropelab.data.tasks import Passkey, eval_instance, task_tokenizer
 from ropelab.eval.diagnostics import attention_stats
 from ropelab.eval.diagnostics.attention_probe import (LayerAttention, attention_inputs, attention_probabilities, rotary_pair_norms,
@@ -40,17 +40,27 @@ def layer_outputs(model, idx):
     return inputs, [out for _, out in seen]
 
 
-@pytest.mark.parametrize("kind", ALL_KINDS)
+@pytest.mark.parametrize("kind", ALL_KINDS + [f"plan-{name}" for name in PLANS])
 @pytest.mark.parametrize("kv_heads", [4, 1])
 def test_probabilities_times_v_through_wo_are_the_layers_output(kind, kv_heads):
-    model = Transformer(tiny_config(kind, n_kv_heads=kv_heads)).eval()
+    cfg = plan_config(kind[5:], n_kv_heads=kv_heads) if kind.startswith("plan-") else tiny_config(kind, n_kv_heads=kv_heads)
+    model = Transformer(cfg).eval()
+    with torch.no_grad():  # sinks away from 0 so that a probe without them would fail
+        for block in model.blocks:
+            if block.attn.sinks is not None:
+                block.attn.sinks.normal_(0.0, 1.0)
     idx = torch.randint(0, 97, (2, 40))
     inputs, outputs = layer_outputs(model, idx)
-    assert len(inputs) == len(outputs) == 2
+    assert len(inputs) == len(outputs) == cfg.n_layers
     for block, inp, out in zip(model.blocks, inputs, outputs):
         attn = block.attn
         p = attention_probabilities(attn, inp)  # (B, H, T, T)
-        assert torch.allclose(p.sum(-1), torch.ones(()), atol=1e-5) and torch.all(p.triu(1) == 0)
+        total = torch.ones(()) if attn.sinks is None else p.sum(-1)  # a sink takes the rest
+        assert torch.allclose(p.sum(-1), total, atol=1e-5) and torch.all(p.triu(1) == 0)
+        assert torch.all(p.sum(-1) <= 1 + 1e-5)
+        if block.layer.window is not None:  # nothing outside the window
+            distance = torch.arange(40)[:, None] - torch.arange(40)[None, :]
+            assert torch.all(p[..., distance >= block.layer.window] == 0)
         _, _, v = attn.wqkv(inp.x)
         v = v.repeat_interleave(attn.n_heads // attn.n_kv_heads, dim=1).float()
         y = attn.wo((p @ v).transpose(1, 2).reshape(2, 40, -1))

@@ -1,4 +1,5 @@
-"""The CUDA FlexAttention path for distance-only biases equals the SDPA path (run eagerly on CPU)."""
+"""The CUDA FlexAttention path equals the chunked SDPA path (run eagerly on CPU): distance
+biases, sliding windows, attention sinks and FoX's decay, alone and together."""
 
 from __future__ import annotations
 
@@ -7,33 +8,65 @@ import warnings
 import pytest
 import torch
 
-from conftest import tiny_config
-from ropelab.model.flex_attention import (flex_causal_attention, kernel_options, torch_version, trains_tables,
-                                  usable_for_flex)
+from conftest import plan_config, tiny_config
+from ropelab.model.flex_attention import (block_mask, cached_block_mask, flex_attention_layer, kernel_options,
+                                          torch_version, trains_tables, usable_for_flex)
+from ropelab.model.positional import PositionContext
+from ropelab.model.positional.base import DistanceBias
 from ropelab.model.transformer import Transformer
 
+CASES = {  # name -> (model config, window)
+    **{kind: (tiny_config(kind, n_kv_heads=2), None) for kind in ("alibi", "t5", "kerple", "fire")},
+    "alibi-window-sinks": (plan_config("alibi-window-sinks"), 8),
+    "rope-window-sinks": (plan_config("gpt-oss"), 8),
+    "fox": (tiny_config("fox", n_kv_heads=2), None),
+    "fox-window": (plan_config("fox-window"), 8),
+}
 
-@pytest.mark.parametrize("kind", ["alibi", "t5", "kerple", "fire"])
+
+def _layer(model: Transformer, window):
+    """The first layer whose span is ``window``."""
+    return next(i for i, block in enumerate(model.blocks) if block.layer.window == window)
+
+
+@pytest.mark.parametrize("name", list(CASES))
 @pytest.mark.parametrize("per_sequence", [False, True])
-def test_flex_equals_the_chunked_sdpa_path(kind, per_sequence):
-    model = Transformer(tiny_config(kind, n_kv_heads=2)).eval()
-    attn, T = model.blocks[0].attn, 40
+def test_flex_equals_the_chunked_sdpa_path(name, per_sequence):
+    cfg, window = CASES[name]
+    model = Transformer(cfg).eval()
+    layer = _layer(model, window)
+    attn, T = model.blocks[layer].attn, 40
+    if attn.sinks is not None:
+        with torch.no_grad():
+            attn.sinks.normal_(0.0, 1.0)
     if per_sequence:  # randomized training positions: ascending, one row per sequence
         positions = torch.stack([torch.randperm(200)[:T].sort().values for _ in range(2)])
     else:
         positions = torch.arange(T)
-    x = torch.randn(2, T, 32)
+    x = torch.randn(2, T, cfg.d_model)
     with torch.no_grad():  # as in evaluation: learned tables need no gradient there
-        ctx = model.pos.context(positions, int(positions.max()) + 1)
+        ctx = model.encoding(layer).context(positions, int(positions.max()) + 1).for_layer(layer, window)
         q, k, v = attn.wqkv(x)
         q, k = ctx.rotate(q, k)
-        expected = attn._chunked(q, k, v, ctx, positions, same_tokens=True)
-        table = ctx.distance_table
-        assert table is not None and not table.requires_grad
+        decay = ctx.log_forget(x).cumsum(-1) if ctx.decays else None
+        expected = attn._chunked(q, k, v, ctx, positions, decay, decay, same_tokens=True)
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # eager FlexAttention warns that it is a debug path
-            got = flex_causal_attention(q, k, v, positions, table)
+            got = flex_attention_layer(q, k, v, ctx, decay, attn.sinks)
     assert torch.allclose(got, expected, atol=1e-5), (got - expected).abs().max()
+
+
+def test_block_masks_of_sequences_from_zero_are_built_once():
+    """A length and window from position 0 (training, evaluation) reuse one block mask; a
+    window over per-sequence positions needs its own."""
+    cached_block_mask.cache_clear()
+    ctx = PositionContext(torch.arange(64), window=8)
+    first = block_mask(ctx, 64, torch.device("cpu"))
+    assert block_mask(PositionContext(torch.arange(64), window=8), 64, torch.device("cpu")) is first
+    assert block_mask(PositionContext(torch.arange(64)), 64, torch.device("cpu")) is not first
+    per_sequence = PositionContext(torch.arange(64).expand(2, 64), window=8)
+    assert block_mask(per_sequence, 64, torch.device("cpu")) is not first
+    assert cached_block_mask.cache_info().misses == 2
 
 
 def test_small_heads_ask_for_tiles_that_fit_in_shared_memory():
@@ -56,13 +89,16 @@ def test_trained_tables_use_flex_from_the_checked_torch_version_on():
 
 
 def test_flex_serves_cuda_calls_it_can_serve():
+
     q = torch.zeros(1, 1, 2, 16)
-    table = torch.zeros(1, 2)
-    assert not usable_for_flex(q, table, 0.0)  # a CPU tensor: the SDPA path
+    ctx = PositionContext(torch.arange(2), bias_fn=DistanceBias(torch.zeros(1, 2)))
+    assert not usable_for_flex(q, ctx, 0.0)  # a CPU tensor: the SDPA path
     if torch.cuda.is_available():
-        q, table = q.cuda(), table.cuda()
-        assert usable_for_flex(q, table, 0.0)
-        trained = table.clone().requires_grad_()  # a learned table in training
+        q = q.cuda()
+        ctx = PositionContext(torch.arange(2).cuda(), bias_fn=DistanceBias(torch.zeros(1, 2).cuda()))
+        assert usable_for_flex(q, ctx, 0.0)
+        trained = PositionContext(ctx.positions, bias_fn=DistanceBias(torch.zeros(1, 2).cuda().requires_grad_()))
         assert usable_for_flex(q, trained, 0.0) == trains_tables()
-        assert not usable_for_flex(q, table, 0.1)  # attention dropout
-        assert not usable_for_flex(q[..., :8], table, 0.0)  # below the kernel's 16
+        assert not usable_for_flex(q, ctx, 0.1)  # attention dropout
+        assert not usable_for_flex(q[..., :8], ctx, 0.0)  # below the kernel's 16
+        assert usable_for_flex(q, PositionContext(ctx.positions, window=8), 0.0)  # a window alone

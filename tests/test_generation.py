@@ -5,7 +5,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ALL_KINDS, tiny_config
+from conftest import ALL_KINDS, PLANS, plan_config, tiny_config
 from ropelab.model.config import RopeScalingConfig, XposConfig
 from ropelab.common.errors import LengthError
 from ropelab.model.generate import generate, sample_next
@@ -30,6 +30,8 @@ VARIANTS.update({
     "t5-6-heads": tiny_config("t5", d_model=48, n_heads=6, n_kv_heads=3),
 })
 VARIANTS["xpos-interleaved-strong-decay"].pos.xpos = XposConfig(scale_base=8.0)
+# Every layer plan of the 2025 designs: windows of 8 keys against 29-token prompts.
+VARIANTS.update({f"plan-{name}": plan_config(name) for name in PLANS})
 
 
 def sharp_model(cfg) -> Transformer:

@@ -8,7 +8,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ALL_KINDS, tiny_config
+from conftest import ALL_KINDS, PLANS, plan_config, tiny_config
 from ropelab.model.config import ModelConfig, PosConfig
 from ropelab.common.errors import ConfigError
 from ropelab.model.transformer import Transformer
@@ -20,6 +20,11 @@ def test_causal(kind):
     assert_causal(Transformer(tiny_config(kind)).eval())
 
 
+@pytest.mark.parametrize("plan", list(PLANS))
+def test_layer_plans_are_causal(plan):
+    assert_causal(Transformer(plan_config(plan)).eval())
+
+
 @pytest.mark.parametrize("kind", ALL_KINDS)
 @pytest.mark.parametrize("kv_heads", [4, 2, 1])
 def test_sdpa_matches_reference(kind, kv_heads):
@@ -27,6 +32,24 @@ def test_sdpa_matches_reference(kind, kv_heads):
     x = torch.randint(0, 97, (2, 33))
     with torch.no_grad():
         assert torch.allclose(model(x), reference_forward(model, x), atol=1e-5)
+
+
+@pytest.mark.parametrize("plan", list(PLANS))
+@pytest.mark.parametrize("kv_heads", [4, 1])
+def test_layer_plans_match_the_reference(plan, kv_heads):
+    """Each layer's window, sinks, temperature and encoding against their formulas per pair
+    (tests/reference.py reads the plan from the config, not from the model's contexts)."""
+    model = Transformer(plan_config(plan, n_kv_heads=kv_heads)).eval()
+    with torch.no_grad():  # sinks and SSMax scales away from their init, so a dropped one shows
+        for block in model.blocks:
+            if block.attn.sinks is not None:
+                block.attn.sinks.normal_(0.0, 1.0)
+            if block.attn.temperature is not None and hasattr(block.attn.temperature, "scale"):
+                block.attn.temperature.scale.uniform_(0.2, 1.0)
+    x = torch.randint(0, 97, (2, 33))
+    with torch.no_grad():
+        got, want = model(x), reference_forward(model, x)
+    assert torch.allclose(got, want, atol=1e-5), (got - want).abs().max()
 
 
 @pytest.mark.parametrize("kind", ["none", "alibi"])

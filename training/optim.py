@@ -1,7 +1,8 @@
 """AdamW with decay on matrices only, and the warmup + cosine learning-rate schedule.
 
 ``train.pos_lr_multiplier`` gives the positional encoding's own parameters (those under
-``pos.``: a learned table, T5's bucket biases, KERPLE's r₁ and r₂, FIRE's MLP) a learning
+``pos.`` and ``layer_pos.``: a learned table, T5's bucket biases, KERPLE's r₁ and r₂, FIRE's
+MLP, FoX's gates, DAPE's MLPs) a learning
 rate of lr × multiplier. Adam moves each parameter by at most about lr per step, so a
 bias table initialised near 0 can move only about Σ lr ≈ 0.55 logits over a 1,000-step
 warmup + cosine run at lr 1e-3: the multiplier shows whether such a row is lr-bound. At 1
@@ -22,7 +23,9 @@ from torch import nn
 from ropelab.model.layers import fused_parts
 
 
-POSITIONAL_PREFIX = "pos."  # the model's one positional module (model/transformer.py)
+# The model's positional modules (model/transformer.py): the default layer's encoding and
+# those of a layer plan's other types.
+POSITIONAL_PREFIX = ("pos.", "layer_pos.")
 
 
 def _groups(model: nn.Module, pos_lr_multiplier: float) -> list[tuple[bool, bool, list[tuple[str, nn.Parameter]]]]:

@@ -44,19 +44,35 @@ class SavedRun:
 
 
 def with_scaling(cfg: RunConfig, scaling: Optional[RopeScalingConfig]) -> RunConfig:
-    """``cfg`` with model.pos.rope.scaling replaced; for encodings that accept one only
-    (model/encodings.py)."""
+    """``cfg`` with its RoPE scaling replaced; for encodings that accept one only
+    (model/encodings.py). In a layer plan only the full-attention layers whose encoding
+    accepts one are extended: a sliding-window layer never meets a distance beyond its window,
+    so its frequencies stay as trained (Gemma 3 extends its global layers only; OLMo 3's
+    sliding layers given the scaling was a bug, transformers PR #45945)."""
     if scaling is None:
         return cfg
-    if not accepts_rope_scaling(cfg.model.pos.kind):
+    model = cfg.model
+    if model.layers.uniform:
+        if not accepts_rope_scaling(model.pos.kind):
+            if scaling.type == "none":
+                return cfg
+            raise ConfigError(f"RoPE scaling '{scaling.type}' needs a model with a rotation (pos.kind="
+                              f"{' or '.join(kinds_where('rope_scaling'))}); this run uses pos.kind={model.pos.kind}")
+        return dataclasses.replace(cfg, model=dataclasses.replace(model, pos=_scaled(model.pos, scaling)))
+    types = {name: dataclasses.replace(layer, pos=_scaled(layer.pos, scaling))
+             if layer.window is None and accepts_rope_scaling(layer.pos.kind) else layer
+             for name, layer in model.layers.types.items()}
+    if types == model.layers.types:
         if scaling.type == "none":
             return cfg
-        raise ConfigError(f"RoPE scaling '{scaling.type}' needs a model with a rotation (pos.kind="
-                          f"{' or '.join(kinds_where('rope_scaling'))}); this run uses pos.kind={cfg.model.pos.kind}")
-    pos = cfg.model.pos
-    rope = dataclasses.replace(pos.rope, scaling=scaling)
-    model_cfg = dataclasses.replace(cfg.model, pos=dataclasses.replace(pos, rope=rope))
-    return dataclasses.replace(cfg, model=model_cfg)
+        raise ConfigError(f"RoPE scaling '{scaling.type}' extends full-attention rotary layers, and this run's layer "
+                          f"plan ({model.layers.pattern}) has none: its rotary layers are sliding-window ones")
+    plan = dataclasses.replace(model.layers, types=types)
+    return dataclasses.replace(cfg, model=dataclasses.replace(model, layers=plan))
+
+
+def _scaled(pos, scaling: RopeScalingConfig):
+    return dataclasses.replace(pos, rope=dataclasses.replace(pos.rope, scaling=scaling))
 
 
 def read_run_config(run: RunDir) -> RunConfig:

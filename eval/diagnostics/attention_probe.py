@@ -1,14 +1,15 @@
 """The attention a model computes, recomputed from its own modules: what the diagnostics read.
 
 ``attention_inputs(model, idx)`` runs one forward with a pre-hook on every block's attention
-layer and keeps what each layer received: its input (after the block's norm) and the
-forward's ``PositionContext`` (already ``at_layer(i)``). ``LayerAttention`` recomputes a
-softmax layer's probabilities from that input the way the layer forms its scores: q and k
-from the layer's own projection, ``ctx.rotate``, q·kᵀ/√d in float32, the causal mask over
-the context's positions, CoPE's contextual bias on the masked logits, ``ctx.bias``. The
-model has no switch for this and does not know it is watched; tests/test_diagnostics.py
-checks that these probabilities times v, through the layer's ``wo``, give the layer's own
-output, for every encoding (score biases and CoPE included) and a GQA model.
+layer and keeps what each layer received: its input (after the block's norm) and its
+``PositionContext`` (its layer, its window). ``LayerAttention`` recomputes a softmax layer's
+probabilities from that input the way the layer forms its scores: q and k from the layer's
+own projection, ``ctx.rotate``, the layer's temperature on q, then the scores of
+model/attention_scores.py (the one definition attention's explicit path uses: the mask of
+the layer's span, a contextual bias, ``ctx.bias``, a decay from the input) and the softmax
+with the layer's sinks. The model has no switch for this and does not know it is watched;
+tests/test_diagnostics.py checks that these probabilities times v, through the layer's
+``wo``, give the layer's own output, for every encoding and layer plan and a GQA model.
 
 ``rotary_pair_norms`` gives the mean norm of each 2-D pair that RoPE rotates (Barbero et
 al. 2024): of q and k in softmax attention, of the features φ(q), φ(k) that linear
@@ -17,12 +18,12 @@ attention rotates in its numerator (model/linear_attention.py).
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
 
 from ropelab.model.attention import Attention
+from ropelab.model.attention_scores import explicit_scores, softmax_with_sinks
 from ropelab.model.linear_attention import LinearAttention
 from ropelab.model.positional import PositionContext
 from ropelab.model.transformer import Transformer
@@ -81,10 +82,14 @@ class LayerAttention:
     def __init__(self, attn: Attention, inp: LayerInput):
         self.unrotated = rotated_vectors(attn, inp)  # (B, H, T, D), (B, Hkv, T, D)
         q, k = inp.ctx.rotate(*self.unrotated)
+        if attn.temperature is not None:
+            q = attn.temperature(q, inp.ctx)
         groups = attn.n_heads // attn.n_kv_heads
         self.q = q.float()
         self.k = k.float().repeat_interleave(groups, dim=1)  # (B, H, T, D): each query head's key head
         self.ctx = inp.ctx
+        self.decay = inp.ctx.log_forget(inp.x).cumsum(-1) if inp.ctx.decays else None  # (B, H, T)
+        self.sinks = None if attn.sinks is None else attn.sinks.float().view(-1, 1)
 
     @property
     def length(self) -> int:
@@ -99,15 +104,12 @@ class LayerAttention:
         keys = int(rows[-1]) + 1
         positions = self.ctx.positions
         q_positions, k_positions = positions[..., rows], positions[..., :keys]
-        q = self.q[:, :, rows]
-        logits = q @ self.k[:, :, :keys].transpose(-2, -1) / math.sqrt(q.shape[-1])  # (B, H, tq, K)
-        visible = (k_positions[..., None, :] <= q_positions[..., :, None]).unsqueeze(-3)  # (…, 1, tq, K)
-        logits = logits.masked_fill(~visible, float("-inf"))
-        scores = logits + self.ctx.contextual_bias(q, logits) if self.ctx.contextual else logits
-        bias = self.ctx.bias(q_positions, k_positions)  # (…, H, tq, K) or None
-        if bias is not None:
-            scores = scores + bias
-        return scores.softmax(dim=-1)
+        q_decay = k_decay = None
+        if self.decay is not None:
+            q_decay, k_decay = self.decay[..., rows], self.decay[..., :keys]
+        scores = explicit_scores(self.q[:, :, rows], self.k[:, :, :keys], self.ctx, q_positions, k_positions,
+                                 q_decay, k_decay)  # (B, H, tq, K)
+        return softmax_with_sinks(scores, self.sinks)
 
 
 def attention_probabilities(attn: Attention, inp: LayerInput) -> Tensor:

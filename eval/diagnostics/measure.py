@@ -93,11 +93,13 @@ def diagnose_window(model, window: Window, meta: dict, full: bool, want_map: boo
     """The measures of one window, each stacked over layers: (layers, H[, bins])."""
     idx = torch.from_numpy(window.tokens)[None].to(next(model.parameters()).device)
     out: dict[str, list] = defaultdict(list)
-    for block, inp in zip(model.blocks, attention_inputs(model, idx)):
+    rotary = rotary_layers(model)
+    for layer, (block, inp) in enumerate(zip(model.blocks, attention_inputs(model, idx))):
         att = LayerAttention(block.attn, inp) if meta["attention"] == "softmax" else None
-        if meta["rotary"]:
+        if layer in rotary:  # the RoPE frequency analysis: rotary layers only (a plan's NoPE layers have no pairs)
             q, k = att.unrotated if att is not None else rotated_vectors(block.attn, inp)
-            q_norm, k_norm = rotary_pair_norms(q, k, model.pos.pairing, model.pos.rotary_dim)
+            encoding = model.encoding(layer)
+            q_norm, k_norm = rotary_pair_norms(q, k, encoding.pairing, encoding.rotary_dim)
             out["qk_pairs"].append((q_norm * k_norm)[0].double().cpu().numpy())
         if att is None:
             continue
@@ -123,6 +125,11 @@ def diagnose_window(model, window: Window, meta: dict, full: bool, want_map: boo
     return found
 
 
+def rotary_layers(model) -> list[int]:
+    """The layers whose encoding rotates q and k (all or none of a uniform model's)."""
+    return [i for i in range(len(model.blocks)) if KINDS[model.encoding(i).kind].rotary]
+
+
 def _stack(windows: list[dict[str, np.ndarray]]) -> dict[str, list]:
     """Per measure, the windows' arrays stacked (W, layers, …) and rounded, as JSON lists."""
     names = {name for w in windows for name in w}
@@ -133,7 +140,7 @@ def diagnose_length(saved: SavedRun, meta: dict, length: int, sample: Callable[[
                     needles: Optional[Callable[[int], list[Window]]], map_lengths: set[int]) -> dict:
     """Every measure at one length, per window; or why the length was skipped."""
     try:
-        saved.model.pos.check_length(length)
+        saved.model.check_length(length)
         windows = sample(length)
     except (LengthError, TaskError, DataError) as e:  # what this length cannot be: said in the report
         return {"status": "n/a", "note": str(e)}
@@ -191,11 +198,16 @@ def diagnose_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
     started = time.perf_counter()
     saved = load_run(run_dir, device=device)
     settings = ev.diagnostics
-    kind, train_len = saved.cfg.model.pos.kind, saved.cfg.train.seq_len
-    meta = {**run_metadata(saved, ev), "rotary": KINDS[kind].rotary, "sink_tokens": settings.sink_tokens,
+    train_len = saved.cfg.train.seq_len
+    rotary = rotary_layers(saved.model)
+    meta = {**run_metadata(saved, ev), "rotary": bool(rotary), "sink_tokens": settings.sink_tokens,
             "epsilon": settings.epsilon, "n_layers": saved.cfg.model.n_layers, "n_heads": saved.cfg.model.n_heads}
-    if meta["rotary"]:
-        meta["frequencies"] = saved.model.pos.inv_freq.tolist()
+    if rotary:
+        meta["frequencies"] = saved.model.encoding(rotary[0]).inv_freq.tolist()
+    if not saved.cfg.model.layers.uniform:  # a layer plan: each layer's type, and which layers qk_pairs holds
+        meta["layer_types"] = saved.cfg.model.layer_names()
+        meta["rotary_layers"] = rotary
+        meta["layer_frequencies"] = {str(i): saved.model.encoding(i).inv_freq.tolist() for i in rotary}
     sample, needles = samplers(saved, ev, meta)
     lengths = settings.resolved_lengths(train_len)
     longer = [n for n in lengths if n >= MAP_MULTIPLE * train_len]

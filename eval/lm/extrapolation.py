@@ -89,7 +89,7 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
             "pairing": cfg.model.pos.rope.pairing if KINDS[cfg.model.pos.kind].rotary else None,
             "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"),
             "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
-            "max_len": saved.model.pos.max_len, "git_commit": meta.get("git_commit"),
+            "max_len": saved.model.max_len, "git_commit": meta.get("git_commit"),
             "commits": meta.get("commits"), "total_steps": meta.get("total_steps"),
             **({"schedules": meta["schedules"]} if meta.get("schedules") else {}),
             "train_seconds": meta.get("train_seconds"),
@@ -143,7 +143,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
 
 def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: CorpusTokens, meta: dict,
                      log, cells: Cells, prefix: str = "", store: Optional[CellStore] = None) -> tuple[list[dict], dict]:
-    train_len, limit = base.cfg.train.seq_len, base.model.pos.max_len
+    train_len, limit = base.cfg.train.seq_len, base.model.max_len
     lengths = sorted(set(corpus.lengths)) or ev.resolved_lengths(train_len)
     curve_at = max((n for n in lengths if limit is None or n <= limit), default=None) if ev.per_position else None
     scalings = ev.resolved_scalings(base.cfg.model.pos.kind)
@@ -220,7 +220,7 @@ def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: Cor
                    scaling: str, length: int, lengths: list[int], curve: bool,
                    token_bytes) -> tuple[list[dict], Optional[dict]]:
     """Every protocol at one (scaling, length): its rows and, if asked, the per-position curve."""
-    limit = base.model.pos.max_len
+    limit = base.model.max_len
     model = model_for(base, scaling, length, ev)
     rows, found_curve = [], None
     for protocol in corpus.protocols or ev.protocols:
@@ -279,7 +279,7 @@ def rotary_digest(base: SavedRun, scaling: str, length: int, ev: EvalConfig) -> 
 def model_for(base: SavedRun, scaling: str, length: int, ev: EvalConfig):
     """The model to evaluate at ``length`` under ``scaling`` (the run's own where that is plain
     RoPE), or None past the end of a learned position table."""
-    limit = base.model.pos.max_len
+    limit = base.model.max_len
     if limit is not None and length > limit:
         return None
     rope_scaling = scaling_for(scaling, length, base.cfg.train.seq_len, ev.factor)

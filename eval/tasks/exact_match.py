@@ -243,7 +243,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
 
 def _score_run(base: SavedRun, tasks: list[Task], ev: EvalConfig, meta: dict, log) -> tuple[list[dict], list[dict]]:
     """(cell rows, k_max rows) of one checkpoint: every task, scaling, length (and passkey depth)."""
-    train_len, limit = base.cfg.train.seq_len, base.model.pos.max_len
+    train_len, limit = base.cfg.train.seq_len, base.model.max_len
     rows, kmax_rows = [], []
     for task in tasks:
         depths = ev.tasks.resolved_depths() if task.has_depth else [None]

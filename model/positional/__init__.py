@@ -8,6 +8,8 @@
 - rope.py: rotary embeddings and their two pairings; rope_scaling.py: PI, NTK, dynamic
   NTK, YaRN and Llama 3 frequencies, and p-RoPE's truncation; xpos.py: xPos
 - cope.py: CoPE, contextual positions from gated counts (a bias that depends on q and k)
+- fox.py: the Forgetting Transformer's forget gates (a decay from each layer's input)
+- dape.py: DAPE, a base bias plus an MLP of each pair's logits and bias
 
 The registry maps each class's ``kind`` to the class; its keys are exactly the rows of
 model/encodings.py, and each row agrees with its class (tests/test_positional.py).
@@ -18,19 +20,21 @@ from ropelab.model.positional.absolute import Learned, Sinusoidal
 from ropelab.model.positional.alibi import ALiBi
 from ropelab.model.positional.base import NoPE, PositionalEncoding, PositionContext
 from ropelab.model.positional.cope import CoPE
+from ropelab.model.positional.dape import DAPE
 from ropelab.model.positional.fire import Fire
+from ropelab.model.positional.fox import ForgetGate
 from ropelab.model.positional.kerple import Kerple
 from ropelab.model.positional.rope import RoPE
 from ropelab.model.positional.t5 import T5Bias
 from ropelab.model.positional.xpos import XPos
 
 ENCODINGS: dict[str, type[PositionalEncoding]] = {
-    cls.kind: cls for cls in (RoPE, Sinusoidal, Learned, ALiBi, NoPE, T5Bias, Kerple, Fire, XPos, CoPE)
+    cls.kind: cls for cls in (RoPE, Sinusoidal, Learned, ALiBi, NoPE, T5Bias, Kerple, Fire, XPos, CoPE, ForgetGate, DAPE)
 }
 
 
 def build_positional(cfg: ModelConfig) -> PositionalEncoding:
-    """One instance per model, shared by all blocks."""
+    """The encoding of ``cfg.pos``: one instance per distinct ``pos`` of a model's layer types."""
     return ENCODINGS[cfg.pos.kind](cfg)
 
 

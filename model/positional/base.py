@@ -6,14 +6,20 @@ An encoding may act in four places and overrides only what it needs:
 - ``rotation(positions, fit_len)``: RoPE and its relatives, a prepared rotation of q and k;
 - ``bias(q_positions, k_positions)``: a per-head additive bias on attention scores (ALiBi,
   T5, Kerple, FIRE);
-- ``contextual_bias(layer, q, logits)``: a score bias that depends on the content as well
-  (CoPE): attention forms each layer's scaled, causally masked logits q·kᵀ/√d and the
-  encoding returns what to add to them.
+- ``contextual_bias(layer, q, logits, bias)``: a score bias that depends on the content as
+  well (CoPE, DAPE): attention forms each layer's scaled, causally masked logits q·kᵀ/√d
+  (and the encoding's own ``bias`` for those pairs, or None) and the encoding returns what
+  to add to them;
+- ``log_forget(layer, x)``: a data-dependent decay (the Forgetting Transformer): from the
+  layer's input x, a per-head log forget gate per token, whose sums between key and query
+  are added to the scores (attention keeps the running sum in its KV cache).
 
-``Transformer.forward`` asks the encoding once per forward for a ``PositionContext``
-(the rotation with its cos/sin already gathered for this forward's positions, and the
-bias function, with whatever it learns precomputed by ``prepare_bias``) and hands that
-one object to every block; attention uses it without ever asking which encoding it has.
+``Transformer.forward`` asks each distinct encoding once per forward for a
+``PositionContext`` (the rotation with its cos/sin already gathered for this forward's
+positions, and the bias function, with whatever it learns precomputed by
+``prepare_bias``), and hands each block that context for its own layer (``for_layer``: its
+index and its attention span, the window of its layer type, model/layer_config.py);
+attention uses it without ever asking which encoding or layer type made it.
 Positions are an explicit integer tensor: (T,), shared by the batch, or (B, T) on the
 training path when each sequence has its own (randomized positions, Ruoss et al. 2023);
 a bias is then (H, Tq, Tk) or (B, H, Tq, Tk). Tables, angles and biases are float32
@@ -33,8 +39,11 @@ from ropelab.common.errors import LengthError
 Tensor = torch.Tensor
 Rotate = Callable[[Tensor, Tensor], tuple[Tensor, Tensor]]  # (q, k) -> rotated (q, k)
 Bias = Callable[[Tensor, Tensor], Tensor]  # (…, Tq), (…, Tk) positions -> (…, H, Tq, Tk) float32
-# (layer, q (B, H, Tq, D), logits (B, H, Tq, Tk) with −inf where masked) -> (B, H, Tq, Tk) float32
-ContextualBias = Callable[[int, Tensor, Tensor], Tensor]
+# (layer, q (B, H, Tq, D), logits (B, H, Tq, Tk) with −inf where masked, the encoding's bias
+# (…, H, Tq, Tk) or None) -> (B, H, Tq, Tk) float32
+ContextualBias = Callable[[int, Tensor, Tensor, Optional[Tensor]], Tensor]
+# (layer, x (B, T, d_model)) -> log forget gates (B, H, T) float32, each ≤ 0
+LogForget = Callable[[int, Tensor], Tensor]
 
 
 def causal_distance(q_positions: Tensor, k_positions: Tensor) -> Tensor:
@@ -56,7 +65,8 @@ class DistanceBias:
     table: Tensor  # (H, fit_len) float32: the bias at causal distance 0 … fit_len−1
 
     def __call__(self, q_positions: Tensor, k_positions: Tensor) -> Tensor:
-        distance = causal_distance(q_positions, k_positions)
+        # Clamped into the table: keys beyond it (a ring cache's empty slots) are masked anyway.
+        distance = causal_distance(q_positions, k_positions).clamp(max=self.table.shape[1] - 1)
         if distance.dim() == 2:
             return self.table[:, distance]  # (H, Tq, Tk); one index tensor: the fastest gather
         heads = torch.arange(self.table.shape[0], device=distance.device).view(-1, 1, 1)
@@ -65,36 +75,57 @@ class DistanceBias:
 
 @dataclass(frozen=True, eq=False)
 class PositionContext:
-    """What the layers need from the encoding for one forward, prepared once.
+    """What one layer needs from its encoding for one forward, prepared once per encoding.
 
     ``rotate`` acts on queries and keys of this forward's ``positions`` (keys entering a
     KV cache are rotated at their own positions, once); ``bias`` gives the score bias
-    between any query and key positions (query chunks, cached keys).
+    between any query and key positions (query chunks, cached keys); ``window`` is the
+    layer's attention span (None: every earlier key); ``log_forget`` the layer's decay.
     """
 
     positions: Tensor  # (T,) or (B, T)
     rotate_qk: Optional[Rotate] = None
     bias_fn: Optional[Bias] = None
     contextual_fn: Optional[ContextualBias] = None
-    layer: int = 0  # the block this context is handed to (``at_layer``)
+    layer: int = 0  # the block this context is handed to (``for_layer``)
+    window: Optional[int] = None  # keys i − window < j ≤ i are visible to the query at i
+    log_forget_fn: Optional[LogForget] = None
+    # ``positions`` are first_position … first_position + T − 1, known on the host (the
+    # Transformer made them): a KV cache writes there without reading the device, and a
+    # block mask of a sequence from 0 is reused. None: positions given as a tensor.
+    first_position: Optional[int] = None
 
     @property
     def has_bias(self) -> bool:
-        """Whether attention needs an explicit score matrix (else the fused causal path)."""
-        return self.bias_fn is not None or self.contextual_fn is not None
+        """Whether the scores gain anything beyond q·kᵀ/√d (else the fused causal path)."""
+        return self.bias_fn is not None or self.contextual_fn is not None or self.log_forget_fn is not None
 
     @property
     def contextual(self) -> bool:
         """Whether attention must hand its logits to ``contextual_bias``."""
         return self.contextual_fn is not None
 
-    def at_layer(self, layer: int) -> PositionContext:
-        """This context for block ``layer`` (only a contextual bias differs between layers)."""
-        return self if self.contextual_fn is None else replace(self, layer=layer)
+    @property
+    def decays(self) -> bool:
+        """Whether the layer adds a data-dependent decay (its cumulative log forget gates)."""
+        return self.log_forget_fn is not None
 
-    def contextual_bias(self, q: Tensor, logits: Tensor) -> Tensor:
-        """The content-dependent bias of this layer for float32 ``q`` and masked ``logits``."""
-        return self.contextual_fn(self.layer, q, logits)
+    def for_layer(self, layer: int, window: Optional[int] = None) -> PositionContext:
+        """This encoding's context for block ``layer``, whose layer type spans ``window`` keys."""
+        return replace(self, layer=layer, window=window)
+
+    def at_layer(self, layer: int) -> PositionContext:
+        """This context for block ``layer``, with the same span."""
+        return replace(self, layer=layer)
+
+    def contextual_bias(self, q: Tensor, logits: Tensor, bias: Optional[Tensor] = None) -> Tensor:
+        """The content-dependent bias of this layer for float32 ``q``, masked ``logits`` and the
+        encoding's own ``bias`` of the same pairs."""
+        return self.contextual_fn(self.layer, q, logits, bias)
+
+    def log_forget(self, x: Tensor) -> Tensor:
+        """This layer's log forget gates (B, H, T) float32 for its input ``x`` (B, T, d_model)."""
+        return self.log_forget_fn(self.layer, x)
 
     def rotate(self, q: Tensor, k: Tensor) -> tuple[Tensor, Tensor]:
         return (q, k) if self.rotate_qk is None else self.rotate_qk(q, k)
@@ -120,6 +151,8 @@ class PositionalEncoding(nn.Module):
     has_bias: bool = False
     #: whether ``contextual_bias`` is overridden (attention hands over its logits)
     contextual: bool = False
+    #: whether ``log_forget`` is overridden (a data-dependent decay from the layer's input)
+    decays: bool = False
 
     def embed(self, x: Tensor, positions: Tensor) -> Tensor:
         return x
@@ -131,8 +164,12 @@ class PositionalEncoding(nn.Module):
     def bias(self, q_positions: Tensor, k_positions: Tensor) -> Optional[Tensor]:
         return None
 
-    def contextual_bias(self, layer: int, q: Tensor, logits: Tensor) -> Tensor:
+    def contextual_bias(self, layer: int, q: Tensor, logits: Tensor, bias: Optional[Tensor] = None) -> Tensor:
         """The bias to add to block ``layer``'s ``logits`` (see ``ContextualBias``)."""
+        raise NotImplementedError
+
+    def log_forget(self, layer: int, x: Tensor) -> Tensor:
+        """Block ``layer``'s log forget gates for its input ``x`` (see ``LogForget``)."""
         raise NotImplementedError
 
     def prepare_bias(self, fit_len: int, device: torch.device) -> Optional[Bias]:
@@ -143,11 +180,13 @@ class PositionalEncoding(nn.Module):
         """
         return self.bias if self.has_bias else None
 
-    def context(self, positions: Tensor, fit_len: int) -> PositionContext:
+    def context(self, positions: Tensor, fit_len: int, first_position: Optional[int] = None) -> PositionContext:
         """Everything attention needs for one forward over ``positions`` (see module doc)."""
         return PositionContext(positions, self.rotation(positions, fit_len),
                                self.prepare_bias(fit_len, positions.device),
-                               self.contextual_bias if self.contextual else None)
+                               self.contextual_bias if self.contextual else None,
+                               log_forget_fn=self.log_forget if self.decays else None,
+                               first_position=first_position)
 
     def reset_parameters(self) -> None:
         """Initialise this encoding's own parameters (called after the model's generic init)."""

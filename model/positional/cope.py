@@ -25,6 +25,8 @@ count of a new query is formed over its cached keys exactly as in the full forwa
 
 from __future__ import annotations
 
+from typing import Optional
+
 import torch
 from torch import nn
 
@@ -62,7 +64,7 @@ class CoPE(PositionalEncoding):
         counts = gates.flip(-1).cumsum(-1).flip(-1)  # Σ over t ≥ j of g_it
         return counts.clamp(max=self.max_pos - 1)
 
-    def contextual_bias(self, layer: int, q: Tensor, logits: Tensor) -> Tensor:
+    def contextual_bias(self, layer: int, q: Tensor, logits: Tensor, bias: Optional[Tensor] = None) -> Tensor:
         """q_i·e[p_ij] for q (B, H, Tq, D) and logits (B, H, Tq, Tk): (B, H, Tq, Tk) float32."""
         p = self.positions(logits)
         z = q.float() @ self.weight[layer].float().transpose(0, 1)  # (B, H, Tq, p_max): q·e[n]
