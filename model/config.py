@@ -160,6 +160,24 @@ class ModelConfig:
         """Each layer's type name ("" for a uniform model's)."""
         return layer_names(self.layers, self.n_layers)
 
+    def encoding_name(self) -> str:
+        """What report rows call this model's positions: the kind of a uniform model
+        (``rope``), a plan's types in pattern order with what each changes, then the pattern
+        (``rope·w64/none [SSSN]``): never a plain kind, so a plan is its own row and colour."""
+        if self.layers.uniform:
+            return self.pos.kind
+        parts = []
+        for name in dict.fromkeys(self.layers.pattern):
+            layer = self.layers.types[name]
+            bits = [layer.pos.kind]
+            if KINDS[layer.pos.kind].rotary and layer.pos.rope.theta != self.pos.rope.theta:
+                bits.append(f"θ{layer.pos.rope.theta:g}")
+            bits += [f"w{layer.window}"] if layer.window else []
+            bits += ["sinks"] if layer.sinks else []
+            bits += [layer.temperature.kind] if layer.temperature.kind != "none" else []
+            parts.append("·".join(bits))
+        return f"{'/'.join(parts)} [{self.layers.pattern}]"
+
     def _check_attention(self) -> None:
         """Refuse an attention kind the encoding or the dropout setting cannot work with."""
         if self.attention not in ATTENTION_KINDS:

@@ -200,6 +200,8 @@ def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, 
         # The group hashes the whole config as the schema reads it today: a key added
         # since (e.g. model.attention) must not split a cached seed from a fresh one.
         cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"), cached["meta"].get("parent"))
+        if "encoding" in cached["meta"]:  # a layer plan's row name, as the schema names it today
+            cached["meta"]["encoding"] = cfg.model.encoding_name()
         # The settings outside the key (the report's reference row, …) are today's.
         cached["meta"]["eval"] = dataclasses.asdict(ev)
         # Scored before the report drew how a run learned (caches since hold it): its metrics say.

@@ -228,8 +228,14 @@ def plot_pair_shares(rows: list[dict], path: Path) -> None:
                              squeeze=False, sharey=True, layout="constrained")
     for r, row in enumerate(rows):
         share = row["lengths"][row["train_len"]]["qk_share"]
-        frequencies = np.asarray(row["runs"][0]["frequencies"])
+        run = row["runs"][0]
+        # A layer plan measures its rotary layers only, each with its own frequencies (Gemma 3's two bases).
+        rotary = run.get("rotary_layers") or list(range(np.asarray(share["mean"]).shape[0]))
         for layer, ax in enumerate(axes[r]):
+            if layer >= len(rotary):
+                ax.set_visible(False)
+                continue
+            frequencies = np.asarray(run.get("layer_frequencies", {}).get(str(rotary[layer]), run["frequencies"]))
             mean = np.asarray(share["mean"])[layer]
             x = np.arange(len(mean))
             # A share is ≥ 0: an interval reaching below (two seeds: t with one degree of freedom) is drawn to 0.
@@ -243,7 +249,8 @@ def plot_pair_shares(rows: list[dict], path: Path) -> None:
                     bar.set_facecolor("lightgrey")
             ticks = sorted({0, len(mean) // 4, len(mean) // 2, 3 * len(mean) // 4, len(mean) - 1})
             ax.set_xticks(ticks, [f"{i}\n{_wavelength(frequencies[i])}" for i in ticks], fontsize=7)
-            ax.set_title(f"{row['label']}, layer {layer}", fontsize=9, color=encoding_color(row["encoding"]))
+            kind = f" ({run['layer_types'][rotary[layer]]})" if run.get("layer_types") else ""
+            ax.set_title(f"{row['label']}, layer {rotary[layer]}{kind}", fontsize=9, color=encoding_color(row["encoding"]))
             ax.grid(True, axis="y", alpha=0.3)
         axes[r, 0].set_ylabel("share of Σ E‖q‖·E‖k‖\n(95% interval)")
     for ax in axes[-1]:

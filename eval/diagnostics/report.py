@@ -25,7 +25,7 @@ import numpy as np
 from ropelab.common.atomic import write_text_atomic
 from ropelab.eval.diagnostics.plots import (plot_attention_maps, plot_distance_histogram, plot_entropy_distance,
                                    plot_pair_shares, plot_position_entropy, plot_sink_heatmaps)
-from ropelab.eval.diagnostics.tables import cell_text, table
+from ropelab.eval.diagnostics.tables import cell_text, header, table
 from ropelab.eval.reporting.labels import label_groups
 from ropelab.eval.diagnostics.needle import needle_section
 from ropelab.eval.lm.report import write_report_files
@@ -47,7 +47,8 @@ def window_measures(cell: dict, meta: dict) -> dict[str, np.ndarray]:
     back from a report's results.json holds them already: marked ``per_window``, or, in the
     files written before that mark existed, told by the measures only a reduced cell has."""
     if cell.get("per_window") or "sink_rate" in cell or "qk_share" in cell:
-        return {name: np.asarray(cell[name], dtype=np.float64) for name in MEASURES if name in cell}
+        return {name: np.asarray(cell[name], dtype=np.float64) for name in cell
+                if name in MEASURES or _by_type(name)}
     out = {}
     for name in ("entropy", "distance", "sink", "needle", "needle_first"):
         if name in cell:
@@ -64,9 +65,24 @@ def window_measures(cell: dict, meta: dict) -> dict[str, np.ndarray]:
     if "needle_first" in cell:
         out["needle_first_heads"] = np.asarray(cell["needle_first"])
     if "qk_pairs" in cell:
-        pairs = np.asarray(cell["qk_pairs"])  # (W, layers, H, P)
+        pairs = np.asarray(cell["qk_pairs"])  # (W, layers, H, P): a plan's rotary layers only
         out["qk_share"] = (pairs / pairs.sum(-1, keepdims=True)).mean(axis=2)  # (W, layers, P)
+    for name in meta.get("layer_types") and TYPED or ():  # a layer plan: each type's own layers too
+        if name in cell:
+            values = np.asarray(cell[name])  # (W, layers, H, …)
+            for kind in sorted(set(meta["layer_types"])):
+                layers = [i for i, t in enumerate(meta["layer_types"]) if t == kind]
+                out[f"{name}@{kind}"] = values[:, layers].mean(axis=(1, 2))
     return out
+
+
+# Measures a layer plan's report gives per layer type as well (``NAME@TYPE``): a NoPE layer's
+# entropy or a window's distance says nothing of the plan's other layers.
+TYPED = ("entropy", "distance", "sink")
+
+
+def _by_type(name: str) -> bool:
+    return "@" in name and name.split("@")[0] in TYPED
 
 
 # Measures that are fractions of a query's attention (or of the heads), so within [0, 1]; all
@@ -267,6 +283,7 @@ def _markdown(results: dict, rows: list[dict], out: Path) -> str:
                   "Sink mass:", "", *table(softmax, lengths, "sink", ".3f"), "",
                   "Sink rate (fraction of heads above ε):", "", *table(softmax, lengths, "sink_rate", ".2f"), "",
                   "![sink mass by layer and head](sink_heads.png)"]
+    lines += _type_section(softmax, lengths)
     lines += needle_section(rows, lengths, out) + _pair_section(rows, out) + _map_section(rows, out, bool(results.get("remade")))
     notes = _notes(rows)
     if notes:
@@ -274,6 +291,26 @@ def _markdown(results: dict, rows: list[dict], out: Path) -> str:
     if results["missing"]:
         lines += ["", "## Missing runs", "", *missing_lines(results["missing"])]
     return "\n".join(lines) + "\n"
+
+
+def _type_section(rows: list[dict], lengths: list[int]) -> list[str]:
+    """A layer plan's entropy, attended distance and sink mass per layer type (each type's
+    layers only), beside the same over all its layers in the tables above."""
+    typed = [r for r in rows if r["runs"][0].get("layer_types")]
+    if not typed:
+        return []
+    lines = ["", "## By layer type", "",
+             "For each layer plan, the measures above over the layers of one type only (its windowed, NoPE or "
+             "global layers apart). The type's letter is the plan's (the row name ends with the pattern)."]
+    for name, fmt, what in (("entropy", ".3f", "Entropy (nats)"), ("distance", ".1f", "Attended distance (tokens)"),
+                            ("sink", ".3f", "Sink mass")):
+        lines += ["", f"{what}:", "", *header(["row", "layer type"], [], typed[0]["train_len"], lengths)]
+        for row in typed:
+            for kind in sorted(set(row["runs"][0]["layer_types"])):
+                measure = f"{name}@{kind}"
+                lines.append(f"| {row['label']} | {kind} | " + " | ".join(
+                    cell_text(row["lengths"].get(n, {}).get(measure), fmt) for n in lengths) + " |")
+    return lines
 
 
 def _pair_section(rows: list[dict], out: Path) -> list[str]:

@@ -83,7 +83,7 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
     cfg, meta = saved.cfg, saved.meta
     group = pooling_group(cfg, meta.get("tokens"), meta.get("parent"))
     metrics = RunDir(saved.run_dir).metrics
-    return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.pos.kind,
+    return {"run": str(saved.run_dir), "name": cfg.name, "encoding": cfg.model.encoding_name(),
             "attention": cfg.model.attention, "group": group,
             "stem": run_stem(cfg.name, cfg.init.run),
             "pairing": cfg.model.pos.rope.pairing if KINDS[cfg.model.pos.kind].rotary else None,

@@ -8,6 +8,8 @@ beside "10k").
 
 from __future__ import annotations
 
+import zlib
+
 import math
 
 from collections import defaultdict
@@ -292,6 +294,16 @@ def plot_position_bias(panels: list[dict], path: Path) -> None:
 # encoding (the attention diagnostics: eval/diagnostics/plots.py): tab10's ten colours, the
 # RoPE family in blues, score biases in warm colours, absolute encodings in greens.
 def encoding_color(encoding: str) -> str:
-    """The colour of ``encoding`` (a ``pos.kind``; its row of model/encodings.py); black for a
-    kind the table does not know."""
-    return KINDS[encoding].color if encoding in KINDS else "#000000"
+    """The colour of ``encoding``: a ``pos.kind``'s from its row of model/encodings.py; a layer
+    plan's (``ModelConfig.encoding_name``) one of PLAN_COLORS, picked by its name (so the same
+    plan has the same colour in every report); black for anything else."""
+    if encoding in KINDS:
+        return KINDS[encoding].color
+    if encoding.endswith("]") and " [" in encoding:
+        return PLAN_COLORS[zlib.crc32(encoding.encode()) % len(PLAN_COLORS)]
+    return "#000000"
+
+
+# tab20b's darker half and tab20c's: none of them an encoding's colour.
+PLAN_COLORS = ("#5254a3", "#8ca252", "#8c6d31", "#bd9e39", "#843c39", "#ad494a",
+               "#7b4173", "#a55194", "#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363")
