@@ -29,6 +29,7 @@ MAY_DIFFER: tuple[str, ...] = (
     "train.log_interval", "train.resume", "train.compile", "train.device",
 )
 SEED = "train.seed"
+DATA_SEED = "train.data_seed"  # the batches' order: a replicate's seed like train.seed
 # An evaluation key that steers training: with train.stop_at_accuracy the competence stop
 # scores multikey/vartrack with the questions the evaluation asks (training/competence.py),
 # so two runs that differ in it may stop at different steps. It counts where a competence
@@ -46,6 +47,7 @@ ADDED_LATER: dict[str, object] = {
     "model.layers.pattern": "",  # a layer plan (model/layer_config.py); "" is a uniform model
     "model.pos.dape.base": DEFAULT_DAPE_BASE,  # DAPE's settings, read only by pos.kind=dape
     "model.pos.dape.mlp_width": 32,
+    "train.data_seed": None,  # the data order's own seed; null follows train.seed
 }
 
 
@@ -83,6 +85,7 @@ def experiment_differences(a: RunConfig, b: RunConfig, ignore: Iterable[str] = (
 
 
 def seed_group(cfg: RunConfig) -> str:
-    """A short hash shared by configs that are the same experiment apart from the seed."""
-    identity = json.dumps(experiment_identity(cfg, ignore=(SEED,)), sort_keys=True, default=str)
+    """A short hash shared by configs that are the same experiment apart from the seeds
+    (initialisation, data order)."""
+    identity = json.dumps(experiment_identity(cfg, ignore=(SEED, DATA_SEED)), sort_keys=True, default=str)
     return hashlib.sha256(identity.encode()).hexdigest()[:12]

@@ -76,7 +76,10 @@ class TrainConfig:
     beta1: float = 0.9
     beta2: float = 0.95
     grad_clip: float = 1.0  # 0 disables clipping
-    seed: int = 1337
+    seed: int = 1337  # the initialisation, and the data order unless data_seed is set
+    # The order of the training batches (and randomized positions): null uses train.seed, as
+    # every run did before the key existed; set it to vary initialisation and data apart.
+    data_seed: Optional[int] = None
     device: str = "auto"  # auto, cpu, cuda, cuda:N or mps (common/devices.py)
     dtype: Literal["auto", "float32", "bfloat16", "float16"] = "auto"
     # torch.compile the model: true, false, or auto (training/step_timing.py decides from timed steps
@@ -132,6 +135,11 @@ class TrainConfig:
             raise ConfigError(f"train.stop_checks={self.stop_checks} counts the checks of the competence stop, "
                               "and train.stop_at_accuracy is null (no stop): set train.stop_at_accuracy, or "
                               "train.stop_checks=1")
+
+    @property
+    def data_order_seed(self) -> int:
+        """The seed of the batches' order: ``data_seed``, or ``seed`` when it is unset."""
+        return self.seed if self.data_seed is None else self.data_seed
 
     def tokens_per_step(self, world_size: int = 1) -> int:
         return self.batch_size * self.grad_accum * self.seq_len * world_size

@@ -6,7 +6,7 @@ import pytest
 
 from ropelab import train
 from ropelab.configs import load_config
-from ropelab.configs.experiment import MAY_DIFFER, experiment_differences, seed_group
+from ropelab.configs.experiment import MAY_DIFFER, experiment_differences, experiment_identity, seed_group
 from ropelab.configs.grid import load_grid
 from conftest import write_run_config
 from ropelab.scripts import ablate
@@ -88,3 +88,14 @@ def test_the_questions_a_competence_stop_scores_make_another_experiment():
     assert experiment_differences(load_config(synthetic, as_trained),
                                   load_config(synthetic, [*as_trained, "eval.tasks.asked=2"])) == []
     assert seed_group(load_config(synthetic, stop)) != seed_group(load_config(synthetic, [*stop, "eval.tasks.asked=1"]))
+
+
+def test_data_order_has_its_own_seed_and_runs_without_it_stay_what_they_were():
+    from ropelab.configs.schema import RunConfig, TrainConfig
+    base = RunConfig()
+    assert "train.data_seed" not in experiment_identity(base)  # unset: the identity of every earlier run
+    assert base.train.data_order_seed == base.train.seed
+    fixed = RunConfig(train=TrainConfig(seed=3, data_seed=0))
+    assert fixed.train.data_order_seed == 0
+    assert experiment_differences(base, fixed) == ["train.data_seed", "train.seed"]
+    assert seed_group(fixed) == seed_group(RunConfig(train=TrainConfig(seed=5, data_seed=1)))  # replicates pool

@@ -79,7 +79,7 @@ class Trainer:
         self.model = Transformer(self.cfg.model).to(rt.device)
         self.optimizer = build_optimizer(self.model, t.lr, t.weight_decay, (t.beta1, t.beta2), rt.device.type,
                                          t.pos_lr_multiplier)
-        self.sampler = data.train_sampler(t.seq_len, t.batch_size, t.seed, rt.rank, rt.world_size)
+        self.sampler = data.train_sampler(t.seq_len, t.batch_size, t.data_order_seed, rt.rank, rt.world_size)
         # A mixed batch's per-target loss weights (data.mix.loss_share); plain batches have none.
         self.target_weights = self.sampler.target_weights if isinstance(self.sampler, MixedSampler) else None
         self.validation_loss = data.validation(t.seq_len, t.batch_size, t.eval_batches, rt.world_size)
@@ -88,7 +88,7 @@ class Trainer:
                                                 self.cfg.eval.tasks.asked, self.cfg.eval.tasks.resolved_depths()),
             t.stop_checks)
         self.positions = None if t.random_positions is None else RandomPositions(
-            t.random_positions.max_len, t.seq_len, t.batch_size, seed=t.seed, rank=rt.rank,
+            t.random_positions.max_len, t.seq_len, t.batch_size, seed=t.data_order_seed, rank=rt.rank,
             world_size=rt.world_size)
         self.scaler = torch.amp.GradScaler(rt.device.type) if rt.dtype == torch.float16 else None
         self.step, self.tokens_seen, self.best_val, self.wandb_id = 0, 0, math.inf, None
