@@ -54,9 +54,16 @@ from ropelab.model.positional import PositionContext
 Tensor = torch.Tensor
 
 
+# Automatic dynamic shapes: the first call compiles for its shape, a call of another length or
+# batch size recompiles once with those sizes symbolic, and later shapes reuse that kernel.
+# dynamic=False compiled every (length, batch size) of an evaluation anew and passed Dynamo's
+# recompile limit (8) within one study, falling back to the slow eager path.
+COMPILE_OPTIONS = {"dynamic": None}
+
+
 @lru_cache(maxsize=1)
 def _compiled():
-    return torch.compile(flex_attention, dynamic=None)
+    return torch.compile(flex_attention, **COMPILE_OPTIONS)
 
 
 def _mask_mod(window: Optional[int], positions: Optional[Tensor] = None):

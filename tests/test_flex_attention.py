@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from conftest import plan_config, tiny_config
-from ropelab.model.flex_attention import (block_mask, cached_block_mask, flex_attention_layer, kernel_options,
-                                          torch_version, trains_tables, usable_for_flex)
+from ropelab.model.flex_attention import (COMPILE_OPTIONS, block_mask, cached_block_mask, flex_attention_layer,
+                                          kernel_options, torch_version, trains_tables, usable_for_flex)
+from torch.nn.attention.flex_attention import flex_attention
 from ropelab.model.positional import PositionContext
 from ropelab.model.positional.base import DistanceBias
 from ropelab.model.transformer import Transformer
@@ -67,6 +68,43 @@ def test_block_masks_of_sequences_from_zero_are_built_once():
     per_sequence = PositionContext(torch.arange(64).expand(2, 64), window=8)
     assert block_mask(per_sequence, 64, torch.device("cpu")) is not first
     assert cached_block_mask.cache_info().misses == 2
+
+
+def _compilations(options: dict, lengths, batch_sizes) -> int:
+    """How many graphs Dynamo compiles for FlexAttention (compiled as the CUDA path compiles it,
+    with a backend that only counts) over an evaluation's lengths and batch sizes."""
+    import torch._dynamo
+    torch._dynamo.reset()
+    graphs = []
+
+    def counting(gm, example_inputs):
+        graphs.append(gm)
+        return gm.forward
+    compiled = torch.compile(flex_attention, backend=counting, **options)
+    table = torch.randn(2, 4 * max(lengths))
+    for B in batch_sizes:
+        for T in lengths:
+            q, k, v = torch.randn(B, 2, T, 16), torch.randn(B, 1, T, 16), torch.randn(B, 1, T, 16)
+            positions = torch.arange(T)
+
+            def score_mod(score, b, h, qi, ki):
+                return score + table[h, torch.clamp(positions[qi] - positions[ki], min=0)]
+            with warnings.catch_warnings():
+                warnings.simplefilter("ignore")
+                compiled(q, k, v, score_mod=score_mod, block_mask=cached_block_mask(T, None, "cpu"), enable_gqa=True)
+    return len(graphs)
+
+
+def test_an_evaluations_lengths_and_batch_sizes_stay_within_the_recompile_limit():
+    """The core study's seven lengths (1, 1.25, 1.5, 2, 4, 8, 16 × L, L = 128) at two batch
+    sizes: a handful of compilations, below Dynamo's limit; compiled for static shapes, each
+    (length, batch size) would be one more, past the limit."""
+    import torch._dynamo
+    lengths, batch_sizes = [128, 160, 192, 256, 512, 1024, 2048], [2, 1]
+    limit = torch._dynamo.config.recompile_limit
+    compiled = _compilations(COMPILE_OPTIONS, lengths, batch_sizes)
+    assert compiled <= limit - 2, f"{compiled} compilations against a limit of {limit}"
+    assert _compilations({"dynamic": False}, lengths[:5], [3, 2]) >= limit  # the test can fail
 
 
 def test_small_heads_ask_for_tiles_that_fit_in_shared_memory():
