@@ -7,6 +7,7 @@ import pytest
 
 from ropelab.scripts import bench
 
+from ropelab.bench import run as bench_run
 from ropelab.bench import worker as bench_worker
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -143,8 +144,8 @@ def test_rounds_alternate_sides_and_give_the_median_paired_ratio(monkeypatch):
         tok_s = next(speeds[side])
         return {"tok_s": tok_s, "side": side} if tok_s else {"error": "exit 1: boom"}
 
-    monkeypatch.setattr(bench, "measure", fake)
-    result = bench.compare({}, "train", "rope", "BASE", 6)
+    monkeypatch.setattr(bench_run, "measure", fake)
+    result = bench_run.compare({}, "train", "rope", "BASE", 6)
     assert order == ["base", "this", "this", "base"] * 3
     assert [r["base"] for r in result["rounds"]] == [100, 120, 90, 110, 80, 130]
     assert result["rounds"][3]["this"] is None  # the failed measurement
@@ -152,8 +153,8 @@ def test_rounds_alternate_sides_and_give_the_median_paired_ratio(monkeypatch):
     assert result["ratio"]["median"] == pytest.approx(1.1)
     assert result["ratio"]["low"] is None  # 5 pairs are too few for a 95% interval
     assert result["base"]["tok_s"] == 100 and result["this"]["tok_s"] == 110  # lower middles
-    monkeypatch.setattr(bench, "measure", lambda *a: {"tok_s": 100.0 if a[3] == "BASE" else 120.0})
-    steady = bench.compare({}, "train", "rope", "BASE", 6)["ratio"]
+    monkeypatch.setattr(bench_run, "measure", lambda *a: {"tok_s": 100.0 if a[3] == "BASE" else 120.0})
+    steady = bench_run.compare({}, "train", "rope", "BASE", 6)["ratio"]
     assert (steady["median"], steady["low"], steady["high"]) == (pytest.approx(1.2),) * 3
 
 
