@@ -20,7 +20,10 @@ import yaml
 
 from ropelab.bench.trees import ROOT, Tree
 from ropelab.common.errors import ArgumentError, UserError
+from ropelab.common.logs import get_logger
 from ropelab.configs.loader import load_config_tree
+
+logger = get_logger(__name__)
 
 SIDES = ("base", "this")
 # Runs the main() of MODULE (the perplexity sweep's command) from the tree given first on the
@@ -81,7 +84,7 @@ def evaluate(side: str, tree: Tree, runs: list[Path], eval_file: Path, scratch: 
     cmd = [sys.executable, "-c", LAUNCH, str(tree.root), eval_module(tree), *map(str, copies),
            "--eval-file", str(eval_file), "--out", str(out)]
     env = tree.env({**os.environ, "OMP_NUM_THREADS": str(threads)})
-    print(f"{side}: evaluating {len(runs)} run(s) …", file=sys.stderr, flush=True)
+    logger.info(f"{side}: evaluating {len(runs)} run(s) …")
     started = time.perf_counter()
     proc = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
     seconds = time.perf_counter() - started

@@ -26,12 +26,15 @@ from ropelab.bench.report import headline
 from ropelab.bench.trees import THIS, Tree
 from ropelab.bench.worker import PROMPT, bench_config, run_section, variant_name
 from ropelab.common.errors import ConfigError, UserError
+from ropelab.common.logs import get_logger
 from ropelab.configs import load_config
 from ropelab.eval.reporting.intervals import median_interval
 from ropelab.training.memory import check_fits, check_training, decoding_estimate, forward_estimate
 from ropelab.training.provenance import git_commit
 from ropelab.training.runtime import resolve_device
 from ropelab.training.validation import windows_per_batch
+
+logger = get_logger(__name__)
 
 SECTIONS = ["train", "compile", "decode", "eval"]
 EVAL_BATCH = 8  # windows per forward in section_eval: eval/lm/perplexity.py's default batch_size
@@ -96,7 +99,7 @@ def plan_variants(args: argparse.Namespace, spec: dict) -> tuple[list[str], dict
             variants.append(name)
         except ConfigError as e:
             skipped[name] = str(e)
-            print(f"skipping {name}: {e}", file=sys.stderr, flush=True)
+            logger.info(f"skipping {name}: {e}")
     if not variants:
         raise ConfigError("no encoding and attention kind asked for can be measured (each was refused above)")
     return variants, skipped
@@ -169,7 +172,7 @@ def run_shapes(args: argparse.Namespace, base: Optional[Tree]) -> dict:
         for section in args.sections:
             shape[section] = {}
             for row in variants:
-                print(f"{name:<6} {section:<8} {row} …", file=sys.stderr, flush=True)
+                logger.info(f"{name:<6} {section:<8} {row} …")
                 if base is None:
                     shape[section][row] = measure(spec, section, row, None, args.in_process)
                 else:

@@ -33,6 +33,10 @@ from ropelab.common.cli import entry_point
 from ropelab.training.runtime import measure_matmul_peak, setup_runtime, synchronize, time_calls
 
 try:
+    from ropelab.common.logs import setup_logging
+except ImportError:  # --compare against a commit whose messages were prints
+    setup_logging = None
+try:
     from ropelab.eval.lm.perplexity import perplexity
 except ImportError:  # --compare against a commit before eval/ had sub-packages (fb1bb84)
     from ropelab.eval.perplexity import perplexity
@@ -273,6 +277,8 @@ def run_section(spec, section: str, row: str) -> dict:
 
 @entry_point
 def main(argv: list[str]) -> int:
+    if setup_logging is not None:
+        setup_logging(info_to="stderr")  # stdout is the result, for the parent
     spec, section, row = SimpleNamespace(**json.loads(argv[0])), argv[1], argv[2]
     try:
         result = run_section(spec, section, row)

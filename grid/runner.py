@@ -11,11 +11,11 @@ import argparse
 import fnmatch
 import os
 import shlex
-import sys
 from pathlib import Path
 from typing import Optional
 
 from ropelab.common.errors import UserError
+from ropelab.common.logs import get_logger
 from ropelab.configs.grid import Grid, PlannedRun, fold_seeds, load_grid, row_of
 from ropelab.configs.schema import EvalConfig, RunConfig
 from ropelab.configs.slurm import SlurmConfig
@@ -35,6 +35,8 @@ from ropelab.grid.status import print_status
 from ropelab.training.provenance import CODE, git_commit, is_dirty
 from ropelab.training.run_dir import RunDir
 from ropelab.training.run_record import is_record, record_has_weights
+
+logger = get_logger(__name__)
 
 
 def is_synthetic(run: PlannedRun) -> bool:
@@ -93,7 +95,7 @@ def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], fai
             continue
         missing = [{"run": str(RunDir.of(r.cfg)), "error": failures[r.name]} for r in runs if r.name in failures and wanted(r)]
         results = evaluate_runs([RunDir.of(r.cfg).path for r in chosen], out, eval_for, device=device, missing=missing)
-        print(f"{kind} report: {out / 'report.md'} ({len(results['runs'])} runs)")
+        logger.info(f"{kind} report: {out / 'report.md'} ({len(results['runs'])} runs)")
         reports[kind] = results["runs"]
     if reports:
         print_wall_times(reports, saved_estimates(grid))
@@ -126,9 +128,9 @@ def archive_grid(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str
                         "records go to (e.g. archive: docs/results/NAME-runs)")
     finished = {name for name, (state, _) in states.items() if state == "done"}
     archived, skipped = archive_runs(grid, runs, finished)
-    print(f"archived {len(archived)} runs in {grid.archive}" + (f": {', '.join(archived)}" if archived else ""))
+    logger.info(f"archived {len(archived)} runs in {grid.archive}" + (f": {', '.join(archived)}" if archived else ""))
     for name, why in skipped.items():
-        print(f"  not archived: {name}: {why}")
+        logger.info(f"  not archived: {name}: {why}")
     return 0
 
 
@@ -146,8 +148,8 @@ def on_cluster(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, 
     if slurm is not None:
         submit_grid(grid, runs, states, slurm, evaluate=not args.skip_eval)
         if not args.report:
-            print(f"follow it with: ropelab ablate {args.grid} --status; once it is done, write the "
-                  f"reports with: ropelab ablate {args.grid} --report")
+            logger.info(f"follow it with: ropelab ablate {args.grid} --status; once it is done, write the "
+                        f"reports with: ropelab ablate {args.grid} --report")
             return False
     wait_for_grid(grid)
     return True
@@ -168,13 +170,13 @@ def check_before_training(grid: Grid, runs: list[PlannedRun], args: argparse.Nam
         check_report_dir(grid.report_dir / "diagnostics")
 
 
-def print_plan(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]], chosen: set[str],
-               base: str) -> None:
+def log_plan(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]], chosen: set[str],
+             base: str) -> None:
     """Each run and its state (``base``: the grid's base config, as the command line names it)."""
-    print(f"grid {grid.name}: {len(runs)} runs from {base} → {Path(grid.out_dir) / grid.name}")
+    logger.info(f"grid {grid.name}: {len(runs)} runs from {base} → {Path(grid.out_dir) / grid.name}")
     for run in runs:
         state, detail = states[run.name]
-        print(f"  {run.name:<40} {state:<8} {detail}" + ("" if run.name in chosen else "  (not in --rows)"))
+        logger.info(f"  {run.name:<40} {state:<8} {detail}" + ("" if run.name in chosen else "  (not in --rows)"))
 
 
 def planned_estimates(grid: Grid, runs: list[PlannedRun], pending: list[PlannedRun], args: argparse.Namespace,
@@ -184,9 +186,9 @@ def planned_estimates(grid: Grid, runs: list[PlannedRun], pending: list[PlannedR
     row's ended runs stopped at, which the estimate read (a deadline renews it as runs end)."""
     commit = git_commit() if pending and not args.report else None
     if is_dirty(commit):  # said before hours of training, not found in the report
-        print(f"warning: the code differs from commit {commit[:12]} (git status -- {' '.join(CODE)}): "
-              f"the runs trained now record {commit[:12]}-dirty and the reports call them not reproducible "
-              "from a clean commit; commit first, or train from a clean worktree", file=sys.stderr)
+        logger.warning(f"warning: the code differs from commit {commit[:12]} (git status -- {' '.join(CODE)}): "
+                       f"the runs trained now record {commit[:12]}-dirty and the reports call them not reproducible "
+                       "from a clean commit; commit first, or train from a clean worktree")
     if not (pending and local and not args.report and not args.no_estimate):
         return {}, {}
     # Times each distinct shape once (cached), which also warms the compile caches the runs use.
@@ -230,13 +232,13 @@ def finish(grid: Grid, runs: list[PlannedRun], chosen: set[str], failures: dict[
         failures = {name: why for name, why in missing.items() if name in chosen and name not in left}
     left_out = [name for name in missing if name not in chosen]  # unfinished, or a conflict left alone
     if left and not args.skip_eval:  # stopped or not started: the reports can wait for the rest
-        print(f"\nreports not written: {len(left)} run{'s were' if len(left) > 1 else ' was'} left for later "
-              "(--report writes them from what is finished)")
+        logger.info(f"\nreports not written: {len(left)} run{'s were' if len(left) > 1 else ' was'} left for later "
+                    "(--report writes them from what is finished)")
     elif not args.skip_eval and finished:
         if grid.archive and (not local or args.report):  # a local run was archived by its worker
             archived, _ = archive_runs(grid, finished, {run.name for run in finished})
             if archived:
-                print(f"{len(archived)} runs archived in {grid.archive}")
+                logger.info(f"{len(archived)} runs archived in {grid.archive}")
         evaluate(grid, runs, finished, missing, args.devices[0] if args.devices else "cpu")
     print_outcome(runs, finished, unfinished, left_out, left, failures, local_report)
     return 1 if failures else 0
@@ -249,7 +251,12 @@ def run_grid(args: argparse.Namespace) -> int:
     runs = grid.plan(args.set)
     check_before_training(grid, runs, args)
     if grid.archive and not args.archive and not args.dry_run:
-        restore_records(grid, runs, log=print)
+        restored, refreshed = restore_records(grid, runs)
+        if restored:
+            logger.info(f"restored {len(restored)} runs from the grid's archive {grid.archive}")
+        if refreshed:
+            logger.info(f"brought {len(refreshed)} restored records up to date with the archive (changed since): "
+                        f"{', '.join(refreshed)}")
     states = {run.name: status(run) for run in runs}
     chosen = chosen_runs(grid, runs, args.rows)
     if args.archive:
@@ -266,18 +273,18 @@ def run_grid(args: argparse.Namespace) -> int:
         return cancel_grid(grid)
     slurm = resources(grid, args.slurm) if args.launcher == "slurm" else None
     base = os.path.relpath(grid.base.resolve())
-    print_plan(grid, runs, states, chosen, base)
+    log_plan(grid, runs, states, chosen, base)
     pending = [run for run in runs if states[run.name][0] in ("new", "partial") and run.name in chosen]
     estimates, ended = planned_estimates(grid, runs, pending, args, local=slurm is None)
     if args.dry_run:
         example = (pending or [run for run in runs if run.name in chosen] or runs)[0]  # one --rows picked
-        print("train one by hand with:", shlex.join(["python", "train.py", base, *example.overrides]))
+        logger.info("train one by hand with: " + shlex.join(["python", "train.py", base, *example.overrides]))
         return 0
     deadline = None
     if args.until is not None and not args.report:
         deadline = Deadline(args.until, needs_from(estimates, saved_estimates(grid)), plans_from(estimates), ended)
-        print(f"until {describe(args.until)}: runs start while their estimate ends by then"
-              + ("" if deadline.needs else " (no estimate: every run may start, and is stopped then)"))
+        logger.info(f"until {describe(args.until)}: runs start while their estimate ends by then"
+                    + ("" if deadline.needs else " (no estimate: every run may start, and is stopped then)"))
     left: dict[str, str] = {}  # runs the deadline (or a SIGTERM sent by hand) left for later
     failures = {name: detail for name, (state, detail) in states.items() if state == "conflict"}
     todo = in_training_order([run for run in runs if states[run.name][0] in ("new", "partial", "done")

@@ -50,10 +50,13 @@ from pathlib import Path
 
 from ropelab.common.cli import device_name, entry_point, positive_int, usage_when_empty, moved
 from ropelab.common.errors import UserError
+from ropelab.common.logs import get_logger
 from ropelab.grid.deadline import deadline_arg
 from ropelab.grid.runner import run_grid
 from ropelab.grid.slurm_launcher import check_slurm
 from ropelab.training.runtime import resolve_device
+
+logger = get_logger(__name__)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -110,8 +113,8 @@ def main(argv=None) -> int:
     try:
         return run_grid(args)
     except KeyboardInterrupt:
-        print("\ninterrupted: finished runs are kept and the current one saved a checkpoint; "
-              "run the same command again to continue", file=sys.stderr)
+        logger.warning("\ninterrupted: finished runs are kept and the current one saved a checkpoint; "
+                       "run the same command again to continue")
         return 128 + signal.SIGINT
 
 

@@ -57,6 +57,7 @@ from ropelab.bench.report import print_comparison, print_shape
 from ropelab.bench.run import SECTIONS, SHAPES, machine, run_shapes
 from ropelab.bench.trees import git_commit_of, tree_at
 from ropelab.common.cli import check_output_file, entry_point, moved
+from ropelab.common.logs import setup_logging
 from ropelab.model.config import ATTENTION_KINDS, POS_KINDS
 
 
@@ -106,6 +107,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
+    setup_logging(info_to="stderr")  # stdout is the table
     results = {"machine": machine()}
     with tree_at(args.compare) if args.compare else contextlib.nullcontext() as base:
         if base is not None:

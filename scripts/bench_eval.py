@@ -36,6 +36,7 @@ from ropelab.bench.run import machine
 from ropelab.bench.trees import THIS, git_commit_of, tree_at
 from ropelab.common.cli import check_output_file, entry_point, positive_int, moved
 from ropelab.common.errors import ArgumentError
+from ropelab.common.logs import setup_logging
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -62,6 +63,7 @@ def parse_args(argv=None) -> argparse.Namespace:
 @entry_point
 def main(argv=None) -> int:
     args = parse_args(argv)
+    setup_logging(info_to="stderr")  # stdout is the summary
     host = machine()  # before any evaluation: the commit of the code that is measured
     block = grid_eval(args.grid, args.set)
     runs = [r.resolve() for r in args.runs]

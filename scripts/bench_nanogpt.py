@@ -54,7 +54,10 @@ from ropelab.bench.run import machine
 from ropelab.bench.trees import git_commit_of
 from ropelab.common.cli import check_output_file, entry_point, positive_int, moved
 from ropelab.common.errors import ArgumentError
+from ropelab.common.logs import get_logger
 from ropelab.model.config import POS_KINDS
+
+logger = get_logger(__name__)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -99,9 +102,9 @@ def main(argv=None) -> int:
             found = {side: run_side(side, args.steps, args.nanogpt.resolve(), args.threads, Path(scratch))
                      for side in order}
             rounds.append(found)
-            print(f"round {k + 1}/{args.rounds}: " + ", ".join(
+            logger.info(f"round {k + 1}/{args.rounds}: " + ", ".join(
                 f"{s} {found[s]['tokens_per_sec']:,.0f} tok/s ({found[s]['seconds']:.1f} s, val {found[s]['val_loss']})"
-                for s in sides), flush=True)
+                for s in sides))
     summary = summarize(rounds)
     for name, found in summary.items():
         interval = found["interval"]

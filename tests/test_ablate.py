@@ -94,7 +94,7 @@ def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
     assert set(rows) == {"kind-rope", "kind-alibi"} and all(float(v) >= 0 for v in sum(rows.values(), []))
     assert "grid total (hours)" in out and "wall time with 1 job" in out
     from ropelab.grid.estimate import estimate_grid
-    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=lambda *a: None)
+    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None)
     assert all(e.train_s > 0 and e.eval_s > 0 for e in estimates.values())  # from the cached timings
 
 
