@@ -18,12 +18,15 @@ from ropelab.common.cli import device_name, entry_point, usage_when_empty
 from ropelab.common.devices import DEVICE_NAMES
 from ropelab.common.errors import UserError
 from ropelab.common.storage import make_dir
+from ropelab.common.logs import get_logger
 from ropelab.configs import config_to_yaml, load_config
 from ropelab.configs.schema import RunConfig
 from ropelab.training.run_dir import RunDir, runs_in
 from ropelab.training.run_lock import RunLock
 from ropelab.training.runtime import Runtime, setup_runtime
 from ropelab.training.trainer import Trainer
+
+logger = get_logger(__name__)
 
 
 def parse_args(argv: Optional[list[str]]) -> argparse.Namespace:
@@ -65,9 +68,9 @@ def warn_about(cfg: RunConfig, rt: Runtime) -> None:
     """Settings that are legal but almost certainly not what was meant."""
     t = cfg.train
     total = t.total_steps(rt.world_size)
-    if t.warmup_steps >= total:
-        rt.print(f"warning: train.warmup_steps={t.warmup_steps} is not below the run's {total} steps, so the "
-                 "learning rate never reaches train.lr; lower train.warmup_steps", file=sys.stderr)
+    if t.warmup_steps >= total and rt.is_main:  # the same on every rank: said once
+        logger.warning(f"warning: train.warmup_steps={t.warmup_steps} is not below the run's {total} steps, so the "
+                       "learning rate never reaches train.lr; lower train.warmup_steps")
 
 
 @entry_point

@@ -1,9 +1,10 @@
-"""One benchmark measurement in a fresh process: ``python -m ropelab.bench.worker SPEC SECTION ROW``.
+"""One benchmark measurement in a fresh process: ``python bench/worker.py SPEC SECTION ROW``.
 
 The measurement code of scripts/bench.py (see its docstring for what is measured). This
 file imports nothing from ``scripts``, only the project's own packages, so
-``scripts/bench.py --compare REV`` can run this very file against another commit's code
-(``PYTHONPATH`` at that commit's tree): both sides then share the timing code exactly.
+``ropelab bench --compare REV`` can run this very file, by its path, against another commit's
+code (bench/trees.py puts that commit's tree first on the import path): both sides then
+share the timing code exactly. Names that moved since are found where an older commit had them.
 SPEC is JSON: the config file, overrides, vocabulary size and the repeat counts.
 """
 
@@ -25,13 +26,20 @@ import numpy as np
 import torch
 
 from ropelab.configs import load_config
-from ropelab.eval.lm.perplexity import perplexity
 from ropelab.common.errors import ConfigError, UserError
 from ropelab.model.generate import generate
 from ropelab.model.transformer import Transformer
 from ropelab.common.cli import entry_point
 from ropelab.training.runtime import measure_matmul_peak, setup_runtime, synchronize, time_calls
 
+try:
+    from ropelab.common.logs import setup_logging
+except ImportError:  # --compare against a commit whose messages were prints
+    setup_logging = None
+try:
+    from ropelab.eval.lm.perplexity import perplexity
+except ImportError:  # --compare against a commit before eval/ had sub-packages (fb1bb84)
+    from ropelab.eval.perplexity import perplexity
 try:  # synthetic tasks; --compare against a commit without them measures text configs only
     from ropelab.data.tasks import TaskData, task_tokenizer
 except ImportError:
@@ -269,6 +277,8 @@ def run_section(spec, section: str, row: str) -> dict:
 
 @entry_point
 def main(argv: list[str]) -> int:
+    if setup_logging is not None:
+        setup_logging(info_to="stderr")  # stdout is the result, for the parent
     spec, section, row = SimpleNamespace(**json.loads(argv[0])), argv[1], argv[2]
     try:
         result = run_section(spec, section, row)

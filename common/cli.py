@@ -1,7 +1,8 @@
 """How every entry point reports what a user did wrong: one ``error: …`` line, exit code 2.
 
 ``train.py``, ``ropelab eval`` and every script wrap their ``main`` with
-``entry_point``; a ``UserError`` (bad config, data, lengths, checkpoints, arguments) or a
+``entry_point``, which also sets up what the command logs for as long as it runs
+(common/logs.py); a ``UserError`` (bad config, data, lengths, checkpoints, arguments) or a
 refusal of the file system (full disk, no permission, a file where a directory belongs:
 common/storage.py) becomes a message without a traceback; anything else stays a bug with
 its traceback.
@@ -20,6 +21,7 @@ from pathlib import Path
 from typing import Callable, Optional
 
 from ropelab.common.devices import check_device_name
+from ropelab.common.logs import command_logging
 from ropelab.common.storage import is_storage_error, storage_error
 from ropelab.common.errors import ArgumentError, ConfigError, UserError
 
@@ -32,11 +34,13 @@ def report(error: UserError) -> int:
 
 
 def entry_point(main: Callable[..., int]) -> Callable[..., int]:
-    """``main`` returning its exit code, or 2 after printing a UserError's message."""
+    """``main`` returning its exit code, or 2 after printing a UserError's message; its log
+    messages set up as common/logs.py says."""
     @functools.wraps(main)
     def wrapped(*args, **kwargs) -> int:
         try:
-            return main(*args, **kwargs)
+            with command_logging():
+                return main(*args, **kwargs)
         except UserError as e:
             return report(e)
         except OSError as e:

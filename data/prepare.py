@@ -40,6 +40,9 @@ from ropelab.common.storage import is_storage_error, make_dir, storage_error
 from ropelab.data.sources import Corpus, open_corpus
 from ropelab.data.tokenizers import Tokenizer, load_tokenizer, tokenizer_from_json, train_tokenizer
 from ropelab.common.errors import DataError
+from ropelab.common.logs import get_logger
+
+logger = get_logger(__name__)
 
 FORMAT_VERSION = 1  # bump when the token files' content or layout changes
 CHUNK_CHARS = 1 << 20  # text per worker task: big enough to amortise pickling
@@ -181,7 +184,7 @@ def _load_if_intact(directory: Path, say: bool = False) -> Optional[PreparedData
         return PreparedData.load(directory)
     except DamagedData as e:
         if say:
-            print(f"note: {e.problem}; preparing the data again", file=sys.stderr)
+            logger.warning(f"note: {e.problem}; preparing the data again")
         return None
 
 
@@ -226,7 +229,7 @@ def _build(cfg: DataConfig, corpus: Corpus, wanted: tuple[str, ...], key: str, o
     else:
         texts = corpus.documents("train")
     if progress:
-        print(f"ropelab: preparing {corpus.describe()} -> {out.parent}", file=sys.stderr)
+        logger.info(f"ropelab: preparing {corpus.describe()} -> {out.parent}")
     tokenizer = train_tokenizer(cfg.tokenizer, texts)
     tokenizer.save(out / "tokenizer.json")
     dtype = np.uint16 if tokenizer.vocab_size <= 1 << 16 else np.uint32
@@ -242,8 +245,7 @@ def _build(cfg: DataConfig, corpus: Corpus, wanted: tuple[str, ...], key: str, o
             bar.close()
             if progress and not terminal:
                 info = splits[split]
-                print(f"ropelab: tokenized {split}: {info['documents']:,} documents, {info['tokens']:,} tokens",
-                      file=sys.stderr)
+                logger.info(f"ropelab: tokenized {split}: {info['documents']:,} documents, {info['tokens']:,} tokens")
             if splits[split]["documents"] == 0:
                 raise DataError(f"the {split} split of {corpus.describe()} has no documents "
                                 "(empty files, or only blank lines?)")

@@ -25,10 +25,13 @@ from typing import Optional
 
 from ropelab.common.cli import entry_point, usage_when_empty
 from ropelab.common.errors import ArgumentError, DataError
+from ropelab.common.logs import get_logger
 from ropelab.eval.diagnostics.report import kept_results, pooled_rows, write_diagnostics_report
 from ropelab.eval.reporting.reference import missing_reference
 from ropelab.eval.lm.report import write_report
 from ropelab.eval.tasks.report import write_task_report
+
+logger = get_logger(__name__)
 
 
 def read_results(path: Path) -> dict:
@@ -77,7 +80,7 @@ def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = No
                  carried_figures(source, out, ("training_loss.png",)))
     missing = missing_reference(results)
     if missing:
-        print(f"warning: {missing}", file=sys.stderr)
+        logger.warning(f"warning: {missing}")
     return out
 
 
@@ -106,7 +109,7 @@ def main(argv=None) -> int:
     if args.out is not None and len(args.results) > 1:
         raise ArgumentError("--out takes one results.json; drop it to write each report beside its results.json")
     for path in args.results:
-        print(f"wrote {remake(path, args.out, args.reference) / 'report.md'}")
+        logger.info(f"wrote {remake(path, args.out, args.reference) / 'report.md'}")
     return 0
 
 

@@ -34,11 +34,12 @@ def record_of(grid: Grid, run: PlannedRun) -> Path:
     return Path(grid.archive) / run.cfg.name
 
 
-def restore_records(grid: Grid, runs: list[PlannedRun], log=lambda *a: None) -> list[str]:
+def restore_records(grid: Grid, runs: list[PlannedRun]) -> tuple[list[str], list[str]]:
     """Restore the archived record of every run without a checkpoint on disk, and bring records
-    restored before up to date with the archive (changed in git since); the restored runs' names."""
+    restored before up to date with the archive (changed in git since); the names of the runs
+    restored and of those brought up to date."""
     if grid.archive is None:
-        return []
+        return [], []
     restored, refreshed = [], []
     for run in runs:
         run_dir, src = RunDir.of(run.cfg), record_of(grid, run)
@@ -51,12 +52,7 @@ def restore_records(grid: Grid, runs: list[PlannedRun], log=lambda *a: None) -> 
             continue
         restore_record(src, run_dir)
         restored.append(run.name)
-    if restored:
-        log(f"restored {len(restored)} runs from the grid's archive {grid.archive}")
-    if refreshed:
-        log(f"brought {len(refreshed)} restored records up to date with the archive (changed since): "
-            f"{', '.join(refreshed)}")
-    return restored
+    return restored, refreshed
 
 
 def why_not_archived(run: PlannedRun, finished: bool) -> str:

@@ -41,6 +41,7 @@ import torch
 
 from ropelab.common.atomic import write_text_atomic
 from ropelab.common.errors import UserError
+from ropelab.common.logs import get_logger
 from ropelab.configs.grid import Grid, PlannedRun, row_of
 from ropelab.configs.schema import EvalConfig, RunConfig
 from ropelab.data.tasks import TASKS
@@ -56,6 +57,8 @@ from ropelab.training.step_timing import (COMPILE_MARGIN, PROBE_ROWS, ShapeTimes
 from ropelab.training.run_dir import RunDir
 from ropelab.training.runtime import setup_runtime
 from ropelab.training.validation import windows_per_batch
+
+logger = get_logger(__name__)
 
 
 @dataclass
@@ -133,17 +136,17 @@ def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float
     return total * len(ev.steps or [None])  # every checkpoint scored
 
 
-def _shape_times(name: str, cfg: RunConfig, rt, sharing: int, threads: Optional[int], log) -> ShapeTimes:
+def _shape_times(name: str, cfg: RunConfig, rt, sharing: int, threads: Optional[int]) -> ShapeTimes:
     """The timings of the run's shape: cached, else measured now (a few steps eager and, where
     the run may compile, compiled; its evaluation; ``sharing`` jobs at once)."""
     times = load(shape_key(cfg, rt))
     if times.eager_step_s is None or (cfg.train.compile is not False and times.compiled_step_s is None):
-        log(f"  timing the shape of {name} (a few steps{', compiled too' if cfg.train.compile else ''})")
+        logger.info(f"  timing the shape of {name} (a few steps{', compiled too' if cfg.train.compile else ''})")
         times = measure_training(cfg, rt, compiled=cfg.train.compile is not False)
     if not times.eval_tok_s:
         times = measure_evaluation(cfg, rt, _eval_lengths(cfg))
     if sharing > 1 and str(sharing) not in times.shared_step_s:
-        log(f"  timing the shape of {name} as {sharing} jobs at once")
+        logger.info(f"  timing the shape of {name} as {sharing} jobs at once")
         times = measure_shared(cfg, rt, sharing, threads)
     return times
 
@@ -162,12 +165,12 @@ def _expected(cfg: RunConfig, times: ShapeTimes, done: int, seen: list[int],
                       + (f" that went past its step {done:,}" if done else ""))
 
 
-def _prepared(run: PlannedRun, rt, prepared: dict, log) -> tuple[int, int] | UserError:
+def _prepared(run: PlannedRun, rt, prepared: dict) -> tuple[int, int] | UserError:
     """The run's data prepared once per data config (cached for training too): its vocabulary
     and evaluation split's token count, or the error the run itself will fail with."""
     key = json.dumps(run.cfg.data.__dict__, default=str, sort_keys=True)
     if key not in prepared:
-        log(f"  preparing the data of {run.name} for the estimate (cached for training)")
+        logger.info(f"  preparing the data of {run.name} for the estimate (cached for training)")
         try:
             data = prepare(run.cfg, rt)
             prepared[key] = (data.tokenizer.vocab_size, len(getattr(data, "valid", ())))
@@ -176,8 +179,8 @@ def _prepared(run: PlannedRun, rt, prepared: dict, log) -> tuple[int, int] | Use
     return prepared[key]
 
 
-def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], log=print,
-                  jobs: int = 1, ended: Optional[dict[str, list[int]]] = None) -> dict[str, Estimate]:
+def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], jobs: int = 1,
+                  ended: Optional[dict[str, list[int]]] = None) -> dict[str, Estimate]:
     """Each pending run's estimate (runs already finished and evaluated cost nothing more),
     as one of ``jobs`` CPU jobs at once, each with ``threads`` threads. A run that stops at
     competence, in a row some of whose runs have ended (``ended``, from ``rows_ended``), is also
@@ -189,7 +192,7 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
     out, busy = {}, set()
     for run in runs:
         rt = setup_runtime(run.cfg.train)
-        data = _prepared(run, rt, prepared, log)
+        data = _prepared(run, rt, prepared)
         if isinstance(data, UserError):
             out[run.name] = Estimate(0.0, 0.0, f"no estimate: {data}"[:200], failed=True)
             continue
@@ -201,7 +204,7 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
             out[run.name] = Estimate(0.0, 0.0, f"no estimate: {e}"[:200], failed=True)
             continue
         sharing = jobs if rt.device.type == "cpu" else 1  # jobs on other devices do not share one
-        times = _shape_times(run.name, cfg, rt, sharing, threads, log)
+        times = _shape_times(run.name, cfg, rt, sharing, threads)
         slowdown = shared_slowdown(times, sharing)
         done = _progress(run)
         train_s, note = _train_seconds(cfg, times, cfg.train.total_steps() - done)
@@ -215,9 +218,9 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], lo
             note += "; timed while busy"
             if times.key not in busy:
                 busy.add(times.key)
-                log(f"  the shape of {run.name} was timed while other work shared the CPUs ({times.busy}): its "
-                    f"estimates may run long; it is timed again where this runs on a quiet machine (or delete "
-                    f"{cache_dir() / (times.key + '.json')})")
+                logger.info(f"  the shape of {run.name} was timed while other work shared the CPUs ({times.busy}): "
+                            f"its estimates may run long; it is timed again where this runs on a quiet machine (or "
+                            f"delete {cache_dir() / (times.key + '.json')})")
         competence = cfg.train.stop_at_accuracy is not None
         out[run.name] = Estimate(train_s * slowdown, _eval_seconds(cfg, times, split_tokens) * slowdown, note, expected,
                                  competence_row=row_of(run.name) if competence else None, done=done,

@@ -21,6 +21,7 @@ from typing import Optional
 from tqdm import tqdm
 
 from ropelab.common.devices import usable_cpus
+from ropelab.common.logs import get_logger
 from ropelab.configs.grid import Grid, PlannedRun, row_of
 from ropelab.grid.archive import archive_runs
 from ropelab.grid.deadline import Deadline, wait
@@ -29,6 +30,8 @@ from ropelab.grid.jobs import eval_commands, evaluation_cached, planned_eval_fil
 from ropelab.grid.job_files import failure_reason, write_files
 from ropelab.grid.run_state import status
 from ropelab.training.run_dir import RunDir
+
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -123,11 +126,11 @@ class _Progress:
 
     def started(self, run: PlannedRun, slot: Slot) -> None:
         with self.lock:
-            self.bar.write(f"→ {run.name}" + (f" on {slot.device}" if slot.device else ""))
+            logger.info(f"→ {run.name}" + (f" on {slot.device}" if slot.device else ""))
 
     def leave(self, run: PlannedRun, why: str, line: str) -> None:  # not a failure: the same command takes it up
         with self.lock:
-            self.bar.write(f"· {run.name}: {line}")
+            logger.info(f"· {run.name}: {line}")
             self.left[run.name] = why
             self.bar.update(1)
 
@@ -135,11 +138,11 @@ class _Progress:
         with self.lock:
             if not ok:
                 self.failures[run.name] = reason
-                self.bar.write(f"✗ {run.name}: {reason}")
+                logger.info(f"✗ {run.name}: {reason}")
             self.bar.update(1)
             self.ended_runs += 1
             if self.bar.disable:
-                self.bar.write(f"{'✓' if ok else '✗'} {run.name} ({self.ended_runs}/{self.total} runs done)")
+                logger.info(f"{'✓' if ok else '✗'} {run.name} ({self.ended_runs}/{self.total} runs done)")
 
 
 def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: bool,

@@ -36,6 +36,7 @@ except ImportError:  # an optional dependency: check_slurm says how to install i
 
 from ropelab.common.atomic import write_text_atomic
 from ropelab.common.errors import ConfigError, UserError
+from ropelab.common.logs import get_logger
 from ropelab.configs.grid import Grid, PlannedRun
 from ropelab.configs.loader import load_yaml
 from ropelab.configs.slurm import EXAMPLE, SlurmConfig, minutes
@@ -44,6 +45,8 @@ from ropelab.grid.slurm_job import RunJob
 from ropelab.training.run_dir import RunDir
 from ropelab.training.run_lock import live_holder
 from ropelab.training.slurm import JobState, job_states
+
+logger = get_logger(__name__)
 
 POLL_SECONDS = 30  # how often --report asks Slurm whether the grid's jobs have ended
 
@@ -183,7 +186,7 @@ def _submit(grid: Grid, res: SlurmConfig, runs: list[PlannedRun], kind: str, wha
                          f"{len(runs)} runs: {'; '.join(lines) or 'no reason given'}. Nothing of it was submitted; "
                          "fix the grid's slurm: section (or --slurm) and submit again") from None
     _record(grid, kind, {run.name: job.job_id for run, job in zip(runs, jobs)})
-    print(f"submitted {what}: " + ", ".join(f"{run.name} ({job.job_id})" for run, job in zip(runs, jobs)))
+    logger.info(f"submitted {what}: " + ", ".join(f"{run.name} ({job.job_id})" for run, job in zip(runs, jobs)))
     return jobs
 
 
@@ -212,7 +215,7 @@ def submit_grid(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str,
                          "nothing was submitted (a run must not get a second job). Try again once it answers")
     todo = plan(runs, states, evaluate, record, known or {})
     for name, why in todo.left.items():
-        print(f"  {name:<40} not submitted: {why}")
+        logger.info(f"  {name:<40} not submitted: {why}")
     submitted = []
     if todo.train:
         train = _submit(grid, res, todo.train, "train", "training")
@@ -223,7 +226,7 @@ def submit_grid(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str,
     if todo.eval_only:
         submitted += _submit(grid, res, todo.eval_only, "eval", "evaluation of trained runs")
     if not submitted:
-        print("nothing to submit")
+        logger.info("nothing to submit")
     return submitted
 
 
@@ -237,8 +240,7 @@ def wait_for_grid(grid: Grid, poll_seconds: float = POLL_SECONDS) -> None:
         if not live:
             return
         if live != last:
-            print(f"waiting for {len(live)} job{'s' if len(live) > 1 else ''} of {grid.name}: {', '.join(live)}",
-                  flush=True)
+            logger.info(f"waiting for {len(live)} job{'s' if len(live) > 1 else ''} of {grid.name}: {', '.join(live)}")
             last = live
         time.sleep(poll_seconds)
 
@@ -247,13 +249,13 @@ def cancel_grid(grid: Grid) -> int:
     """scancel the grid's recorded jobs that are still queued or running."""
     record, live = _live_jobs(grid, "--cancel")
     if not live:
-        print(f"{grid.name}: no queued or running job to cancel ({len(record)} runs recorded)")
+        logger.info(f"{grid.name}: no queued or running job to cancel ({len(record)} runs recorded)")
         return 0
     if shutil.which("scancel") is None:
         raise SlurmError("--cancel needs Slurm's scancel, which is not on PATH here; run it on the cluster")
     done = subprocess.run(["scancel", *live], capture_output=True, text=True)
     if done.returncode != 0:
         raise SlurmError(f"scancel refused: {' '.join(done.stderr.split())}")
-    print(f"cancelled {len(live)} jobs of {grid.name}: {', '.join(live)}. A cancelled training saves a "
-          "checkpoint; submit the grid again to resume it.")
+    logger.info(f"cancelled {len(live)} jobs of {grid.name}: {', '.join(live)}. A cancelled training saves a "
+                "checkpoint; submit the grid again to resume it.")
     return 0

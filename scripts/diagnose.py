@@ -20,12 +20,15 @@ from pathlib import Path
 
 from ropelab.common.cli import device_name, entry_point, positive_float, positive_int, usage_when_empty, moved
 from ropelab.common.devices import DEVICE_NAMES
+from ropelab.common.logs import get_logger
 from ropelab.configs import override_section
 from ropelab.configs.schema import EvalConfig, RunConfig
 from ropelab.eval.diagnostics.measure import DIAGNOSTICS, run_diagnostics
 from ropelab.eval.core.evaluation import cached_evaluation, check_requests, merged, read_eval_file
 from ropelab.eval.lm.report import check_report_dir
 from ropelab.training.runtime import resolve_device
+
+logger = get_logger(__name__)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -81,10 +84,10 @@ def main(argv=None) -> int:
     if args.cache_only:
         check_requests(DIAGNOSTICS, args.runs, eval_for, device)
         for run in args.runs:
-            cached_evaluation(DIAGNOSTICS, run, eval_for, device, print)
+            cached_evaluation(DIAGNOSTICS, run, eval_for, device)
         return 0
     results = run_diagnostics(args.runs, args.out, eval_for, device=device)
-    print(f"wrote {args.out}/report.md, results.json and figures ({len(results['runs'])} runs)")
+    logger.info(f"wrote {args.out}/report.md, results.json and figures ({len(results['runs'])} runs)")
     return 0
 
 

@@ -20,9 +20,12 @@ import torch
 from ropelab.model.config import SCALING_TYPES, RopeScalingConfig
 from ropelab.common.errors import ArgumentError
 from ropelab.common.cli import check_output_dir, entry_point, positive_int, scale_factor, usage_when_empty, moved
+from ropelab.common.logs import get_logger
 from ropelab.training.hf_directory import EXPORT_FILES, check_parity, check_parity_memory, export_run, import_hf
 from ropelab.training.run_dir import RunDir
 from ropelab.training.saved_run import read_run_config
+
+logger = get_logger(__name__)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -73,8 +76,8 @@ def main(argv=None) -> int:
             check_parity_memory(read_run_config(RunDir(args.source)), args.check_length)
         notes = export_run(args.source, args.dest, which=args.which, scaling=scaling)
     for note in notes:
-        print(f"note: {note}")
-    print(f"wrote {args.dest}" + ("" if args.do_import else f": {', '.join(EXPORT_FILES)}"))
+        logger.info(f"note: {note}")
+    logger.info(f"wrote {args.dest}" + ("" if args.do_import else f": {', '.join(EXPORT_FILES)}"))
     if args.check and not args.do_import:
         diff, length = check_parity(args.source, args.dest, args.which, scaling, args.check_length)
         print(f"check: max |logit difference| vs transformers over {length} random tokens: {diff:.3g}")

@@ -28,6 +28,9 @@ from ropelab.model.config import ModelConfig, PosConfig, RopeConfig  # noqa: E40
 from ropelab.model.positional.rope import RoPE  # noqa: E402
 from ropelab.model.positional.rope_scaling import base_inv_freq  # noqa: E402
 from ropelab.common.cli import check_output_dir, entry_point, moved  # noqa: E402
+from ropelab.common.logs import get_logger  # noqa: E402
+
+logger = get_logger(__name__)
 
 
 def rope_for(head_dim: int, theta: float = 10000.0) -> RoPE:
@@ -105,7 +108,7 @@ def main(argv=None) -> int:
     plot_cos_sin(args.out / "rope_cos_sin.png")
     plot_decay(args.out / "rope_decay.png")
     plot_attention(args.out / "rope_attention.png")
-    print(f"wrote rope_cos_sin.png, rope_decay.png, rope_attention.png to {args.out}")
+    logger.info(f"wrote rope_cos_sin.png, rope_decay.png, rope_attention.png to {args.out}")
     return 0
 
 

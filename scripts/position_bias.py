@@ -27,7 +27,10 @@ import torch
 from ropelab.eval.lm.plots import plot_position_bias
 from ropelab.common.errors import ArgumentError
 from ropelab.common.cli import entry_point, positive_int, usage_when_empty, moved
+from ropelab.common.logs import get_logger
 from ropelab.training.saved_run import load_run
+
+logger = get_logger(__name__)
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -92,18 +95,18 @@ def main(argv=None) -> int:
         panels.append({"name": run_dir.name, "encoding": kind, "train_len": run.cfg.train.seq_len,
                        "relative_bias": rel.tolist()})
     if skipped:
-        print("no fixed score bias (nothing to show): " + ", ".join(skipped), file=sys.stderr)
+        logger.warning("no fixed score bias (nothing to show): " + ", ".join(skipped))
     if not records:
         raise ArgumentError("none of the runs adds a bias to the attention scores; this shows the bias "
                             "of pos.kind alibi, t5, kerple or fire runs")
     if args.json:
         args.json.parent.mkdir(parents=True, exist_ok=True)
         args.json.write_text(json.dumps(records, indent=1) + "\n")
-        print(f"wrote {args.json}")
+        logger.info(f"wrote {args.json}")
     if args.plot:
         args.plot.parent.mkdir(parents=True, exist_ok=True)
         plot_position_bias(panels, args.plot)
-        print(f"wrote {args.plot}")
+        logger.info(f"wrote {args.plot}")
     return 0
 
 

@@ -13,9 +13,12 @@ from pathlib import Path
 from ropelab.common.atomic import write_text_atomic
 from ropelab.common.cli import entry_point, moved, non_negative_int, usage_when_empty
 from ropelab.common.errors import ConfigError
+from ropelab.common.logs import get_logger
 from ropelab.configs.grid import load_grid
 from ropelab.grid import tune as engine
 from ropelab.grid.tune import more_seeds_block, report_text, sweep_seeds, tune
+
+logger = get_logger(__name__)
 
 tune_doc = engine.__doc__
 
@@ -61,7 +64,7 @@ def main(argv=None) -> int:
               + ":\nmore_seeds:")
         for row, seeds in more_seeds_block(grid, found, args.more_seeds).items():
             print(f"  {row}: [{', '.join(map(str, seeds))}]")
-    print(f"\nwrote {out / 'tuning.md'} and {out / 'tuning.json'}")
+    logger.info(f"\nwrote {out / 'tuning.md'} and {out / 'tuning.json'}")
     return 0
 
 

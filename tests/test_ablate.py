@@ -17,6 +17,8 @@ from ropelab.model.config import POS_KINDS
 from ropelab.common.errors import ConfigError, UserError
 from ropelab.scripts import ablate
 from ropelab.grid import local as grid_local
+from ropelab.grid import runner
+from ropelab.grid.run_state import status
 from ropelab.training.checkpoint import read_meta
 from ropelab.training.run_dir import RunDir
 from ropelab.training.trainer import Trainer
@@ -95,16 +97,16 @@ def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
     assert set(rows) == {"kind-rope", "kind-alibi"} and all(float(v) >= 0 for v in sum(rows.values(), []))
     assert "grid total (hours)" in out and "wall time with 1 job" in out
     from ropelab.grid.estimate import estimate_grid
-    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=lambda *a: None)
+    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None)
     assert all(e.train_s > 0 and e.eval_s > 0 for e in estimates.values())  # from the cached timings
 
 
 def test_training_from_changed_code_is_warned_of_before_it_starts(tmp_path, corpus, capsys, monkeypatch):
     grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]")
-    monkeypatch.setattr(ablate, "git_commit", lambda: "c" * 40)
+    monkeypatch.setattr(runner, "git_commit", lambda: "c" * 40)
     assert ablate.main([str(grid), "--dry-run", "--no-estimate"]) == 0
     assert "warning" not in capsys.readouterr().err
-    monkeypatch.setattr(ablate, "git_commit", lambda: "c" * 40 + "-dirty")
+    monkeypatch.setattr(runner, "git_commit", lambda: "c" * 40 + "-dirty")
     assert ablate.main([str(grid), "--dry-run", "--no-estimate"]) == 0
     err = capsys.readouterr().err
     assert f"the runs trained now record {'c' * 12}-dirty" in err and "commit first" in err
@@ -149,7 +151,7 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
     monkeypatch.setattr(Trainer, "train_step", stop_at_8)
     assert train.main([str(grid.base), *partial.overrides]) == 128 + signal.SIGTERM
     monkeypatch.undo()
-    assert ablate.status(partial) == ("partial", "step 8/12")
+    assert status(partial) == ("partial", "step 8/12")
 
     assert ablate.main([str(grid_path)]) == 0
     out = capsys.readouterr().out
@@ -265,7 +267,7 @@ overrides: [train.seq_len=4, train.batch_size=16, train.lr=1.0e-2, train.max_ste
     assert ablate.main([str(grid), "--skip-eval", "--no-estimate"]) == 0
     meta = read_meta(latest_checkpoint(RunDir.of(run.cfg).path))
     assert meta["step"] < 200 and meta["competence"]["reached"]
-    assert ablate.status(run) == ("done", f"step {meta['step']}, competence reached")
+    assert status(run) == ("done", f"step {meta['step']}, competence reached")
     assert "1/1 runs finished" in capsys.readouterr().out
 
 
@@ -308,13 +310,13 @@ def test_a_run_budgeted_by_tokens_is_done_when_its_tokens_are(tmp_path, corpus):
     grid = load_grid(write_grid(tmp_path, corpus, "  train.seed: [0]"))
     run = grid.plan(["train.max_steps=null", "train.max_tokens=2048"])[0]  # 8 steps of 8 × 32
     assert train.main([str(grid.base), *run.overrides]) == 0
-    assert ablate.status(run) == ("done", "step 8")
+    assert status(run) == ("done", "step 8")
     meta_path = latest_checkpoint(RunDir.of(run.cfg).path) / "meta.json"
     meta = json.loads(meta_path.read_text())
     meta_path.write_text(json.dumps({**meta, "step": 4}))  # two ranks: 4 steps of 2 × 256 tokens
-    assert ablate.status(run) == ("done", "step 4")
+    assert status(run) == ("done", "step 4")
     meta_path.write_text(json.dumps({**meta, "step": 2, "tokens": 1024}))
-    assert ablate.status(run) == ("partial", "1,024/2,048 tokens")
+    assert status(run) == ("partial", "1,024/2,048 tokens")
 
 
 def test_more_seeds_adds_training_runs_to_chosen_rows_only(tmp_path, corpus):
@@ -340,7 +342,7 @@ def test_rows_trains_only_the_rows_named_and_reports_every_finished_run(tmp_path
     assert ablate.main([str(path), "--rows", "kind-alib*", "kind-none", "--no-estimate"]) == 0
     out = capsys.readouterr().out
     assert "kind-rope_seed-0" in out and "(not in --rows)" in out
-    assert ablate.status(runs["kind-alibi_seed-0"])[0] == "done" and ablate.status(runs["kind-none_seed-0"])[0] == "done"
+    assert status(runs["kind-alibi_seed-0"])[0] == "done" and status(runs["kind-none_seed-0"])[0] == "done"
     assert not RunDir.of(runs["kind-rope_seed-0"].cfg).path.exists()
     assert "2/3 runs finished" in out and "not in --rows and not finished, so not in the reports (1): kind-rope" in out
     assert "failed:" not in out
@@ -374,12 +376,12 @@ def test_rows_picks_one_parents_fine_tunes_by_the_whole_run_name():
     pattern that matches nothing."""
     grid = load_grid(ROOT / "configs" / "ablations" / "context-extension-retrieval-cpu-local.yaml")
     runs = grid.plan()
-    parent0 = ablate.chosen_runs(grid, runs, ["*parents-cpu-local_seed-0_*"])
+    parent0 = runner.chosen_runs(grid, runs, ["*parents-cpu-local_seed-0_*"])
     assert parent0 and len(parent0) < len(runs)
     assert all("_seed-0_seed-" in name for name in parent0)
     assert {row_of(name) for name in parent0} == {row_of(r.name) for r in runs}  # every method, one parent
-    yarn = ablate.chosen_runs(grid, runs, ["yarn*"])  # rows still match as before
+    yarn = runner.chosen_runs(grid, runs, ["yarn*"])  # rows still match as before
     assert yarn == {r.name for r in runs if r.name.startswith("yarn")} and yarn
-    assert ablate.chosen_runs(grid, runs, None) == {r.name for r in runs}
+    assert runner.chosen_runs(grid, runs, None) == {r.name for r in runs}
     with pytest.raises(UserError, match="no row of .* matches"):
-        ablate.chosen_runs(grid, runs, ["*_seed-7_*"])
+        runner.chosen_runs(grid, runs, ["*_seed-7_*"])

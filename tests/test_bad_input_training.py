@@ -140,7 +140,7 @@ def test_a_training_step_that_cannot_fit(config, tmp_path, capsys, monkeypatch):
 
 
 @pytest.mark.parametrize("free_gb, outcome", [(150, "fits"), (50, "warned"), (20, "refused")])
-def test_on_cuda_only_an_estimate_far_past_the_free_memory_is_refused(monkeypatch, capsys, free_gb, outcome):
+def test_on_cuda_only_an_estimate_far_past_the_free_memory_is_refused(monkeypatch, caplog, free_gb, outcome):
     """CUDA estimates are uncalibrated (activations counted as float32 where autocast keeps
     bf16): an estimate up to CUDA_MARGIN times the free memory goes ahead with a warning,
     since torch's out-of-memory error ends such a run cleanly; beyond, it is refused."""
@@ -151,7 +151,7 @@ def test_on_cuda_only_an_estimate_far_past_the_free_memory_is_refused(monkeypatc
             memory.check_fits(estimate, "cuda", "Lower it.")
         return
     memory.check_fits(estimate, "cuda", "Lower it.")
-    err = capsys.readouterr().err
+    err = caplog.text
     assert ("warning: training cope needs about 123 GB" in err and "not calibrated" in err) == (outcome == "warned")
     with pytest.raises(memory.MemoryLimitError):  # the CPU's estimates are calibrated: refused there
         monkeypatch.setattr(memory, "available_memory", lambda device: (50 * 10**9, "MemAvailable"))
@@ -184,7 +184,7 @@ def test_a_grid_does_not_time_a_step_that_cannot_fit(config):
     path.write_text(f"name: g\nbase: {config.name}\nout_dir: {config.parent / 'grid'}\n"
                     "axes: {train.seq_len: [32, 1000000000]}\n")
     grid = load_grid(path)
-    estimates = estimate_grid(grid, grid.plan(), None, log=lambda *a: None)
+    estimates = estimate_grid(grid, grid.plan(), None)
     assert estimates["seq_len-1000000000"].failed
     assert estimates["seq_len-1000000000"].note.startswith("no estimate: training at train.batch_size=8 × "
                                                            "train.seq_len=1000000000 needs about")

@@ -1,13 +1,17 @@
 """scripts/bench.py runs end to end and records what it claims; no timing is asserted."""
 
 import json
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
 
 from ropelab.scripts import bench
 
+from ropelab.bench import run as bench_run
 from ropelab.bench import worker as bench_worker
+from ropelab.bench.trees import importable
 
 ROOT = Path(__file__).resolve().parents[1]
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "data.tokenizer.vocab_size=300",
@@ -143,8 +147,8 @@ def test_rounds_alternate_sides_and_give_the_median_paired_ratio(monkeypatch):
         tok_s = next(speeds[side])
         return {"tok_s": tok_s, "side": side} if tok_s else {"error": "exit 1: boom"}
 
-    monkeypatch.setattr(bench, "measure", fake)
-    result = bench.compare({}, "train", "rope", "BASE", 6)
+    monkeypatch.setattr(bench_run, "measure", fake)
+    result = bench_run.compare({}, "train", "rope", "BASE", 6)
     assert order == ["base", "this", "this", "base"] * 3
     assert [r["base"] for r in result["rounds"]] == [100, 120, 90, 110, 80, 130]
     assert result["rounds"][3]["this"] is None  # the failed measurement
@@ -152,8 +156,8 @@ def test_rounds_alternate_sides_and_give_the_median_paired_ratio(monkeypatch):
     assert result["ratio"]["median"] == pytest.approx(1.1)
     assert result["ratio"]["low"] is None  # 5 pairs are too few for a 95% interval
     assert result["base"]["tok_s"] == 100 and result["this"]["tok_s"] == 110  # lower middles
-    monkeypatch.setattr(bench, "measure", lambda *a: {"tok_s": 100.0 if a[3] == "BASE" else 120.0})
-    steady = bench.compare({}, "train", "rope", "BASE", 6)["ratio"]
+    monkeypatch.setattr(bench_run, "measure", lambda *a: {"tok_s": 100.0 if a[3] == "BASE" else 120.0})
+    steady = bench_run.compare({}, "train", "rope", "BASE", 6)["ratio"]
     assert (steady["median"], steady["low"], steady["high"]) == (pytest.approx(1.2),) * 3
 
 
@@ -179,3 +183,22 @@ def test_bench_trains_a_synthetic_config_on_its_task_instances(tmp_path, monkeyp
     assert code == 0 and drawn == [["passkey", "copy", "recall", "addition"]]
     train = json.loads(out.read_text())["shapes"]["config"]["train"]["rope"]
     assert "error" not in train and train["tokens_per_step"] == 2 * 32
+
+
+@pytest.mark.parametrize("package", [True, False])
+def test_another_trees_code_is_imported_as_ropelab_despite_the_editable_install(tmp_path, package):
+    """--compare's base side: ``ropelab`` resolves to the other tree, a tree from after the
+    package change (its root an ``__init__.py``) or from before it (bare sibling imports)."""
+    tree = tmp_path / "tree"
+    (tree / "configs").mkdir(parents=True)
+    (tree / "configs" / "__init__.py").write_text("")
+    (tree / "configs" / "loader.py").write_text("WHICH = 'other tree'\n")
+    if package:
+        (tree / "__init__.py").write_text("")
+        (tree / "configs" / "probe.py").write_text("from ropelab.configs.loader import WHICH\n")
+    else:
+        (tree / "configs" / "probe.py").write_text("from configs.loader import WHICH\n")
+    probe = "import ropelab.configs.probe as p, ropelab; print(p.WHICH, p.__file__)"
+    found = subprocess.run([sys.executable, "-c", probe], env=importable(tree, tmp_path / "imports").env(),
+                           cwd=tmp_path, capture_output=True, text=True, check=True).stdout.split()
+    assert found[:2] == ["other", "tree"] and found[2].startswith(str(tmp_path / "imports" / "ropelab"))

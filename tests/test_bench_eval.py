@@ -8,6 +8,7 @@ import math
 
 import pytest
 
+from ropelab.bench import eval_ab
 from ropelab.scripts import bench_eval
 
 
@@ -19,7 +20,7 @@ def row(name: str, length: int, ppl: float, protocol: str = "nonoverlap", status
 def test_cells_are_matched_by_run_corpus_scaling_length_and_protocol():
     base = {"results": [row("a", 32, 10.0), row("a", 64, 20.0), row("a", 128, 5.0, status="skipped")]}
     this = {"results": [row("a", 64, 20.0 * (1 + 3e-7)), row("a", 32, 10.0), row("a", 64, 30.0, "sliding")]}
-    found = bench_eval.compare_cells(base, this)
+    found = eval_ab.compare_cells(base, this)
     assert found["cells"] == 2
     assert found["max_rel_ppl"] == pytest.approx(3e-7, rel=1e-3)
     assert found["max_rel_ppl_cell"] == ["a", "valid", "none", 64, "nonoverlap"]
@@ -29,11 +30,11 @@ def test_cells_are_matched_by_run_corpus_scaling_length_and_protocol():
 def test_the_grids_eval_block_with_changed_keys(tmp_path):
     grid = tmp_path / "g.yaml"
     grid.write_text("name: g\neval:\n  lengths: [32, 64]\n  max_tokens: 100000\n")
-    assert bench_eval.grid_eval(grid, ["max_tokens=2000", "protocols=[nonoverlap]"]) == {
+    assert eval_ab.grid_eval(grid, ["max_tokens=2000", "protocols=[nonoverlap]"]) == {
         "lengths": [32, 64], "max_tokens": 2000, "protocols": ["nonoverlap"]}
     (tmp_path / "none.yaml").write_text("name: g\n")
-    with pytest.raises(bench_eval.UserError, match="no eval: block"):
-        bench_eval.grid_eval(tmp_path / "none.yaml", [])
+    with pytest.raises(eval_ab.UserError, match="no eval: block"):
+        eval_ab.grid_eval(tmp_path / "none.yaml", [])
 
 
 def test_both_sides_evaluate_the_same_runs_and_agree(tiny_runs, tmp_path, capsys):
@@ -78,4 +79,4 @@ def test_runs_with_a_key_the_older_code_predates_get_a_hint(tiny_runs, tmp_path,
 def test_a_grid_that_inherits_its_eval_block(tmp_path):
     (tmp_path / "parent.yaml").write_text("name: p\neval:\n  lengths: [32]\n  max_tokens: 500\n")
     (tmp_path / "child.yaml").write_text("inherit: parent.yaml\nname: c\n")
-    assert bench_eval.grid_eval(tmp_path / "child.yaml", []) == {"lengths": [32], "max_tokens": 500}
+    assert eval_ab.grid_eval(tmp_path / "child.yaml", []) == {"lengths": [32], "max_tokens": 500}

@@ -5,6 +5,7 @@ from __future__ import annotations
 import pytest
 
 from ropelab.common.errors import UserError
+from ropelab.bench import nanogpt
 from ropelab.scripts import bench_nanogpt
 
 LOG = """tokens per iteration will be: 768
@@ -18,20 +19,20 @@ iter 3: loss 3.4000, time 380.00ms, mfu 0.10%
 
 
 def test_loop_time_counts_every_iteration_and_its_evaluation():
-    found = bench_nanogpt.parse_nanogpt(LOG)
+    found = nanogpt.parse_nanogpt(LOG)
     assert found["seconds"] == pytest.approx(1.5 + 0.05 + 0.07 + 0.38)
     assert found["tokens"] == 4 * 12 * 64 and found["val_loss"] == 3.6
 
 
 def test_a_log_without_iterations_is_an_error_not_a_zero():
     with pytest.raises(UserError, match="no 'iter N"):
-        bench_nanogpt.parse_nanogpt("Traceback (most recent call last):\nModuleNotFoundError: tiktoken\n")
+        nanogpt.parse_nanogpt("Traceback (most recent call last):\nModuleNotFoundError: tiktoken\n")
 
 
 def test_ratios_are_taken_within_each_round():
     rounds = [{"nanogpt": {"tokens_per_sec": 100.0}, "eager": {"tokens_per_sec": 90.0}},
               {"nanogpt": {"tokens_per_sec": 50.0}, "eager": {"tokens_per_sec": 55.0}}]
-    summary = bench_nanogpt.summarize(rounds)
+    summary = nanogpt.summarize(rounds)
     assert summary["eager / nanogpt"]["ratios"] == [0.9, 1.1] and summary["eager / nanogpt"]["interval"] is None
     assert "compiled / nanogpt" not in summary
 
@@ -80,7 +81,7 @@ def test_paired_steps_time_both_models_in_turn_and_profile_them(tmp_path, capsys
     """--paired builds nanoGPT's GPT from the checkout's model.py and ours from the recipe;
     here a stand-in model.py with nanoGPT's interface."""
     (tmp_path / "model.py").write_text(FAKE_MODEL)
-    found = bench_nanogpt.paired_steps(tmp_path, steps=2, warmup=1, profile_ops=3, kinds=("rope", "none"))
+    found = nanogpt.paired_steps(tmp_path, steps=2, warmup=1, profile_ops=3, kinds=("rope", "none"))
     assert found["steps"] == 2 and found["nanogpt_step_ms"] > 0 and set(found["ours"]) == {"rope", "none"}
     for row in found["ours"].values():
         assert row["step_ms"] > 0 and row["speed_ratio"] > 0
@@ -88,5 +89,5 @@ def test_paired_steps_time_both_models_in_turn_and_profile_them(tmp_path, capsys
     assert set(found["profiles"]) == {"nanogpt", "rope", "none"}
     assert all(len(ops) == 3 and ops[0]["self_cpu_ms_per_step"] > 0 for ops in found["profiles"].values())
     assert "num decayed" not in capsys.readouterr().out  # nanoGPT's own printing is kept out of the report
-    bench_nanogpt.print_paired(found)
+    nanogpt.print_paired(found)
     assert "ours, none:" in capsys.readouterr().out

@@ -224,7 +224,7 @@ def test_incomplete_directories_are_never_used(tmp_path):
     assert not stale.exists()
 
 
-def test_damaged_cache_is_reported_and_prepared_again(tmp_path, capsys):
+def test_damaged_cache_is_reported_and_prepared_again(tmp_path, caplog):
     cfg = local_cfg(tmp_path)
     prepared = prepare_data(cfg, progress=False)
     expected = prepared.split("valid").tolist()
@@ -234,7 +234,8 @@ def test_damaged_cache_is_reported_and_prepared_again(tmp_path, capsys):
     for name, damage in (("valid.bin", b"\x00\x00"), ("meta.json", b"{not json"), ("tokenizer.json", b"\xff")):
         (prepared.dir / name).write_bytes(damage)
         assert prepare_data(cfg, progress=False).split("valid").tolist() == expected
-        assert "preparing the data again" in capsys.readouterr().err
+        assert "preparing the data again" in caplog.text
+        caplog.clear()
     assert not list(prepared.dir.parent.glob("*.lock"))  # no lock files left behind
 
 

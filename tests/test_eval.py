@@ -132,7 +132,7 @@ def test_report_from_tiny_runs(tiny_runs, tmp_path):
                     max_tokens=2048)
     out = tmp_path / "report"
     results = run_extrapolation([tiny_runs / "rope-a", tiny_runs / "rope-b", tiny_runs / "learned"],
-                                out, lambda cfg: ev, log=lambda *a: None)
+                                out, lambda cfg: ev)
     report = (out / "report.md").read_text()
     assert "### Non-overlapping windows" in report and "### Sliding windows" in report
     assert "n/a (trained table: 32 positions)" in report
@@ -220,7 +220,7 @@ def test_evaluation_uses_the_runs_tokenizer_and_never_retrains_one(tmp_path, cor
                        "data.tokenizer.min_frequency=1"]) == 0
     run_dir = tmp_path / "runs" / "tiny"
     ev = EvalConfig(lengths=[32], max_tokens=512, per_position=False)
-    first = evaluate_run(run_dir, ev, log=lambda *a: None)[1]
+    first = evaluate_run(run_dir, ev)[1]
 
     def no_training(*args, **kwargs):
         raise AssertionError("evaluation retrained a tokenizer")
@@ -228,7 +228,7 @@ def test_evaluation_uses_the_runs_tokenizer_and_never_retrains_one(tmp_path, cor
     monkeypatch.setattr(ropelab.data.tokenizers, "_train_bpe", no_training)
     import shutil
     shutil.rmtree(tmp_path / "cache")  # neither the training nor the evaluation cache is left
-    again = evaluate_run(run_dir, ev, log=lambda *a: None)[1]
+    again = evaluate_run(run_dir, ev)[1]
     assert [r["nll"] for r in again] == [r["nll"] for r in first]
 
 
@@ -298,7 +298,7 @@ def test_the_reference_row_is_chosen_on_the_command_line_and_a_missing_one_is_sa
 
 def test_a_one_run_report_says_there_is_nothing_to_compare(tiny_runs, tmp_path):
     ev = EvalConfig(lengths=[16, 32], protocols=["nonoverlap"], max_tokens=512, per_position=False)
-    run_extrapolation([tiny_runs / "rope-a"], tmp_path / "r", lambda cfg: ev, log=lambda *a: None)
+    run_extrapolation([tiny_runs / "rope-a"], tmp_path / "r", lambda cfg: ev)
     report = (tmp_path / "r" / "report.md").read_text()
     assert "Paired comparisons: none; `rope` is the only row, so there is nothing to compare." in report
     assert "| comparison |" not in report
@@ -324,8 +324,7 @@ def test_same_token_protocol_context_use_and_breakdown_in_the_report(tiny_runs, 
     every length), and the report adds context use at L and each row's breakdown length."""
     ev = EvalConfig(lengths=[16, 32, 64], protocols=["nonoverlap", "same-tokens"], max_tokens=1024)
     out = tmp_path / "same"
-    results = run_extrapolation([tiny_runs / "rope-a", tiny_runs / "rope-b"], out, lambda cfg: ev,
-                                log=lambda *a: None)
+    results = run_extrapolation([tiny_runs / "rope-a", tiny_runs / "rope-b"], out, lambda cfg: ev)
     same = [r for r in results["results"] if r["protocol"] == "same-tokens"]
     assert {r["length"] for r in same} == {16, 32, 64} and len({r["window_set"] for r in same}) == 1
     assert {r["tokens"] for r in same} == {1024} and all(r["eval_commit"] for r in same)

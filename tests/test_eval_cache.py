@@ -94,11 +94,11 @@ def test_scalings_with_the_same_rotary_tables_are_scored_once(tiny_runs, monkeyp
     monkeypatch.setattr(ex, "perplexity", counted)
     both = EvalConfig(lengths=[16, 32, 64], scalings=["none", "ntk", "dynamic"], protocols=["nonoverlap"],
                       max_tokens=1024)
-    _, rows, curves = ex.evaluate_run(tiny_runs / "rope-a", both, log=lambda *a: None)
+    _, rows, curves = ex.evaluate_run(tiny_runs / "rope-a", both)
     assert calls == [("none", 16), ("none", 32), ("none", 64), ("ntk", 64)]  # L_train = 32
     calls.clear()
     alone = dataclasses.replace(both, scalings=["dynamic"])
-    _, own_rows, own_curves = ex.evaluate_run(tiny_runs / "rope-a", alone, log=lambda *a: None)
+    _, own_rows, own_curves = ex.evaluate_run(tiny_runs / "rope-a", alone)
     assert calls == [("none", 16), ("none", 32), ("dynamic", 64)]
     shared = {r["length"]: r for r in rows if r["scaling"] == "dynamic"}
     for own in own_rows:
@@ -111,7 +111,7 @@ def test_scalings_with_the_same_rotary_tables_are_scored_once(tiny_runs, monkeyp
     assert curves["dynamic"] == own_curves["dynamic"] == curves["ntk"]
     # Different tables are never shared: YaRN at 2L is scored.
     calls.clear()
-    ex.evaluate_run(tiny_runs / "rope-a", dataclasses.replace(both, scalings=["ntk", "yarn"]), log=lambda *a: None)
+    ex.evaluate_run(tiny_runs / "rope-a", dataclasses.replace(both, scalings=["ntk", "yarn"]))
     assert calls == [("none", 16), ("none", 32), ("ntk", 64), ("yarn", 64)]
 
 
@@ -123,7 +123,7 @@ def test_the_report_compares_a_row_identical_to_another_only_once(tiny_runs, tmp
     ev = EvalConfig(lengths=[16, 32, 64], scalings=["none", "ntk", "dynamic", "yarn", "linear"],
                     protocols=["nonoverlap"], max_tokens=1024)
     out = tmp_path / "report"
-    results = run_extrapolation([tiny_runs / "rope-a", tiny_runs / "rope-b"], out, lambda cfg: ev, log=lambda *a: None)
+    results = run_extrapolation([tiny_runs / "rope-a", tiny_runs / "rope-b"], out, lambda cfg: ev)
     report = (out / "report.md").read_text()
     assert "| rope + dynamic |" in report and "| rope + ntk |" in report  # both rows in the tables
     # Every scaling is compared with every other, PI (named so) too.

@@ -9,7 +9,7 @@ from ropelab.configs import load_config
 from ropelab.configs.experiment import MAY_DIFFER, experiment_differences, experiment_identity, seed_group
 from ropelab.configs.grid import load_grid
 from conftest import write_run_config
-from ropelab.scripts import ablate
+from ropelab.grid.run_state import status
 
 QUICK = "configs/quickstart.yaml"
 
@@ -45,14 +45,14 @@ def test_ablate_and_resume_agree_when_a_grid_extends_its_runs(tmp_path, corpus):
                          "axes: {train.seed: [1]}\n")
     run = load_grid(grid_path).plan()[0]
     assert train.main([str(base), *run.overrides]) == 0
-    assert ablate.status(run) == ("done", "step 6")
+    assert status(run) == ("done", "step 6")
     longer = load_grid(grid_path).plan(["train.max_steps=9"])[0]
-    assert ablate.status(longer) == ("partial", "step 6/9")
+    assert status(longer) == ("partial", "step 6/9")
     assert train.main([str(base), *longer.overrides, "--resume"]) == 0
-    assert ablate.status(longer) == ("done", "step 9")
+    assert status(longer) == ("done", "step 9")
     # A change that makes another experiment is a conflict for both.
     other = load_grid(grid_path).plan(["train.max_steps=9", "train.lr=1e-2"])[0]
-    state, detail = ablate.status(other)
+    state, detail = status(other)
     assert state == "conflict" and "train.lr" in detail
     assert train.main([str(base), *other.overrides, "--resume"]) == 2
 

@@ -56,9 +56,8 @@ def test_a_child_starts_from_its_parent_and_says_so(parent, capsys):
     # Step 0 is the parent's weights under the child's scaling: the same numbers as the
     # parent evaluated with that scaling at evaluation time.
     ev = EvalConfig(lengths=[64], protocols=["nonoverlap"], max_tokens=512, per_position=False)
-    child_rows = evaluate_run(child.path, EvalConfig(**{**vars(ev), "steps": [0]}), log=lambda *a: None)[1]
-    parent_rows = evaluate_run(parent_dir, EvalConfig(**{**vars(ev), "scalings": ["yarn"], "factor": 4.0}),
-                               log=lambda *a: None)[1]
+    child_rows = evaluate_run(child.path, EvalConfig(**{**vars(ev), "steps": [0]}))[1]
+    parent_rows = evaluate_run(parent_dir, EvalConfig(**{**vars(ev), "scalings": ["yarn"], "factor": 4.0}))[1]
     yarn_row = next(r for r in parent_rows if r["scaling"] == "yarn")
     assert child_rows[0]["nll"] == yarn_row["nll"] and child_rows[0]["eval_step"] == 0
 
@@ -70,7 +69,7 @@ def test_a_child_keeps_its_start_whatever_keep_last(parent):
     child = RunDir(tmp / "runs" / "pruned")
     assert [p.name for p in child.complete_checkpoints()] == [f"step_{s:06d}" for s in (0, 4, 6)]
     ev = EvalConfig(lengths=[64], protocols=["nonoverlap"], max_tokens=512, per_position=False, steps=[0, 6])
-    rows = evaluate_run(child.path, ev, log=lambda *a: None)[1]
+    rows = evaluate_run(child.path, ev)[1]
     assert sorted(r["eval_step"] for r in rows) == [0, 6]
 
 
@@ -100,7 +99,7 @@ def test_the_budget_report(parent, tmp_path):
     if not (tmp / "runs" / "child").exists():
         assert train.main(child_args(cfg, parent_dir)) == 0
     ev = EvalConfig(lengths=[16, 64], protocols=["nonoverlap"], max_tokens=512, steps=[0, 2, 6], reference="rope @ 6")
-    results = run_extrapolation([tmp / "runs" / "child"], tmp_path / "r", lambda c: ev, log=lambda *a: None)
+    results = run_extrapolation([tmp / "runs" / "child"], tmp_path / "r", lambda c: ev)
     report = (tmp_path / "r" / "report.md").read_text()
     assert "### Fine-tuning budget" in report and "At 64 tokens:" in report  # 4L of the parent's L = 16
     assert "At 16 tokens:" in report  # and L itself: what the short context keeps
@@ -230,5 +229,5 @@ def test_steps_on_the_command_line_evaluate_those_checkpoints(parent, tmp_path):
     rows = json.loads((out / "results.json").read_text())["results"]
     assert [(r["eval_step"], r["step_tokens"]) for r in rows] == [(0, 0), (6, 6 * 2 * 64)]
     latest = evaluate_run(child, EvalConfig(lengths=[64], protocols=["nonoverlap"], max_tokens=512,
-                                            per_position=False), log=lambda *a: None)[1]
+                                            per_position=False))[1]
     assert rows[1]["nll"] == latest[0]["nll"] != rows[0]["nll"]  # step 6 is the latest checkpoint

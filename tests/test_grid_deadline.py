@@ -6,6 +6,7 @@ from __future__ import annotations
 import argparse
 import datetime as dt
 import json
+import logging
 import subprocess
 import sys
 import time
@@ -183,20 +184,21 @@ class StartsThenEnds(Deadline):
         return None
 
 
-def test_training_under_way_at_the_deadline_is_stopped_and_continued_later(tmp_path, capsys):
+def test_training_under_way_at_the_deadline_is_stopped_and_continued_later(tmp_path, caplog):
     grid = load_grid(write_synthetic_grid(tmp_path))
     runs = grid.plan()
     left: dict[str, str] = {}
+    caplog.set_level(logging.INFO, logger="ropelab")
     failures = grid_local.run_all(grid, runs[:1], [grid_local.Slot()], evaluate=True,
                                   deadline=StartsThenEnds(at=time.time() - 1, needs={}), left=left)
     assert failures == {} and left == {runs[0].name: "stopped at the deadline (at its checkpoint)"}
     assert status(runs[0])[0] in ("new", "partial")  # a checkpoint if train.py had set its handler by then
-    assert "stopped at the deadline, its checkpoint saved" in capsys.readouterr().out
+    assert "stopped at the deadline, its checkpoint saved" in caplog.text
     assert grid_local.run_all(grid, runs[:1], [grid_local.Slot()], evaluate=True) == {}
     assert status(runs[0])[0] == "done"
 
 
-def test_training_stopped_by_hand_is_left_for_later_not_failed(tmp_path, monkeypatch, capsys):
+def test_training_stopped_by_hand_is_left_for_later_not_failed(tmp_path, monkeypatch, caplog):
     """A SIGTERM sent to a run's train.py (which saves a checkpoint and exits 128 + SIGTERM)
     leaves the run for the same command to continue; an evaluation ending so, or a training
     ending with another code, is still a failure."""
@@ -208,9 +210,10 @@ def test_training_stopped_by_hand_is_left_for_later_not_failed(tmp_path, monkeyp
         return [sys.executable, "-c", f"print('stopped by SIGTERM at step 7; checkpoint saved'); raise SystemExit({code})"]
     monkeypatch.setattr(grid_local, "train_command", lambda grid, run, device: command(exits["train"]))
     left: dict[str, str] = {}
+    caplog.set_level(logging.INFO, logger="ropelab")
     assert grid_local.run_all(grid, runs, [grid_local.Slot()], evaluate=False, left=left) == {}
     assert left == {runs[0].name: "stopped by SIGTERM from outside the grid (at its checkpoint)"}
-    assert "its checkpoint saved; the same command continues it" in capsys.readouterr().out
+    assert "its checkpoint saved; the same command continues it" in caplog.text
     exits["train"] = 1
     failures = grid_local.run_all(grid, runs, [grid_local.Slot()], evaluate=False, left={})
     assert failures[runs[0].name].startswith("exit 1: stopped by SIGTERM at step 7")

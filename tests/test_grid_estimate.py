@@ -3,6 +3,8 @@ its timings cannot be trusted as they stand."""
 
 from __future__ import annotations
 
+import logging
+
 import pytest
 
 from ropelab.configs.grid import load_grid
@@ -10,7 +12,7 @@ from ropelab.grid.estimate import print_wall_times
 from test_ablate import write_grid
 
 
-def test_a_shape_timed_on_a_busy_machine_says_so(tmp_path, corpus, monkeypatch):
+def test_a_shape_timed_on_a_busy_machine_says_so(tmp_path, corpus, monkeypatch, caplog):
     """Other work on the CPUs slows the timed steps: the record keeps that, and the estimate
     says which shape and how to time it again; on a quiet machine the shape is timed again by
     itself. Quiet is when the others' load is under half the CPUs (this process's own thread
@@ -24,23 +26,23 @@ def test_a_shape_timed_on_a_busy_machine_says_so(tmp_path, corpus, monkeypatch):
     monkeypatch.setattr(step_timing.os, "getloadavg", lambda: (3.2, 0.0, 0.0))
     assert step_timing.machine_busy() == "load average 3.2 on 2 CPUs"
     grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope]")
-    logged = []
-    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=logged.append)
+    caplog.set_level(logging.INFO, logger="ropelab")
+    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None)
     assert all(e.note.endswith("; timed while busy") for e in estimates.values())
     assert any("timed while other work shared the CPUs (load average 3.2 on 2 CPUs)" in line and
-               str(step_timing.cache_dir()) in line for line in logged)
+               str(step_timing.cache_dir()) in line for line in caplog.messages)
     # While the machine stays busy the record stands (timing it again would be no better) ...
     key = next(p.stem for p in step_timing.cache_dir().glob("*.json") if p.stem != "matmul-peaks")
     assert step_timing.load(key).busy and step_timing.load(key).eager_step_s is not None
-    logged.clear()
-    estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=logged.append)
-    assert not any("timing the shape" in line for line in logged)
+    caplog.clear()
+    estimate_grid(load_grid(grid), load_grid(grid).plan(), None)
+    assert not any("timing the shape" in line for line in caplog.messages)
     # ... and a quiet machine times the shape again, once, and keeps the quiet record.
     monkeypatch.setattr(step_timing.os, "getloadavg", lambda: (0.2, 0.0, 0.0))
     assert step_timing.load(key).eager_step_s is None  # read as no record
-    logged.clear()
-    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=logged.append)
-    assert any("timing the shape" in line for line in logged)
+    caplog.clear()
+    estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None)
+    assert any("timing the shape" in line for line in caplog.messages)
     assert not any("timed while busy" in e.note for e in estimates.values())
     assert step_timing.load(key).busy == "" and step_timing.load(key).eager_step_s is not None
 
@@ -99,15 +101,15 @@ def test_jobs_at_once_on_the_cpu_stretch_each_runs_estimate_by_their_slowdown(tm
     monkeypatch.setattr(grid_estimate, "measure_shared", shared)
     monkeypatch.setattr(grid_estimate.torch, "set_num_threads", lambda n: None)  # this process's threads kept
     grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope]")
-    alone = grid_estimate.estimate_grid(load_grid(grid), load_grid(grid).plan(), 1, log=lambda *a: None)
-    together = grid_estimate.estimate_grid(load_grid(grid), load_grid(grid).plan(), 1, log=lambda *a: None, jobs=2)
+    alone = grid_estimate.estimate_grid(load_grid(grid), load_grid(grid).plan(), 1)
+    together = grid_estimate.estimate_grid(load_grid(grid), load_grid(grid).plan(), 1, jobs=2)
     assert asked == [(2, 1)]  # the one shape, once
     for name, e in together.items():
         assert e.train_s == pytest.approx(2 * alone[name].train_s) and e.eval_s == pytest.approx(2 * alone[name].eval_s)
         assert "×2.0 with 2 jobs at once" in e.note and "jobs at once" not in alone[name].note
     # A probe that failed leaves the estimate as one job's, and says it may run long.
     monkeypatch.setattr(grid_estimate, "measure_shared", lambda cfg, rt, jobs, threads: step_timing.load(step_timing.shape_key(cfg, rt)))
-    failed = grid_estimate.estimate_grid(load_grid(grid), load_grid(grid).plan(), 1, log=lambda *a: None, jobs=3)
+    failed = grid_estimate.estimate_grid(load_grid(grid), load_grid(grid).plan(), 1, jobs=3)
     assert all(e.train_s == pytest.approx(alone[n].train_s) and "(that probe failed): may run long" in e.note
                for n, e in failed.items())
     # The grid's dry run estimates for as many jobs as share the CPU (the shape's record now cached).
@@ -162,7 +164,7 @@ axes:
     assert ended == {"kind-rope": [40, 100]}
     pending = [r for r in runs if r.name in ("kind-rope_seed-2", "kind-alibi_seed-1")]
     monkeypatch.setattr(grid_estimate, "_train_seconds", lambda cfg, times, steps: (steps * 6.0, "eager"))
-    estimates = grid_estimate.estimate_grid(grid, pending, None, log=lambda *a: None, ended=ended)
+    estimates = grid_estimate.estimate_grid(grid, pending, None, ended=ended)
     rope, alibi = estimates["kind-rope_seed-2"], estimates["kind-alibi_seed-1"]
     assert alibi.train_s == 600 and alibi.expected_train_s is None and "expected" not in alibi.note
     assert rope.train_s == 600 and rope.expected_train_s == 420  # (40 + 100) / 2 = 70 steps
@@ -174,17 +176,17 @@ axes:
     # Resumed at step 60 in a row whose seeds ended at 40, 80 and 100: those past 60 say 30 more
     # steps (its budget says 40); in a row whose one seed ended at 40, nothing is expected.
     monkeypatch.setattr(grid_estimate, "_progress", lambda run: 60 if run.name == "kind-rope_seed-2" else 0)
-    resumed = grid_estimate.estimate_grid(grid, pending, None, log=lambda *a: None,
+    resumed = grid_estimate.estimate_grid(grid, pending, None,
                                           ended={"kind-rope": [40, 80, 100]})["kind-rope_seed-2"]
     assert resumed.train_s == 240 and resumed.expected_train_s == 180
     assert (resumed.done, resumed.steps) == (60, 40)
     assert "expected 3.0 min as its row's 2 ended runs that went past its step 60" in resumed.note
-    alone = grid_estimate.estimate_grid(grid, pending, None, log=lambda *a: None,
+    alone = grid_estimate.estimate_grid(grid, pending, None,
                                         ended={"kind-rope": [40]})["kind-rope_seed-2"]
     assert alone.expected_train_s is None and "expected" not in alone.note
 
 
-def test_data_that_cannot_be_prepared_gives_its_runs_no_estimate(tmp_path, corpus, monkeypatch):
+def test_data_that_cannot_be_prepared_gives_its_runs_no_estimate(tmp_path, corpus, monkeypatch, caplog):
     """The data is prepared once per data config; where that fails, each run on it gets a failed
     estimate naming the error (the run itself fails with it), and nothing is timed for them."""
     import ropelab.grid.estimate as ge
@@ -198,9 +200,9 @@ def test_data_that_cannot_be_prepared_gives_its_runs_no_estimate(tmp_path, corpu
     monkeypatch.setattr(ge, "prepare", missing)
     monkeypatch.setattr(ge, "_shape_times", lambda *a, **k: pytest.fail("timed a run whose data failed"))
     grid = load_grid(write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]"))
-    logged = []
-    estimates = ge.estimate_grid(grid, grid.plan(), None, log=logged.append)
+    caplog.set_level(logging.INFO, logger="ropelab")
+    estimates = ge.estimate_grid(grid, grid.plan(), None)
     assert calls == ["rope"]  # one data config: prepared (and failed) once
     assert set(estimates) == {"kind-rope", "kind-alibi"}
     assert all(e.failed and e.note == "no estimate: data.local.train: no such file" for e in estimates.values())
-    assert logged == ["  preparing the data of kind-rope for the estimate (cached for training)"]
+    assert caplog.messages == ["  preparing the data of kind-rope for the estimate (cached for training)"]

@@ -30,6 +30,25 @@ def test_median_interval_order_statistics_by_hand():
     assert median_interval(list(range(1, 21)), level=0.5)[0] > median_interval(list(range(1, 21)))[0]
 
 
+# k of the interval (x(k), x(n−k+1)) for n = 1 .. 60, 0 for none, as the running binomial sum
+# gave it before scipy's binomial CDF replaced the sum (fb1bb84).
+MEDIAN_K_BEFORE = {
+    0.90: [0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 4, 4, 4, 5, 5, 6, 6, 6, 7, 7, 8, 8, 8, 9, 9, 10, 10, 11, 11, 11,
+           12, 12, 13, 13, 14, 14, 14, 15, 15, 16, 16, 17, 17, 17, 18, 18, 19, 19, 20, 20, 21, 21, 21, 22, 22, 23, 23, 24],
+    0.95: [0, 0, 0, 0, 0, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 5, 5, 5, 6, 6, 6, 7, 7, 8, 8, 8, 9, 9, 10, 10, 10,
+           11, 11, 12, 12, 13, 13, 13, 14, 14, 15, 15, 16, 16, 16, 17, 17, 18, 18, 19, 19, 19, 20, 20, 21, 21, 22, 22, 22],
+    0.99: [0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 3, 3, 3, 4, 4, 4, 5, 5, 5, 6, 6, 7, 7, 7, 8, 8, 8, 9,
+           9, 10, 10, 10, 11, 11, 12, 12, 12, 13, 13, 14, 14, 14, 15, 15, 16, 16, 16, 17, 17, 18, 18, 18, 19, 19, 20, 20],
+}
+
+
+@pytest.mark.parametrize("level", sorted(MEDIAN_K_BEFORE))
+def test_median_interval_picks_the_order_statistics_it_picked_before(level):
+    for n, k in enumerate(MEDIAN_K_BEFORE[level], start=1):
+        expected = None if k == 0 else (k - 1, n - k)
+        assert median_interval(list(range(n)), level) == expected, n
+
+
 def test_median_interval_covers_the_median_as_often_as_it_says():
     """Skewed draws (lognormal, median 1): coverage at least 95% for n = 6 … 12."""
     rng = np.random.default_rng(0)

@@ -317,7 +317,7 @@ def test_trains_samples_and_evaluates(tmp_path, corpus):
     assert isinstance(model.blocks[0].attn, ATTENTIONS["linear"])
     assert generate(model, [1, 2, 3], 10, temperature=0).shape == (1, 13)
     ev = EvalConfig(lengths=[16, 64], scalings=["none", "yarn"], max_tokens=512)
-    evaluate = lambda: run_extrapolation([run_dir], tmp_path / "report", lambda cfg: ev, log=lambda *a: None)  # noqa: E731
+    evaluate = lambda: run_extrapolation([run_dir], tmp_path / "report", lambda cfg: ev)  # noqa: E731
     first = evaluate()
     assert all(r["status"] == "ok" and math.isfinite(r["ppl"]) for r in first["results"])
     assert "rope (linear attention) + yarn" in (tmp_path / "report" / "report.md").read_text()

@@ -62,8 +62,7 @@ def test_a_mixed_run_trains_validates_on_text_and_is_scored_on_its_tasks(mixed, 
            if "val_loss" in line]
     assert len(val) == 2 and all(np.isfinite(val))
     results = eval_tasks.run_task_evaluation([run], tmp_path / "rep", lambda c: load_config(
-        cfg_path, [*MIX, "eval.lengths=[64]", "eval.tasks.samples=2", "eval.tasks.depths=[0.5]"]).eval,
-        log=lambda *a: None)
+        cfg_path, [*MIX, "eval.lengths=[64]", "eval.tasks.samples=2", "eval.tasks.depths=[0.5]"]).eval)
     assert {r["task"] for r in results["results"]} == {"passkey", "multikey"}  # its own mix, not the paper's
     assert results["runs"][0]["trained_on"] == "text (local) + 0.25 passkey+multikey"
 
@@ -147,8 +146,7 @@ def test_a_mixed_parent_trains_to_competence_and_its_fine_tunes_read_its_wording
     eval_tasks.check_planned(cfg, cfg.eval, "grid")  # multikey is readable: the parent learned its wording
     assert train.main(child) == 0
     results = eval_tasks.run_task_evaluation([tmp_path / "child"], tmp_path / "rep", lambda c: load_config(
-        cfg_path, [*MIX, "eval.lengths=[64]", "eval.tasks.samples=2", "eval.tasks.depths=[0.5]"]).eval,
-        log=lambda *a: None)
+        cfg_path, [*MIX, "eval.lengths=[64]", "eval.tasks.samples=2", "eval.tasks.depths=[0.5]"]).eval)
     assert {r["task"] for r in results["results"]} == {"passkey", "multikey"}
     assert results["runs"][0]["parent"]["mix"] == ["passkey", "multikey"]
     # Other task settings than the parent's would score the child on instances the parent never saw.

@@ -19,7 +19,7 @@ def report(tmp_path_factory, tiny_runs):
     copy_runs(tiny_runs, ["rope-a", "rope-b"], tmp / "runs")  # the test deletes them
     out = tmp / "report"
     ev = EvalConfig(lengths=[16, 32], max_tokens=512)
-    run_extrapolation([tmp / "runs" / "rope-a", tmp / "runs" / "rope-b"], out, lambda c: ev, log=lambda *a: None)
+    run_extrapolation([tmp / "runs" / "rope-a", tmp / "runs" / "rope-b"], out, lambda c: ev)
     return tmp, out
 
 

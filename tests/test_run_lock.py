@@ -51,11 +51,11 @@ def test_holder_is_recorded_and_cleared(run, monkeypatch):
     assert run.lock.read_text() == "" and live_holder(run) is None
 
 
-def test_holder_gone_from_this_host_is_taken_over(run, capsys):
+def test_holder_gone_from_this_host_is_taken_over(run, caplog):
     leave_holder(run, pid=dead_pid())
     with RunLock(run):
         assert json.loads(run.lock.read_text())["pid"] == os.getpid()
-    assert "which is gone (pid" in (err := capsys.readouterr().err) and "has exited); taking it over" in err
+    assert "which is gone (pid" in (err := caplog.text) and "has exited); taking it over" in err
 
 
 def test_live_holder_is_kept_even_without_its_flock(run):
@@ -66,7 +66,7 @@ def test_live_holder_is_kept_even_without_its_flock(run):
 
 
 @pytest.mark.parametrize("state, taken", [("RUNNING", False), ("PENDING", False), ("FAILED", True), (None, True)])
-def test_holder_on_another_host_is_checked_with_slurm(run, tmp_path, monkeypatch, capsys, state, taken):
+def test_holder_on_another_host_is_checked_with_slurm(run, tmp_path, monkeypatch, caplog, state, taken):
     slurm = FakeSlurm(tmp_path, monkeypatch)
     slurm.set_states({"77": state} if state else {})
     leave_holder(run, host="node-17", slurm_job="77")
@@ -75,7 +75,7 @@ def test_holder_on_another_host_is_checked_with_slurm(run, tmp_path, monkeypatch
             pass
         why = f"Slurm job 77 is {state or 'no longer known'}"
         assert f"held by pid {os.getpid()} on node-17, Slurm job 77, since then, which is gone ({why})" in \
-            capsys.readouterr().err
+            caplog.text
     else:
         with pytest.raises(RunInUseError, match="node-17, Slurm job 77"):
             RunLock(run).acquire()
@@ -91,13 +91,13 @@ def test_holder_that_cannot_be_checked_is_kept(run, tmp_path, monkeypatch):
         RunLock(run).acquire()
 
 
-def test_requeued_job_takes_over_its_own_lock(run, tmp_path, monkeypatch, capsys):
+def test_requeued_job_takes_over_its_own_lock(run, tmp_path, monkeypatch, caplog):
     FakeSlurm(tmp_path, monkeypatch).set_states({"77": "RUNNING"})  # Slurm: it runs (again)
     monkeypatch.setenv("SLURM_JOB_ID", "77")
     leave_holder(run, host="node-17", slurm_job="77")
     with RunLock(run):
         pass
-    assert "this is the same Slurm job 77, restarted" in capsys.readouterr().err
+    assert "this is the same Slurm job 77, restarted" in caplog.text
 
 
 def test_lock_of_the_flock_only_format_is_taken_silently(run, capsys):

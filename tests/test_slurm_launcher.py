@@ -8,6 +8,7 @@ real one.
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import socket
@@ -24,7 +25,7 @@ from ropelab.configs.grid import load_grid
 from conftest import write_run_config
 from fake_slurm import FakeSlurm
 from ropelab.scripts import ablate
-from ropelab.grid import slurm_launcher
+from ropelab.grid import runner, slurm_launcher
 from ropelab.grid.jobs import train_command
 from ropelab.grid.status import print_status
 from ropelab.grid.slurm_job import RunJob, torchrun
@@ -102,7 +103,7 @@ def test_torchrun_wraps_the_same_command():
                                        "--nproc_per_node=4", "-m", "ropelab.train", "c.yaml", "name=x"]
 
 
-def test_resubmission_skips_running_finished_and_held_runs(tmp_path, corpus, monkeypatch, capsys):
+def test_resubmission_skips_running_finished_and_held_runs(tmp_path, corpus, monkeypatch, caplog):
     slurm = FakeSlurm(tmp_path, monkeypatch)
     grid_file = write_grid(tmp_path, corpus, kinds="[rope, alibi, none, sinusoidal, learned]")
     grid = load_grid(grid_file)
@@ -118,9 +119,9 @@ def test_resubmission_skips_running_finished_and_held_runs(tmp_path, corpus, mon
     lock.parent.mkdir(parents=True)
     lock.write_text(json.dumps({"pid": os.getpid(), "host": socket.gethostname(), "since": "now"}))
     states = {**new, "kind-alibi": ("partial", "step 4/12"), "kind-sinusoidal": ("done", "step 12")}
-    capsys.readouterr()
+    caplog.set_level(logging.INFO, logger="ropelab")
     slurm_launcher.submit_grid(grid, runs, states, res, evaluate=True)
-    out = capsys.readouterr().out
+    out = caplog.text
     assert "kind-rope" in out and "not submitted: job 1_0 is running" in out
     assert "kind-learned" in out and "in use by pid" in out
     scripts = slurm.scripts()
@@ -138,7 +139,7 @@ def test_sbatch_refusal_is_one_line_and_records_nothing(tmp_path, corpus, monkey
     slurm.refuse("sbatch: error: invalid partition specified: nope\n"
                  "sbatch: error: Batch job submission failed: Invalid partition name specified\n")
     grid = write_grid(tmp_path, corpus)
-    monkeypatch.setattr(ablate, "git_commit", lambda: "c" * 40)  # a clean tree: no warning beside the error
+    monkeypatch.setattr(runner, "git_commit", lambda: "c" * 40)  # a clean tree: no warning beside the error
     assert ablate.main([str(grid), "--launcher", "slurm", "--slurm", "partition=nope"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: sbatch refused the training jobs of 3 runs: invalid "

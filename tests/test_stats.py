@@ -26,6 +26,43 @@ def test_wilson_interval_by_hand():
         wilson_interval(3, 2)
 
 
+# What the hand-written formula gave before scipy computed the interval (fb1bb84): the same
+# numbers to round-off (scipy arranges the formula differently, and returns 0 and 1 exactly at
+# k = 0 and k = n where the old formula left ~1e-18).
+WILSON_BEFORE_95 = {
+    (0, 1): (0.0, 0.7934506856227626),
+    (1, 1): (0.20654931437723745, 1.0),
+    (0, 20): (0.0, 0.16112515805281938),
+    (20, 20): (0.8388748419471806, 1.0),
+    (8, 10): (0.4901624715366418, 0.9433178485456248),
+    (4, 10): (0.16818032970623614, 0.6873262302663417),
+    (500, 1000): (0.4690696003681042, 0.5309303996318958),
+    (1, 3): (0.06149194472039615, 0.7923403991979523),
+    (199, 200): (0.9722262956021069, 0.9991168312843989),
+    (37, 40): (0.8013576647568946, 0.9741639742254119),
+    (0, 300): (8.673617379884035e-19, 0.012642971224546034),
+    (3, 7): (0.15821985525146975, 0.7495416354723428),
+    (1, 2): (0.09453120573423074, 0.9054687942657693),
+}
+WILSON_BEFORE_90 = {  # z = 1.645: eval/tasks/borderline.py's one-sided 95% bounds
+    (190, 200): (0.9181081670817905, 0.9698793883289112),
+    (196, 200): (0.9561965428329557, 0.9909901829384595),
+    (40, 40): (0.9366465513545421, 1.0),
+    (187, 200): (0.9001271053783172, 0.9582608648520282),
+    (180, 200): (0.8595933737545114, 0.9297288977216682),
+    (96, 100): (0.9138471026288194, 0.98191759425066),
+    (93, 100): (0.875739886933207, 0.9616053731932631),
+    (0, 40): (0.0, 0.06335344864545805),
+}
+
+
+@pytest.mark.parametrize("level, before", [(0.95, WILSON_BEFORE_95), (0.90, WILSON_BEFORE_90)])
+def test_wilson_interval_gives_the_numbers_of_the_formula_it_replaced(level, before):
+    for (k, n), expected in before.items():
+        assert wilson_interval(k, n, level=level) == pytest.approx(expected, abs=1e-12, rel=0), (k, n)
+    assert wilson_interval(0, 7)[0] == 0.0 and wilson_interval(7, 7)[1] == 1.0
+
+
 def _cell(nll, tokens, seeds=(0,)):
     nll = np.atleast_2d(np.asarray(nll, dtype=np.float64))
     return Cell(nll=nll, tokens=np.asarray(tokens, dtype=np.float64), runs=tuple(f"r{s}" for s in seeds),
@@ -88,6 +125,28 @@ def test_rows_with_different_seeds_are_compared_unpaired():
     assert sorted(p.variance for p in seed_parts) == pytest.approx(sorted([0.01 / 3, 0.08 / 2]))  # s²/S each
     one = paired_contrast(a, _cell([base], tokens, (0,)))
     assert one.runs is None  # a one-seed row has no seed variance to offer
+
+
+# (p-values, adjusted) as the hand-written step-up procedure gave them before scipy's
+# false_discovery_control replaced it (fb1bb84): ties, unsorted input, 0 and 1, one value.
+BH_BEFORE = [
+    ([0.04, 0.01, 0.02], [0.04, 0.03, 0.03]),
+    ([0.01, 0.04, 0.01, 0.04, 0.2], [0.025, 0.05, 0.025, 0.05, 0.2]),
+    ([0.3, 0.001, 0.049, 0.2, 0.012, 0.049, 0.7, 0.0004],
+     [0.34285714285714286, 0.004, 0.0784, 0.26666666666666666, 0.032, 0.0784, 0.7, 0.0032]),
+    ([1.0, 0.0, 0.5], [1.0, 0.0, 0.75]),
+    ([0.3], [0.3]),
+    ([0.04] * 5, [0.04] * 5),
+    ([0.9, 0.8], [0.9, 0.9]),
+    ([0.5, 0.001], [0.5, 0.002]),
+    ([], []),
+]
+
+
+@pytest.mark.parametrize("p_values, before", BH_BEFORE)
+def test_benjamini_hochberg_gives_the_numbers_of_the_procedure_it_replaced(p_values, before):
+    # m·p/j against p·(m/j): the same product rounded in another order, a few ulps apart.
+    assert benjamini_hochberg(p_values) == pytest.approx(before, abs=1e-15, rel=1e-15)
 
 
 def test_benjamini_hochberg_by_hand():

@@ -4,6 +4,7 @@ synthetic runs end to end (train, resume, score, report), passkey on text runs, 
 from __future__ import annotations
 
 import json
+import logging
 import os
 import shutil
 import signal
@@ -169,7 +170,7 @@ def test_report_pools_seeds_with_seed_aware_intervals_and_marks_learned_na(score
     runs = [scored_runs / n for n in ("rope-a", "rope-b", "learned", "passkey")]
     # Every seed pools (these tiny runs learn nothing; which seeds pool is tested by hand below).
     every_seed = eval_tasks_for(tasks={"learned_accuracy": None})
-    results = eval_tasks.run_task_evaluation(runs, tmp_path / "rep", every_seed, log=lambda *a: None)
+    results = eval_tasks.run_task_evaluation(runs, tmp_path / "rep", every_seed)
     rows = results["results"]
     for r in rows:
         if r["status"] == "ok":
@@ -199,24 +200,24 @@ def test_report_pools_seeds_with_seed_aware_intervals_and_marks_learned_na(score
         assert (tmp_path / "rep" / name).is_file()
     # Cached per checkpoint: a second report reads the cache and gives the same numbers (the
     # report's own settings are not part of the cache key).
-    again = eval_tasks.run_task_evaluation(runs, tmp_path / "rep2", log=lambda *a: None)
+    again = eval_tasks.run_task_evaluation(runs, tmp_path / "rep2")
     assert again["results"] == rows
     assert len(list((scored_runs / "rope-a" / "eval").glob("tasks-*.json"))) == 1
 
 
-def test_a_reused_evaluation_takes_each_task_s_chance_from_today_s_code(scored_runs, tmp_path):
+def test_a_reused_evaluation_takes_each_task_s_chance_from_today_s_code(scored_runs, tmp_path, caplog):
     # Chance follows from a task's settings, not from its scores: a cached result written
     # when the code gave another (one vartrack chain once had chance 1) is reported with today's.
     run = scored_runs / "passkey"
-    first = eval_tasks.run_task_evaluation([run], tmp_path / "a", log=lambda *a: None)
+    first = eval_tasks.run_task_evaluation([run], tmp_path / "a")
     assert first["runs"][0]["chance"] == {"passkey": 0.0}  # no distractors: no candidates to guess among
     (cache,) = (run / "eval").glob("tasks-*.json")
     stale = json.loads(cache.read_text())
     stale["meta"]["chance"] = {"passkey": 1.0}
     cache.write_text(json.dumps(stale))
-    seen: list[str] = []
-    again = eval_tasks.run_task_evaluation([run], tmp_path / "b", log=seen.append)
-    assert any("reusing" in line for line in seen) and again["results"] == first["results"]
+    caplog.set_level(logging.INFO, logger="ropelab")
+    again = eval_tasks.run_task_evaluation([run], tmp_path / "b")
+    assert any("reusing" in line for line in caplog.messages) and again["results"] == first["results"]
     assert again["runs"][0]["chance"] == {"passkey": 0.0}
 
 
@@ -243,7 +244,7 @@ def test_rescore_evaluates_again_and_replaces_the_cached_result(scored_runs, tmp
 
 def test_passkey_on_a_text_run_in_its_own_tokenizer(scored_runs, tmp_path):
     results = eval_tasks.run_task_evaluation([scored_runs / "text"], tmp_path / "rep", eval_tasks_for(
-        lengths=[300], tasks={"samples": 3, "depths": [0.5]}), log=lambda *a: None)
+        lengths=[300], tasks={"samples": 3, "depths": [0.5]}))
     (row,) = results["results"]
     assert (row["task"], row["length"], row["status"], row["total"]) == ("passkey", 300, "ok", 3)
     assert results["runs"][0]["trained_on"] == "text (local)" and results["runs"][0]["tasks_trained"] == []
@@ -340,7 +341,7 @@ def test_tasks_score_each_checkpoint_of_steps(scored_runs, tmp_path):
     tokens = {r["eval_step"]: r["step_tokens"] for r in rows}
     assert tokens == {12: 12 * 8 * 24, 16: 16 * 8 * 24}  # batch 8 × seq_len 24 per step
     latest = eval_tasks.run_task_evaluation([scored_runs / "rope-a"], tmp_path / "latest", eval_tasks_for(
-        tasks={"samples": 3}), log=lambda *a: None)["results"]
+        tasks={"samples": 3}))["results"]
     assert [r["correct"] for r in rows if r["eval_step"] == 16] == [r["correct"] for r in latest]
     report = (out / "report.md").read_text()
     assert "| rope @ 12 |" in report and "| rope @ 16 |" in report

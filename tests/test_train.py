@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import logging
 import os
 import signal
 import subprocess
@@ -302,7 +303,8 @@ def test_a_peak_timed_on_a_busy_cpu_never_lowers_the_one_seen_before(tmp_path, m
     assert list(json.loads(runtime.peak_record_path().read_text()).values()) == [3e10]
 
 
-def test_training_log_lines_carry_gpu_peak_memory_only_when_given(tmp_path, capsys):
+def test_training_log_lines_carry_gpu_peak_memory_only_when_given(tmp_path, caplog):
+    caplog.set_level(logging.INFO, logger="ropelab")
     cfg = SimpleNamespace(log=SimpleNamespace(progress=False, wandb=False))
     log = MetricsLog(RunDir(tmp_path / "run"), cfg, is_main=True)
     log.train(1, 64, 2.5, 1e-3, 0.5, 1000.0, None, peak_mem_gib=1.23456)
@@ -310,7 +312,7 @@ def test_training_log_lines_carry_gpu_peak_memory_only_when_given(tmp_path, caps
     log.close()
     first, second = records_of(tmp_path / "run" / "metrics.jsonl")
     assert first["peak_mem_gib"] == 1.235 and "peak_mem_gib" not in second
-    lines = capsys.readouterr().out.splitlines()
+    lines = caplog.messages
     assert "| 1.2 GiB peak |" in lines[0] and "GiB" not in lines[1]
     assert Runtime(device=torch.device("cpu"), dtype=torch.float32).peak_memory_gib() is None
 

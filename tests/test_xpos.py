@@ -126,7 +126,7 @@ def test_an_xpos_run_is_evaluated_under_every_scaling(tmp_path, corpus):
     assert train.main([cfg, "train.max_steps=4", "train.eval_interval=4", "train.ckpt_interval=4",
                        "model.pos.kind=xpos", "name=xpos"]) == 0
     ev = EvalConfig(lengths=[32, 64], scalings=["none", "ntk", "dynamic"], max_tokens=512, per_position=False)
-    results = run_extrapolation([tmp_path / "runs" / "xpos"], tmp_path / "report", lambda c: ev, log=lambda *a: None)
+    results = run_extrapolation([tmp_path / "runs" / "xpos"], tmp_path / "report", lambda c: ev)
     rows = {(r["scaling"], r["length"]): r for r in results["results"]}
     assert set(rows) == {(s, n) for s in ("none", "ntk", "dynamic") for n in (32, 64)}
     assert rows[("ntk", 32)]["nll"] == rows[("none", 32)]["nll"]  # at the training length: plain

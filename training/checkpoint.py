@@ -33,8 +33,11 @@ from torch import nn
 from ropelab.common.atomic import atomic_directory, write_text_atomic
 from ropelab.common.storage import CONTINUE_RUN, RecordingWriter, os_error_in, storage_error
 from ropelab.common.errors import CheckpointError
+from ropelab.common.logs import get_logger
 from ropelab.model.layers import fuse_projections
 from ropelab.training.run_dir import META, STATE, WEIGHTS, RunDir
+
+logger = get_logger(__name__)
 
 FORMAT = "ropelab-checkpoint/1"
 WEIGHTS_KEY = "weights_sha256"  # meta.json: the sha256 of the weights file as saved
@@ -209,11 +212,11 @@ RETRAIN_ON_RESUME = ("To train this run again from step 0, move the directory as
                      "and run the same command without --resume.")
 
 
-def load_newest(run: RunDir, load: Callable[[Path], T], log: Callable[[str], None],
+def load_newest(run: RunDir, load: Callable[[Path], T],
                 advice: Optional[str] = None) -> Optional[tuple[Path, T, list[Path]]]:
     """``(checkpoint, load(checkpoint), skipped)`` for the newest checkpoint whose files read.
 
-    When ``load`` finds a checkpoint unreadable, the next older one is tried, and ``log``
+    When ``load`` finds a checkpoint unreadable, the next older one is tried, and a warning
     says so; ``skipped`` lists the unreadable ones. None when the run has no checkpoint;
     a CheckpointError when none of them reads, ending with ``advice`` (by default
     ``RETRAIN_ON_RESUME``), which must work for the command that meets it.
@@ -221,10 +224,11 @@ def load_newest(run: RunDir, load: Callable[[Path], T], log: Callable[[str], Non
     candidates = run.checkpoint_candidates()
     named = run.pointer_target()
     if candidates and named is not None and candidates[0].name != named:
-        log(f"warning: {run.latest_pointer} names {named}, which is not a complete checkpoint; "
-            f"using the newest one there is, {candidates[0].name}")
+        logger.warning(f"warning: {run.latest_pointer} names {named}, which is not a complete checkpoint; "
+                       f"using the newest one there is, {candidates[0].name}")
     elif candidates and named is None:
-        log(f"warning: {run.latest_pointer} is missing; using the newest checkpoint there is, {candidates[0].name}")
+        logger.warning(f"warning: {run.latest_pointer} is missing; using the newest checkpoint there is, "
+                       f"{candidates[0].name}")
     skipped: list[Path] = []
     reasons: list[str] = []
     for ckpt in candidates:
@@ -233,10 +237,10 @@ def load_newest(run: RunDir, load: Callable[[Path], T], log: Callable[[str], Non
         except UnreadableCheckpoint as e:
             skipped.append(ckpt)
             reasons.append(str(e))
-            log(f"warning: {e}; falling back to an earlier checkpoint")
+            logger.warning(f"warning: {e}; falling back to an earlier checkpoint")
             continue
         if skipped:
-            log(f"note: using {ckpt.name}, the newest checkpoint of {run} that reads")
+            logger.warning(f"note: using {ckpt.name}, the newest checkpoint of {run} that reads")
         return ckpt, result, skipped
     if not candidates:
         return None
@@ -244,11 +248,11 @@ def load_newest(run: RunDir, load: Callable[[Path], T], log: Callable[[str], Non
                           "\nNothing was changed. " + (advice or RETRAIN_ON_RESUME.format(run=run)))
 
 
-def set_aside(run: RunDir, ckpt: Path, log: Callable[[str], None]) -> None:
+def set_aside(run: RunDir, ckpt: Path) -> None:
     """Rename an unreadable checkpoint out of the way (kept for inspection, never loaded or
     pruned), so that training can write that step again."""
     target = run.unreadable(ckpt)
     if target.exists():
         shutil.rmtree(target)  # an older copy of the same damaged step
     ckpt.rename(target)
-    log(f"note: moved the unreadable {ckpt.name} to {target}; delete it once you no longer need it")
+    logger.warning(f"note: moved the unreadable {ckpt.name} to {target}; delete it once you no longer need it")

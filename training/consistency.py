@@ -23,13 +23,16 @@ from __future__ import annotations
 import hashlib
 import json
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Optional
 
 from ropelab.common.errors import CheckpointError, UserError
+from ropelab.common.logs import get_logger
 from ropelab.configs.experiment import experiment_identity
 from ropelab.configs.schema import RunConfig
 from ropelab.data.prepare import cache_root
 from ropelab.training.run_dir import RunDir
+
+logger = get_logger(__name__)
 
 TOKENIZER_KEY, EXPERIMENT_KEY = "tokenizer_sha256", "experiment"
 
@@ -90,9 +93,9 @@ def check_parts(run: RunDir, cfg: RunConfig, ckpt: Path, meta: dict) -> None:
 
 
 def check_continuation(run: RunDir, ckpt: Path, meta: dict, cfg: RunConfig, tokenizer_json: str,
-                       total_steps: int, note: Callable[[str], None]) -> None:
+                       total_steps: int) -> None:
     """Before a run resumes from ``ckpt``: the same config and tokenizer as it was trained
-    with, and no schedule cut short (see the module docstring); ``note`` says when the
+    with, and no schedule cut short (see the module docstring); a note says when the
     schedule is re-planned for more steps."""
     changes = config_changes(cfg, meta)
     if changes:
@@ -113,5 +116,5 @@ def check_continuation(run: RunDir, ckpt: Path, meta: dict, cfg: RunConfig, toke
                         f"mid-run. Resume with train.max_steps={planned} (or the max_tokens that gives it); to "
                         "train fewer steps, start a new run with another name=...")
     if total_steps > planned:
-        note(f"note: {run} was planned for {planned} steps and now trains for {total_steps}: its learning-rate "
-             f"schedule is re-planned from step {step} on")
+        logger.warning(f"note: {run} was planned for {planned} steps and now trains for {total_steps}: its "
+                       f"learning-rate schedule is re-planned from step {step} on")

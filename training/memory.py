@@ -43,7 +43,6 @@ checked.
 
 from __future__ import annotations
 
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -51,10 +50,13 @@ from typing import Optional
 import torch
 
 from ropelab.common.errors import UserError
+from ropelab.common.logs import get_logger
 from ropelab.configs.schema import RunConfig
 from ropelab.model.config import ModelConfig
 from ropelab.model.encodings import KINDS, served_length
 from ropelab.model.loss import CHUNK_BYTES
+
+logger = get_logger(__name__)
 
 FLOAT = 4  # bytes: weights and activations are counted as float32
 QUERY_CHUNK = 512  # queries per chunk on attention's masked path (model/attention.py)
@@ -245,9 +247,9 @@ def check_fits(estimate: Estimate, device: torch.device | str, fix: str) -> None
     found = (f"{estimate.what} needs {estimate.describe()}, but {torch.device(device)} has "
              f"{human(free)} available ({source})")
     if torch.device(device).type == "cuda" and estimate.total <= CUDA_MARGIN * free:
-        print(f"warning: {found}. Estimates on CUDA are not calibrated and may be up to {CUDA_MARGIN:g}× too "
-              f"high, so this goes ahead; if the device runs out of memory, the command stops with a message "
-              f"and what was saved is kept. {fix}", file=sys.stderr, flush=True)
+        logger.warning(f"warning: {found}. Estimates on CUDA are not calibrated and may be up to {CUDA_MARGIN:g}× too "
+                       f"high, so this goes ahead; if the device runs out of memory, the command stops with a "
+                       f"message and what was saved is kept. {fix}")
         return
     raise MemoryLimitError(f"{found}; nothing was started. {fix}")
 

@@ -3,7 +3,7 @@
 Progress is a tqdm bar on a terminal. When the output goes to a file (or ``log.progress``
 is false) it is one line per logged step (every ``train.log_interval`` steps: step, loss,
 learning rate, tokens/s) and one per validation (loss and perplexity) instead, which a
-log file shows as it is.
+log file shows as it is; those lines are INFO messages (common/logs.py).
 
 Only rank 0 logs. On resume, records from steps after the checkpoint (which will be
 trained again) are dropped from metrics.jsonl, so the file reads as one uninterrupted
@@ -27,8 +27,11 @@ from ropelab.configs import config_to_dict
 from ropelab.common.atomic import write_text_atomic
 from ropelab.common.storage import CONTINUE_RUN, is_storage_error, storage_error
 from ropelab.common.errors import UserError
+from ropelab.common.logs import get_logger
 from ropelab.model.loss import perplexity_of
 from ropelab.training.run_dir import RunDir
+
+logger = get_logger(__name__)
 
 
 class _NoBar:
@@ -124,26 +127,22 @@ class MetricsLog:
             efficiency = f" | MFU {mfu:.1%}" if mfu is not None else ""
             if peak_mem_gib is not None:
                 efficiency += f" | {peak_mem_gib:.1f} GiB peak"
-            print(f"step {step:>{width}}{of} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_sec:,.0f} tok/s"
-                  f"{efficiency} | {tokens:,} tokens | {_clock(time.perf_counter() - self.started)} elapsed", flush=True)
+            logger.info(f"step {step:>{width}}{of} | loss {loss:.4f} | lr {lr:.2e} | {tokens_per_sec:,.0f} tok/s"
+                        f"{efficiency} | {tokens:,} tokens | {_clock(time.perf_counter() - self.started)} elapsed")
 
     def validation(self, step: int, tokens: int, val_loss: float) -> None:
         self._write({"step": step, "tokens": tokens, "val_loss": val_loss,
                      "val_ppl": perplexity_of(val_loss), "time": time.time()})
-        if self.lines:
-            print(f"validation at step {step}: val loss {val_loss:.4f} | ppl {perplexity_of(val_loss):.2f}", flush=True)
-        elif self.bar:  # a terminal: above the bar, which keeps the latest training loss
-            tqdm.write(f"validation at step {step}: val loss {val_loss:.4f} | ppl {perplexity_of(val_loss):.2f}")
+        if self.lines or self.bar:  # with a bar, above it (common/logs.py): the bar keeps the latest training loss
+            logger.info(f"validation at step {step}: val loss {val_loss:.4f} | ppl {perplexity_of(val_loss):.2f}")
 
     def accuracy(self, step: int, tokens: int, accuracies: dict[str, float]) -> None:
         """Exact-match accuracy at L per task (the competence stop's check, training/competence.py)."""
         self._write({"step": step, "tokens": tokens, **{f"val_acc_{task}": acc for task, acc in accuracies.items()},
                      "time": time.time()})
         text = f"accuracy at L at step {step}: " + ", ".join(f"{task} {acc:.3f}" for task, acc in accuracies.items())
-        if self.lines:
-            print(text, flush=True)
-        elif self.bar:
-            tqdm.write(text)
+        if self.lines or self.bar:
+            logger.info(text)
 
     def progress(self, total: int, initial: int):
         self.total_steps = total

@@ -22,7 +22,6 @@ from __future__ import annotations
 import json
 import os
 import socket
-import sys
 import time
 from dataclasses import asdict, dataclass
 from typing import Optional
@@ -34,8 +33,11 @@ except ImportError:  # Windows
 
 from ropelab.common.storage import make_dir
 from ropelab.common.errors import RunInUseError
+from ropelab.common.logs import get_logger
 from ropelab.training.run_dir import RunDir
 from ropelab.training.slurm import current_job, job_states
+
+logger = get_logger(__name__)
 
 
 @dataclass(frozen=True)
@@ -138,8 +140,7 @@ class RunLock:
             if why is None:
                 f.close()
                 raise _in_use(self.run, str(previous))
-            print(f"note: {self.run.lock} was held by {previous}, which is gone ({why}); taking it over",
-                  file=sys.stderr, flush=True)
+            logger.warning(f"note: {self.run.lock} was held by {previous}, which is gone ({why}); taking it over")
         f.seek(0)
         f.truncate()
         f.write(json.dumps(asdict(Holder.this_process())) + "\n")

@@ -88,10 +88,6 @@ class Runtime:
         torch.cuda.reset_peak_memory_stats(self.device)
         return peak
 
-    def print(self, *args, **kwargs) -> None:
-        if self.is_main:
-            print(*args, **kwargs, flush=True)
-
     def close(self) -> None:
         if self.world_size > 1 and dist.is_initialized():
             dist.destroy_process_group()

@@ -8,7 +8,6 @@ weights, and use the run's own tokenizer.json.
 from __future__ import annotations
 
 import dataclasses
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Optional
@@ -109,7 +108,7 @@ def load_run(run_dir: str | Path, which: str = "latest", device: str | torch.dev
             ckpt = _chosen_checkpoint(run, step)
             meta = load(ckpt)
         else:
-            found = load_newest(run, load, _warn, advice=f"Train it again: {retrain_advice(run)}")
+            found = load_newest(run, load, advice=f"Train it again: {retrain_advice(run)}")
             if found is None:
                 raise CheckpointError(f"{run} has no checkpoint yet; train it first")
             ckpt, meta, _ = found
@@ -148,10 +147,6 @@ def _metas(run: RunDir) -> list[dict]:
         except CheckpointError:
             continue
     return out
-
-
-def _warn(message: str) -> None:
-    print(message, file=sys.stderr)
 
 
 def run_tokenizer(run: RunDir, cfg: RunConfig) -> Tokenizer:

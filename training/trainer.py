@@ -14,7 +14,6 @@ from __future__ import annotations
 import contextlib
 import math
 import signal
-import sys
 import time
 from pathlib import Path
 from typing import Optional
@@ -23,6 +22,7 @@ import torch
 
 from ropelab.common.atomic import write_text_atomic
 from ropelab.common.errors import CheckpointError, UserError
+from ropelab.common.logs import get_logger
 from ropelab.configs import config_to_yaml, load_config
 from ropelab.configs.experiment import experiment_differences
 from ropelab.configs.schema import RunConfig
@@ -43,6 +43,8 @@ from ropelab.training.provenance import git_commit
 from ropelab.training.run_dir import RunDir
 from ropelab.training.run_record import check_not_record
 from ropelab.training.runtime import Runtime
+
+logger = get_logger(__name__)
 
 
 def check_resumable(saved: RunConfig, current: RunConfig, run: RunDir) -> None:
@@ -114,9 +116,6 @@ class Trainer:
         self.git_commit = git_commit()
 
     # --- setup ----------------------------------------------------------------------
-    def _warn(self, message: str) -> None:
-        self.rt.print(message, file=sys.stderr)
-
     def _find_resume_point(self, cfg: RunConfig) -> Optional[Path]:
         ckpt = self.run_dir.latest_checkpoint() if self.run_dir.path.exists() else None
         if ckpt is not None:
@@ -136,7 +135,7 @@ class Trainer:
         if self.compiled is None:
             decided, why = compile_decision(self.cfg, self.rt, self.total_steps - self.step)
             self.compiled = self.rt.any_rank(decided and self.rt.is_main)  # rank 0's choice, for every rank
-            self.rt.print(f"train.compile=auto: {why}")
+            logger.info(f"train.compile=auto: {why}")
         return self.compiled
 
     def _wrap(self, model: torch.nn.Module) -> torch.nn.Module:
@@ -182,7 +181,7 @@ class Trainer:
         saved = load_config(self.run_dir.config)
         check_resumable(saved, self.cfg, self.run_dir)
         try:
-            found = load_newest(self.run_dir, self._restore_from, self._warn)
+            found = load_newest(self.run_dir, self._restore_from)
         except NonFiniteWeights as e:
             raise non_finite_checkpoint(e, self.run_dir, self.cfg) from None
         if found is None:  # the checkpoint seen at start-up has gone since
@@ -190,17 +189,17 @@ class Trainer:
         ckpt, meta, skipped = found
         if self.rt.is_main:
             for bad in skipped:
-                set_aside(self.run_dir, bad, self._warn)
+                set_aside(self.run_dir, bad)
             if skipped or self.run_dir.pointer_target() != ckpt.name:
                 write_text_atomic(self.run_dir.latest_pointer, ckpt.name)
         self.rt.barrier()
-        self.rt.print(f"resuming {self.run_dir} from {ckpt.name} (step {meta['step']})")
+        logger.info(f"resuming {self.run_dir} from {ckpt.name} (step {meta['step']})")
 
     def _restore_from(self, ckpt: Path) -> dict:
         """Load ``ckpt`` into the model and the training state; its meta. Every file is read
         before anything is set, so an unreadable one leaves the state as it was."""
         meta = read_meta(ckpt)
-        check_continuation(self.run_dir, ckpt, meta, self.cfg, self.tokenizer.to_json(), self.total_steps, self._warn)
+        check_continuation(self.run_dir, ckpt, meta, self.cfg, self.tokenizer.to_json(), self.total_steps)
         state = load_state(ckpt)
         load_weights(self.model, ckpt)
         self.parent = meta.get("parent")
@@ -313,7 +312,7 @@ class Trainer:
         t, rt = self.cfg.train, self.rt
         if self._complete():
             reason = f"; {self.competence.outcome(self.step)}" if self.competence else ""
-            rt.print(f"{self.run_dir} is already complete ({self.step}/{self.total_steps} steps{reason})")
+            logger.info(f"{self.run_dir} is already complete ({self.step}/{self.total_steps} steps{reason})")
             return 0
         log = MetricsLog(self.run_dir, self.cfg, rt.is_main, start_step=self.step, wandb_id=self.wandb_id)
         if rt.is_main:
@@ -324,9 +323,9 @@ class Trainer:
         flops_per_token = unwrap(self.model).flops_per_token(t.seq_len)
         peak = f"{rt.peak_flops / 1e9:,.0f} GFLOP/s per device" if rt.peak_flops else "no peak"
         origin = f" {parent_origin(self.parent)}" if self.parent is not None else ""
-        rt.print(f"training {self.run_dir}{origin}: {self.model.num_params():,} parameters, "
-                 f"{t.tokens_per_step(rt.world_size):,} tokens/step, {rt.device.type} {str(rt.dtype)[6:]} "
-                 f"× {rt.world_size}; MFU against {peak} ({rt.peak_source})")
+        logger.info(f"training {self.run_dir}{origin}: {self.model.num_params():,} parameters, "
+                    f"{t.tokens_per_step(rt.world_size):,} tokens/step, {rt.device.type} {str(rt.dtype)[6:]} "
+                    f"× {rt.world_size}; MFU against {peak} ({rt.peak_source})")
         old_handlers = {s: signal.signal(s, self._handle_signal) for s in (signal.SIGINT, signal.SIGTERM)}
         self._session_start = time.perf_counter()  # data preparation and setup are not training
         try:
@@ -376,12 +375,13 @@ class Trainer:
                 self.save(val_loss)
             if stop and not last:
                 name = signal.Signals(self.stop_signal).name if self.stop_signal else "a signal"
-                rt.print(f"\nstopped by {name} at step {self.step}; checkpoint saved in {self.run_dir}. "
-                         "Continue with --resume.")
+                logger.info(f"\nstopped by {name} at step {self.step}; checkpoint saved in {self.run_dir}. "
+                            "Continue with --resume.")
                 return 128 + (self.stop_signal or signal.SIGTERM)
             if last:
                 break
         bar.close()
-        rt.print(f"done: {self.step} steps, {self.tokens_seen:,} tokens, best val loss {self.best_val:.4f} "
-                 f"→ {self.run_dir}" + (f"; {self.competence.outcome(self.total_steps)}" if self.competence else ""))
+        logger.info(f"done: {self.step} steps, {self.tokens_seen:,} tokens, best val loss {self.best_val:.4f} "
+                    f"→ {self.run_dir}"
+                    + (f"; {self.competence.outcome(self.total_steps)}" if self.competence else ""))
         return 0

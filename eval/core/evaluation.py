@@ -30,7 +30,6 @@ import argparse
 import dataclasses
 import json
 import math
-import sys
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Optional, Sequence
@@ -42,6 +41,7 @@ from ropelab.common.atomic import write_text_atomic
 from ropelab.common.cli import device_name, non_negative_int, positive_int, scale_factor, usage_when_empty
 from ropelab.common.devices import DEVICE_NAMES
 from ropelab.common.errors import ConfigError, LengthError, UserError
+from ropelab.common.logs import get_logger
 from ropelab.configs import override_section
 from ropelab.configs.loader import load_yaml
 from ropelab.configs.experiment import seed_group
@@ -56,6 +56,8 @@ from ropelab.training.memory import Estimate, check_fits
 from ropelab.training.run_dir import RunDir
 from ropelab.training.runtime import resolve_device
 from ropelab.training.saved_run import SavedRun, load_run, read_run_config
+
+logger = get_logger(__name__)
 
 EvalFor = Callable[[RunConfig], EvalConfig]  # the evaluation config of a run, from its config
 Result = tuple[dict, list, Any]  # (run metadata, result rows, what else the evaluation keeps)
@@ -100,7 +102,7 @@ class Evaluation:
     result: str  # what a cache file calls the third part of a result ("curves", "kmax")
     default_out: Path
     cache_key: Callable[[RunConfig, EvalConfig], str]
-    # One run: (run_dir, ev, device, log, cells, **options) -> Result; ``cells`` is a journal of
+    # One run: (run_dir, ev, device, cells, **options) -> Result; ``cells`` is a journal of
     # finished cells, kept beside the cache file (resumable) when ``journal`` is true.
     evaluate: Callable[..., Result]
     # Every run and the report: (run_dirs, out, eval_for, device=, **options) -> results.
@@ -184,7 +186,7 @@ def cached_result(evaluation: Evaluation, run: RunDir, cfg: RunConfig, ev: EvalC
     return cached if cached.get("checkpoint") == ckpt.name or ev.steps else None
 
 
-def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, device: str, log,
+def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, device: str,
                       rescore: bool = False, **options) -> Result:
     """``evaluation.evaluate`` of one run, or its earlier result for the same checkpoint and cache
     key; ``rescore``: evaluated again all the same, the new result replacing the earlier one once
@@ -196,7 +198,7 @@ def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, 
     ckpt = run.latest_checkpoint()
     cached = None if rescore else cached_result(evaluation, run, cfg, ev)
     if cached is not None:
-        log(f"  reusing {path}")
+        logger.info(f"  reusing {path}")
         # The group hashes the whole config as the schema reads it today: a key added
         # since (e.g. model.attention) must not split a cached seed from a fresh one.
         cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"), cached["meta"].get("parent"))
@@ -212,7 +214,7 @@ def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, 
         return cached["meta"], cached["rows"], cached[evaluation.result]
     cells = Cells(path.with_suffix(".partial.jsonl"), ckpt.name if ckpt is not None else None) \
         if evaluation.journal else Cells()
-    meta, rows, extra = evaluation.evaluate(run.path, ev, device, log, cells, **options)
+    meta, rows, extra = evaluation.evaluate(run.path, ev, device, cells, **options)
     path.parent.mkdir(exist_ok=True)
     write_text_atomic(path, json.dumps({"checkpoint": meta["checkpoint"], "meta": meta, "rows": rows,
                                         evaluation.result: extra}))
@@ -230,19 +232,19 @@ class Evaluated:
     failures: list[dict] = field(default_factory=list)  # {"run", "error"}
 
 
-def evaluate_all(evaluation: Evaluation, run_dirs: Sequence[Path], eval_for: EvalFor, device: str, log,
+def evaluate_all(evaluation: Evaluation, run_dirs: Sequence[Path], eval_for: EvalFor, device: str,
                  missing: Sequence[dict] = (), **options) -> Evaluated:
     """Every run's cached evaluation. A run that cannot be evaluated (a UserError) is listed
     with ``missing`` (runs that should have been there) for the report; none at all is an error."""
     check_requests(evaluation, run_dirs, eval_for, device)
     done = Evaluated(failures=list(missing))
     for run_dir in run_dirs:
-        log(f"evaluating {run_dir}")
+        logger.info(f"evaluating {run_dir}")
         try:
-            meta, rows, extra = cached_evaluation(evaluation, Path(run_dir), eval_for, device, log, **options)
+            meta, rows, extra = cached_evaluation(evaluation, Path(run_dir), eval_for, device, **options)
         except UserError as e:
             done.failures.append({"run": str(run_dir), "error": str(e)})
-            log(f"  skipped: {e}")
+            logger.info(f"  skipped: {e}")
             continue
         done.runs.append(meta)
         done.rows.extend(rows)
@@ -339,11 +341,11 @@ def command(evaluation: Evaluation, argv=None) -> int:
         if args.cache_only or args.rescore:  # the report below reuses what this writes
             check_requests(evaluation, args.runs, eval_for, device)
             for run in args.runs:
-                cached_evaluation(evaluation, run, eval_for, device, print, rescore=args.rescore, **options)
+                cached_evaluation(evaluation, run, eval_for, device, rescore=args.rescore, **options)
             if args.cache_only:
                 return 0
         results = evaluation.report(args.runs, args.out, eval_for, device=device, **options)
-    print(f"wrote {args.out}/report.md, results.json and plots")
+    logger.info(f"wrote {args.out}/report.md, results.json and plots")
     for warning in evaluation.warnings(results):
-        print(f"warning: {warning}", file=sys.stderr)
+        logger.warning(f"warning: {warning}")
     return 0

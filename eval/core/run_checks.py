@@ -5,16 +5,18 @@ a RoPE scaling asked for on the command line that some run has."""
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 from typing import Optional, Sequence
 
 from ropelab.common.errors import ArgumentError, UserError
+from ropelab.common.logs import get_logger
 from ropelab.configs.experiment import seed_group
 from ropelab.model.encodings import accepts_rope_scaling, kinds_where
 from ropelab.training.checkpoint import read_meta
 from ropelab.training.run_dir import RunDir
 from ropelab.training.saved_run import read_run_config
+
+logger = get_logger(__name__)
 
 
 def _latest_tokens(run: RunDir) -> Optional[int]:
@@ -69,5 +71,5 @@ def check_flags(args: argparse.Namespace, run_dirs: Sequence[Path]) -> None:
                             f"({', '.join(sorted(set(kinds.values())))}; scalings apply to pos.kind="
                             f"{' or '.join(kinds_where('rope_scaling'))}); drop --scaling")
     for run in without:
-        print(f"note: {run} (pos.kind={kinds[run]}) takes no RoPE scaling: it is evaluated without "
-              f"--scaling {' '.join(asked)}", file=sys.stderr)
+        logger.warning(f"note: {run} (pos.kind={kinds[run]}) takes no RoPE scaling: it is evaluated without "
+                       f"--scaling {' '.join(asked)}")

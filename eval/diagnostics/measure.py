@@ -37,6 +37,7 @@ import numpy as np
 import torch
 
 from ropelab.common.errors import DataError, LengthError, NonFiniteOutput
+from ropelab.common.logs import get_logger
 from ropelab.configs.schema import EvalConfig, EvalCorpus, RunConfig
 from ropelab.data.samplers import eval_windows, spread_windows
 from ropelab.data.tasks import Task, TaskError, build_task, eval_instance
@@ -51,6 +52,8 @@ from ropelab.eval.tasks.exact_match import is_synthetic
 from ropelab.model.encodings import KINDS, served_length
 from ropelab.training.memory import Estimate, attention_map_estimate, largest
 from ropelab.training.saved_run import SavedRun, load_run
+
+logger = get_logger(__name__)
 
 DIAGNOSTICS_FORMAT = 3  # bumped when a measure changes, so cached diagnostics are computed again
 MAP_MULTIPLE = 8  # the example attention maps: at L and at 8L (else the longest length)
@@ -193,7 +196,7 @@ def samplers(saved: SavedRun, ev: EvalConfig, meta: dict):
     return (lambda n: corpus_windows(corpus.tokens, n, count)), (lambda n: task_windows([passkey], n, count, ev))
 
 
-def diagnose_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) -> tuple[dict, dict]:
+def diagnose_run(run_dir: Path, ev: EvalConfig, device: str = "cpu") -> tuple[dict, dict]:
     """(metadata, {length: cell}) for one run (see the module docstring)."""
     started = time.perf_counter()
     saved = load_run(run_dir, device=device)
@@ -216,7 +219,7 @@ def diagnose_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
     with torch.inference_mode():
         for length in lengths:
             cells[str(length)] = diagnose_length(saved, meta, length, sample, needles, map_lengths)
-            log(f"  {meta['name']:<28} L={length:<6} {cells[str(length)].get('note', 'done')}")
+            logger.info(f"  {meta['name']:<28} L={length:<6} {cells[str(length)].get('note', 'done')}")
     meta["eval_seconds"] = round(time.perf_counter() - started, 1)
     return meta, cells
 
@@ -230,9 +233,9 @@ def _cache_key(cfg: RunConfig, ev: EvalConfig) -> str:
     return hashlib.sha256(json.dumps(key, sort_keys=True).encode()).hexdigest()[:12]
 
 
-def _evaluate(run_dir: Path, ev: EvalConfig, device: str, log, cells, **options) -> Result:
+def _evaluate(run_dir: Path, ev: EvalConfig, device: str, cells, **options) -> Result:
     """The driver's evaluation of one run: (metadata, no rows, {length: cell})."""
-    meta, found = diagnose_run(run_dir, ev, device, log)
+    meta, found = diagnose_run(run_dir, ev, device)
     return meta, [], found
 
 
@@ -244,10 +247,10 @@ def preflight(cfg: RunConfig, ev: EvalConfig) -> Optional[Estimate]:
                     for n in settings.resolved_lengths(cfg.train.seq_len) if limit is None or n <= limit])
 
 
-def run_diagnostics(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor, device: str = "cpu", log=print,
+def run_diagnostics(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor, device: str = "cpu",
                     missing: Sequence[dict] = ()) -> dict:
     """Diagnose every run with ``eval_for(its config)`` and write report.md, results.json and figures."""
-    done = evaluate_all(DIAGNOSTICS, run_dirs, eval_for, device, log, missing)
+    done = evaluate_all(DIAGNOSTICS, run_dirs, eval_for, device, missing)
     for meta in done.runs:  # ε is applied by the report: today's setting, cached or not
         meta["epsilon"] = meta["eval"]["diagnostics"]["epsilon"]
     runs, cells, failures = done.runs, {m["run"]: c for m, c in zip(done.runs, done.extras)}, done.failures

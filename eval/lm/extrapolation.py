@@ -49,11 +49,14 @@ from ropelab.common.errors import NonFiniteOutput, UserError
 from ropelab.model.positional.rope import RoPE
 from ropelab.model.positional.rope_scaling import effective_scale
 from ropelab.common.cli import entry_point
+from ropelab.common.logs import get_logger
 from ropelab.training.competence import logged_progress
 from ropelab.training.metrics import steady_train_seconds
 from ropelab.training.provenance import git_commit, is_dirty
 from ropelab.training.run_dir import RunDir
 from ropelab.training.saved_run import SavedRun, load_run, rescaled, with_scaling
+
+logger = get_logger(__name__)
 
 
 def scaling_for(kind: str, length: int, train_len: int, factor: Optional[float]) -> Optional[RopeScalingConfig]:
@@ -108,7 +111,7 @@ def _check_finished(saved: SavedRun, allow_unfinished: bool) -> None:
                     "python train.py CONFIG --resume, or evaluate the checkpoint as it is with --allow-unfinished.")
 
 
-def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
+def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu",
                  allow_unfinished: bool = False, cells: Optional[Cells] = None,
                  store: Optional[CellStore] = None) -> tuple[dict, list[dict], dict]:
     """(metadata, result rows, per-position curves by corpus and scaling) for one run.
@@ -130,7 +133,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
             settings = corpus_settings(corpus, base, step_ev)
             meta.setdefault("corpora", {})[data.name] = {**settings, "name": data.name,
                                                          "split_tokens": int(len(data.tokens))}
-            corpus_rows, corpus_curves = _evaluate_corpus(base, step_ev, corpus, data, meta, log, cells,
+            corpus_rows, corpus_curves = _evaluate_corpus(base, step_ev, corpus, data, meta, cells,
                                                           prefix=f"{step}|", store=store)
             mark_step(corpus_rows, step, base)
             rows += corpus_rows
@@ -142,7 +145,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print,
 
 
 def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: CorpusTokens, meta: dict,
-                     log, cells: Cells, prefix: str = "", store: Optional[CellStore] = None) -> tuple[list[dict], dict]:
+                     cells: Cells, prefix: str = "", store: Optional[CellStore] = None) -> tuple[list[dict], dict]:
     train_len, limit = base.cfg.train.seq_len, base.model.max_len
     lengths = sorted(set(corpus.lengths)) or ev.resolved_lengths(train_len)
     curve_at = max((n for n in lengths if limit is None or n <= limit), default=None) if ev.per_position else None
@@ -171,7 +174,7 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
                 rows += done["rows"]
                 if done["curve"] is not None:
                     curves[scaling] = done["curve"]
-                log(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} (done before)")
+                logger.info(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} (done before)")
                 continue
             started = time.perf_counter()
             where = None if content is None or (limit is not None and length > limit) else address({
@@ -182,10 +185,10 @@ def _evaluate_corpus(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: C
                 cell_rows = [{**_cell_header(meta, data, ev, scaling, length, r["protocol"]), **r}
                              for r in stored["results"]]
                 curve = stored["curve"] if length == curve_at else None
-                log(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} (scored before: "
-                    f"{STORE_DIR}/)")
+                logger.info(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} (scored before: "
+                            f"{STORE_DIR}/)")
             else:
-                cell_rows, curve = _evaluate_cell(base, ev, corpus, data, meta, log, scaling, length, lengths,
+                cell_rows, curve = _evaluate_cell(base, ev, corpus, data, meta, scaling, length, lengths,
                                                   curve=length == curve_at, token_bytes=token_bytes)
                 if where is not None:  # stored without the run's identity, which a reader adds back
                     header = _cell_header(meta, data, ev, scaling, length, protocol="")
@@ -216,7 +219,7 @@ def _changed_code(stored: dict) -> bool:
     return any(is_dirty(r.get("eval_commit")) for r in stored["results"])
 
 
-def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: CorpusTokens, meta: dict, log,
+def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: CorpusTokens, meta: dict,
                    scaling: str, length: int, lengths: list[int], curve: bool,
                    token_bytes) -> tuple[list[dict], Optional[dict]]:
     """Every protocol at one (scaling, length): its rows and, if asked, the per-position curve."""
@@ -240,8 +243,8 @@ def _evaluate_cell(base: SavedRun, ev: EvalConfig, corpus: EvalCorpus, data: Cor
             found_curve = result.curve
         rows.append({**row, "status": "ok", **found, "seconds": round(time.perf_counter() - started, 2),
                      "eval_commit": meta.get("eval_commit")})
-        log(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} {protocol:<10} "
-            f"ppl={result.ppl:10.3f}")
+        logger.info(f"  {meta['name']:<28} {data.name[:24]:<24} {scaling:<8} L={length:<6} {protocol:<10} "
+                    f"ppl={result.ppl:10.3f}")
     return rows, found_curve
 
 
@@ -323,20 +326,20 @@ def share_window_sets(rows: list[dict]) -> dict[str, dict]:
     return sets
 
 
-def _evaluate(run_dir: Path, ev: EvalConfig, device: str, log, cells: Cells,
+def _evaluate(run_dir: Path, ev: EvalConfig, device: str, cells: Cells,
               allow_unfinished: bool = False) -> tuple[dict, list[dict], dict]:
     """evaluate_run as the driver's cache loop calls it: cells shared by the runs of one directory."""
-    return evaluate_run(run_dir, ev, device, log, allow_unfinished, cells=cells,
+    return evaluate_run(run_dir, ev, device, allow_unfinished, cells=cells,
                         store=CellStore(Path(run_dir).parent / STORE_DIR))
 
 
 def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = own_eval, device: str = "cpu",
-                      log=print, missing: Sequence[dict] = (), allow_unfinished: bool = False) -> dict:
+                      missing: Sequence[dict] = (), allow_unfinished: bool = False) -> dict:
     """Evaluate every run with ``eval_for(its config)`` and write results.json, report.md and plots.
 
     ``missing`` lists runs that should have been there (``{"run", "error"}``) for the report.
     """
-    done = evaluate_all(EXTRAPOLATION, run_dirs, eval_for, device, log, missing, allow_unfinished=allow_unfinished)
+    done = evaluate_all(EXTRAPOLATION, run_dirs, eval_for, device, missing, allow_unfinished=allow_unfinished)
     curves = {meta["run"]: run_curves for meta, run_curves in zip(done.runs, done.extras)}
     label_groups(done.runs, done.rows)
     corpora: dict[str, dict] = {}

@@ -14,7 +14,7 @@ from typing import Optional, Sequence
 
 import numpy as np
 
-from ropelab.eval.reporting.stats import Z95, t_quantile, unit_means
+from ropelab.eval.reporting.stats import Z95, scipy_stats, t_quantile, unit_means
 
 
 # --- curves and benchmark ratios ------------------------------------------------------------
@@ -48,13 +48,9 @@ def median_interval(values: list[float], level: float = 0.95) -> Optional[tuple[
     """
     x = sorted(values)
     n = len(x)
-    below = 0.0  # P(B <= k-1), grown one k at a time
-    k = 0
-    while k < n // 2:
-        nxt = below + math.comb(n, k) / 2**n
-        if 1 - 2 * nxt < level:
-            break
-        below, k = nxt, k + 1
+    # coverage[k - 1] of (x(k), x(n−k+1)) for k = 1 .. n//2; it falls as k grows.
+    coverage = 1 - 2 * scipy_stats().binom.cdf(np.arange(n // 2), n, 0.5)
+    k = int(np.count_nonzero(coverage >= level))
     if k == 0:
         return None
     return x[k - 1], x[n - k]

@@ -78,18 +78,19 @@ POWER = 0.8
 MAX_SEEDS = 100  # seeds_needed looks no further
 # The 97.5% quantile of the standard normal, as scipy's norm.ppf(0.975) gives it to the last
 # digit (tests/test_stats.py checks); a literal so that importing this module does not import
-# scipy.stats (~0.7 s), which evaluation subprocesses that only fill caches never use.
+# scipy.stats (~0.7 s), which evaluation subprocesses that only fill perplexity caches never use.
 Z95 = 1.959963984540054
 
 
-def _scipy_stats():
+def scipy_stats():
     """scipy.stats, imported at first use (see Z95)."""
     from scipy import stats
     return stats
 
 
-def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float, float]:
-    """The Wilson score interval for a binomial proportion (Wilson 1927).
+def wilson_interval(successes: int, trials: int, level: float = LEVEL) -> tuple[float, float]:
+    """The two-sided Wilson score interval for a binomial proportion (Wilson 1927), as scipy's
+    ``binomtest(...).proportion_ci(method="wilson")`` computes it (Newcombe 1998).
 
     Unlike the normal approximation it stays inside [0, 1] and is not degenerate at 0 or
     n successes, which is where exact-match accuracies of length generalization live.
@@ -98,10 +99,8 @@ def wilson_interval(successes: int, trials: int, z: float = Z95) -> tuple[float,
         raise ValueError(f"an interval needs at least one trial (got {trials})")
     if not 0 <= successes <= trials:
         raise ValueError(f"successes must be in [0, {trials}] (got {successes})")
-    p, n = successes / trials, trials
-    centre = (p + z * z / (2 * n)) / (1 + z * z / n)
-    half = z / (1 + z * z / n) * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n))
-    return max(0.0, centre - half), min(1.0, centre + half)
+    found = scipy_stats().binomtest(successes, trials).proportion_ci(confidence_level=level, method="wilson")
+    return float(found.low), float(found.high)
 
 
 # --- estimates --------------------------------------------------------------------------------
@@ -149,7 +148,7 @@ class Estimate:
         """Two-sided p-value of 'the true value is 0'."""
         if self.se == 0:
             return 1.0 if self.point == 0 else 0.0
-        return float(2 * _scipy_stats().t.sf(abs(self.point) / self.se, self.df))
+        return float(2 * scipy_stats().t.sf(abs(self.point) / self.se, self.df))
 
 
 def satterthwaite(parts: Sequence[Part]) -> float:
@@ -159,7 +158,7 @@ def satterthwaite(parts: Sequence[Part]) -> float:
     otherwise hand the sum the document part's many degrees of freedom exactly when the
     standard error is already too small (plain Satterthwaite covers ~92% in the mixed
     regime of tests/test_stats.py; this ≥ 94.5% there, and the same width elsewhere)."""
-    chi2 = _scipy_stats().chi2
+    chi2 = scipy_stats().chi2
     guarded = [(p.variance * (p.df / float(chi2.ppf(0.25, p.df))) if p.per_seed is not None and p.df > 0
                 else p.variance, p.df) for p in parts]
     total = sum(v for v, _ in guarded)
@@ -168,7 +167,7 @@ def satterthwaite(parts: Sequence[Part]) -> float:
 
 
 def t_quantile(q: float, df: float) -> float:
-    stats = _scipy_stats()
+    stats = scipy_stats()
     return float(stats.norm.ppf(q)) if math.isinf(df) else float(stats.t.ppf(q, df))
 
 
@@ -317,13 +316,9 @@ def benjamini_hochberg(p_values: Sequence[float]) -> list[float]:
     comparison is marked where its adjusted p is below 5%, which holds the expected share of
     false marks among a table's marks at 5%. Valid for comparisons that share a reference row
     (positively dependent; Benjamini & Yekutieli 2001)."""
-    m = len(p_values)
-    order = sorted(range(m), key=lambda i: p_values[i], reverse=True)
-    adjusted, running = [0.0] * m, 1.0
-    for rank, i in enumerate(order):  # from the largest p down: min over j ≥ i of m·p(j)/j
-        running = min(running, m * p_values[i] / (m - rank))
-        adjusted[i] = running
-    return adjusted
+    if not p_values:
+        return []
+    return [float(p) for p in scipy_stats().false_discovery_control(p_values, method="bh")]
 
 
 def mark(point: float, adjusted_p: Optional[float], alpha: float = ALPHA) -> str:

@@ -20,7 +20,6 @@ every judged seed is settled.
 
 from __future__ import annotations
 
-from statistics import NormalDist
 from typing import Optional
 
 from ropelab.eval.reporting.labels import label_order
@@ -28,7 +27,8 @@ from ropelab.eval.reporting.stats import wilson_interval
 from ropelab.eval.tasks.depth import seed_of
 from ropelab.eval.tasks.first_error import Kept
 
-Z_ONE_SIDED_95 = NormalDist().inv_cdf(0.95)  # 1.645
+# A one-sided 95% bound is the bound on its side of the two-sided 90% interval (z = 1.645).
+ONE_SIDED_95 = 0.90
 
 
 def counts_at_reference(by_length: dict[int, list[dict]], reference: int) -> tuple[int, int]:
@@ -40,7 +40,7 @@ def counts_at_reference(by_length: dict[int, list[dict]], reference: int) -> tup
 def unsettled(correct: int, scored: int, threshold: float, learned: bool) -> Optional[float]:
     """The one-sided 95% bound that fails to settle the judgement (a learned seed's lower bound
     below the threshold, another seed's upper bound at or above it), else None."""
-    low, high = wilson_interval(correct, scored, z=Z_ONE_SIDED_95)
+    low, high = wilson_interval(correct, scored, level=ONE_SIDED_95)
     if learned:
         return low if low < threshold else None
     return high if high >= threshold else None

@@ -53,11 +53,14 @@ from ropelab.common.errors import ConfigError, UserError
 from ropelab.model.encodings import served_length
 from ropelab.training.memory import Estimate, forward_estimate, largest
 from ropelab.common.cli import entry_point, non_negative_float, non_negative_int, positive_int, probability
+from ropelab.common.logs import get_logger
 from ropelab.training.checkpoint import read_meta
 from ropelab.training.provenance import git_commit
 from ropelab.training.warm_start import learned_wording
 from ropelab.training.run_dir import RunDir
 from ropelab.training.saved_run import SavedRun, checked_tokenizer, load_run, read_run_config
+
+logger = get_logger(__name__)
 
 
 def is_synthetic(cfg: RunConfig) -> bool:
@@ -221,7 +224,7 @@ def trained_on(cfg: RunConfig) -> str:
     return f"text ({cfg.data.source})" + (f" + {mix.fraction:g} {'+'.join(mix.tasks)}" if mix.tasks else "")
 
 
-def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) -> tuple[dict, list[dict], list[dict]]:
+def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu") -> tuple[dict, list[dict], list[dict]]:
     """(metadata, cell rows, k_max rows) for one run: its latest checkpoint, or each of ``ev.steps``."""
     started = time.perf_counter()
     latest = load_run(run_dir, device=device)
@@ -233,7 +236,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
             "eval_commit": git_commit()}  # the code that scores the cells (cached evaluations keep theirs)
     rows, kmax_rows = [], []
     for step, base in evaluated_checkpoints(run_dir, ev, latest, device):
-        step_rows, step_kmax = _score_run(base, tasks, ev, meta, log)
+        step_rows, step_kmax = _score_run(base, tasks, ev, meta)
         mark_step(step_rows + step_kmax, step, base)
         rows += step_rows
         kmax_rows += step_kmax
@@ -241,7 +244,7 @@ def evaluate_run(run_dir: Path, ev: EvalConfig, device: str = "cpu", log=print) 
     return meta, rows, kmax_rows
 
 
-def _score_run(base: SavedRun, tasks: list[Task], ev: EvalConfig, meta: dict, log) -> tuple[list[dict], list[dict]]:
+def _score_run(base: SavedRun, tasks: list[Task], ev: EvalConfig, meta: dict) -> tuple[list[dict], list[dict]]:
     """(cell rows, k_max rows) of one checkpoint: every task, scaling, length (and passkey depth)."""
     train_len, limit = base.cfg.train.seq_len, base.model.max_len
     rows, kmax_rows = [], []
@@ -258,9 +261,9 @@ def _score_run(base: SavedRun, tasks: list[Task], ev: EvalConfig, meta: dict, lo
                         row.update(status="n/a", note=f"trained table: {limit} positions")
                     else:
                         row.update(status="ok", **score_cell(model, task, length, depth, ev))
-                        log(f"  {meta['name']:<28} {task.name:<9} {scaling:<7} L={length:<6}"
-                            + (f" depth={depth:<5}" if depth is not None else "")
-                            + f" acc={row['accuracy']:.3f} ({row['correct']}/{row['total']})")
+                        logger.info(f"  {meta['name']:<28} {task.name:<9} {scaling:<7} L={length:<6}"
+                                    + (f" depth={depth:<5}" if depth is not None else "")
+                                    + f" acc={row['accuracy']:.3f} ({row['correct']}/{row['total']})")
                     cells.append(row)
             rows += cells
             if task.name == "passkey":
@@ -288,7 +291,7 @@ def _cache_key(cfg: RunConfig, ev: EvalConfig) -> str:
 
 
 def run_task_evaluation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = own_eval, device: str = "cpu",
-                        log=print, missing: Sequence[dict] = ()) -> dict:
+                        missing: Sequence[dict] = ()) -> dict:
     """Score every run with ``eval_for(its config)`` and write results.json, report.md and plots.
 
     Impossible settings (a task that does not fit a length, a text run asked for a task
@@ -304,7 +307,7 @@ def run_task_evaluation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor =
             raise TaskError(f"{run_dir}: {e}") from None
         except UserError as e:  # this run cannot be read or served: report it missing
             failures.append({"run": str(run_dir), "error": str(e)})
-    done = evaluate_all(TASKS, usable, eval_for, device, log, failures)
+    done = evaluate_all(TASKS, usable, eval_for, device, failures)
     results = {"created": time.strftime("%Y-%m-%d %H:%M:%S"), "runs": done.runs, "results": done.rows,
                "kmax": [row for kmax_rows in done.extras for row in kmax_rows], "missing": done.failures}
     write_task_report(results, out)
@@ -353,7 +356,7 @@ def flag_tree(args: argparse.Namespace) -> dict:
 TASKS = Evaluation(
     command="tasks",
     name="tasks", doc=__doc__, result="kmax", default_out=Path("reports/tasks"), cache_key=_cache_key,
-    evaluate=lambda run_dir, ev, device, log, cells: evaluate_run(run_dir, ev, device, log),
+    evaluate=lambda run_dir, ev, device, cells: evaluate_run(run_dir, ev, device),
     report=run_task_evaluation, add_flags=add_flags, flag_tree=flag_tree, preflight=preflight,
     refresh=refresh_chance,
     memory_fix="Evaluate shorter lengths (--lengths), or fewer instances (--samples).")
