@@ -112,6 +112,8 @@ class TrainConfig:
         check_device_name(self.device, "train.device")
         if self.seed < 0:  # numpy's generators (samplers, tasks) take non-negative seeds only
             raise ConfigError(f"train.seed must be 0 or more (got {self.seed})")
+        if self.data_seed is not None and self.data_seed < 0:
+            raise ConfigError(f"train.data_seed must be 0 or more, or null to follow train.seed (got {self.data_seed})")
         if (self.max_steps is None) == (self.max_tokens is None):
             raise ConfigError("set exactly one of train.max_steps and train.max_tokens "
                               f"(got max_steps={self.max_steps}, max_tokens={self.max_tokens}); "
