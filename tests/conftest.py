@@ -1,4 +1,6 @@
-"""Shared helpers: tiny model configs for every positional encoding."""
+"""Fixtures every test may ask for: a seeded torch, private caches, a small corpus and tiny
+trained runs; threads split between pytest-xdist's workers. Code the tests import lives in
+tests/helpers/."""
 
 from __future__ import annotations
 
@@ -9,23 +11,8 @@ import pytest
 import torch
 
 from ropelab.common.devices import usable_cpus
-from ropelab.model.config import POS_KINDS, CopeConfig, ModelConfig, PosConfig, RopeConfig, RopeScalingConfig
 
-ALL_KINDS = list(POS_KINDS)
-
-
-def tiny_config(kind: str = "rope", *, pairing: str = "half", rotary_fraction: float = 1.0,
-                frequency_fraction: float = 1.0, scaling: RopeScalingConfig | None = None,
-                max_len: int = 64, **overrides) -> ModelConfig:
-    rope = RopeConfig(pairing=pairing, rotary_fraction=rotary_fraction, frequency_fraction=frequency_fraction,
-                      scaling=scaling or RopeScalingConfig())
-    fields = dict(vocab_size=97, d_model=32, n_layers=2, n_heads=4, n_kv_heads=2)
-    fields.update(overrides)
-    # CoPE: random embeddings (the paper's zeros would make its bias vanish in every test),
-    # and a cap that counts of 20-30 keys reach.
-    cope = CopeConfig(max_pos=8, init_std=1.0)
-    return ModelConfig(pos=PosConfig(kind=kind, max_len=max_len, rope=rope, cope=cope), **fields)
-
+from helpers.runs import write_run_config
 
 def pytest_configure(config):
     """Under pytest-xdist (``-n auto``) each worker gets its share of the cores, it and the
@@ -72,36 +59,6 @@ def corpus(tmp_path_factory) -> Path:
     return d
 
 
-def write_run_config(tmp: Path, corpus: Path) -> Path:
-    """A tiny byte-level run config (2 layers, d 32, seq 32) over ``corpus``, in ``tmp``."""
-    cfg = f"""
-name: tiny
-out_dir: {tmp / 'runs'}
-model: {{d_model: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2}}
-data:
-  source: local
-  local: {{train: [{corpus / 'train.txt'}], valid: [{corpus / 'valid.txt'}]}}
-  tokenizer: {{kind: byte}}
-  cache_dir: {tmp / 'cache'}
-  num_proc: 1
-train:
-  seq_len: 32
-  batch_size: 8
-  max_steps: 30
-  lr: 3.0e-3
-  warmup_steps: 5
-  eval_interval: 10
-  eval_batches: 4
-  ckpt_interval: 10
-  log_interval: 1
-  seed: 7
-log: {{progress: false}}
-"""
-    path = tmp / "tiny.yaml"
-    path.write_text(cfg)
-    return path
-
-
 @pytest.fixture(scope="session")
 def tiny_runs(tmp_path_factory, corpus) -> Path:
     """Tiny trained runs the evaluation tests share, trained once per session: ``rope-a`` and
@@ -117,11 +74,3 @@ def tiny_runs(tmp_path_factory, corpus) -> Path:
                         ("learned", ["model.pos.kind=learned", "model.pos.max_len=32"])):
         assert train.main(common + [f"name={name}", *extra]) == 0
     return tmp / "runs"
-
-
-def copy_runs(runs: Path, names: list[str], to: Path) -> list[Path]:
-    """Private copies of shared runs (their evaluation caches included) under ``to``."""
-    import shutil
-
-    to.mkdir(parents=True, exist_ok=True)
-    return [Path(shutil.copytree(runs / name, to / name)) for name in names]

@@ -12,7 +12,7 @@ import pytest
 
 from ropelab import train
 from ropelab.configs.grid import load_grid, row_of, run_stem
-from conftest import write_run_config
+from helpers.runs import write_run_config
 from ropelab.model.config import POS_KINDS
 from ropelab.common.errors import ConfigError, UserError
 from ropelab.scripts import ablate

@@ -16,8 +16,8 @@ import pytest
 import torch
 
 from ropelab import train
-from bad_input import cli, refused, refused_in_process
-from conftest import write_run_config
+from helpers.bad_input import cli, refused, refused_in_process
+from helpers.runs import write_run_config
 from ropelab.common.errors import ArgumentError
 from ropelab.eval.core import evaluation as driver
 from ropelab.eval.lm import extrapolation

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from bad_input import cli, refused
+from helpers.bad_input import cli, refused
 from ropelab.common.errors import ConfigError
 from ropelab.configs import load_config
 from ropelab.configs.loader import _all_keys

@@ -18,8 +18,8 @@ from pathlib import Path
 import pytest
 
 from ropelab import train
-from bad_input import cli, limit_memory, overflow_weights, refused, refused_in_process, rewrite_latest_weights
-from conftest import write_run_config
+from helpers.bad_input import cli, limit_memory, overflow_weights, refused, refused_in_process, rewrite_latest_weights
+from helpers.runs import write_run_config
 from ropelab.eval.lm import extrapolation
 from ropelab.eval.tasks import exact_match
 from ropelab.scripts import bench

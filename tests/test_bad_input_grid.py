@@ -10,8 +10,8 @@ from pathlib import Path
 
 import pytest
 
-from bad_input import cli, refused, refused_in_process
-from conftest import write_run_config
+from helpers.bad_input import cli, refused, refused_in_process
+from helpers.runs import write_run_config
 from ropelab.configs.grid import load_grid
 from ropelab.scripts import ablate
 

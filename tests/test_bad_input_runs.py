@@ -21,8 +21,8 @@ from typing import Callable
 import pytest
 
 from ropelab import train
-from bad_input import follow, refused_in_process, rewrite_latest_weights, snapshot
-from conftest import write_run_config
+from helpers.bad_input import follow, refused_in_process, rewrite_latest_weights, snapshot
+from helpers.runs import write_run_config
 from ropelab.data.tokenizers import CharTokenizer, load_tokenizer
 from ropelab.eval.lm import extrapolation
 from ropelab.eval.tasks import exact_match

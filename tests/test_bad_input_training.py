@@ -20,12 +20,11 @@ import pytest
 import torch
 
 from ropelab import train
-from bad_input import cli, follow, limit_memory, refused, refused_in_process, snapshot
+from helpers.bad_input import cli, follow, limit_memory, refused, refused_in_process, snapshot
 from ropelab.configs import load_config
 from ropelab.configs.grid import load_grid
-from conftest import write_run_config
+from helpers.runs import stop_after, write_run_config
 from ropelab.grid.estimate import estimate_grid
-from test_train import stop_after
 from ropelab.common.cli import entry_point
 from ropelab.training import memory
 from ropelab.training.memory import training_estimate

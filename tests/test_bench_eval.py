@@ -62,7 +62,7 @@ def test_a_directory_that_is_not_a_run_is_refused(tmp_path, capsys):
 def test_runs_with_a_key_the_older_code_predates_get_a_hint(tiny_runs, tmp_path, capsys):
     """The base side reads the runs' config.yaml; a key newer than REV fails there, with
     what to do said."""
-    from tests.conftest import copy_runs
+    from helpers.runs import copy_runs
 
     (run,) = copy_runs(tiny_runs, ["rope-a"], tmp_path / "runs")
     cfg = run / "config.yaml"

@@ -12,12 +12,13 @@ import json
 import pytest
 import torch
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 from ropelab.model.config import FireConfig, T5BiasConfig
 from ropelab.model.generate import generate
 from ropelab.model.positional.t5 import t5_bucket
 from ropelab.model.transformer import Transformer
-from test_generation import cached_logits, sharp_model
+from helpers.models import sharp_model
+from helpers.reference import cached_logits
 
 # T5 (Raffel et al. 2020): 32 buckets up to 128. n < 16 is its own bucket; beyond,
 # 16 + floor(ln(n/16) / ln(128/16) * 16), capped at 31 — e.g. n = 20: ln 1.25 / ln 8 · 16
@@ -177,7 +178,7 @@ def test_relative_bias_by_hand():
 
 def test_position_bias_cli(tmp_path, corpus, capsys):
     from ropelab import train
-    from conftest import write_run_config
+    from helpers.runs import write_run_config
     from ropelab.scripts import position_bias
     cfg = write_run_config(tmp_path, corpus)
     for kind in ("t5", "rope"):

@@ -5,7 +5,7 @@ from __future__ import annotations
 import torch
 from safetensors.torch import save_file
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 from ropelab.model.layers import fuse_projections, split_projections
 from ropelab.model.transformer import Transformer
 from ropelab.training.checkpoint import load_weights

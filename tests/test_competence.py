@@ -12,7 +12,7 @@ import pytest
 from ropelab import train
 from ropelab.common.errors import ConfigError
 from ropelab.configs import load_config
-from test_train import stop_after
+from helpers.runs import stop_after
 from ropelab.eval.core.evaluation import pooling_group
 from ropelab.training.checkpoint import read_meta
 from ropelab.training.competence import CompetenceStop, accuracy_curve, earlier_check, logged_progress, reached_competence

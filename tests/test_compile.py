@@ -7,7 +7,7 @@ import json
 import pytest
 
 from ropelab import train
-from conftest import write_run_config
+from helpers.runs import write_run_config
 from ropelab.configs import load_config
 from ropelab.training import step_timing
 from ropelab.training import trainer as trainer_module

@@ -12,7 +12,7 @@ from ropelab.eval.lm.context_use import breakdown, breakdown_text, context_gain,
 from ropelab.eval.lm.extrapolation import share_window_sets
 from ropelab.eval.lm.perplexity import perplexity
 from ropelab.eval.reporting.stats import Cell
-from reference import ContextFree
+from helpers.reference import ContextFree
 
 
 def test_crossing_interpolates_in_log_length():

@@ -13,7 +13,8 @@ import pytest
 import torch
 
 from ropelab import train
-from conftest import tiny_config, write_run_config
+from helpers.models import tiny_config
+from helpers.runs import write_run_config
 from ropelab.model.config import CopeConfig, ModelConfig, PosConfig
 from ropelab.common.errors import ConfigError
 from ropelab.model.transformer import Transformer

@@ -20,7 +20,8 @@ import pytest
 import torch
 
 import ropelab.model.attention as attention_module
-from conftest import ALL_KINDS, tiny_config, write_run_config
+from helpers.models import ALL_KINDS, tiny_config
+from helpers.runs import write_run_config
 from ropelab.model.config import POS_KINDS
 from ropelab.model.encodings import kinds_where
 from ropelab.model.flex_attention import flex_causal_attention, trains_tables

@@ -12,7 +12,7 @@ import pytest
 from ropelab import train
 from ropelab.common.errors import ConfigError
 from ropelab.configs.grid import load_grid
-from conftest import write_run_config
+from helpers.runs import passkey_config, write_run_config
 from ropelab.scripts import ablate
 from ropelab.scripts import diagnose
 
@@ -163,21 +163,6 @@ def test_lengths_as_multiples_of_each_runs_training_length(diag_runs, tmp_path):
     results = json.loads((out / "results.json").read_text())
     train_len = results["rows"][0]["train_len"]
     assert sorted(int(n) for n in results["rows"][0]["lengths"]) == [train_len, round(1.5 * train_len)]
-
-
-def passkey_config(tmp_path):
-    """A tiny run config trained on passkey (4 steps, L = 32), its runs under tmp_path/runs."""
-    config = tmp_path / "syn.yaml"
-    config.write_text(f"""
-name: syn
-out_dir: {tmp_path / 'runs'}
-model: {{d_model: 32, n_layers: 2, n_heads: 4}}
-data: {{source: synthetic, tokenizer: {{kind: char}}, synthetic: {{tasks: [passkey]}}}}
-train: {{seq_len: 32, batch_size: 8, max_steps: 4, warmup_steps: 1, eval_interval: 4, eval_batches: 1,
-        ckpt_interval: 4}}
-log: {{progress: false}}
-""")
-    return config
 
 
 def test_a_synthetic_run_is_diagnosed_on_its_task_instances(tmp_path):

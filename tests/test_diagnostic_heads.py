@@ -122,7 +122,7 @@ def test_a_passkey_runs_report_gives_the_retrieval_heads_mass_by_depth(tmp_path)
     from ropelab import train
     from ropelab.eval import regenerate
     from ropelab.scripts import diagnose
-    from tests.test_diagnose_command import passkey_config
+    from helpers.runs import passkey_config
 
     assert train.main([str(passkey_config(tmp_path))]) == 0
     out = tmp_path / "report"
@@ -170,7 +170,7 @@ def test_multikey_needles_are_the_asked_values_and_not_the_distractors():
 def test_a_multikey_run_is_diagnosed_on_its_asked_needles(tmp_path):
     from ropelab import train
     from ropelab.scripts import diagnose
-    from tests.test_diagnose_command import passkey_config
+    from helpers.runs import passkey_config
 
     config = passkey_config(tmp_path)
     config.write_text(config.read_text().replace("tasks: [passkey]", "tasks: [multikey], needles: 3"))

@@ -9,7 +9,7 @@ import numpy as np
 import pytest
 import torch
 
-from conftest import ALL_KINDS, tiny_config
+from helpers.models import ALL_KINDS, tiny_config
 from ropelab.data.tasks import Passkey, eval_instance, task_tokenizer
 from ropelab.eval.diagnostics import attention_stats
 from ropelab.eval.diagnostics.attention_probe import (LayerAttention, attention_inputs, attention_probabilities, rotary_pair_norms,

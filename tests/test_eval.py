@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from ropelab import train
-from conftest import tiny_config, write_run_config
+from helpers.models import tiny_config
+from helpers.runs import write_run_config
 from ropelab.data.tokenizers import ByteTokenizer
 from ropelab.configs.schema import EvalConfig
 from ropelab.eval.lm.extrapolation import run_extrapolation, scale_note, scaling_for

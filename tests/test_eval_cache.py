@@ -10,7 +10,7 @@ import json
 import pytest
 import torch
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 from ropelab.configs.schema import EvalConfig
 from ropelab.eval.core import evaluation
 from ropelab.eval.lm.extrapolation import run_extrapolation

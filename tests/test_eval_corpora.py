@@ -8,7 +8,7 @@ import signal
 import pytest
 
 from ropelab import train
-from conftest import copy_runs, write_run_config
+from helpers.runs import copy_runs, write_run_config
 from ropelab.eval.lm.extrapolation import main as extrapolation
 from ropelab.training.trainer import Trainer
 

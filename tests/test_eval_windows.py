@@ -11,7 +11,7 @@ from ropelab.common.errors import DataError
 from ropelab.data import window_batch
 from ropelab.data.samplers import document_spans, document_windows, eval_windows, spread_windows, target_windows
 from ropelab.eval.lm.perplexity import perplexity
-from reference import ContextFree
+from helpers.reference import ContextFree
 
 EOT = 99
 

@@ -8,7 +8,7 @@ from ropelab import train
 from ropelab.configs import load_config
 from ropelab.configs.experiment import MAY_DIFFER, experiment_differences, seed_group
 from ropelab.configs.grid import load_grid
-from conftest import write_run_config
+from helpers.runs import write_run_config
 from ropelab.scripts import ablate
 
 QUICK = "configs/quickstart.yaml"

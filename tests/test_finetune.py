@@ -11,7 +11,7 @@ import torch
 
 from ropelab import train
 from ropelab.configs.schema import EvalConfig
-from conftest import write_run_config
+from helpers.runs import write_run_config
 from ropelab.eval.lm import extrapolation
 from ropelab.eval.lm.extrapolation import evaluate_run, run_extrapolation
 from ropelab.eval.reporting.reference import missing_reference

@@ -7,7 +7,7 @@ import warnings
 import pytest
 import torch
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 from ropelab.model.flex_attention import (flex_causal_attention, kernel_options, torch_version, trains_tables,
                                   usable_for_flex)
 from ropelab.model.transformer import Transformer

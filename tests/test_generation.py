@@ -5,12 +5,12 @@ from __future__ import annotations
 import pytest
 import torch
 
-from conftest import ALL_KINDS, tiny_config
+from helpers.models import ALL_KINDS, sharp_model, tiny_config
 from ropelab.model.config import RopeScalingConfig, XposConfig
 from ropelab.common.errors import LengthError
 from ropelab.model.generate import generate, sample_next
 from ropelab.model.transformer import Transformer
-from reference import cached_logits
+from helpers.reference import cached_logits
 
 VARIANTS = {kind: tiny_config(kind) for kind in ALL_KINDS}
 VARIANTS.update({
@@ -30,16 +30,6 @@ VARIANTS.update({
     "t5-6-heads": tiny_config("t5", d_model=48, n_heads=6, n_kv_heads=3),
 })
 VARIANTS["xpos-interleaved-strong-decay"].pos.xpos = XposConfig(scale_base=8.0)
-
-
-def sharp_model(cfg) -> Transformer:
-    model = Transformer(cfg).eval()
-    with torch.no_grad():  # sharper attention so a wrong position or mask shows up
-        for block in model.blocks:
-            wq, wk, _ = block.attn.wqkv.parts()
-            wq.mul_(10)
-            wk.mul_(10)
-    return model
 
 
 @pytest.mark.parametrize("name", list(VARIANTS))

@@ -14,7 +14,7 @@ import torch
 from ropelab import train
 from ropelab.common.errors import CheckpointError, ConfigError
 from ropelab.configs.grid import load_grid
-from conftest import write_run_config
+from helpers.runs import write_run_config
 from ropelab.scripts import ablate
 from ropelab.grid import archive
 from ropelab.grid import local

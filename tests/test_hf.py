@@ -19,7 +19,6 @@ from pathlib import Path
 import pytest
 import torch
 
-from conftest import tiny_config
 from ropelab.configs import config_to_dict, save_config
 from ropelab.configs.schema import DataConfig, LocalConfig, RunConfig, TokenizerConfig, TrainConfig
 from ropelab.data.tokenizers import ByteTokenizer, train_tokenizer
@@ -34,11 +33,12 @@ from ropelab.training.hf_directory import EXPORT_FILES, SIDE_FILE
 from ropelab.training.run_dir import RunDir
 from ropelab.training.saved_run import load_run
 
+from helpers.hf import TEXTS, TOL, TRAIN_LEN, max_diff
+from helpers.models import tiny_config
+
 transformers = pytest.importorskip("transformers")
 
 ROOT = Path(__file__).resolve().parents[1]
-TRAIN_LEN = 32
-TOL = 1e-4
 
 
 def scaling(kind: str, **kw) -> RopeScalingConfig:
@@ -97,11 +97,6 @@ def load_hf(path):
     from transformers import AutoModelForCausalLM
 
     return AutoModelForCausalLM.from_pretrained(str(path)).eval()  # float32: config.json says so
-
-
-def max_diff(model, hf_model, x) -> float:
-    with torch.no_grad():
-        return float((model(x) - hf_model(x).logits).abs().max())
 
 
 @pytest.fixture(scope="module")
@@ -227,9 +222,6 @@ def test_config_maps_architecture(exported):
     assert ntk["rope_parameters"] == {"rope_type": "default", "rope_theta": 10000.0 * 4.0 ** (16 / 14)}
     dynamic = json.loads((exported["dynamic"][1] / "config.json").read_text())
     assert dynamic["max_position_embeddings"] == TRAIN_LEN  # transformers' dynamic NTK counts from it
-
-
-TEXTS = ["the cat sat on the mat, héllo wörld ☕\n", "naïve café data and more data " * 5]
 
 
 @pytest.mark.parametrize("kind", ["byte", "char", "bpe"])

@@ -15,9 +15,9 @@ from ropelab.data.tokenizers import load_tokenizer
 from ropelab.scripts.export_hf import main as cli
 from ropelab.training.saved_run import load_run
 
-pytest.importorskip("transformers")
+from helpers.hf import TEXTS, TOL, TRAIN_LEN, max_diff
 
-from test_hf import TEXTS, TOL, TRAIN_LEN, max_diff  # noqa: E402  (after the skip: test_hf needs transformers)
+pytest.importorskip("transformers")
 
 
 def _foreign_llama(tmp_path):

@@ -11,7 +11,8 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from ropelab import train
-from conftest import tiny_config, write_run_config
+from helpers.models import tiny_config
+from helpers.runs import write_run_config
 from ropelab.configs.schema import EvalConfig
 from ropelab.eval.lm.extrapolation import run_extrapolation
 from ropelab.eval.reporting.labels import label_groups, with_scaling
@@ -22,7 +23,7 @@ from ropelab.model.generate import generate
 from ropelab.model.linear_attention import MIN_COSINE, chunked_linear_attention, recurrent_linear_attention
 from ropelab.model.llama_mapping import HFConversionError, check_exportable
 from ropelab.model.transformer import ATTENTIONS, Transformer
-from reference import assert_causal, cached_logits, project_heads
+from helpers.reference import assert_causal, cached_logits, project_heads
 from ropelab.training.saved_run import load_run
 
 USABLE_KINDS = [k for k in POS_KINDS if k not in kinds_where("forms_scores")]

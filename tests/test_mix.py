@@ -12,7 +12,7 @@ import torch
 from ropelab import train
 from ropelab.common.errors import ConfigError
 from ropelab.configs import load_config
-from conftest import write_run_config
+from helpers.runs import write_run_config
 from ropelab.data.samplers import TrainSampler
 from ropelab.data.tasks import TaskSampler, build_task
 from ropelab.eval.tasks import exact_match as eval_tasks

@@ -8,11 +8,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from conftest import ALL_KINDS, tiny_config
+from helpers.models import ALL_KINDS, tiny_config
 from ropelab.model.config import ModelConfig, PosConfig
 from ropelab.common.errors import ConfigError
 from ropelab.model.transformer import Transformer
-from reference import assert_causal, reference_forward
+from helpers.reference import assert_causal, reference_forward
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)

@@ -11,16 +11,13 @@ import pytest
 
 from ropelab.configs.loader import load_config
 from ropelab.configs.tasks import SyntheticConfig
-from ropelab.data.tasks import TaskData, TaskError, build_task
+from ropelab.data.tasks import TaskError, build_task
 from ropelab.data.tasks.passkey import Passkey
 from ropelab.data.tokenizers import ByteTokenizer
 
+from helpers.tasks import TOK, text_of
+
 ROOT = Path(__file__).resolve().parents[1]
-TOK = TaskData(SyntheticConfig()).tokenizer
-
-
-def text_of(tokens) -> str:
-    return TOK.decode(np.asarray(tokens).tolist())
 
 
 @pytest.mark.parametrize("distractors", [0, 4])

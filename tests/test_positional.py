@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import ALL_KINDS, tiny_config
+from helpers.models import ALL_KINDS, tiny_config
 from ropelab.model.config import POS_KINDS, RopeScalingConfig
 from ropelab.model.encodings import KINDS, served_length
 from ropelab.common.errors import ConfigError, LengthError
@@ -16,7 +16,7 @@ from ropelab.model.positional.absolute import sinusoid_table
 from ropelab.model.positional.alibi import alibi_slopes
 from ropelab.model.positional.base import PositionalEncoding
 from ropelab.model.transformer import Transformer
-from reference import reference_forward
+from helpers.reference import reference_forward
 
 
 def test_registry_serves_every_kind_of_the_table():

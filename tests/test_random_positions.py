@@ -10,11 +10,13 @@ import torch
 
 from ropelab import train
 from ropelab.configs import load_config
-from conftest import ALL_KINDS, tiny_config, write_run_config
+from helpers.models import ALL_KINDS, tiny_config
+from helpers.runs import write_run_config
 from ropelab.data.samplers import RandomPositions
 from ropelab.common.errors import ArgumentError
 from ropelab.model.transformer import Transformer
-from test_train import ROOT, records, stop_after
+from helpers import ROOT
+from helpers.runs import records, stop_after
 
 
 def test_draws_are_sorted_subsets_and_a_pure_function_of_seed_and_batch():

@@ -18,7 +18,7 @@ import pytest
 
 from ropelab import train
 import ropelab.training.checkpoint
-from conftest import write_run_config
+from helpers.runs import write_run_config
 from ropelab.training.checkpoint import read_meta
 from ropelab.training.run_dir import RunDir
 from ropelab.training.run_lock import RunLock

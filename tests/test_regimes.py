@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from conftest import write_run_config
+from helpers.runs import write_run_config
 from ropelab.eval.lm import regime_compare
 from ropelab.eval.lm.context_use import breakdown, breakdown_text, context_gain, position_bins
 from ropelab.eval.reporting.tables import summarize

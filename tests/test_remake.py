@@ -14,7 +14,7 @@ from ropelab.eval.lm.extrapolation import run_extrapolation
 
 @pytest.fixture(scope="module")
 def report(tmp_path_factory, tiny_runs):
-    from conftest import copy_runs
+    from helpers.runs import copy_runs
     tmp = tmp_path_factory.mktemp("remake")
     copy_runs(tiny_runs, ["rope-a", "rope-b"], tmp / "runs")  # the test deletes them
     out = tmp / "report"

@@ -17,7 +17,9 @@ from ropelab.data.tasks.haystack import FILLER as FILLER_TEXT
 from ropelab.data.tasks.passkey import WORDINGS
 from ropelab.data.tasks.vartrack import Vartrack
 from ropelab.data.tokenizers import ByteTokenizer, train_tokenizer
-from test_tasks import ROOT, TOK, answer_of, task, text_of
+
+from helpers import ROOT
+from helpers.tasks import TOK, answer_of, task, text_of
 
 
 NEEDLE = r"([a-z]{2}): (\d{5})\. "  # names of 2 letters, numbers of 5 digits (the defaults)

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 from ropelab.model.config import RopeScalingConfig
 from ropelab.model.positional.rope import PAIRINGS, HalfPairing, InterleavedPairing, RoPE
 from ropelab.model.transformer import Transformer

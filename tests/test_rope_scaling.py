@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from conftest import tiny_config
+from helpers.models import tiny_config
 from ropelab.model.config import SCALING_TYPES, RopeScalingConfig
 from ropelab.model.positional.rope_scaling import base_inv_freq, effective_scale, inverse_frequencies
 from ropelab.model.transformer import Transformer

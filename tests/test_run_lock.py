@@ -12,7 +12,7 @@ import sys
 import pytest
 
 from ropelab.common.errors import RunInUseError
-from fake_slurm import FakeSlurm
+from helpers.fake_slurm import FakeSlurm
 from ropelab.training.run_dir import RunDir
 from ropelab.training.run_lock import RunLock, live_holder
 from ropelab.training.slurm import JobState, current_job, job_states

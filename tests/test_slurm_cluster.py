@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("submitit")
 
-from conftest import write_run_config
+from helpers.runs import write_run_config
 from ropelab.scripts import ablate
 from ropelab.training.slurm import job_states
 

@@ -21,8 +21,8 @@ submitit = pytest.importorskip("submitit")
 
 from ropelab.common.errors import ConfigError
 from ropelab.configs.grid import load_grid
-from conftest import write_run_config
-from fake_slurm import FakeSlurm
+from helpers.runs import write_run_config
+from helpers.fake_slurm import FakeSlurm
 from ropelab.scripts import ablate
 from ropelab.grid import slurm_launcher
 from ropelab.grid.jobs import train_command

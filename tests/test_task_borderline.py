@@ -8,7 +8,8 @@ import pytest
 
 from ropelab.eval.tasks.borderline import Z_ONE_SIDED_95, unsettled
 from ropelab.eval.tasks.report import write_task_report
-from tests.test_task_report import cell_row
+
+from helpers.tasks import cell_row
 
 
 def one_sided_wilson(correct: int, n: int, upper: bool) -> float:

@@ -4,11 +4,8 @@ synthetic runs end to end (train, resume, score, report), passkey on text runs, 
 from __future__ import annotations
 
 import json
-import os
 import shutil
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -19,8 +16,9 @@ from ropelab import train
 from ropelab.common.devices import DEVICE_NAMES
 from ropelab.configs import load_config, override_section
 from ropelab.configs.schema import EvalConfig
-from conftest import tiny_config, write_run_config
-from test_train import stop_after
+from helpers.models import tiny_config
+from helpers.tasks import FixedPredictions
+from helpers.runs import recall_config, stop_after, tasks_cli, write_run_config
 from ropelab.data.tasks import Instance, TaskError, task_tokenizer
 from ropelab.eval.core import evaluation
 from ropelab.eval.lm import extrapolation
@@ -33,30 +31,6 @@ from ropelab.model.generate import generate
 from ropelab.model.transformer import Transformer
 from ropelab.training.run_dir import RunDir
 from ropelab.training.validation import answer_loss
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
-class FixedPredictions(torch.nn.Module):
-    """A stand-in model whose next-token prediction at position t is ``table[t]`` for every row
-    (at explicit ``positions`` when decoding with a cache, which it needs none of)."""
-
-    def __init__(self, table: list[int], vocab: int = 10):
-        super().__init__()
-        self.table, self.cfg = table, type("Cfg", (), {"vocab_size": vocab})()
-        self.weight = torch.nn.Parameter(torch.zeros(1))
-
-    def forward(self, x, positions=None):
-        positions = torch.arange(x.shape[1]) if positions is None else positions
-        logits = torch.zeros(x.shape[0], x.shape[1], self.cfg.vocab_size)
-        logits[:, torch.arange(x.shape[1]), torch.tensor([self.table[p] for p in positions.tolist()])] = 1.0
-        return logits
-
-    def setup_cache(self, batch_size: int, max_len: int) -> None:  # the table needs no past
-        pass
-
-    def clear_cache(self) -> None:
-        pass
 
 
 def inst(tokens, answer_positions) -> Instance:
@@ -116,28 +90,13 @@ def test_k_max_definition_by_hand():
     assert k_max(na, 0.2) == 64
 
 
-def synthetic_config(tmp: Path) -> Path:
-    path = tmp / "syn.yaml"
-    path.write_text(f"""
-name: syn
-out_dir: {tmp / 'runs'}
-model: {{d_model: 32, n_layers: 2, n_heads: 4, n_kv_heads: 2}}
-data: {{source: synthetic, tokenizer: {{kind: char}}, synthetic: {{tasks: [recall], pairs: 3}}}}
-train: {{seq_len: 24, batch_size: 8, max_steps: 16, lr: 3.0e-3, warmup_steps: 2, eval_interval: 8,
-        eval_batches: 2, ckpt_interval: 4, log_interval: 1, seed: 3}}
-eval: {{length_multipliers: [1, 2], tasks: {{samples: 6, depths: [0, 1]}}}}
-log: {{progress: false}}
-""")
-    return path
-
-
 def losses(run_dir: Path) -> dict[int, float]:
     lines = (run_dir / "metrics.jsonl").read_text().splitlines()
     return {r["step"]: r["loss"] for r in map(json.loads, lines) if "loss" in r}
 
 
 def test_synthetic_run_trains_resumes_exactly_and_saves_the_task_tokenizer(tmp_path, monkeypatch):
-    cfg = str(synthetic_config(tmp_path))
+    cfg = str(recall_config(tmp_path))
     assert train.main([cfg, "name=straight"]) == 0
     with monkeypatch.context() as m:
         stop_after(6, m)
@@ -154,7 +113,7 @@ def test_synthetic_run_trains_resumes_exactly_and_saves_the_task_tokenizer(tmp_p
 @pytest.fixture(scope="module")
 def scored_runs(tmp_path_factory, corpus):
     tmp = tmp_path_factory.mktemp("taskruns")
-    cfg = str(synthetic_config(tmp))
+    cfg = str(recall_config(tmp))
     for name, extra in (("rope-a", ["train.seed=1"]), ("rope-b", ["train.seed=2"]),
                         ("learned", ["model.pos.kind=learned"]),
                         ("passkey", ["data.synthetic.tasks=[passkey]", "model.pos.kind=alibi", "train.seq_len=32"])):
@@ -255,12 +214,6 @@ def eval_tasks_for(**tree):
     return lambda cfg: override_section(cfg.eval, tree, "test", "eval.")
 
 
-def cli(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "PYTHONPATH": str(ROOT)}
-    return subprocess.run([sys.executable, "-m", "ropelab.eval.tasks.exact_match", *args], capture_output=True, text=True, env=env,
-                          cwd=ROOT, timeout=300)
-
-
 @pytest.mark.parametrize("args, message", [
     (["--tasks", "pasky"], "did you mean 'passkey'"),
     (["--depths", "0", "1.5"], "eval.tasks.depths must be in [0, 1]"),
@@ -272,7 +225,7 @@ def cli(*args: str) -> subprocess.CompletedProcess:
 ])
 def test_bad_input_exits_2_with_one_line_and_writes_nothing(scored_runs, tmp_path, args, message):
     out = tmp_path / "rep"
-    proc = cli(str(scored_runs / "rope-a"), "--out", str(out), *args)
+    proc = tasks_cli(str(scored_runs / "rope-a"), "--out", str(out), *args)
     assert proc.returncode == 2, proc.stderr
     assert message in proc.stderr and "Traceback" not in proc.stderr
     assert not out.exists()
@@ -299,7 +252,7 @@ def test_cache_key_ignores_nothing_that_changes_numbers(scored_runs):
 def test_eval_tasks_asked_scores_multikey_with_fewer_questions_than_trained(tmp_path):
     """A model trained on RULER's multi-query (3 asked) is scored on its multi-key (1 asked) with
     eval.tasks.asked=1; more questions than needles is refused with the key named."""
-    cfg = load_config(synthetic_config(tmp_path), ["data.synthetic.tasks=[multikey]", "data.synthetic.asked=3",
+    cfg = load_config(recall_config(tmp_path), ["data.synthetic.tasks=[multikey]", "data.synthetic.asked=3",
                                                    "train.seq_len=96", "eval.length_multipliers=[1]"])
     tok = task_tokenizer()
     (trained,) = eval_tasks.run_tasks(cfg, tok, cfg.eval)
@@ -320,7 +273,7 @@ def test_cache_keys_are_those_of_earlier_versions(tmp_path):
     """Caches written before stay valid: these keys were computed by the code that wrote them (the
     perplexity keys since EVAL_FORMAT 3, whose cells have documents as units however few, per-unit
     sums by context position and the same-token protocol's layout)."""
-    cfg = load_config(synthetic_config(tmp_path))
+    cfg = load_config(recall_config(tmp_path))
     assert eval_tasks._cache_key(cfg, cfg.eval) == "5e24cee6f230"
     assert eval_tasks._cache_key(cfg, eval_tasks_for(tasks={"samples": 7}, scalings=["none", "yarn"])(cfg)) == \
         "baa56c4d16ed"

@@ -14,6 +14,8 @@ from ropelab.eval.tasks.learning import learning_curves
 from ropelab.eval.tasks.first_error import first_error_grid, token_edges
 from ropelab.eval.tasks.report import by_seed, write_task_report
 
+from helpers.tasks import cell_row
+
 
 def test_effective_length_by_hand():
     curve = {16: 0.5, 32: 1.0, 64: 0.9, 128: 0.79, 256: 0.95}
@@ -86,12 +88,6 @@ def test_chance_of_each_task_by_hand():
     # One candidate is no choice to guess: RULER's one chain of four hops, one needle, one value.
     assert chance("vartrack", chains=1, hops=4) == chance("multikey", needles=1) == chance("multivalue", values=1) == 0.0
     assert chance("copy") == chance("addition") == chance("recall") == 0.0
-
-
-def cell_row(run: str, seed: int, length: int, correct: int, total: int = 10, **extra) -> dict:
-    return {"run": run, "name": run, "encoding": "rope", "seed": seed, "train_len": 32, "task": "copy",
-            "scaling": "none", "length": length, "depth": None, "status": "ok", "correct": correct, "total": total,
-            "accuracy": correct / total, "ci_low": 0.0, "ci_high": 1.0, **extra}
 
 
 def test_the_runs_table_names_the_checks_in_a_row_a_stop_asked_for():

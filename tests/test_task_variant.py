@@ -15,7 +15,7 @@ from ropelab.configs import load_config, override_section
 from ropelab.common.errors import ConfigError
 from ropelab.data.tasks import TaskError, task_tokenizer
 from ropelab.eval.tasks import exact_match as eval_tasks
-from test_task_eval import cli, synthetic_config
+from helpers.runs import recall_config, tasks_cli
 
 
 def scored_with(**tree):
@@ -23,7 +23,7 @@ def scored_with(**tree):
 
 
 def vartrack_config(tmp_path: Path):
-    return load_config(synthetic_config(tmp_path), [
+    return load_config(recall_config(tmp_path), [
         "data.synthetic.tasks=[vartrack]", "data.synthetic.chains=4", "data.synthetic.asked=mixed",
         "train.seq_len=192", "eval.length_multipliers=[1]"])
 
@@ -79,7 +79,7 @@ def test_a_variant_the_task_or_length_cannot_take_is_refused_naming_the_variant(
 @pytest.fixture(scope="module")
 def recall_run(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("variant")
-    assert train.main([str(synthetic_config(tmp)), "name=recall", "train.max_steps=4", "train.eval_interval=4"]) == 0
+    assert train.main([str(recall_config(tmp)), "name=recall", "train.max_steps=4", "train.eval_interval=4"]) == 0
     return tmp / "runs" / "recall"
 
 
@@ -108,7 +108,7 @@ def test_the_command_scores_a_variant_and_the_report_says_so(recall_run, tmp_pat
 ])
 def test_bad_variants_on_the_command_line_exit_2_with_a_message(recall_run, tmp_path, args, message):
     out = tmp_path / "bad"
-    done = cli(str(recall_run), *args, "--samples", "2", "--out", str(out))
+    done = tasks_cli(str(recall_run), *args, "--samples", "2", "--out", str(out))
     assert done.returncode == 2, done.stderr
     assert message in done.stderr and "Traceback" not in done.stderr
     assert not out.exists()

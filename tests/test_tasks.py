@@ -19,20 +19,9 @@ from ropelab.data.tokenizers import ByteTokenizer, CharTokenizer, train_tokenize
 from ropelab.configs.schema import TokenizerConfig
 from ropelab.model.loss import IGNORE_INDEX
 
+from helpers.tasks import TOK, answer_of, task, text_of
+
 ROOT = Path(__file__).resolve().parents[1]
-TOK = TaskData(SyntheticConfig()).tokenizer
-
-
-def task(name: str, **cfg):
-    return build_task(name, SyntheticConfig(**cfg), TOK)
-
-
-def text_of(tokens) -> str:
-    return TOK.decode(np.asarray(tokens).tolist())
-
-
-def answer_of(inst) -> str:
-    return text_of(inst.tokens[inst.answer])
 
 
 def test_registry_is_the_config_list_and_the_alphabet_is_one_char_per_token():

@@ -18,7 +18,7 @@ import ropelab.model.transformer
 from ropelab import train
 import ropelab.training.trainer
 from ropelab.configs import load_config
-from conftest import write_run_config as write_config
+from helpers.runs import records, stop_after, write_run_config as write_config
 from ropelab.training.checkpoint import load_state, read_meta
 from ropelab.training.metrics import MetricsLog
 from ropelab.training.run_dir import RunDir
@@ -31,11 +31,6 @@ def latest_checkpoint(run_dir: Path) -> Path:
     return RunDir(run_dir).latest_checkpoint()
 
 ROOT = Path(__file__).resolve().parents[1]
-
-
-def records(run_dir: Path, key: str = "loss") -> dict[int, float]:
-    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
-    return {r["step"]: r[key] for r in map(json.loads, lines) if key in r}
 
 
 def run_cli(*args: str, env_extra: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:
@@ -63,19 +58,6 @@ def test_short_run_lowers_loss_and_writes_run_dir(tmp_path, corpus):
     assert run.model.cfg.vocab_size == 257
     # Running the same command again refuses to touch the finished run.
     assert train.main([str(cfg), "train.max_steps=60"]) == 2
-
-
-def stop_after(step: int, monkeypatch):
-    """Make the trainer behave as if SIGTERM arrived during step ``step``."""
-    original = Trainer.train_step
-
-    def train_step(self):
-        out = original(self)
-        if self.step == step:
-            self.stop_signal = signal.SIGTERM
-        return out
-
-    monkeypatch.setattr(Trainer, "train_step", train_step)
 
 
 def tick_per_step(monkeypatch, seconds: float) -> None:
@@ -204,7 +186,7 @@ def test_corrupt_checkpoints_are_refused_clearly(tmp_path, corpus):
 
 
 def test_checkpoint_keys_have_no_compile_prefix(tmp_path):
-    from conftest import tiny_config
+    from helpers.models import tiny_config
     from ropelab.model.transformer import Transformer
     from safetensors import safe_open
     from ropelab.training.checkpoint import save_checkpoint

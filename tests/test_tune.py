@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import write_run_config
+from helpers.runs import write_run_config
 from ropelab.configs.grid import load_grid, row_of
 from ropelab.scripts import ablate
 from ropelab.grid import tune

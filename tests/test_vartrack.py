@@ -12,11 +12,12 @@ import pytest
 from ropelab.common.errors import ConfigError
 from ropelab.configs.loader import load_config
 from ropelab.configs.tasks import SyntheticConfig
-from ropelab.data.tasks import TaskData, TaskError, build_task
+from ropelab.data.tasks import TaskError, build_task
 from ropelab.data.tasks.vartrack import Vartrack
 
+from helpers.tasks import TOK
+
 ROOT = Path(__file__).resolve().parents[1]
-TOK = TaskData(SyntheticConfig()).tokenizer
 
 
 def vartrack(**cfg) -> Vartrack:

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from ropelab.configs.schema import EvalConfig
-from conftest import ALL_KINDS, tiny_config
+from helpers.models import ALL_KINDS, tiny_config
 from ropelab.data.tasks import TASKS, Instance, eval_instance, task_tokenizer
 from ropelab.data.tasks.base import answer_source, answer_spans, last_copy
 from ropelab.data.tasks.passkey import Passkey
@@ -16,7 +16,7 @@ from ropelab.eval.tasks.exact_match import score_cell
 from ropelab.eval.tasks.answers import answers_section, tally
 from ropelab.model.generate import generate
 from ropelab.model.transformer import Transformer
-from test_task_eval import FixedPredictions as Table  # prediction at position t: table[t]
+from helpers.tasks import FixedPredictions as Table  # prediction at position t: table[t]
 from ropelab.training.exact_match import first_errors, wrong_answers
 
 

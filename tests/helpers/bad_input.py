@@ -25,7 +25,7 @@ from ropelab import train
 from ropelab.training import memory
 from ropelab.training.checkpoint import WEIGHTS_KEY, file_sha256
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def cli(*args: str, env: dict | None = None) -> subprocess.CompletedProcess:
