@@ -12,7 +12,7 @@ import pytest
 
 from ropelab import train
 from ropelab.configs.grid import load_grid, row_of, run_stem
-from helpers.runs import write_run_config
+from helpers.runs import synthetic_grid, tiny_grid, write_grid, write_run_config
 from ropelab.model.config import POS_KINDS
 from ropelab.common.errors import ConfigError, UserError
 from ropelab.scripts import ablate
@@ -28,29 +28,15 @@ def latest_checkpoint(run_dir: Path) -> Path:
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def write_grid(tmp: Path, corpus: Path, axes: str, name: str = "tiny-grid") -> Path:
-    base = write_run_config(tmp, corpus)
-    grid = tmp / f"{name}.yaml"
-    grid.write_text(f"""
-name: {name}
-base: {base.name}
-out_dir: {tmp / 'runs'}
-overrides: [train.max_steps=12, train.eval_interval=12, train.ckpt_interval=4]
-axes:
-{axes}
-eval: {{lengths: [16, 32, 64], protocols: [nonoverlap], scalings: [none, yarn], max_tokens: 1024}}
-report: {tmp / 'report'}
-""")
-    return grid
 
 
 def test_plan_names_and_validation(tmp_path, corpus):
-    grid = load_grid(write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]\n  train.seed: [1, 2]"))
+    grid = load_grid(tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope", "alibi"], "train.seed": [1, 2]}))
     runs = grid.plan()
     assert [r.name for r in runs] == ["kind-rope_seed-1", "kind-rope_seed-2", "kind-alibi_seed-1", "kind-alibi_seed-2"]
     assert runs[2].cfg.model.pos.kind == "alibi" and runs[3].cfg.train.seed == 2
     assert RunDir.of(runs[0].cfg).path == tmp_path / "runs" / "tiny-grid" / "kind-rope_seed-1"
-    bad = write_grid(tmp_path, corpus, "  model.pos.knd: [rope]", name="bad")
+    bad = tiny_grid(tmp_path, corpus, {"model.pos.knd": ["rope"]}, name="bad")
     with pytest.raises(ConfigError, match="kind"):
         load_grid(bad).plan()
     typo = tmp_path / "typo.yaml"
@@ -82,7 +68,7 @@ def test_shipped_grids_plan(path):
 
 
 def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
-    grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]")
+    grid = tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope", "alibi"]})
     assert ablate.main([str(grid), "--dry-run"]) == 0
     out = capsys.readouterr().out
     assert "kind-rope" in out and "new" in out and "python train.py" in out
@@ -97,7 +83,7 @@ def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
 
 
 def test_training_from_changed_code_is_warned_of_before_it_starts(tmp_path, corpus, capsys, monkeypatch):
-    grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]")
+    grid = tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope", "alibi"]})
     monkeypatch.setattr(ablate, "git_commit", lambda: "c" * 40)
     assert ablate.main([str(grid), "--dry-run", "--no-estimate"]) == 0
     assert "warning" not in capsys.readouterr().err
@@ -112,7 +98,7 @@ def test_training_from_changed_code_is_warned_of_before_it_starts(tmp_path, corp
 def test_the_dry_run_command_pastes_into_a_shell(tmp_path, corpus, capsys):
     """Overrides such as eval.lengths=[16, 32, 64] hold spaces and brackets: each is quoted, so
     the printed command is the planned one word for word when pasted."""
-    grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]")
+    grid = tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope", "alibi"]})
     assert ablate.main([str(grid), "--dry-run"]) == 0
     line = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("train one by hand with: "))
     run = load_grid(grid).plan()[0]
@@ -128,9 +114,8 @@ def test_the_dry_run_command_pastes_into_a_shell(tmp_path, corpus, capsys):
 def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, capsys, monkeypatch):
     empty = tmp_path / "empty.txt"
     empty.write_text("")
-    axes = (f"  model.pos.kind: [rope, learned]\n  train.seed: [1, 2]\n"
-            f"  data.local.valid: [[{corpus / 'valid.txt'}]]")
-    grid_path = write_grid(tmp_path, corpus, axes)
+    axes = {"model.pos.kind": ["rope", "learned"], "train.seed": [1, 2], "data.local.valid": [[corpus / "valid.txt"]]}
+    grid_path = tiny_grid(tmp_path, corpus, axes)
     grid = load_grid(grid_path)
     runs = grid.plan()
     # One run was interrupted earlier: it must resume, not restart.
@@ -176,7 +161,7 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
     assert mtimes == {r.name: RunDir.of(r.cfg).latest_pointer.stat().st_mtime_ns for r in runs}
 
     # A grid where one run cannot work: the others still finish, the summary says why.
-    failing = write_grid(tmp_path, corpus, axes.replace("]]", f"], [{empty}]]"), name="tiny-grid")
+    failing = tiny_grid(tmp_path, corpus, {**axes, "data.local.valid": [[corpus / "valid.txt"], [empty]]})
     assert ablate.main([str(failing)]) == 1
     out = capsys.readouterr().out
     assert "4/8 runs finished" in out  # the 4 earlier runs; the 4 with an empty valid split fail
@@ -186,14 +171,14 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
 
 
 def test_variants_are_named_rows_crossed_with_the_axes(tmp_path, corpus):
-    base = write_run_config(tmp_path, corpus)
-    grid = tmp_path / "v.yaml"
-    grid.write_text(f"name: v\nbase: {base.name}\nvariants:\n  rope: [model.pos.kind=rope]\n"
-                    "  sin-1: [model.pos.kind=sinusoidal, model.pos.token_scale=1]\naxes: {train.seed: [0, 1]}\n")
+    grid = write_grid(tmp_path, corpus, name="v", out_dir=None,
+                      variants={"rope": ["model.pos.kind=rope"],
+                                "sin-1": ["model.pos.kind=sinusoidal", "model.pos.token_scale=1"]},
+                      axes={"train.seed": [0, 1]})
     runs = load_grid(grid).plan()
     assert [r.name for r in runs] == ["rope_seed-0", "rope_seed-1", "sin-1_seed-0", "sin-1_seed-1"]
     assert runs[2].cfg.model.pos.kind == "sinusoidal" and runs[2].cfg.model.pos.token_scale == 1.0
-    grid.write_text(f"name: v\nbase: {base.name}\nvariants: {{bad name: []}}\n")
+    write_grid(tmp_path, name="v", base=tmp_path / "tiny.yaml", out_dir=None, variants="{bad name: []}")
     with pytest.raises(ConfigError, match="'variants' must map names"):
         load_grid(grid)
 
@@ -213,31 +198,10 @@ def test_cpu_jobs_are_single_threaded_slots(monkeypatch):
     assert e.value.code == 2
 
 
-def write_synthetic_grid(tmp: Path, overrides: str = "") -> Path:
-    (tmp / "syn.yaml").write_text("""
-name: syn
-model: {d_model: 32, n_layers: 2, n_heads: 4}
-data: {source: synthetic, tokenizer: {kind: char}, synthetic: {tasks: [copy]}}
-train: {seq_len: 16, batch_size: 8, max_steps: 6, warmup_steps: 1, eval_interval: 6, eval_batches: 1,
-        ckpt_interval: 6}
-log: {progress: false}
-""")
-    grid = tmp / "syn-grid.yaml"
-    grid.write_text(f"""
-name: syn-grid
-base: syn.yaml
-out_dir: {tmp / 'runs'}
-overrides: [{overrides}]
-axes:
-  model.pos.kind: [rope, learned]
-eval: {{length_multipliers: [1, 2], tasks: {{samples: 4}}}}
-report: {tmp / 'report'}
-""")
-    return grid
 
 
 def test_synthetic_grid_gets_task_accuracy_not_perplexity(tmp_path, capsys):
-    grid = write_synthetic_grid(tmp_path)
+    grid = synthetic_grid(tmp_path)
     assert ablate.main([str(grid)]) == 0
     out = capsys.readouterr().out
     assert "2/2 runs finished" in out and "tasks report" in out and "perplexity report" not in out
@@ -249,15 +213,11 @@ def test_synthetic_grid_gets_task_accuracy_not_perplexity(tmp_path, capsys):
 def test_a_run_that_stopped_at_competence_is_done(tmp_path, capsys):
     """Stopped before its budget because it learned its task: the grid neither retrains it nor
     calls it unfinished."""
-    write_synthetic_grid(tmp_path)
-    grid = tmp_path / "stop-grid.yaml"  # copying one letter ("a>a"): 30% exact match within ~40 steps
-    grid.write_text(f"""
-name: stop-grid
-base: syn.yaml
-out_dir: {tmp_path / 'runs'}
-overrides: [train.seq_len=4, train.batch_size=16, train.lr=1.0e-2, train.max_steps=200, train.eval_interval=4,
-            train.ckpt_interval=4, train.eval_batches=2, train.stop_at_accuracy=0.3, train.seed=3]
-""")
+    synthetic_grid(tmp_path)  # copying one letter ("a>a"): 30% exact match within ~40 steps
+    grid = write_grid(tmp_path, name="stop-grid", base=tmp_path / "syn.yaml",
+                      overrides=["train.seq_len=4", "train.batch_size=16", "train.lr=1.0e-2", "train.max_steps=200",
+                                 "train.eval_interval=4", "train.ckpt_interval=4", "train.eval_batches=2",
+                                 "train.stop_at_accuracy=0.3", "train.seed=3"])
     run = load_grid(grid).plan()[0]
     assert ablate.main([str(grid), "--skip-eval", "--no-estimate"]) == 0
     meta = read_meta(latest_checkpoint(RunDir.of(run.cfg).path))
@@ -267,7 +227,7 @@ overrides: [train.seq_len=4, train.batch_size=16, train.lr=1.0e-2, train.max_ste
 
 
 def test_impossible_task_settings_stop_a_grid_before_training(tmp_path, capsys):
-    grid = write_synthetic_grid(tmp_path, "'data.synthetic.tasks=[copy, recall]'")  # recall: 31 positions
+    grid = synthetic_grid(tmp_path, "'data.synthetic.tasks=[copy, recall]'")  # recall: 31 positions
     assert ablate.main([str(grid)]) == 2
     err = capsys.readouterr().err
     assert "run kind-rope: recall with 8 pairs and 8 queries needs at least 31 positions" in err
@@ -276,7 +236,7 @@ def test_impossible_task_settings_stop_a_grid_before_training(tmp_path, capsys):
 
 def test_cpu_workers_split_the_cores(tmp_path, monkeypatch):
     """--devices cpu cpu: two runs at a time, each told to use half the cores and the CPU."""
-    runs = load_grid(write_synthetic_grid(tmp_path)).plan()
+    runs = load_grid(synthetic_grid(tmp_path)).plan()
     calls = []
 
     class FakeProcess:  # each job's command and threads, started and ended at once
@@ -288,7 +248,7 @@ def test_cpu_workers_split_the_cores(tmp_path, monkeypatch):
     monkeypatch.setattr(grid_local.subprocess, "Popen", FakeProcess)
     monkeypatch.setattr(grid_local, "usable_cpus", lambda: 4)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
-    grid = load_grid(write_synthetic_grid(tmp_path))
+    grid = load_grid(synthetic_grid(tmp_path))
     slots = grid_local.slots_for(ablate.parse_args(["grid.yaml", "--devices", "cpu", "cpu"]))
     assert grid_local.run_all(grid, runs, slots, evaluate=False) == {}
     assert len(calls) == 2 and all(threads == "2" and "train.device=cpu" in cmd for cmd, threads in calls)
@@ -302,7 +262,7 @@ def test_cpu_workers_split_the_cores(tmp_path, monkeypatch):
 def test_a_run_budgeted_by_tokens_is_done_when_its_tokens_are(tmp_path, corpus):
     """A token budget reached by N data-parallel ranks takes N times fewer steps than one
     process would plan: the grid reads the tokens the checkpoint saw, not its step."""
-    grid = load_grid(write_grid(tmp_path, corpus, "  train.seed: [0]"))
+    grid = load_grid(tiny_grid(tmp_path, corpus, {"train.seed": [0]}))
     run = grid.plan(["train.max_steps=null", "train.max_tokens=2048"])[0]  # 8 steps of 8 × 32
     assert train.main([str(grid.base), *run.overrides]) == 0
     assert ablate.status(run) == ("done", "step 8")
@@ -315,7 +275,7 @@ def test_a_run_budgeted_by_tokens_is_done_when_its_tokens_are(tmp_path, corpus):
 
 
 def test_more_seeds_adds_training_runs_to_chosen_rows_only(tmp_path, corpus):
-    path = write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]\n  train.seed: [0, 1]")
+    path = tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope", "alibi"], "train.seed": [0, 1]})
     path.write_text(path.read_text() + "more_seeds: {kind-alibi: [2, 3]}\n")
     runs = load_grid(path).plan()
     assert [r.name for r in runs][-2:] == ["kind-alibi_seed-2", "kind-alibi_seed-3"]
@@ -332,7 +292,7 @@ def test_more_seeds_adds_training_runs_to_chosen_rows_only(tmp_path, corpus):
 def test_rows_trains_only_the_rows_named_and_reports_every_finished_run(tmp_path, corpus, capsys):
     """--rows: a grid's chosen rows first; the others stay untouched, are listed as left out,
     not failed, and the same command without --rows trains them later."""
-    path = write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi, none]\n  train.seed: [0]")
+    path = tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope", "alibi", "none"], "train.seed": [0]})
     runs = {r.name: r for r in load_grid(path).plan()}
     assert ablate.main([str(path), "--rows", "kind-alib*", "kind-none", "--no-estimate"]) == 0
     out = capsys.readouterr().out

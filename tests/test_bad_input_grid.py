@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from helpers.bad_input import cli, refused, refused_in_process
-from helpers.runs import write_run_config
+from helpers.runs import write_grid, write_run_config
 from ropelab.configs.grid import load_grid
 from ropelab.scripts import ablate
 
@@ -22,10 +22,7 @@ def base(tmp_path, corpus) -> Path:
 
 
 def grid(base: Path, body: str) -> Path:
-    path = base.parent / "grid.yaml"
-    path.write_text(f"name: g\nbase: {base.name}\nout_dir: {base.parent / 'runs'}\n{body}")
-    return path
-
+    return write_grid(base.parent, name="g", base=base, file="grid", text=body)
 
 def test_an_axis_that_lists_a_seed_twice(base):
     res = cli("scripts/ablate.py", str(grid(base, "axes: {train.seed: [0, 0]}\n")), "--dry-run")

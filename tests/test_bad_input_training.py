@@ -23,7 +23,7 @@ from ropelab import train
 from helpers.bad_input import cli, follow, limit_memory, refused, refused_in_process, snapshot
 from ropelab.configs import load_config
 from ropelab.configs.grid import load_grid
-from helpers.runs import stop_after, write_run_config
+from helpers.runs import stop_after, write_grid, write_run_config
 from ropelab.grid.estimate import estimate_grid
 from ropelab.common.cli import entry_point
 from ropelab.training import memory
@@ -179,9 +179,8 @@ def test_a_synthetic_task_with_an_enormous_length(tmp_path):
 def test_a_grid_does_not_time_a_step_that_cannot_fit(config):
     """The grid's time estimate trains a few steps of each shape: one that cannot fit is not
     timed, and says why (its run is refused with the same message when it trains)."""
-    path = config.parent / "grid.yaml"
-    path.write_text(f"name: g\nbase: {config.name}\nout_dir: {config.parent / 'grid'}\n"
-                    "axes: {train.seq_len: [32, 1000000000]}\n")
+    path = write_grid(config.parent, name="g", base=config, file="grid", out_dir=config.parent / "grid",
+                      axes={"train.seq_len": [32, 1000000000]})
     grid = load_grid(path)
     estimates = estimate_grid(grid, grid.plan(), None, log=lambda *a: None)
     assert estimates["seq_len-1000000000"].failed

@@ -12,7 +12,7 @@ import pytest
 from ropelab import train
 from ropelab.common.errors import ConfigError
 from ropelab.configs.grid import load_grid
-from helpers.runs import passkey_config, write_run_config
+from helpers.runs import passkey_config, write_grid, write_run_config
 from ropelab.scripts import ablate
 from ropelab.scripts import diagnose
 
@@ -179,16 +179,11 @@ def test_a_synthetic_run_is_diagnosed_on_its_task_instances(tmp_path):
 
 
 def test_a_grid_with_diagnostics_writes_them_into_its_report(tmp_path, capsys):
-    grid = tmp_path / "grid.yaml"
-    grid.write_text(f"""
-name: syn-grid
-base: {passkey_config(tmp_path).name}
-out_dir: {tmp_path / 'runs'}
-axes:
-  model.pos.kind: [rope, alibi]
-eval: {{length_multipliers: [1], tasks: {{samples: 2}}, diagnostics: {{enabled: true, windows: 2, lengths: [64]}}}}
-report: {tmp_path / 'report'}
-""")
+    grid = write_grid(tmp_path, name="syn-grid", base=passkey_config(tmp_path), file="grid",
+                      axes={"model.pos.kind": ["rope", "alibi"]},
+                      eval={"length_multipliers": [1], "tasks": {"samples": 2},
+                            "diagnostics": {"enabled": True, "windows": 2, "lengths": [64]}},
+                      report=tmp_path / "report")
     assert ablate.main([str(grid)]) == 0
     out = capsys.readouterr().out
     assert "diagnostics report" in out and "diagnostics eval (min)" in out

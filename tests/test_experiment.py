@@ -8,7 +8,7 @@ from ropelab import train
 from ropelab.configs import load_config
 from ropelab.configs.experiment import MAY_DIFFER, experiment_differences, seed_group
 from ropelab.configs.grid import load_grid
-from helpers.runs import write_run_config
+from helpers.runs import write_grid, write_run_config
 from ropelab.scripts import ablate
 
 QUICK = "configs/quickstart.yaml"
@@ -39,10 +39,9 @@ def test_seeds_share_a_group_and_nothing_else_does():
 def test_ablate_and_resume_agree_when_a_grid_extends_its_runs(tmp_path, corpus):
     """Raising a grid's max_steps: ablate says partial and train.py --resume continues the run."""
     base = write_run_config(tmp_path, corpus)
-    grid_path = tmp_path / "g.yaml"
-    grid_path.write_text(f"name: g\nbase: {base.name}\nout_dir: {tmp_path / 'runs'}\n"
-                         "overrides: [train.max_steps=6, train.eval_interval=6, train.ckpt_interval=6]\n"
-                         "axes: {train.seed: [1]}\n")
+    grid_path = write_grid(tmp_path, name="g", base=base,
+                           overrides=["train.max_steps=6", "train.eval_interval=6", "train.ckpt_interval=6"],
+                           axes={"train.seed": [1]})
     run = load_grid(grid_path).plan()[0]
     assert train.main([str(base), *run.overrides]) == 0
     assert ablate.status(run) == ("done", "step 6")
@@ -59,16 +58,14 @@ def test_ablate_and_resume_agree_when_a_grid_extends_its_runs(tmp_path, corpus):
 
 def test_grid_eval_is_typed_and_reaches_every_run(tmp_path, corpus):
     base = write_run_config(tmp_path, corpus)
-    good = tmp_path / "good.yaml"
-    good.write_text(f"name: g\nbase: {base.name}\naxes: {{train.seed: [1, 2]}}\n"
-                    "eval: {lengths: [16, 64], scalings: [none, yarn], max_tokens: 512}\n")
+    good = write_grid(tmp_path, name="g", base=base, file="good", out_dir=None, axes={"train.seed": [1, 2]},
+                      eval={"lengths": [16, 64], "scalings": ["none", "yarn"], "max_tokens": 512})
     runs = load_grid(good).plan()
     assert all(r.cfg.eval.lengths == [16, 64] and r.cfg.eval.scalings == ["none", "yarn"] for r in runs)
     for bad, message in (("{lengths: [a]}", "eval.lengths[0] must be an integer"),
                          ("{lenghts: [16]}", "did you mean 'eval.lengths'"),
                          ("{stride: 0}", "eval.stride must be a positive integer")):
-        path = tmp_path / "bad.yaml"
-        path.write_text(f"name: g\nbase: {base.name}\naxes: {{train.seed: [1]}}\neval: {bad}\n")
+        path = write_grid(tmp_path, name="g", base=base, file="bad", out_dir=None, axes={"train.seed": [1]}, eval=bad)
         with pytest.raises(Exception, match=message.replace("[", r"\[").replace("]", r"\]")) as info:
             load_grid(path)
         assert "bad.yaml" in str(info.value)

@@ -14,7 +14,7 @@ import torch
 from ropelab import train
 from ropelab.common.errors import CheckpointError, ConfigError
 from ropelab.configs.grid import load_grid
-from helpers.runs import write_run_config
+from helpers.runs import write_grid
 from ropelab.scripts import ablate
 from ropelab.grid import archive
 from ropelab.grid import local
@@ -24,26 +24,16 @@ from ropelab.training.run_record import is_record
 from ropelab.training.saved_run import load_run
 
 
-def write_grid(tmp: Path, corpus: Path, extra: str = "", archive: str = "archive") -> Path:
-    base = write_run_config(tmp, corpus)
-    grid = tmp / "kept.yaml"
-    grid.write_text(f"""
-name: kept
-base: {base.name}
-out_dir: {tmp / 'runs'}
-overrides: [train.max_steps=8, train.eval_interval=8, train.ckpt_interval=4, model.pos.kind=kerple]
-variants:
-  lr1: []
-  lr3: [train.pos_lr_multiplier=3]
-axes:
-  train.seed: [1]
-eval: {{lengths: [32, 64], protocols: [nonoverlap], scalings: [none], max_tokens: 512,
-        diagnostics: {{enabled: true, windows: 2, lengths: [32, 64]}}}}
-report: {tmp / 'report'}
-archive: {tmp / archive}
-{extra}""")
-    return grid
-
+def kept_grid(tmp: Path, corpus: Path, extra: str = "", archive: str = "archive") -> Path:
+    """Two rows of KERPLE (positional lr 1 and 3), one seed, 8 steps, with diagnostics; kept in
+    ``tmp/<archive>``, and ``extra`` after."""
+    return write_grid(tmp, corpus, name="kept",
+                      overrides=["train.max_steps=8", "train.eval_interval=8", "train.ckpt_interval=4",
+                                 "model.pos.kind=kerple"],
+                      variants={"lr1": [], "lr3": ["train.pos_lr_multiplier=3"]}, axes={"train.seed": [1]},
+                      eval={"lengths": [32, 64], "protocols": ["nonoverlap"], "scalings": ["none"], "max_tokens": 512,
+                            "diagnostics": {"enabled": True, "windows": 2, "lengths": [32, 64]}},
+                      report=tmp / "report", archive=tmp / archive, text=extra)
 
 def archive_bytes(tmp: Path) -> dict:
     return {p.relative_to(tmp / "archive"): p.read_bytes() for p in (tmp / "archive").rglob("*") if p.is_file()}
@@ -55,7 +45,7 @@ def report_rows(tmp: Path) -> list[tuple]:
 
 
 def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, corpus, capsys):
-    grid_path = write_grid(tmp_path, corpus)
+    grid_path = kept_grid(tmp_path, corpus)
     runs = load_grid(grid_path).plan()
     assert ablate.main([str(grid_path)]) == 0
     out = capsys.readouterr().out
@@ -109,12 +99,12 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
     assert train.main([str(load_grid(grid_path).base), *runs[0].overrides, "train.max_steps=12",
                        "train.resume=auto"]) == 2
     assert "is a run record" in capsys.readouterr().err
-    longer = write_grid(tmp_path, corpus, extra="")
+    longer = kept_grid(tmp_path, corpus, extra="")
     longer.write_text(longer.read_text().replace("train.max_steps=8", "train.max_steps=12"))
     assert ablate.main([str(longer), "--dry-run", "--no-estimate"]) == 0
     out = capsys.readouterr().out
     assert out.count("conflict") == 2 and "is a run record" in out
-    other_eval = write_grid(tmp_path, corpus)
+    other_eval = kept_grid(tmp_path, corpus)
     other_eval.write_text(other_eval.read_text().replace("lengths: [32, 64], protocols",
                                                          "lengths: [32, 48], protocols"))
     # Other eval settings: the records hold no evaluation under them and no weights to score
@@ -137,7 +127,7 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
     out = capsys.readouterr().out
     assert out.count(f"conflict the record {tmp_path / 'archive'}") == 2 and not fresh.exists()
     assert out.count("holds no perplexity evaluation") == 2 and "archived " not in out
-    assert ablate.main([str(write_grid(tmp_path, corpus)), "--no-estimate"]) == 0  # the settings they hold
+    assert ablate.main([str(kept_grid(tmp_path, corpus)), "--no-estimate"]) == 0  # the settings they hold
     assert "conflict" not in capsys.readouterr().out
 
     # tune.py reads the records too (their validation loss at L), on a fresh clone as well.
@@ -147,7 +137,7 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
 
 
 def test_a_damaged_record_is_named_and_nothing_is_restored(tmp_path, corpus, capsys):
-    grid_path = write_grid(tmp_path, corpus)
+    grid_path = kept_grid(tmp_path, corpus)
     assert ablate.main([str(grid_path), "--no-estimate"]) == 0
     runs = load_grid(grid_path).plan()
     shutil.rmtree(tmp_path / "runs")
@@ -164,7 +154,7 @@ def test_a_record_changed_in_the_archive_since_it_was_restored_is_brought_up_to_
     """A record updated in git (an evaluation scored again) reaches a run directory that holds
     an earlier restore of it: its changed files are written again, a file the archive lacks
     stays, and a damaged archived file changes nothing."""
-    grid_path = write_grid(tmp_path, corpus)
+    grid_path = kept_grid(tmp_path, corpus)
     assert ablate.main([str(grid_path), "--no-estimate"]) == 0
     runs = load_grid(grid_path).plan()
     shutil.rmtree(tmp_path / "runs")
@@ -190,7 +180,7 @@ def test_a_record_changed_in_the_archive_since_it_was_restored_is_brought_up_to_
 
 
 def test_archive_alone_keeps_what_another_process_finished(tmp_path, corpus, capsys):
-    grid_path = write_grid(tmp_path, corpus)
+    grid_path = kept_grid(tmp_path, corpus)
     text = grid_path.read_text()
     grid_path.write_text(text.replace(f"archive: {tmp_path / 'archive'}\n", ""))
     assert ablate.main([str(grid_path), "--archive"]) == 2
@@ -220,13 +210,13 @@ def test_archive_alone_keeps_what_another_process_finished(tmp_path, corpus, cap
 
 
 def test_an_archive_inside_the_report_is_refused(tmp_path, corpus):
-    grid_path = write_grid(tmp_path, corpus, archive="report/runs")
+    grid_path = kept_grid(tmp_path, corpus, archive="report/runs")
     with pytest.raises(ConfigError, match="inside the report directory"):
         load_grid(grid_path)
 
 
 def test_a_grid_that_keeps_weights_can_be_fine_tuned_from_on_a_fresh_clone(tmp_path, corpus, capsys):
-    grid_path = write_grid(tmp_path, corpus, extra="archive_weights: true")
+    grid_path = kept_grid(tmp_path, corpus, extra="archive_weights: true")
     grid = load_grid(grid_path)
     runs = grid.plan()
     assert ablate.main([str(grid_path), "--no-estimate"]) == 0
@@ -258,7 +248,7 @@ def test_a_grid_that_keeps_weights_can_be_fine_tuned_from_on_a_fresh_clone(tmp_p
 
     # Evaluated anew with another setting (a record without weights cannot be), and archived
     # again with the evaluations the grid now plans.
-    other_eval = write_grid(tmp_path, corpus, extra="archive_weights: true")
+    other_eval = kept_grid(tmp_path, corpus, extra="archive_weights: true")
     other_eval.write_text(other_eval.read_text().replace("lengths: [32, 64], protocols", "lengths: [32, 48], protocols"))
     assert ablate.main([str(other_eval), "--no-estimate"]) == 0
     out = capsys.readouterr().out
@@ -275,7 +265,7 @@ def test_a_grid_that_keeps_weights_can_be_fine_tuned_from_on_a_fresh_clone(tmp_p
     ("archive_weights: true", None, "names none; add archive: DIR"),
 ])
 def test_bad_archive_weights_are_refused(tmp_path, corpus, extra, archive, message):
-    grid_path = write_grid(tmp_path, corpus, extra=extra)
+    grid_path = kept_grid(tmp_path, corpus, extra=extra)
     if archive is None:
         grid_path.write_text(grid_path.read_text().replace(f"archive: {tmp_path / 'archive'}\n", ""))
     with pytest.raises(ConfigError, match=message):

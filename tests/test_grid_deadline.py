@@ -20,7 +20,8 @@ from ropelab.grid import local as grid_local
 from ropelab.grid.deadline import CompetencePlan, Deadline, needs_from, parse_deadline, plans_from, wait
 from ropelab.grid.estimate import Estimate, estimate_file, save_estimates, saved_estimates
 from ropelab.grid.run_state import status
-from test_ablate import write_synthetic_grid
+
+from helpers.runs import synthetic_grid
 
 NOW = dt.datetime(2026, 12, 3, 9, 10, 30)
 
@@ -99,7 +100,7 @@ def test_a_worker_starts_a_seed_its_row_mate_made_short_enough(tmp_path, monkeyp
     first starts (no estimate refused it: it may start, and would be stopped at the deadline),
     ends at a third of its budget, and the second is then expected to take 50 min and starts,
     where the whole-budget estimate would have left it for later."""
-    grid = load_grid(write_synthetic_grid(tmp_path))
+    grid = load_grid(synthetic_grid(tmp_path))
     runs = [SimpleNamespace(name=f"r_seed-{seed}") for seed in (0, 1)]
     trained = []
     monkeypatch.setattr(grid_local, "status", lambda run: ("new", ""))
@@ -156,7 +157,7 @@ def test_the_deadline_stops_a_process_with_sigterm(tmp_path):
 def test_until_leaves_runs_the_estimate_says_cannot_finish(tmp_path, capsys):
     """A run whose saved estimate ends after the deadline is not started: not a failure, no
     report yet, and the same command without --until trains it."""
-    grid_path = write_synthetic_grid(tmp_path)
+    grid_path = synthetic_grid(tmp_path)
     grid = load_grid(grid_path)
     path = estimate_file(grid)
     path.parent.mkdir(parents=True)
@@ -184,7 +185,7 @@ class StartsThenEnds(Deadline):
 
 
 def test_training_under_way_at_the_deadline_is_stopped_and_continued_later(tmp_path, capsys):
-    grid = load_grid(write_synthetic_grid(tmp_path))
+    grid = load_grid(synthetic_grid(tmp_path))
     runs = grid.plan()
     left: dict[str, str] = {}
     failures = grid_local.run_all(grid, runs[:1], [grid_local.Slot()], evaluate=True,
@@ -200,7 +201,7 @@ def test_training_stopped_by_hand_is_left_for_later_not_failed(tmp_path, monkeyp
     """A SIGTERM sent to a run's train.py (which saves a checkpoint and exits 128 + SIGTERM)
     leaves the run for the same command to continue; an evaluation ending so, or a training
     ending with another code, is still a failure."""
-    grid = load_grid(write_synthetic_grid(tmp_path))
+    grid = load_grid(synthetic_grid(tmp_path))
     runs = grid.plan()[:1]
     exits = {"train": 143}
 
@@ -219,5 +220,5 @@ def test_training_stopped_by_hand_is_left_for_later_not_failed(tmp_path, monkeyp
 
 
 def test_until_is_refused_for_slurm(tmp_path, capsys):
-    assert ablate.main([str(write_synthetic_grid(tmp_path)), "--launcher", "slurm", "--until", "2h"]) == 2
+    assert ablate.main([str(synthetic_grid(tmp_path)), "--launcher", "slurm", "--until", "2h"]) == 2
     assert "--until stops runs trained here; on Slurm each job ends at its time limit" in capsys.readouterr().err

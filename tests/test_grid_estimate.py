@@ -7,7 +7,8 @@ import pytest
 
 from ropelab.configs.grid import load_grid
 from ropelab.grid.estimate import print_wall_times
-from test_ablate import write_grid
+
+from helpers.runs import synthetic_grid, tiny_grid, write_grid
 
 
 def test_a_shape_timed_on_a_busy_machine_says_so(tmp_path, corpus, monkeypatch):
@@ -23,7 +24,7 @@ def test_a_shape_timed_on_a_busy_machine_says_so(tmp_path, corpus, monkeypatch):
     assert step_timing.machine_busy() == ""
     monkeypatch.setattr(step_timing.os, "getloadavg", lambda: (3.2, 0.0, 0.0))
     assert step_timing.machine_busy() == "load average 3.2 on 2 CPUs"
-    grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope]")
+    grid = tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope"]})
     logged = []
     estimates = estimate_grid(load_grid(grid), load_grid(grid).plan(), None, log=logged.append)
     assert all(e.note.endswith("; timed while busy") for e in estimates.values())
@@ -98,7 +99,7 @@ def test_jobs_at_once_on_the_cpu_stretch_each_runs_estimate_by_their_slowdown(tm
         return times
     monkeypatch.setattr(grid_estimate, "measure_shared", shared)
     monkeypatch.setattr(grid_estimate.torch, "set_num_threads", lambda n: None)  # this process's threads kept
-    grid = write_grid(tmp_path, corpus, "  model.pos.kind: [rope]")
+    grid = tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope"]})
     alone = grid_estimate.estimate_grid(load_grid(grid), load_grid(grid).plan(), 1, log=lambda *a: None)
     together = grid_estimate.estimate_grid(load_grid(grid), load_grid(grid).plan(), 1, log=lambda *a: None, jobs=2)
     assert asked == [(2, 1)]  # the one shape, once
@@ -135,19 +136,10 @@ def test_pending_seeds_are_expected_to_stop_where_their_rows_seeds_did(tmp_path,
     import json
 
     from ropelab.grid import estimate as grid_estimate
-    from test_ablate import write_synthetic_grid
-    write_synthetic_grid(tmp_path)
-    grid_file = tmp_path / "stop-grid.yaml"
-    grid_file.write_text(f"""
-name: stop-grid
-base: syn.yaml
-out_dir: {tmp_path / 'runs'}
-archive: {tmp_path / 'kept'}
-overrides: [train.max_steps=100, train.eval_interval=10, train.stop_at_accuracy=0.9]
-axes:
-  model.pos.kind: [rope, alibi]
-  train.seed: [0, 1, 2]
-""")
+    synthetic_grid(tmp_path)
+    grid_file = write_grid(tmp_path, name="stop-grid", base=tmp_path / "syn.yaml", archive=tmp_path / "kept",
+                           overrides=["train.max_steps=100", "train.eval_interval=10", "train.stop_at_accuracy=0.9"],
+                           axes={"model.pos.kind": ["rope", "alibi"], "train.seed": [0, 1, 2]})
     grid = load_grid(grid_file)
     runs = grid.plan()
 
@@ -197,7 +189,7 @@ def test_data_that_cannot_be_prepared_gives_its_runs_no_estimate(tmp_path, corpu
 
     monkeypatch.setattr(ge, "prepare", missing)
     monkeypatch.setattr(ge, "_shape_times", lambda *a, **k: pytest.fail("timed a run whose data failed"))
-    grid = load_grid(write_grid(tmp_path, corpus, "  model.pos.kind: [rope, alibi]"))
+    grid = load_grid(tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope", "alibi"]}))
     logged = []
     estimates = ge.estimate_grid(grid, grid.plan(), None, log=logged.append)
     assert calls == ["rope"]  # one data config: prepared (and failed) once

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers.runs import write_run_config
+from helpers.runs import write_grid
 from ropelab.eval.lm import regime_compare
 from ropelab.eval.lm.context_use import breakdown, breakdown_text, context_gain, position_bins
 from ropelab.eval.reporting.tables import summarize
@@ -16,22 +16,13 @@ from ropelab.scripts import ablate
 
 
 def write_regime(tmp: Path, corpus: Path, name: str, seq_len: int) -> Path:
-    base = write_run_config(tmp, corpus)
-    grid = tmp / f"{name}.yaml"
-    grid.write_text(f"""
-name: {name}
-base: {base.name}
-out_dir: {tmp / 'runs'}
-overrides: [train.max_steps=12, train.eval_interval=12, train.ckpt_interval=12, train.seq_len={seq_len}]
-variants:
-  rope: [model.pos.kind=rope]
-axes:
-  train.seed: [0, 1]
-eval: {{length_multipliers: [1, 1.5, 2, 4], protocols: [nonoverlap, same-tokens], scalings: [none], max_tokens: 512}}
-report: {tmp / 'reports' / name}
-""")
-    return grid
-
+    return write_grid(tmp, corpus, name=name,
+                      overrides=["train.max_steps=12", "train.eval_interval=12", "train.ckpt_interval=12",
+                                 f"train.seq_len={seq_len}"],
+                      variants={"rope": ["model.pos.kind=rope"]}, axes={"train.seed": [0, 1]},
+                      eval={"length_multipliers": [1, 1.5, 2, 4], "protocols": ["nonoverlap", "same-tokens"],
+                            "scalings": ["none"], "max_tokens": 512},
+                      report=tmp / "reports" / name)
 
 @pytest.fixture(scope="module")
 def two_regimes(tmp_path_factory, corpus):

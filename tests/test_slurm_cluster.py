@@ -20,7 +20,7 @@ import pytest
 
 pytest.importorskip("submitit")
 
-from helpers.runs import write_run_config
+from helpers.runs import write_grid
 from ropelab.scripts import ablate
 from ropelab.training.slurm import job_states
 
@@ -31,22 +31,12 @@ pytestmark = [pytest.mark.slurm,
 WAIT_SECONDS = 900
 
 
-def write_grid(tmp: Path, corpus: Path, name: str, out: Path, kinds: str, steps: int, slurm: str) -> Path:
-    base = write_run_config(tmp, corpus)
-    grid = tmp / f"{name}-{out.name}.yaml"
-    grid.write_text(f"""
-name: {name}
-base: {base.name}
-out_dir: {out / 'runs'}
-overrides: [train.max_steps={steps}, train.eval_interval={steps // 2}, train.ckpt_interval=25]
-axes:
-  model.pos.kind: {kinds}
-eval: {{lengths: [16, 32, 64], protocols: [nonoverlap], scalings: [none], max_tokens: 1024}}
-report: {out / 'report'}
-slurm: {slurm}
-""")
-    return grid
-
+def cluster_grid(tmp: Path, corpus: Path, name: str, out: Path, kinds: str, steps: int, slurm: str) -> Path:
+    return write_grid(tmp, corpus, name=name, file=f"{name}-{out.name}", out_dir=out / "runs",
+                      overrides=[f"train.max_steps={steps}", f"train.eval_interval={steps // 2}", "train.ckpt_interval=25"],
+                      axes=f"{{model.pos.kind: {kinds}}}",
+                      eval={"lengths": [16, 32, 64], "protocols": ["nonoverlap"], "scalings": ["none"], "max_tokens": 1024},
+                      report=out / "report", slurm=slurm)
 
 def wait_for(condition, what: str, seconds: float = WAIT_SECONDS):
     start = time.monotonic()
@@ -89,7 +79,7 @@ def log(capsys, message: str, start: float) -> None:
 def test_grid_on_slurm_resumes_stopped_jobs_and_matches_a_local_run(tmp_path, corpus, capsys):
     start = time.monotonic()
     slurm = "{gpus_per_run: 0, cpus_per_run: 1, time: 10}"
-    grid = write_grid(tmp_path, corpus, "cluster", tmp_path / "slurm", "[rope, alibi, none]", 600, slurm)
+    grid = cluster_grid(tmp_path, corpus, "cluster", tmp_path / "slurm", "[rope, alibi, none]", 600, slurm)
     grid_dir = tmp_path / "slurm" / "runs" / "cluster"
     assert ablate.main([str(grid), "--launcher", "slurm"]) == 0
     first = jobs(grid_dir)
@@ -130,7 +120,7 @@ def test_grid_on_slurm_resumes_stopped_jobs_and_matches_a_local_run(tmp_path, co
     assert len(trainings) == 2 and len(set(trainings)) == 1  # one job, started twice
 
     # The same grid trained and evaluated here, one thread per run like the Slurm jobs.
-    local = write_grid(tmp_path, corpus, "cluster", tmp_path / "local", "[rope, alibi, none]", 600, slurm)
+    local = cluster_grid(tmp_path, corpus, "cluster", tmp_path / "local", "[rope, alibi, none]", 600, slurm)
     assert ablate.main([str(local), "--threads", "1"]) == 0
     log(capsys, "trained the same grid here", start)
     for name in ("kind-rope", "kind-alibi", "kind-none"):
@@ -146,7 +136,7 @@ def test_multi_gpu_run_trains_under_torchrun(tmp_path, corpus, capsys):
     (gloo on a CPU machine); the tokens per step double."""
     start = time.monotonic()
     slurm = "{gpus_per_run: 2, cpus_per_run: 2, time: 10}"
-    grid = write_grid(tmp_path, corpus, "ddp", tmp_path, "[rope]", 20, slurm)
+    grid = cluster_grid(tmp_path, corpus, "ddp", tmp_path, "[rope]", 20, slurm)
     assert ablate.main([str(grid), "--launcher", "slurm", "--skip-eval", "--report"]) == 0
     text = (tmp_path / "runs" / "ddp" / "kind-rope" / "train.log").read_text()
     assert "-m torch.distributed.run --standalone --nproc_per_node=2 -m ropelab.train" in text

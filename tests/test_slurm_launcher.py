@@ -21,7 +21,7 @@ submitit = pytest.importorskip("submitit")
 
 from ropelab.common.errors import ConfigError
 from ropelab.configs.grid import load_grid
-from helpers.runs import write_run_config
+from helpers.runs import write_grid
 from helpers.fake_slurm import FakeSlurm
 from ropelab.scripts import ablate
 from ropelab.grid import slurm_launcher
@@ -33,22 +33,12 @@ from ropelab.training.run_dir import RunDir
 SLURM = "slurm: {partition: gpu, gpus_per_run: 2, cpus_per_run: 8, mem: 32G, time: 90, eval_time: \"0:30:00\"}"
 
 
-def write_grid(tmp: Path, corpus: Path, slurm: str = SLURM, kinds: str = "[rope, alibi, none]") -> Path:
-    base = write_run_config(tmp, corpus)
-    grid = tmp / "grid.yaml"
-    grid.write_text(f"""
-name: g
-base: {base.name}
-out_dir: {tmp / 'runs'}
-overrides: [train.max_steps=12, train.eval_interval=12, train.ckpt_interval=4]
-axes:
-  model.pos.kind: {kinds}
-eval: {{lengths: [16, 32], protocols: [nonoverlap], scalings: [none], max_tokens: 512}}
-report: {tmp / 'report'}
-{slurm}
-""")
-    return grid
-
+def slurm_grid(tmp: Path, corpus: Path, slurm: str = SLURM, kinds: str = "[rope, alibi, none]") -> Path:
+    return write_grid(tmp, corpus, name="g", file="grid",
+                      overrides=["train.max_steps=12", "train.eval_interval=12", "train.ckpt_interval=4"],
+                      axes=f"{{model.pos.kind: {kinds}}}",
+                      eval={"lengths": [16, 32], "protocols": ["nonoverlap"], "scalings": ["none"], "max_tokens": 512},
+                      report=tmp / "report", text=f"{slurm}\n")
 
 def submitted_job(grid_file: Path, job: str) -> RunJob:
     """The RunJob submitit pickled for ``job`` (e.g. 1_0), as the cluster would run it."""
@@ -57,23 +47,23 @@ def submitted_job(grid_file: Path, job: str) -> RunJob:
 
 
 def test_slurm_section_is_checked_and_overridden(tmp_path, corpus):
-    grid = load_grid(write_grid(tmp_path, corpus))
+    grid = load_grid(slurm_grid(tmp_path, corpus))
     res = slurm_launcher.resources(grid, ["time=4:00:00", "sbatch.qos=high", "partition=debug"])
     assert (res.partition, res.gpus_per_run, res.gpus_per_node, res.time, res.sbatch) == ("debug", 2, 2, "4:00:00",
                                                                                           {"qos": "high"})
     with pytest.raises(ConfigError, match="did you mean 'slurm.gpus_per_run'"):
-        load_grid(write_grid(tmp_path, corpus, "slurm: {gpu_per_run: 1, time: 5}"))
+        load_grid(slurm_grid(tmp_path, corpus, "slurm: {gpu_per_run: 1, time: 5}"))
     with pytest.raises(ConfigError, match="not a time limit"):
         slurm_launcher.resources(grid, ["time=soon"])
     with pytest.raises(ConfigError, match="split evenly"):
         slurm_launcher.resources(grid, ["nodes=3"])
     with pytest.raises(ConfigError, match="add gpus_per_run, time to a slurm: section"):
-        slurm_launcher.resources(load_grid(write_grid(tmp_path, corpus, "")), [])
+        slurm_launcher.resources(load_grid(slurm_grid(tmp_path, corpus, "")), [])
 
 
 def test_submission_writes_arrays_with_resources_and_dependency(tmp_path, corpus, monkeypatch, capsys):
     slurm = FakeSlurm(tmp_path, monkeypatch)
-    grid = write_grid(tmp_path, corpus)
+    grid = slurm_grid(tmp_path, corpus)
     assert ablate.main([str(grid), "--launcher", "slurm", "--slurm", "sbatch.qos=high"]) == 0
     train, evaluation = slurm.scripts()
     for option in ("--array=0-2%3", "--partition=gpu", "--time=90", "--gpus-per-node=2", "--cpus-per-task=8",
@@ -104,7 +94,7 @@ def test_torchrun_wraps_the_same_command():
 
 def test_resubmission_skips_running_finished_and_held_runs(tmp_path, corpus, monkeypatch, capsys):
     slurm = FakeSlurm(tmp_path, monkeypatch)
-    grid_file = write_grid(tmp_path, corpus, kinds="[rope, alibi, none, sinusoidal, learned]")
+    grid_file = slurm_grid(tmp_path, corpus, kinds="[rope, alibi, none, sinusoidal, learned]")
     grid = load_grid(grid_file)
     runs = grid.plan()
     res = slurm_launcher.resources(grid, [])
@@ -137,7 +127,7 @@ def test_sbatch_refusal_is_one_line_and_records_nothing(tmp_path, corpus, monkey
     slurm = FakeSlurm(tmp_path, monkeypatch)
     slurm.refuse("sbatch: error: invalid partition specified: nope\n"
                  "sbatch: error: Batch job submission failed: Invalid partition name specified\n")
-    grid = write_grid(tmp_path, corpus)
+    grid = slurm_grid(tmp_path, corpus)
     monkeypatch.setattr(ablate, "git_commit", lambda: "c" * 40)  # a clean tree: no warning beside the error
     assert ablate.main([str(grid), "--launcher", "slurm", "--slurm", "partition=nope"]) == 2
     err = capsys.readouterr().err
@@ -147,7 +137,7 @@ def test_sbatch_refusal_is_one_line_and_records_nothing(tmp_path, corpus, monkey
 
 
 def test_slurm_unusable_is_a_clear_error(tmp_path, corpus, monkeypatch, capsys):
-    grid = write_grid(tmp_path, corpus)
+    grid = slurm_grid(tmp_path, corpus)
     FakeSlurm(tmp_path, monkeypatch, commands=())
     monkeypatch.setenv("PATH", str(tmp_path / "fake-slurm"))  # no sbatch anywhere
     assert ablate.main([str(grid), "--launcher", "slurm"]) == 2
@@ -158,7 +148,7 @@ def test_slurm_unusable_is_a_clear_error(tmp_path, corpus, monkeypatch, capsys):
     assert "pip install 'ropelab[slurm]'" in capsys.readouterr().err
     monkeypatch.undo()
     FakeSlurm(tmp_path, monkeypatch)
-    assert ablate.main([str(write_grid(tmp_path, corpus, "slurm: {cpus_per_run: 4}")), "--launcher", "slurm"]) == 2
+    assert ablate.main([str(slurm_grid(tmp_path, corpus, "slurm: {cpus_per_run: 4}")), "--launcher", "slurm"]) == 2
     err = capsys.readouterr().err
     assert "add gpus_per_run, time to its slurm: section" in err and "--slurm gpus_per_run=... time=..." in err
     assert not (tmp_path / "fake-slurm" / "sbatch-1.sh").exists()
@@ -166,7 +156,7 @@ def test_slurm_unusable_is_a_clear_error(tmp_path, corpus, monkeypatch, capsys):
 
 def test_status_table_and_cancel(tmp_path, corpus, monkeypatch, capsys):
     slurm = FakeSlurm(tmp_path, monkeypatch)
-    grid_file = write_grid(tmp_path, corpus, kinds="[rope, alibi, none, sinusoidal]")
+    grid_file = slurm_grid(tmp_path, corpus, kinds="[rope, alibi, none, sinusoidal]")
     assert ablate.main([str(grid_file), "--launcher", "slurm", "--skip-eval"]) == 0
     grid = load_grid(grid_file)
     runs = grid.plan()
@@ -234,7 +224,7 @@ def test_failed_command_fails_the_job_with_the_log_reason(tmp_path):
 
 def test_rows_submits_only_the_rows_named(tmp_path, corpus, monkeypatch, capsys):
     slurm = FakeSlurm(tmp_path, monkeypatch)
-    grid = write_grid(tmp_path, corpus)
+    grid = slurm_grid(tmp_path, corpus)
     assert ablate.main([str(grid), "--launcher", "slurm", "--rows", "kind-alibi", "kind-none"]) == 0
     train, _ = slurm.scripts()
     assert "#SBATCH --array=0-1%2\n" in train  # two runs, two at once

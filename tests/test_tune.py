@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from helpers.runs import write_run_config
+from helpers.runs import write_grid
 from ropelab.configs.grid import load_grid, row_of
 from ropelab.scripts import ablate
 from ropelab.grid import tune
@@ -17,17 +17,13 @@ from ropelab.training.run_dir import RunDir
 
 
 def sweep(tmp: Path, corpus: Path, seeds=(0, 1, 2)) -> Path:
-    base = write_run_config(tmp, corpus)
-    grid = tmp / "sweep.yaml"
-    grid.write_text(f"name: sweep\nbase: {base.name}\nout_dir: {tmp / 'runs'}\nreport: {tmp / 'report'}\n"
-                    "overrides: [train.max_steps=10, train.eval_interval=10]\n"
-                    "variants:\n  t5-lr1: [model.pos.kind=t5]\n"
-                    "  t5-lr10: [model.pos.kind=t5, train.pos_lr_multiplier=10]\n"
-                    "  t5-lr30: [model.pos.kind=t5, train.pos_lr_multiplier=30]\n"
-                    "  rope: [model.pos.kind=rope]\n"
-                    f"axes:\n  train.seed: {list(seeds)}\n")
-    return grid
-
+    return write_grid(tmp, corpus, name="sweep", report=tmp / "report",
+                      overrides=["train.max_steps=10", "train.eval_interval=10"],
+                      variants={"t5-lr1": ["model.pos.kind=t5"],
+                                "t5-lr10": ["model.pos.kind=t5", "train.pos_lr_multiplier=10"],
+                                "t5-lr30": ["model.pos.kind=t5", "train.pos_lr_multiplier=30"],
+                                "rope": ["model.pos.kind=rope"]},
+                      axes={"train.seed": list(seeds)})
 
 def fake_finished(monkeypatch, grid_path: Path, losses: dict[str, list[float]]) -> None:
     """Each run's metrics.jsonl ends with the given validation loss (by row, by seed), and
