@@ -6,7 +6,7 @@ forward's ``PositionContext`` (already ``at_layer(i)``). ``LayerAttention`` reco
 softmax layer's probabilities from that input the way the layer forms its scores: q and k
 from the layer's own projection, ``ctx.rotate``, q·kᵀ/√d in float32, the causal mask over
 the context's positions, CoPE's contextual bias on the masked logits, ``ctx.bias``. The
-model has no switch for this and does not know it is watched; tests/test_diagnostics.py
+model has no switch for this and does not know it is watched; tests/unit/test_diagnostics.py
 checks that these probabilities times v, through the layer's ``wo``, give the layer's own
 output, for every encoding (score biases and CoPE included) and a GQA model.
 

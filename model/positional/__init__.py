@@ -10,7 +10,7 @@
 - cope.py: CoPE, contextual positions from gated counts (a bias that depends on q and k)
 
 The registry maps each class's ``kind`` to the class; its keys are exactly the rows of
-model/encodings.py, and each row agrees with its class (tests/test_positional.py).
+model/encodings.py, and each row agrees with its class (tests/unit/test_positional.py).
 """
 
 from ropelab.model.config import ModelConfig

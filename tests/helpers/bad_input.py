@@ -1,9 +1,9 @@
-"""What the bad-input suite (tests/test_bad_input*.py) shares: running a command line in a
+"""What the bad-input suite (tests/integration/test_bad_input*.py) shares: running a command line in a
 subprocess or its ``main`` in-process, the checks that it was refused cleanly, a snapshot
 of a directory to show nothing saved was touched, and following the advice of a message.
 
 Each ``test_bad_input*.py`` file holds cases of one area; ``python -m pytest --collect-only
--q tests/test_bad_input*.py`` counts them (a parametrized case counts once per parameter).
+-q tests/integration/test_bad_input*.py`` counts them (a parametrized case counts once per parameter).
 """
 
 from __future__ import annotations

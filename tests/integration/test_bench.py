@@ -1,7 +1,6 @@
 """scripts/bench.py runs end to end and records what it claims; no timing is asserted."""
 
 import json
-from pathlib import Path
 
 import pytest
 
@@ -9,7 +8,8 @@ from ropelab.scripts import bench
 
 from ropelab.bench import worker as bench_worker
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 TINY = ["model.d_model=32", "model.n_layers=1", "model.n_heads=2", "data.tokenizer.vocab_size=300",
         "train.seq_len=16", "train.batch_size=2"]
 

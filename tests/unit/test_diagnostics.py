@@ -1,5 +1,5 @@
 """Attention diagnostics: the probabilities are the model's own and the measures are what they
-say on attention computed by hand (the command: tests/test_diagnose_command.py)."""
+say on attention computed by hand (the command: tests/integration/test_diagnose_command.py)."""
 
 from __future__ import annotations
 

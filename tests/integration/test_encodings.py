@@ -1,6 +1,6 @@
 """The table of encodings (model/encodings.py) is the one place that knows about kinds.
 
-Its rows match the registry's classes (tests/test_positional.py); here: it loads without
+Its rows match the registry's classes (tests/unit/test_positional.py); here: it loads without
 torch, every kind has its preset, and no code outside the table and the encoding's own
 module tests a kind by its name. Kind names are found with ``ast``: string constants equal to
 a kind name anywhere but in docstrings and inside longer strings (messages may name kinds).
@@ -23,7 +23,8 @@ from ropelab.model.config import PosConfig
 from ropelab.model.encodings import DEFAULT_KIND, KINDS, LLAMA_KIND, POS_KINDS, PosKind, kinds_where
 from ropelab.model.positional import ENCODINGS
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 CODE = ("common", "model", "configs", "data", "training", "eval", "scripts")
 TABLE = ROOT / "model" / "encodings.py"
 # "none" is also a RoPE scaling type and torch's reduction: it counts as the kind only where

@@ -1,7 +1,7 @@
 """scripts/ablate.py --launcher slurm: resources, job scripts, resubmission, status, cancel,
 bad input; the job side (grid/slurm_job.py) under submitit's local executor.
 
-Slurm itself is faked (tests/fake_slurm.py); tests/test_slurm_cluster.py runs a grid on a
+Slurm itself is faked (tests/helpers/fake_slurm.py); tests/integration/test_slurm_cluster.py runs a grid on a
 real one.
 """
 

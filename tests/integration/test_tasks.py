@@ -20,8 +20,7 @@ from ropelab.configs.schema import TokenizerConfig
 from ropelab.model.loss import IGNORE_INDEX
 
 from helpers.tasks import TOK, answer_of, task, text_of
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def test_registry_is_the_config_list_and_the_alphabet_is_one_char_per_token():
@@ -186,10 +185,11 @@ def _digest_in_this_process() -> str:
 
 
 def test_same_instances_in_another_process():
-    code = ("import sys; sys.path.insert(0, 'tests'); import test_tasks; "
+    code = ("import sys; sys.path[:0] = sys.argv[1:]; import test_tasks; "  # this file, and the helpers it imports
             "print(test_tasks._digest_in_this_process())")
-    out = subprocess.run([sys.executable, "-c", code], cwd=ROOT, capture_output=True, text=True,
-                         env={"PYTHONHASHSEED": "123", "PATH": ""}, check=True).stdout.strip()
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), str(ROOT / "tests")], cwd=ROOT,
+                         capture_output=True, text=True, env={"PYTHONHASHSEED": "123", "PATH": ""},
+                         check=True).stdout.strip()
     assert out == _digest_in_this_process()
 
 

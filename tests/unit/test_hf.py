@@ -14,7 +14,6 @@ from __future__ import annotations
 import json
 import re
 import shutil
-from pathlib import Path
 
 import pytest
 import torch
@@ -35,10 +34,9 @@ from ropelab.training.saved_run import load_run
 
 from helpers.hf import TEXTS, TOL, TRAIN_LEN, max_diff
 from helpers.models import tiny_config
+from helpers import ROOT
 
 transformers = pytest.importorskip("transformers")
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def scaling(kind: str, **kw) -> RopeScalingConfig:

@@ -2,7 +2,7 @@
 grid trained here. Needs a running Slurm whose jobs see this file system
 (``sudo scripts/slurm_local.sh start`` makes one on this machine); excluded by default:
 
-    python -m pytest -m slurm -s tests/test_slurm_cluster.py
+    python -m pytest -m slurm -s tests/integration/test_slurm_cluster.py
 
 docs/cluster-slurm-test.md records a run.
 """

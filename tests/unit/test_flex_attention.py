@@ -38,7 +38,7 @@ def test_flex_equals_the_chunked_sdpa_path(kind, per_sequence):
 
 def test_small_heads_ask_for_tiles_that_fit_in_shared_memory():
     """64-dim heads in bf16 overflowed an H100/H200's shared memory with inductor's default
-    128 x 128 forward tiles (tests/test_cuda.py checks the compiled step on a GPU); they ask
+    128 x 128 forward tiles (tests/cuda/test_cuda.py checks the compiled step on a GPU); they ask
     for 64 x 64, which divide the 128-token blocks of the causal block mask."""
     for head_dim in (16, 32, 64):
         options = kernel_options(head_dim)

@@ -1,7 +1,7 @@
 """CoPE (Golovneva et al. 2024): gated counts as positions, checked against hand-worked values.
 
 Causality, cached decoding, query chunks, per-sequence positions and the slow reference
-forward (tests/reference.py: the triangular-matmul counts and interpolated embeddings)
+forward (tests/helpers/reference.py: the triangular-matmul counts and interpolated embeddings)
 cover CoPE with every other kind in test_model, test_generation and test_positional.
 """
 

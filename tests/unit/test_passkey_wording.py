@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import hashlib
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +15,7 @@ from ropelab.data.tasks.passkey import Passkey
 from ropelab.data.tokenizers import ByteTokenizer
 
 from helpers.tasks import TOK, text_of
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 @pytest.mark.parametrize("distractors", [0, 4])

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 import hashlib
+import json
 import os
 import random
 import subprocess
 import sys
-from pathlib import Path
 
 import pytest
 
@@ -15,7 +15,8 @@ from ropelab.configs.schema import TokenizerConfig
 from ropelab.data import EOT, load_tokenizer, train_tokenizer
 from ropelab.common.errors import DataError
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 WORDS = "the cat sat on a mat while dogs ran past quietly and birds sang loudly".split()
 SAMPLE = "Hello, world! Ünïcödé — 日本語 and emoji 😀.\n\tTabs,  double  spaces, <tags>."
 
@@ -55,12 +56,12 @@ def test_bpe_training_is_deterministic_across_processes():
     cfg = TokenizerConfig(kind="bpe", vocab_size=400)
     first = train_tokenizer(cfg, texts).to_json()
     assert train_tokenizer(cfg, texts).to_json() == first
-    code = ("import sys, hashlib; sys.path.insert(0, sys.argv[1]); from tests.test_tokenizers import *; "
-            "t = train_tokenizer(TokenizerConfig(kind='bpe', vocab_size=400), "
-            "[fake_corpus_text(i) for i in range(50)]); "
+    code = ("import sys, json, hashlib; from ropelab.configs.schema import TokenizerConfig; "
+            "from ropelab.data import train_tokenizer; "
+            "t = train_tokenizer(TokenizerConfig(kind='bpe', vocab_size=400), json.load(sys.stdin)); "
             "print(hashlib.sha256(t.to_json().encode()).hexdigest())")
     env = {**os.environ, "PYTHONHASHSEED": "12345"}  # a different hash seed than ours
-    out = subprocess.run([sys.executable, "-c", code, str(ROOT)], capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", code], input=json.dumps(texts), capture_output=True, text=True,
                          env=env, cwd=ROOT, check=True).stdout.split()[-1]
     assert out == hashlib.sha256(first.encode()).hexdigest()
 

@@ -23,7 +23,8 @@ from ropelab.data.prepare import PreparedData
 from ropelab.data.sources import group_documents, open_corpus
 from ropelab.common.errors import ConfigError, DataError
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 WIKITEXT2 = ROOT.parent / "shared" / "data" / "wikitext-2"
 WORDS = ("the cat sat on a mat while dogs ran past quietly and birds sang loudly over "
          "green hills near an old river").split()

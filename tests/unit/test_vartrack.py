@@ -4,7 +4,6 @@ spells the asked variable's chain back to its value, and every hop of it is righ
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -16,8 +15,7 @@ from ropelab.data.tasks import TaskError, build_task
 from ropelab.data.tasks.vartrack import Vartrack
 
 from helpers.tasks import TOK
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def vartrack(**cfg) -> Vartrack:

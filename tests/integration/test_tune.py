@@ -105,7 +105,7 @@ def test_a_real_sweep_end_to_end(tmp_path, corpus, capsys):
 @pytest.mark.slow  # trains seven runs and evaluates them: about 40 s on 2 cores
 def test_a_sweep_grows_into_the_study_that_cites_it(tmp_path, corpus, capsys):
     """Tuned, then grown with more_seeds and evaluated: the study's report goes beside the
-    sweep's record, which stays (tests/test_bad_input.py checks the directory rule quickly)."""
+    sweep's record, which stays (tests/integration/test_bad_input.py checks the directory rule quickly)."""
     grid = sweep(tmp_path, corpus, seeds=(0, 1))
     assert ablate.main([str(grid), "--skip-eval", "--no-estimate"]) == 0
     assert tune_command.main([str(grid)]) == 0

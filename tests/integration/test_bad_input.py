@@ -3,7 +3,7 @@
 
 One case per class runs the real command line in a subprocess; the neighbours of each
 class run in-process through the same ``main`` (the same code path, much faster). The
-other areas of the suite are tests/test_bad_input_*.py (helpers: tests/bad_input.py).
+other areas of the suite are tests/integration/test_bad_input_*.py (helpers: tests/helpers/bad_input.py).
 """
 
 from __future__ import annotations

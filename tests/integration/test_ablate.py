@@ -20,14 +20,11 @@ from ropelab.grid import local as grid_local
 from ropelab.training.checkpoint import read_meta
 from ropelab.training.run_dir import RunDir
 from ropelab.training.trainer import Trainer
+from helpers import ROOT
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
     return RunDir(run_dir).latest_checkpoint()
-
-ROOT = Path(__file__).resolve().parents[1]
-
-
 
 
 def test_plan_names_and_validation(tmp_path, corpus):
@@ -196,8 +193,6 @@ def test_cpu_jobs_are_single_threaded_slots(monkeypatch):
     with pytest.raises(SystemExit) as e:  # argparse's usage error
         ablate.main(["grid.yaml", "--jobs", "0"])
     assert e.value.code == 2
-
-
 
 
 def test_synthetic_grid_gets_task_accuracy_not_perplexity(tmp_path, capsys):

@@ -7,9 +7,9 @@ from __future__ import annotations
 import json
 import subprocess
 import sys
-from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 HEAVY = ("torch._dynamo", "scipy.stats")
 
 

@@ -26,8 +26,7 @@ from ropelab.scripts import bench
 from ropelab.scripts import diagnose
 from ropelab.scripts import export_hf
 from ropelab.scripts import sample
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,9 @@ from ropelab.configs.schema import RunConfig
 from ropelab.model.config import POS_KINDS
 from ropelab.common.errors import ConfigError
 
-CONFIG_DIR = Path(__file__).resolve().parents[1] / "configs"
+from helpers import ROOT
+
+CONFIG_DIR = ROOT / "configs"
 PRESETS = sorted(p for p in CONFIG_DIR.rglob("*.yaml") if "ablations" not in p.relative_to(CONFIG_DIR).parts)  # grids: test_ablate
 
 

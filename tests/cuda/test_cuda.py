@@ -1,7 +1,7 @@
 """The CUDA paths, where a GPU is present: every encoding's forward, FlexAttention, the KV
 cache, bf16 autocast, torch.compile and the training command line on the device.
 
-Skipped without a GPU (the default suite runs on CPU); run with ``pytest tests/test_cuda.py``
+Skipped without a GPU (the default suite runs on CPU); run with ``pytest tests/cuda/test_cuda.py``
 on a machine that has one. The CPU model in fp32 is the reference throughout.
 """
 
@@ -14,7 +14,6 @@ import os
 import subprocess
 import sys
 import warnings
-from pathlib import Path
 
 import pytest
 import torch
@@ -27,10 +26,10 @@ from ropelab.model.encodings import kinds_where
 from ropelab.model.flex_attention import flex_causal_attention, trains_tables
 from ropelab.model.generate import generate
 from ropelab.model.transformer import Transformer
+from helpers import ROOT
 
 pytestmark = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA GPU")
 
-ROOT = Path(__file__).resolve().parents[1]
 FLEX_KINDS = list(kinds_where("score_bias"))  # distance-only biases: FlexAttention adds them in place
 LINEAR_KINDS = [k for k in POS_KINDS if k not in kinds_where("forms_scores")]
 

@@ -15,7 +15,8 @@ from __future__ import annotations
 import ast
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
+
 LAYERS = {"common": 0, "model": 1, "configs": 2, "data": 3, "training": 4, "eval": 5, "grid": 6, "bench": 6,
           "train": 7, "scripts": 8}
 PACKAGE = "ropelab"

@@ -22,8 +22,7 @@ from helpers.runs import write_run_config
 from ropelab.training.checkpoint import read_meta
 from ropelab.training.run_dir import RunDir
 from ropelab.training.run_lock import RunLock
-
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def steps(run: Path) -> list[str]:

@@ -25,12 +25,11 @@ from ropelab.training.run_dir import RunDir
 from ropelab.training.runtime import Runtime
 from ropelab.training.saved_run import load_run
 from ropelab.training.trainer import Trainer
+from helpers import ROOT
 
 
 def latest_checkpoint(run_dir: Path) -> Path:
     return RunDir(run_dir).latest_checkpoint()
-
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def run_cli(*args: str, env_extra: dict | None = None, timeout: int = 300) -> subprocess.CompletedProcess:

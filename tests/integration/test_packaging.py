@@ -8,13 +8,12 @@ import importlib.metadata
 import subprocess
 import sys
 import tomllib
-from pathlib import Path
 
 import pytest
 
 from ropelab.scripts import cli
 
-ROOT = Path(__file__).resolve().parents[1]
+from helpers import ROOT
 
 
 def test_installing_adds_one_top_level_name():
