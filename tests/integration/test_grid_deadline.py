@@ -131,24 +131,25 @@ def test_a_failed_estimate_is_not_saved_over_an_earlier_one(tmp_path):
 
 def sigterm_child(tmp: Path) -> subprocess.Popen:
     """A process that, on SIGTERM, writes ``saved`` and exits 143, as train.py saves its
-    checkpoint; it writes ``ready`` once it handles the signal."""
-    script = ("import signal, sys, time, pathlib\n"
+    checkpoint. It says ``ready`` on its stdout once it handles the signal, and this waits for
+    that line however long the interpreter takes to start (pytest-timeout ends a hang)."""
+    script = ("import signal, sys, pathlib\n"
               f"d = pathlib.Path({str(tmp)!r})\n"
               "def stop(*_):\n    (d / 'saved').write_text('1'); sys.exit(143)\n"
-              "signal.signal(signal.SIGTERM, stop)\n(d / 'ready').write_text('1')\n"
-              "while True:\n    time.sleep(0.05)\n")
-    proc = subprocess.Popen([sys.executable, "-c", script])
-    for _ in range(1200):  # up to 2 minutes for the interpreter to start (never a timing the test asserts)
-        if (tmp / "ready").exists():
-            return proc
-        time.sleep(0.1)
-    proc.kill()
-    pytest.fail("the child process never started")
+              "signal.signal(signal.SIGTERM, stop)\nprint('ready', flush=True)\n"
+              "while True:\n    signal.pause()\n")
+    proc = subprocess.Popen([sys.executable, "-c", script], stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    line = proc.stdout.readline()
+    if line != "ready\n":
+        proc.kill()
+        pytest.fail(f"the child process ended before it handled SIGTERM (exit {proc.wait()}): {proc.stderr.read()}")
+    return proc
 
 
 def test_the_deadline_stops_a_process_with_sigterm(tmp_path):
-    proc = sigterm_child(tmp_path)
-    assert wait(proc, time.time() - 1) == (143, True)
+    with sigterm_child(tmp_path) as proc:
+        assert wait(proc, time.time() - 1) == (143, True)
+        assert (tmp_path / "saved").is_file(), f"exit 143 without the SIGTERM handler's file: {proc.stderr.read()}"
     assert (tmp_path / "saved").read_text() == "1"
     done = subprocess.Popen([sys.executable, "-c", "raise SystemExit(3)"])
     assert wait(done, None) == (3, False)

@@ -8,10 +8,10 @@ from __future__ import annotations
 
 import errno
 import os
+import re
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -84,26 +84,37 @@ def test_a_second_trainer_is_refused_and_kill_9_leaves_no_stale_lock(tmp_path, c
     cfg = write_run_config(tmp_path, corpus)
     run = tmp_path / "runs" / "tiny"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    command = [sys.executable, "train.py", str(cfg), "train.max_steps=100000", "train.ckpt_interval=5"]
-    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    steps = 1000  # a line per step: the first trainer blocks on its full stdout pipe long before its end
+    command = [sys.executable, "train.py", str(cfg), f"train.max_steps={steps}", "train.ckpt_interval=5"]
+    first = subprocess.Popen(command, cwd=ROOT, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     try:
-        deadline = time.time() + 120
-        while not (run / "checkpoints" / "latest").exists() and time.time() < deadline:
-            assert first.poll() is None, first.stderr.read().decode()
-            time.sleep(0.2)
-        second = subprocess.run([*command, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True, timeout=120)
-        assert second.returncode == 2 and "Traceback" not in second.stderr
-        assert "is in use" in second.stderr and f"pid {first.pid}" in second.stderr
+        # Its first checkpoint (step 5) is saved before it logs step 6: wait for that line, however
+        # long it takes (pytest-timeout ends a hang), and never past the process's end.
+        for line in first.stdout:
+            logged = re.match(r"step +(\d+)/", line)
+            if logged and int(logged.group(1)) >= 6:
+                break
+        else:
+            pytest.fail(f"the first trainer ended (exit {first.wait()}) before its first checkpoint: "
+                        f"{first.stderr.read()}")
+        first.send_signal(signal.SIGSTOP)  # holding its lock, and the CPU free for the second
+        assert (run / "checkpoints" / "latest").exists(), "step 6 logged, but no checkpoint of step 5"
+        second = subprocess.run([*command, "--resume"], cwd=ROOT, env=env, capture_output=True, text=True)
+        assert second.returncode == 2 and "Traceback" not in second.stderr, (second.returncode, second.stderr)
+        assert "is in use" in second.stderr and f"pid {first.pid}" in second.stderr, second.stderr
     finally:
         first.send_signal(signal.SIGKILL)
         first.wait()
+        first.stdout.close()
+        first.stderr.close()
     # A write cut short by the kill, as a crash leaves it.
     leftover = run / "checkpoints" / ".step_000099.tmp-1-deadbeef"
     leftover.mkdir()
-    end = read_meta(RunDir(run).latest_checkpoint())["step"] + 10
+    assert read_meta(RunDir(run).latest_checkpoint())["step"] < steps
+    end = steps  # the schedule it was planned for (fewer would be refused)
     res = subprocess.run([sys.executable, "train.py", str(cfg), "--resume", f"train.max_steps={end}",
-                          "train.log_interval=5", "train.eval_interval=10"], cwd=ROOT, env=env,
-                         capture_output=True, text=True, timeout=120)
+                          "train.log_interval=5", "train.eval_interval=100"], cwd=ROOT, env=env,
+                         capture_output=True, text=True)
     assert res.returncode == 0, res.stderr
     assert not leftover.exists()
     # Output to a pipe: one readable line per log_interval and per validation, no bar.
