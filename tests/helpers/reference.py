@@ -41,6 +41,16 @@ def reference_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor,
     return (scores.softmax(dim=-1) @ v.float()).to(q.dtype)
 
 
+def attention_written_out(attn, q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, ctx,
+                          positions: torch.Tensor) -> torch.Tensor:
+    """Causal attention of ``attn``'s heads with the encoding's bias over ``positions`` ((T,) or
+    (B, T), ascending), the slow way: key/value heads copied to every query head, float32 scores."""
+    groups = attn.n_heads // attn.n_kv_heads
+    mask = (positions[..., None, :] <= positions[..., :, None]).unsqueeze(-3)  # (…, 1, T, T): no later key
+    return reference_attention(q, k.repeat_interleave(groups, dim=1), v.repeat_interleave(groups, dim=1), mask,
+                               ctx.bias(positions, positions))
+
+
 def project_heads(attn, h: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """q (B, H, T, D) and k, v (B, H_kv, T, D) from the normed input ``h`` (B, T, C), with
     the fused projection's weights split apart."""

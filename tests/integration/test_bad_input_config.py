@@ -16,7 +16,7 @@ import pytest
 from helpers.bad_input import cli, refused
 from ropelab.common.errors import ConfigError
 from ropelab.configs import load_config
-from ropelab.configs.loader import _all_keys
+from ropelab.configs.loader import all_keys
 from ropelab.configs.schema import RunConfig
 
 QUICK = "configs/quickstart.yaml"
@@ -32,7 +32,7 @@ def _leaf_type(key: str):
     return cls
 
 
-KEYS = _all_keys(RunConfig)
+KEYS = all_keys(RunConfig)
 NUMERIC = [k for k in KEYS if _leaf_type(k) in (int, float)]
 CHOICES = [k for k in KEYS if typing.get_origin(_leaf_type(k)) is typing.Literal]
 

@@ -64,7 +64,7 @@ def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp
     from ropelab.eval.diagnostics import report
     from ropelab.eval.diagnostics import measure as diagnostics
     from ropelab.eval import regenerate
-    from ropelab.eval.diagnostics.report import _jsonable
+    from ropelab.eval.diagnostics.report import jsonable
     runs = [diag_runs / name for name in ("rope-a", "rope-b", "alibi", "linear")]
     out = tmp_path / "report"
     assert diagnose.main([*map(str, runs), "--lengths", "64", "--windows", "2", "--out", str(out)]) == 0
@@ -131,7 +131,7 @@ def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp
     assert "map" in captured["cells"][str(runs[0])]["64"]
     full = tmp_path / "full"
     full.mkdir()
-    (full / "results.json").write_text(json.dumps(_jsonable(captured)))
+    (full / "results.json").write_text(json.dumps(jsonable(captured)))
     regenerate.remake(full)
     assert without_maps(tables((full / "report.md").read_text())) == without_maps(original)
     rewritten = json.loads((full / "results.json").read_text())

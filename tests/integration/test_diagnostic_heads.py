@@ -8,9 +8,11 @@ import pytest
 
 from ropelab.data.tasks import Multikey, Passkey, eval_instance, task_tokenizer
 from ropelab.data.tasks.base import answer_needles, answer_spans
+from ropelab.eval.diagnostics.needle import needle_section
 from ropelab.eval.diagnostics.report import pooled_rows
 
 LAYERS, HEADS = 2, 4
+FIRST_QUERY = "The same head from the first answer query alone"  # how its table in the report begins
 
 
 def _run(name: str, seed: int) -> dict:
@@ -53,8 +55,7 @@ def test_seeds_pool_their_own_retrieval_heads_and_ranked_sinks_not_one_head_inde
     assert row["sinks_ranked"] and sinks[0, 0] == pytest.approx(0.801, abs=0.002) and sinks[0, 1:].max() < 0.03
 
 
-def test_each_runs_retrieval_head_stands_apart_from_the_pooled_row():
-    from ropelab.eval.diagnostics.needle import _per_run_table
+def test_each_runs_retrieval_head_stands_apart_from_the_pooled_row(tmp_path):
 
     runs = [_run("a", 0), _run("b", 1)]
     # Seed a keeps the far needle (depth 0) at 128; seed b, say one that never learned the task, attends little.
@@ -67,17 +68,16 @@ def test_each_runs_retrieval_head_stands_apart_from_the_pooled_row():
     assert a["lengths"][64][0] == pytest.approx(0.7, abs=0.002) and a["lengths"][64][1] == (0.0, pytest.approx(0.901, abs=0.002))
     assert a["lengths"][128][1][1] == pytest.approx(0.801, abs=0.002)
     assert b["lengths"][64][0] == pytest.approx(0.2, abs=0.002) and b["lengths"][64][1][1] == pytest.approx(0.301, abs=0.002)
-    lines = _per_run_table([row], [64, 128])
+    lines = needle_section([row], [64, 128], tmp_path)  # the report's section on the needle
     assert "| t5 | a | 0 | 0.70 (0.90) | 0.50 (0.80) |" in lines
     assert "| t5 | b | 1 | 0.20 (0.30) | – |" in lines
     old = {name: {n: {k: v for k, v in c.items() if k != "needle_depths"} for n, c in by_len.items()}
            for name, by_len in cells.items()}  # cached before depths were recorded: no far column
     [row] = pooled_rows({"runs": runs, "cells": old})
-    assert "| t5 | a | 0 | 0.70 | 0.50 |" in _per_run_table([row], [64, 128])
+    assert "| t5 | a | 0 | 0.70 | 0.50 |" in needle_section([row], [64, 128], tmp_path)
 
 
-def test_the_first_answer_query_is_read_on_each_runs_own_retrieval_head():
-    from ropelab.eval.diagnostics.needle import _first_query_table, _per_run_table
+def test_the_first_answer_query_is_read_on_each_runs_own_retrieval_head(tmp_path):
 
     runs = [_run("a", 0), _run("b", 1)]
     cells = {"runs/a": {"64": _cell((1, 0), {0.0: 0.9}, (0, 1))}, "runs/b": {"64": _cell((1, 3), {0.0: 0.9}, (0, 2))}}
@@ -90,21 +90,24 @@ def test_the_first_answer_query_is_read_on_each_runs_own_retrieval_head():
     first = row["lengths"][64]["needle_first_top"]
     assert first["across"] == "runs" and first["mean"] == pytest.approx(0.4) and first["low"] < 0.2 < 0.6 < first["high"]
     assert "needle_first_heads" not in row["lengths"][64]  # head indices are not pooled across seeds
-    lines = _first_query_table([row], [64])
-    assert lines[-1].startswith("| t5 | 0.400 [") and not any("Not measured" in line for line in lines)
+    lines = needle_section([row], [64], tmp_path)
+    assert any(line.startswith(FIRST_QUERY) for line in lines)
+    assert any(line.startswith("| t5 | 0.400 [") for line in lines)  # its table: the two seeds' first queries pooled
+    assert not any("Not measured" in line for line in lines)
     # Run by run, after the slash: a learned seed and an unlearned one pooled in the row stand apart.
-    assert {"| t5 | a | 0 | 0.90 (0.90) / 0.60 |", "| t5 | b | 1 | 0.90 (0.90) / 0.20 |"} <= set(_per_run_table([row], [64]))
+    assert {"| t5 | a | 0 | 0.90 (0.90) / 0.60 |", "| t5 | b | 1 | 0.90 (0.90) / 0.20 |"} <= set(lines)
     # One run's diagnostics cached before the measure existed: the row does not pool the other's alone.
     del cells["runs/b"]["64"]["needle_first_heads"]
     [row] = pooled_rows({"runs": runs, "cells": cells})
     assert "needle_first_top" not in row["lengths"][64] and row["lengths"][64]["needle_top"]["n"] == 2
-    assert {"| t5 | a | 0 | 0.90 (0.90) / 0.60 |", "| t5 | b | 1 | 0.90 (0.90) |"} <= set(_per_run_table([row], [64]))
-    assert _first_query_table([row], [64]) == []
+    lines = needle_section([row], [64], tmp_path)
+    assert {"| t5 | a | 0 | 0.90 (0.90) / 0.60 |", "| t5 | b | 1 | 0.90 (0.90) |"} <= set(lines)
+    assert not any(line.startswith(FIRST_QUERY) for line in lines)
     other = pooled_rows({"runs": [_run("c", 2) | {"encoding": "alibi", "stem": "kind-alibi"}],
                          "cells": {"runs/c": {"64": _cell((0, 0), {0.0: 0.9}, (0, 1))
                                               | {"needle_first_heads": np.full((10, LAYERS, HEADS), 0.3).tolist()}}}})
-    lines = _first_query_table([row, *other], [64])
-    assert lines[-1] == "Not measured (diagnostics cached before the first-query measure existed): `t5`."
+    lines = needle_section([row, *other], [64], tmp_path)
+    assert "Not measured (diagnostics cached before the first-query measure existed): `t5`." in lines
 
 
 def test_one_run_keeps_its_head_indices_and_an_old_cache_has_no_depth_table():

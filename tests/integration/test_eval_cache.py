@@ -70,15 +70,19 @@ def test_a_journal_from_another_checkpoint_is_not_reused(tiny_runs, tmp_path):
 def test_the_cache_key_ignores_what_cannot_change_a_perplexity():
     from ropelab.configs.diagnostics import DiagnosticsConfig
     from ropelab.configs.tasks import TaskEvalConfig
-    from ropelab.eval.lm.extrapolation import _cache_key
+    from ropelab.configs.schema import RunConfig
+    from ropelab.eval.lm.extrapolation import EXTRAPOLATION
+
+    def cache_key(ev):  # the key naming a run's perplexity cache (eval/core/evaluation.py)
+        return EXTRAPOLATION.cache_key(RunConfig(), ev)
 
     ev = EvalConfig(lengths=[16, 32])
     same = [EvalConfig(lengths=[16, 32], batch_size=3), EvalConfig(lengths=[16, 32], reference="alibi"),
             EvalConfig(lengths=[16, 32], tasks=TaskEvalConfig(samples=7)),
             EvalConfig(lengths=[16, 32], diagnostics=DiagnosticsConfig(enabled=True, windows=3))]
-    assert all(_cache_key(other) == _cache_key(ev) for other in same)
-    assert _cache_key(EvalConfig(lengths=[16, 64])) != _cache_key(ev)
-    assert _cache_key(EvalConfig(lengths=[16, 32], max_tokens=512)) != _cache_key(ev)
+    assert all(cache_key(other) == cache_key(ev) for other in same)
+    assert cache_key(EvalConfig(lengths=[16, 64])) != cache_key(ev)
+    assert cache_key(EvalConfig(lengths=[16, 32], max_tokens=512)) != cache_key(ev)
 
 
 def test_scalings_with_the_same_rotary_tables_are_scored_once(tiny_runs, monkeypatch):

@@ -122,7 +122,7 @@ def test_budget_rows_sort_by_step_and_pair_at_equal_steps(monkeypatch):
     assert split_step("none @ 50 + yarn") == ("none + yarn", 50) and split_step("a @ b") == ("a @ b", None)
     seen = []
     monkeypatch.setattr(report, "compare", lambda results, corpus, protocol, pairs: seen.extend(pairs))
-    report._comparisons({}, "c", "nonoverlap", dict.fromkeys(labels), "none @ 400")
+    report.section_comparisons({}, "c", "nonoverlap", dict.fromkeys(labels), "none @ 400")
     assert seen == [("none @ 0", "none @ 400"), ("none @ 50", "none @ 400"), ("none @ 100", "none @ 400"),
                     ("rope", "none @ 400"), ("yarn @ 0", "none @ 0"), ("yarn @ 50", "none @ 50"), ("yarn @ 400", "none @ 400")]
 

@@ -216,7 +216,9 @@ def test_training_stopped_by_hand_is_left_for_later_not_failed(tmp_path, monkeyp
     exits["train"] = 1
     failures = grid_local.run_all(grid, runs, [grid_local.Slot()], evaluate=False, left={})
     assert failures[runs[0].name].startswith("exit 1: stopped by SIGTERM at step 7")
-    ok, reason = grid_local._call(command(143), tmp_path / "eval.log", grid_local.Slot())  # not resumable
+    monkeypatch.setattr(grid_local, "evaluation_cached", lambda run: False)
+    monkeypatch.setattr(grid_local, "eval_commands", lambda run, device: [command(143)])
+    ok, reason = grid_local.evaluate_one(runs[0], grid_local.Slot())  # an evaluation is not resumable
     assert not ok and reason.startswith("exit 143: stopped by SIGTERM at step 7")
 
 

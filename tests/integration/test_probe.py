@@ -20,7 +20,15 @@ def test_rates_between_measured_lengths_are_log_log_interpolated():
     assert step_timing.rate_at(times, 512) == pytest.approx(math.sqrt(8000.0 * 2000.0))
     assert step_timing.rate_at(times, 64) == 8000.0 and step_timing.rate_at(times, 4096) == 2000.0  # the nearest beyond
     assert step_timing.rate_at(step_timing.ShapeTimes("k"), 128) is None
-    assert step_timing._spread([64, 128, 192, 256, 512, 1024, 2048]) == [64, 256, 1024, 2048]
+
+
+def test_the_evaluation_is_timed_at_a_spread_of_its_lengths(tmp_path, monkeypatch):
+    """The shortest, the longest, and every ~4× between: rate_at interpolates the rest."""
+    monkeypatch.setenv("ROPELAB_PROBE_CACHE", str(tmp_path))  # nothing timed before
+    cfg = RunConfig(model=ModelConfig(vocab_size=97, d_model=32, n_layers=1, n_heads=4),
+                    train=TrainConfig(seq_len=4, batch_size=2))
+    times = step_timing.measure_evaluation(cfg, setup_runtime(cfg.train), [4, 8, 12, 16, 32, 64, 128])
+    assert sorted(map(int, times.eval_tok_s)) == [4, 16, 64, 128]
 
 
 def test_a_shape_is_what_sets_a_steps_cost():

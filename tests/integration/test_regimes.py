@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 import numpy as np
@@ -49,7 +50,8 @@ def test_one_row_per_regime_and_row_with_the_reports_own_numbers(two_regimes, ca
         assert cells[8].startswith(f"{gain.point:.3f} (")  # the gain with its interval across the 2 runs
         low, high = (float(x) for x in cells[8].split("(")[1].rstrip(")").split(" to "))
         summary = summarize(results, corpus, "same-tokens")
-        bits = regime_compare._bits_per_nat(summary, "rope", train_len)  # the row's bits per byte per nat per token
+        at_l = summary["rope"][train_len]
+        bits = at_l["bpb"][0] / math.log(at_l["ppl"])  # bits per byte of text per nat per token: bpb / ln ppl at L
         assert float(cells[10].split(" (")[0]) == pytest.approx(gain.point * bits, abs=1e-3)
         b_low, b_high = (float(x) for x in cells[10].split("(")[1].rstrip(")").split(" to "))
         assert b_low == pytest.approx(low * bits, abs=2e-3) and b_high == pytest.approx(high * bits, abs=2e-3)

@@ -243,10 +243,10 @@ def test_text_run_asked_for_a_synthetic_task_and_learned_beyond_its_table(scored
 
 def test_cache_key_ignores_nothing_that_changes_numbers(scored_runs):
     cfg = eval_tasks.read_run_config(RunDir(scored_runs / "rope-a"))
-    base = eval_tasks._cache_key(cfg, cfg.eval)
+    base = eval_tasks.TASKS.cache_key(cfg, cfg.eval)
     for tree in ({"tasks": {"samples": 7}}, {"tasks": {"seed": 1}}, {"lengths": [24]}, {"tasks": {"tasks": ["copy"]}},
                  {"tasks": {"asked": 1}}):
-        assert eval_tasks._cache_key(cfg, eval_tasks_for(**tree)(cfg)) != base
+        assert eval_tasks.TASKS.cache_key(cfg, eval_tasks_for(**tree)(cfg)) != base
 
 
 def test_eval_tasks_asked_scores_multikey_with_fewer_questions_than_trained(tmp_path):
@@ -274,13 +274,12 @@ def test_cache_keys_are_those_of_earlier_versions(tmp_path):
     perplexity keys since EVAL_FORMAT 3, whose cells have documents as units however few, per-unit
     sums by context position and the same-token protocol's layout)."""
     cfg = load_config(recall_config(tmp_path))
-    assert eval_tasks._cache_key(cfg, cfg.eval) == "5e24cee6f230"
-    assert eval_tasks._cache_key(cfg, eval_tasks_for(tasks={"samples": 7}, scalings=["none", "yarn"])(cfg)) == \
-        "baa56c4d16ed"
-    assert extrapolation._cache_key(EvalConfig()) == "97f62d6922f5"
-    assert extrapolation._cache_key(EvalConfig(lengths=[16, 32], scalings=["none", "yarn"], steps=[0, 2])) == \
-        "1ed7f9cb2b4e"
-    assert extrapolation._cache_key(cfg.eval) == "8888bc82dea7"
+    tasks_key, perplexity_key = eval_tasks.TASKS.cache_key, extrapolation.EXTRAPOLATION.cache_key
+    assert tasks_key(cfg, cfg.eval) == "5e24cee6f230"
+    assert tasks_key(cfg, eval_tasks_for(tasks={"samples": 7}, scalings=["none", "yarn"])(cfg)) == "baa56c4d16ed"
+    assert perplexity_key(cfg, EvalConfig()) == "97f62d6922f5"
+    assert perplexity_key(cfg, EvalConfig(lengths=[16, 32], scalings=["none", "yarn"], steps=[0, 2])) == "1ed7f9cb2b4e"
+    assert perplexity_key(cfg, cfg.eval) == "8888bc82dea7"
 
 
 def test_tasks_score_each_checkpoint_of_steps(scored_runs, tmp_path):

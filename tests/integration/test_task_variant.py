@@ -41,11 +41,11 @@ def test_a_variant_builds_the_scored_task_with_its_settings_and_keeps_the_rest(t
 
 def test_a_variant_has_its_own_cache_key_and_none_keeps_the_old_one(tmp_path):
     cfg = vartrack_config(tmp_path)
-    base = eval_tasks._cache_key(cfg, cfg.eval)
-    keys = {eval_tasks._cache_key(cfg, scored_with(tasks={"variant": v})(cfg))
+    base = eval_tasks.TASKS.cache_key(cfg, cfg.eval)
+    keys = {eval_tasks.TASKS.cache_key(cfg, scored_with(tasks={"variant": v})(cfg))
             for v in ({"chains": 1}, {"chains": 2}, {"chains": 1, "hops": 3})}
     assert len(keys) == 3 and base not in keys
-    assert eval_tasks._cache_key(cfg, scored_with(tasks={"variant": {"chains": None}})(cfg)) == base
+    assert eval_tasks.TASKS.cache_key(cfg, scored_with(tasks={"variant": {"chains": None}})(cfg)) == base
 
 
 @pytest.mark.parametrize("variant, message", [

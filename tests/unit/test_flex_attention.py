@@ -1,4 +1,4 @@
-"""The CUDA FlexAttention path for distance-only biases equals the SDPA path (run eagerly on CPU)."""
+"""The CUDA FlexAttention path for distance-only biases equals attention written out (run eagerly on CPU)."""
 
 from __future__ import annotations
 
@@ -8,6 +8,7 @@ import pytest
 import torch
 
 from helpers.models import tiny_config
+from helpers.reference import attention_written_out
 from ropelab.model.flex_attention import (flex_causal_attention, kernel_options, torch_version, trains_tables,
                                   usable_for_flex)
 from ropelab.model.transformer import Transformer
@@ -15,7 +16,7 @@ from ropelab.model.transformer import Transformer
 
 @pytest.mark.parametrize("kind", ["alibi", "t5", "kerple", "fire"])
 @pytest.mark.parametrize("per_sequence", [False, True])
-def test_flex_equals_the_chunked_sdpa_path(kind, per_sequence):
+def test_flex_equals_attention_written_out(kind, per_sequence):
     model = Transformer(tiny_config(kind, n_kv_heads=2)).eval()
     attn, T = model.blocks[0].attn, 40
     if per_sequence:  # randomized training positions: ascending, one row per sequence
@@ -27,7 +28,7 @@ def test_flex_equals_the_chunked_sdpa_path(kind, per_sequence):
         ctx = model.pos.context(positions, int(positions.max()) + 1)
         q, k, v = attn.wqkv(x)
         q, k = ctx.rotate(q, k)
-        expected = attn._chunked(q, k, v, ctx, positions, same_tokens=True)
+        expected = attention_written_out(attn, q, k, v, ctx, positions)
         table = ctx.distance_table
         assert table is not None and not table.requires_grad
         with warnings.catch_warnings():

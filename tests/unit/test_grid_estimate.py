@@ -50,7 +50,7 @@ def test_the_evaluation_estimate_counts_the_tokens_each_protocol_feeds():
     """Scored tokens / rate per length; sliding windows of stride S feed n/S tokens per scored one,
     the same-token protocol n/T; a RoPE scaling is one more model past L only."""
     from ropelab.configs.schema import EvalConfig, RunConfig, TrainConfig
-    from ropelab.grid.estimate import _eval_seconds
+    from ropelab.grid.estimate import eval_seconds
     from ropelab.training.step_timing import ShapeTimes
     rates = ShapeTimes("k", eval_tok_s={"16": 100.0, "32": 50.0, "64": 25.0})
     ev = EvalConfig(lengths=[16, 32, 64], protocols=["nonoverlap", "sliding", "same-tokens"], max_tokens=200,
@@ -58,7 +58,7 @@ def test_the_evaluation_estimate_counts_the_tokens_each_protocol_feeds():
     cfg = RunConfig(train=TrainConfig(seq_len=16), eval=ev)
     # nonoverlap 200/r; sliding (stride n/2) 400/r; same-tokens (T = 16) 200·n/16/r; yarn doubles 32 and 64.
     by_hand = sum(m * (200 + 400 + 200 * n / 16) / rates.eval_tok_s[str(n)] for n, m in ((16, 1), (32, 2), (64, 2)))
-    assert _eval_seconds(cfg, rates, split_tokens=10_000) == pytest.approx(by_hand)
+    assert eval_seconds(cfg, rates, split_tokens=10_000) == pytest.approx(by_hand)
 
 
 def test_the_estimate_counts_every_task_depth_scaling_checkpoint_and_competence_check():
@@ -67,7 +67,7 @@ def test_the_estimate_counts_every_task_depth_scaling_checkpoint_and_competence_
     L per task as a validation, and its budget is an upper bound."""
     from ropelab.configs.schema import DataConfig, EvalConfig, RunConfig, TokenizerConfig, TrainConfig
     from ropelab.configs.tasks import SyntheticConfig, TaskEvalConfig
-    from ropelab.grid.estimate import _eval_seconds, _train_seconds
+    from ropelab.grid.estimate import eval_seconds, train_seconds
     from ropelab.training.step_timing import ShapeTimes
     rates = ShapeTimes("k", eager_step_s=0.5, eval_tok_s={"16": 100.0, "32": 50.0})
     data = DataConfig(source="synthetic", tokenizer=TokenizerConfig(kind="char"), synthetic=SyntheticConfig(tasks=["copy"]))
@@ -76,8 +76,8 @@ def test_the_estimate_counts_every_task_depth_scaling_checkpoint_and_competence_
     cfg = RunConfig(data=data, train=TrainConfig(seq_len=16, batch_size=2, eval_batches=3, eval_interval=10,
                                                  stop_at_accuracy=0.9), eval=ev)
     per_checkpoint = (3 + 1) * 2 * 4 * (16 / 100.0 + 32 / 50.0)  # (passkey's depths + copy) × scalings × samples
-    assert _eval_seconds(cfg, rates, split_tokens=0) == pytest.approx(3 * per_checkpoint)
-    seconds, note = _train_seconds(cfg, rates, 20)
+    assert eval_seconds(cfg, rates, split_tokens=0) == pytest.approx(3 * per_checkpoint)
+    seconds, note = train_seconds(cfg, rates, 20)
     validation = 3 * 2 * 16 / 100.0  # eval_batches × batch × L at the rate at L, three times (steps 0, 10, 20)
     assert seconds == pytest.approx(20 * 0.5 + 3 * (1 + 1) * validation) and "at most" in note
 
@@ -136,6 +136,7 @@ def test_pending_seeds_are_expected_to_stop_where_their_rows_seeds_did(tmp_path,
     import json
 
     from ropelab.grid import estimate as grid_estimate
+    from ropelab.training.run_dir import RunDir
     synthetic_grid(tmp_path)
     grid_file = write_grid(tmp_path, name="stop-grid", base=tmp_path / "syn.yaml", archive=tmp_path / "kept",
                            overrides=["train.max_steps=100", "train.eval_interval=10", "train.stop_at_accuracy=0.9"],
@@ -153,7 +154,7 @@ def test_pending_seeds_are_expected_to_stop_where_their_rows_seeds_did(tmp_path,
     ended = grid_estimate.rows_ended(grid, runs)
     assert ended == {"kind-rope": [40, 100]}
     pending = [r for r in runs if r.name in ("kind-rope_seed-2", "kind-alibi_seed-1")]
-    monkeypatch.setattr(grid_estimate, "_train_seconds", lambda cfg, times, steps: (steps * 6.0, "eager"))
+    monkeypatch.setattr(grid_estimate, "train_seconds", lambda cfg, times, steps: (steps * 6.0, "eager"))
     estimates = grid_estimate.estimate_grid(grid, pending, None, log=lambda *a: None, ended=ended)
     rope, alibi = estimates["kind-rope_seed-2"], estimates["kind-alibi_seed-1"]
     assert alibi.train_s == 600 and alibi.expected_train_s is None and "expected" not in alibi.note
@@ -165,7 +166,9 @@ def test_pending_seeds_are_expected_to_stop_where_their_rows_seeds_did(tmp_path,
     assert line.startswith("expected where rows have ended runs") and "the 1 run in such rows stop" in line
     # Resumed at step 60 in a row whose seeds ended at 40, 80 and 100: those past 60 say 30 more
     # steps (its budget says 40); in a row whose one seed ended at 40, nothing is expected.
-    monkeypatch.setattr(grid_estimate, "_progress", lambda run: 60 if run.name == "kind-rope_seed-2" else 0)
+    checkpoint = RunDir.of(pending[0].cfg).checkpoints / "step_000060"  # kind-rope_seed-2 trained 60 steps
+    checkpoint.mkdir(parents=True)
+    (checkpoint / "meta.json").write_text(json.dumps({"step": 60}))
     resumed = grid_estimate.estimate_grid(grid, pending, None, log=lambda *a: None,
                                           ended={"kind-rope": [40, 80, 100]})["kind-rope_seed-2"]
     assert resumed.train_s == 240 and resumed.expected_train_s == 180
@@ -188,7 +191,7 @@ def test_data_that_cannot_be_prepared_gives_its_runs_no_estimate(tmp_path, corpu
         raise UserError("data.local.train: no such file")
 
     monkeypatch.setattr(ge, "prepare", missing)
-    monkeypatch.setattr(ge, "_shape_times", lambda *a, **k: pytest.fail("timed a run whose data failed"))
+    monkeypatch.setattr(ge, "load", lambda *a, **k: pytest.fail("timed a run whose data failed"))  # a shape's timings
     grid = load_grid(tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope", "alibi"]}))
     logged = []
     estimates = ge.estimate_grid(grid, grid.plan(), None, log=logged.append)

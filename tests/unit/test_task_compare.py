@@ -285,11 +285,11 @@ def test_a_reference_row_no_seed_of_which_learned_the_task_says_so(tmp_path):
 
 
 def test_a_difference_that_rounds_to_zero_keeps_its_sign_and_a_digit():
-    from ropelab.eval.tasks.compare import _signed
-    assert [_signed(x) for x in (-0.003, 0.004, 0.0, -0.12, 0.005)] == ["-0.003", "+0.004", "+0.00", "-0.12", "+0.01"]
-    assert [_signed(x) for x in (-0.0003, 0.00004)] == ["-0.0003", "+4e-05"]  # not -0.000
+    from ropelab.eval.tasks.compare import signed
+    assert [signed(x) for x in (-0.003, 0.004, 0.0, -0.12, 0.005)] == ["-0.003", "+0.004", "+0.00", "-0.12", "+0.01"]
+    assert [signed(x) for x in (-0.0003, 0.00004)] == ["-0.0003", "+4e-05"]  # not -0.000
     noise = (0.1 + 0.2) - 0.3  # 5.6e-17: equal accuracies summed in another order
-    assert [_signed(noise), _signed(-noise)] == ["+0.00", "+0.00"]  # not +6e-17
+    assert [signed(noise), signed(-noise)] == ["+0.00", "+0.00"]  # not +6e-17
 
 
 def test_a_comparison_with_one_seed_on_a_side_claims_no_test_and_no_power(tmp_path):
