@@ -25,6 +25,7 @@ from ropelab.scripts import ablate
 from ropelab.training.slurm import job_states
 
 pytestmark = [pytest.mark.slurm,
+              pytest.mark.timeout(3600),  # waits on the cluster's queue, up to WAIT_SECONDS a wait
               pytest.mark.skipif(shutil.which("sbatch") is None or subprocess.run(
                   ["sinfo"], capture_output=True).returncode != 0, reason="no Slurm answers here")]
 
