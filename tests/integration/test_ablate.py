@@ -12,14 +12,13 @@ import pytest
 
 from ropelab import train
 from ropelab.configs.grid import load_grid, row_of, run_stem
-from helpers.runs import synthetic_grid, tiny_grid, write_grid, write_run_config
+from helpers.runs import stop_after, synthetic_grid, tiny_grid, write_grid, write_run_config
 from ropelab.model.config import POS_KINDS
 from ropelab.common.errors import ConfigError, UserError
 from ropelab.scripts import ablate
 from ropelab.grid import local as grid_local
 from ropelab.training.checkpoint import read_meta
 from ropelab.training.run_dir import RunDir
-from ropelab.training.trainer import Trainer
 from helpers import ROOT
 
 
@@ -117,15 +116,7 @@ def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, c
     runs = grid.plan()
     # One run was interrupted earlier: it must resume, not restart.
     partial = runs[1]
-    original = Trainer.train_step
-
-    def stop_at_8(self):
-        out = original(self)
-        if self.step == 8:
-            self.stop_signal = signal.SIGTERM
-        return out
-
-    monkeypatch.setattr(Trainer, "train_step", stop_at_8)
+    stop_after(8, monkeypatch)
     assert train.main([str(grid.base), *partial.overrides]) == 128 + signal.SIGTERM
     monkeypatch.undo()
     assert ablate.status(partial) == ("partial", "step 8/12")

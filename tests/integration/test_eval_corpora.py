@@ -8,9 +8,8 @@ import signal
 import pytest
 
 from ropelab import train
-from helpers.runs import copy_runs, write_run_config
+from helpers.runs import copy_runs, stop_after, write_run_config
 from ropelab.eval.lm.extrapolation import main as extrapolation
-from ropelab.training.trainer import Trainer
 
 BOOK = "It was a dark and stormy night; the rain fell in torrents. " * 12  # ~700 bytes
 
@@ -83,15 +82,7 @@ def test_a_char_tokenizer_that_cannot_encode_the_corpus(tmp_path, corpus, capsys
 
 def test_an_unfinished_run_is_refused_unless_asked(tmp_path, corpus, capsys, monkeypatch):
     cfg = str(write_run_config(tmp_path, corpus))
-    original = Trainer.train_step
-
-    def stop_at_5(self):
-        out = original(self)
-        if self.step == 5:
-            self.stop_signal = signal.SIGTERM
-        return out
-
-    monkeypatch.setattr(Trainer, "train_step", stop_at_5)
+    stop_after(5, monkeypatch)
     assert train.main([cfg, "train.max_steps=10"]) == 128 + signal.SIGTERM
     monkeypatch.undo()
     run = str(tmp_path / "runs" / "tiny")

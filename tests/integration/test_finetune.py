@@ -11,14 +11,13 @@ import torch
 
 from ropelab import train
 from ropelab.configs.schema import EvalConfig
-from helpers.runs import write_run_config
+from helpers.runs import stop_after, write_run_config
 from ropelab.eval.lm import extrapolation
 from ropelab.eval.lm.extrapolation import evaluate_run, run_extrapolation
 from ropelab.eval.reporting.reference import missing_reference
 from ropelab.training.checkpoint import read_meta
 from ropelab.training.run_dir import RunDir
 from ropelab.training.saved_run import load_run
-from ropelab.training.trainer import Trainer
 
 YARN = ["model.pos.rope.scaling.type=yarn", "model.pos.rope.scaling.factor=4",
         "model.pos.rope.scaling.original_max_len=16"]
@@ -77,16 +76,8 @@ def test_a_child_keeps_its_start_whatever_keep_last(parent):
 def test_an_interrupted_child_resumes_like_any_run(parent, monkeypatch):
     tmp, cfg, parent_dir = parent
     assert train.main(child_args(cfg, parent_dir, "straight")) == 0
-    original = Trainer.train_step
-
-    def stop_at_3(self):
-        out = original(self)
-        if self.step == 3:
-            self.stop_signal = signal.SIGTERM
-        return out
-
     with monkeypatch.context() as m:
-        m.setattr(Trainer, "train_step", stop_at_3)
+        stop_after(3, m)
         assert train.main(child_args(cfg, parent_dir, "broken")) == 128 + signal.SIGTERM
     assert train.main(child_args(cfg, parent_dir, "broken", "--resume")) == 0
     losses = {name: [json.loads(line).get("loss") for line in RunDir(tmp / "runs" / name).metrics.read_text().splitlines()]
@@ -144,16 +135,8 @@ def test_bad_parents_are_refused_before_anything_is_written(parent, capsys, extr
 
 def test_a_parent_still_training_is_refused(parent, capsys, monkeypatch):
     tmp, cfg, _ = parent
-    original = Trainer.train_step
-
-    def stop_at_2(self):
-        out = original(self)
-        if self.step == 2:
-            self.stop_signal = signal.SIGTERM
-        return out
-
     with monkeypatch.context() as m:
-        m.setattr(Trainer, "train_step", stop_at_2)
+        stop_after(2, m)
         assert train.main([cfg, "name=unfinished", "train.seq_len=16", "train.max_steps=12"]) == 128 + signal.SIGTERM
     assert train.main(child_args(cfg, tmp / "runs" / "unfinished", "orphan")) == 2
     assert "has not finished training (its latest checkpoint is step 2 of 12)" in capsys.readouterr().err
