@@ -14,6 +14,7 @@ from ropelab.common.devices import usable_cpus
 
 from helpers.runs import write_run_config
 
+
 def pytest_configure(config):
     """Under pytest-xdist (``-n auto``) each worker gets its share of the cores, it and the
     training and evaluation processes it starts: two workers with torch's default of a
@@ -64,7 +65,7 @@ def tiny_runs(tmp_path_factory, corpus) -> Path:
     """Tiny trained runs the evaluation tests share, trained once per session: ``rope-a`` and
     ``rope-b`` (seeds 1 and 2 of one experiment) and ``learned`` (a 32-position table), 20
     steps of the tiny config each. A test that changes or deletes run directories copies
-    them first (``copy_runs``)."""
+    them first (``helpers.runs.copy_runs``)."""
     from ropelab import train  # the command line itself, as a user trains
 
     tmp = tmp_path_factory.mktemp("runs")
