@@ -168,7 +168,7 @@ def load_config_tree(paths: PathOrPaths, overrides: Iterable[str] = ()) -> tuple
 
 # ---------------------------------------------------------------- typed construction
 
-def _all_keys(cls: type, prefix: str = "") -> list[str]:
+def all_keys(cls: type, prefix: str = "") -> list[str]:
     """Every dotted key the schema accepts below ``cls``."""
     keys = []
     for name, tp in typing.get_type_hints(cls).items():
@@ -176,7 +176,7 @@ def _all_keys(cls: type, prefix: str = "") -> list[str]:
         if typing.get_origin(tp) is dict:  # named entries: their keys are the user's
             continue
         if dataclasses.is_dataclass(tp):
-            keys.extend(_all_keys(tp, f"{prefix}{name}."))
+            keys.extend(all_keys(tp, f"{prefix}{name}."))
     return keys
 
 
@@ -186,7 +186,7 @@ def _unknown_key(cls: type, key: str, prefix: str, origin: str) -> ConfigError:
     if close:
         hint = f"did you mean '{prefix}{close[0]}'?"
     else:  # maybe the key lives in another section (e.g. seq_len at the top level)
-        elsewhere = [k for k in _all_keys(RunConfig)
+        elsewhere = [k for k in all_keys(RunConfig)
                      if difflib.get_close_matches(key, [k.rsplit(".", 1)[-1]], n=1, cutoff=0.8)]
         hint = (f"did you mean '{elsewhere[0]}'?" if elsewhere
                 else f"valid keys here: {', '.join(fields)}")

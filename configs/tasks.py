@@ -4,7 +4,7 @@
 on and their parameters; ``eval.tasks`` (TaskEvalConfig, nested in the one EvalConfig)
 says which tasks ``ropelab tasks`` scores, on how many instances, at which passkey
 depths, and what counts as retrieval succeeding for k_max. The generators themselves
-live in ``data/tasks/``; ``TASK_NAMES`` is the one list of them (tests/test_tasks.py
+live in ``data/tasks/``; ``TASK_NAMES`` is the one list of them (tests/integration/test_tasks.py
 keeps the registry's keys equal to it).
 """
 

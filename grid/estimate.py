@@ -88,7 +88,9 @@ def _rate(times: ShapeTimes, n: int, limit: Optional[int] = None) -> Optional[fl
     return None if limit is not None and n > limit else rate_at(times, n)
 
 
-def _train_seconds(cfg: RunConfig, times: ShapeTimes, steps: int) -> tuple[float, str]:
+def train_seconds(cfg: RunConfig, times: ShapeTimes, steps: int) -> tuple[float, str]:
+    """(seconds, how they were counted) to train ``steps`` steps of ``cfg`` at the shape's
+    ``times``: eager or compiled steps, and the validations (and competence checks) among them."""
     t = cfg.train
     step, note = times.eager_step_s, "eager"
     compiled = times.compiled_step_s is not None
@@ -108,7 +110,9 @@ def _train_seconds(cfg: RunConfig, times: ShapeTimes, steps: int) -> tuple[float
     return steps * step + validation_s, note
 
 
-def _eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float:
+def eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float:
+    """Seconds to evaluate a run of ``cfg`` at the shape's forward rates: the tokens each length,
+    protocol and scaling feeds, and the task scoring, for every checkpoint scored."""
     ev: EvalConfig = cfg.eval
     train_len, limit = cfg.train.seq_len, served_length(cfg.model.pos)
     total = 0.0
@@ -159,7 +163,7 @@ def _expected(cfg: RunConfig, times: ShapeTimes, done: int, seen: list[int],
     later = steps_past(seen, done)
     if not later:
         return None, ""
-    expected = _train_seconds(cfg, times, round(sum(later) / len(later)))[0] * slowdown
+    expected = train_seconds(cfg, times, round(sum(later) / len(later)))[0] * slowdown
     runs_said = f"{len(later)} ended run{'s' if len(later) > 1 else ''}"
     return expected, (f"; expected {expected / 60:.1f} min as its row's {runs_said}"
                       + (f" that went past its step {done:,}" if done else ""))
@@ -207,7 +211,7 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], jo
         times = _shape_times(run.name, cfg, rt, sharing, threads)
         slowdown = shared_slowdown(times, sharing)
         done = _progress(run)
-        train_s, note = _train_seconds(cfg, times, cfg.train.total_steps() - done)
+        train_s, note = train_seconds(cfg, times, cfg.train.total_steps() - done)
         seen = (ended or {}).get(row_of(run.name), []) if cfg.train.stop_at_accuracy is not None else []
         expected, said = _expected(cfg, times, done, seen, slowdown)
         note += said
@@ -222,7 +226,7 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], jo
                             f"its estimates may run long; it is timed again where this runs on a quiet machine (or "
                             f"delete {cache_dir() / (times.key + '.json')})")
         competence = cfg.train.stop_at_accuracy is not None
-        out[run.name] = Estimate(train_s * slowdown, _eval_seconds(cfg, times, split_tokens) * slowdown, note, expected,
+        out[run.name] = Estimate(train_s * slowdown, eval_seconds(cfg, times, split_tokens) * slowdown, note, expected,
                                  competence_row=row_of(run.name) if competence else None, done=done,
                                  steps=cfg.train.total_steps() - done)
     return out

@@ -2,14 +2,14 @@
 check asks.
 
 The classes that compute the encodings are in ``model/positional/`` (its registry maps a
-kind to its class, and tests/test_positional.py checks that each row agrees with its
+kind to its class, and tests/unit/test_positional.py checks that each row agrees with its
 class). Whatever else needs to know something about a kind (the config's checks, the
 loader, evaluation, the Llama export, the benchmark) asks this table, never the kind's
 name, so adding an encoding is its module, its row here and its preset
-``configs/pe/<label>.yaml`` (tests/test_encodings.py keeps kind names out of other code).
+``configs/pe/<label>.yaml`` (tests/integration/test_encodings.py keeps kind names out of other code).
 
 This module imports nothing of the project and not torch, so configs and command lines can
-read it without loading a network (tests/test_encodings.py checks that too).
+read it without loading a network (tests/integration/test_encodings.py checks that too).
 """
 
 from __future__ import annotations
@@ -52,7 +52,7 @@ class Encoding:
     # xPos does: its rotation is RoPE's, built from the scaled frequencies, and its decay
     # ζ^((n−m)/scale_base) depends on neither the frequencies nor the scaling; dynamic NTK
     # fits both the frequencies and xPos's centre to the same fit_len, so a KV cache stays
-    # consistent (tests/test_generation.py, tests/test_xpos.py).
+    # consistent (tests/unit/test_generation.py, tests/integration/test_xpos.py).
     rope_scaling: bool = False
     # Why it takes no position indices (NoPE, CoPE), so randomized positions cannot act;
     # None: it reads them.

@@ -14,7 +14,7 @@ Block masks depend only on the length, the window and the device when positions 
 of a sequence from 0 (training, evaluation): they are built once per such key, compiled on
 CUDA, and reused; per-sequence positions (randomized positions) build theirs per call. The
 kernel is compiled with automatic dynamic shapes, so the lengths and batch sizes of an
-evaluation reuse one compiled kernel instead of recompiling per shape (tests/test_flex.py
+evaluation reuse one compiled kernel instead of recompiling per shape (tests/unit/test_flex_attention.py
 counts the compilations).
 
 Tables that need no gradient (ALiBi always; learned tables in evaluation) use it on any

@@ -28,7 +28,7 @@ class RMSNorm(nn.Module):
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
         # x·rsqrt(mean(x²) + eps) in float32, as one fused operator: the same values and
-        # gradients as writing it out (tests/test_model.py), ~4× faster on CPU than the five
+        # gradients as writing it out (tests/unit/test_model.py), ~4× faster on CPU than the five
         # elementwise operators and their saved intermediates.
         normed = F.rms_norm(x.float(), (x.shape[-1],), eps=self.eps)
         return normed.to(x.dtype) * self.weight

@@ -24,7 +24,7 @@ from ropelab.model.linear_attention import LinearAttention
 from ropelab.model.loss import linear_cross_entropy
 from ropelab.model.positional import PositionalEncoding, PositionContext, build_positional
 
-# ``model.attention`` -> the layer; keys are exactly model.config.ATTENTION_KINDS (tests/test_linear_attention.py).
+# ``model.attention`` -> the layer; keys are exactly model.config.ATTENTION_KINDS (tests/integration/test_linear_attention.py).
 ATTENTIONS: dict[str, type[nn.Module]] = {"softmax": Attention, "linear": LinearAttention}
 
 

@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # A single-node Slurm on this machine, for the cluster integration test
-# (tests/test_slurm_cluster.py, docs/cluster-slurm-test.md):
+# (tests/integration/test_slurm_cluster.py, docs/cluster-slurm-test.md):
 #
 #   sudo scripts/slurm_local.sh start    # install (Debian: slurm-wlm, munge), configure, start
 #   sudo scripts/slurm_local.sh status   # sinfo + squeue

@@ -8,7 +8,7 @@ An instance is correct when, at every answer position, the model's most likely n
 teacher forcing, one forward per batch. Where the answer ends the instance (passkey, copy,
 addition) this is exactly greedy decoding of the answer: if the first k greedy tokens are
 right, step k + 1 sees the teacher-forced prefix, so by induction greedy generation writes
-the answer if and only if every teacher-forced argmax is right (tests/test_task_eval.py
+the answer if and only if every teacher-forced argmax is right (tests/integration/test_task_eval.py
 checks this against model.generate). Where answers are spread through the sequence
 (recall) it is Zoology's protocol: each value is predicted given the true sequence before
 it. Ties go to the lowest id, as in greedy decoding.

@@ -40,7 +40,7 @@ from ropelab.training.saved_run import load_run, with_scaling
 SIDE_FILE = "ropelab.json"
 FORMAT = "ropelab-hf/1"
 WEIGHTS = "model.safetensors"
-# Everything an export writes (scripts/export_hf.py lists them; tests/test_hf.py checks both).
+# Everything an export writes (scripts/export_hf.py lists them; tests/unit/test_hf.py checks both).
 EXPORT_FILES = ("config.json", "generation_config.json", WEIGHTS, *HF_TOKENIZER_FILES, SIDE_FILE)
 
 

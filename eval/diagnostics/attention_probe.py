@@ -8,7 +8,7 @@ own projection, ``ctx.rotate``, the layer's temperature on q, then the scores of
 model/attention_scores.py (the one definition attention's explicit path uses: the mask of
 the layer's span, a contextual bias, ``ctx.bias``, a decay from the input) and the softmax
 with the layer's sinks. The model has no switch for this and does not know it is watched;
-tests/test_diagnostics.py checks that these probabilities times v, through the layer's
+tests/unit/test_diagnostics.py checks that these probabilities times v, through the layer's
 ``wo``, give the layer's own output, for every encoding and layer plan and a GQA model.
 
 ``rotary_pair_norms`` gives the mean norm of each 2-D pair that RoPE rotates (Barbero et

@@ -360,11 +360,13 @@ DIAGNOSTIC_FIGURES = ("entropy_distance.png", "entropy_by_position.png", "distan
                       "needle_mass.png", "qk_by_frequency.png", "attention_map_*.png")
 
 
-def _jsonable(value):
+def jsonable(value):
+    """``value`` as results.json holds it: string keys, lists for tuples and arrays, floats (and
+    arrays' values) rounded to 6 decimals, a NaN float as null."""
     if isinstance(value, dict):
-        return {str(k): _jsonable(v) for k, v in value.items()}
+        return {str(k): jsonable(v) for k, v in value.items()}
     if isinstance(value, (list, tuple)):
-        return [_jsonable(v) for v in value]
+        return [jsonable(v) for v in value]
     if isinstance(value, np.ndarray):
         return np.round(value, 6).tolist()
     if isinstance(value, (np.floating, float)):
@@ -403,14 +405,14 @@ def write_diagnostics_report(results: dict, out: Path, carried: tuple[Path, ...]
         write_text_atomic(out / "report.md", markdown)
         return markdown
 
-    write_report_files(out, _jsonable({**kept, "rows": pooled}), write_markdown, DIAGNOSTIC_FIGURES, carried)
+    write_report_files(out, jsonable({**kept, "rows": pooled}), write_markdown, DIAGNOSTIC_FIGURES, carried)
 
 
 def kept_results(results: dict) -> dict:
     """``results`` with each run's cells as results.json keeps them: reduced per window and
-    rounded (``_reduced``, ``_jsonable``)."""
+    rounded (``_reduced``, ``jsonable``)."""
     metas = {meta["run"]: meta for meta in results["runs"]}
-    cells = {run: {n: _jsonable(_reduced(cell, metas[run])) for n, cell in by_length.items()}
+    cells = {run: {n: jsonable(_reduced(cell, metas[run])) for n, cell in by_length.items()}
              for run, by_length in results["cells"].items()}
     return {**results, "cells": cells}
 

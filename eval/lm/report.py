@@ -125,8 +125,8 @@ def _training_section(results: dict, out: Path) -> list[str]:
             "from each run's metrics.jsonl:", "", "![training loss vs tokens](training_loss.png)"]
 
 
-def _comparisons(results: dict, corpus: str, protocol: str, summary: dict, reference: str,
-                 folded: Optional[dict[str, str]] = None) -> dict:
+def section_comparisons(results: dict, corpus: str, protocol: str, summary: dict, reference: str,
+                        folded: Optional[dict[str, str]] = None) -> dict:
     """The pairs a section compares; ``folded`` rows (identical to a kept one, ``_folded``) have none."""
     labels = sorted(summary, key=label_order)
     if split_step(reference)[1] is not None:  # a budget grid: each fine-tune against the reference after as many steps
@@ -197,7 +197,7 @@ def _paired_section(results: dict, corpus: str, protocol: str, summary: dict, re
                 f"these rows{no_default_reference(results)}. Name one with `--reference ROW`; the evaluations "
                 "are cached."]
     folded = _folded(results, corpus, protocol, summary, reference)
-    comparisons = _comparisons(results, corpus, protocol, summary, reference, folded)
+    comparisons = section_comparisons(results, corpus, protocol, summary, reference, folded)
     if not any(comparisons.values()):
         why = (f"`{reference}` is the only row" if len(summary) == 1 else
                "no row was scored on the same tokens as the row it would be compared with")

@@ -22,7 +22,7 @@ seeds; seed k's mean NLL per token is ``m[k] = Σ_u x[k, u] / T``.
   per-seed values, ``V_seed = s²/S`` on S − 1 degrees of freedom; the document part
   ``V_doc`` is added, and the t quantile uses the Welch–Satterthwaite degrees of freedom
   of the sum (Satterthwaite 1946; guarded, see ``satterthwaite``). The seed-by-document interaction enters both parts,
-  so the interval errs on the wide side; tests/test_stats.py simulates known seed and
+  so the interval errs on the wide side; tests/unit/test_stats.py simulates known seed and
   document variances at 2, 3, 5 and 10 seeds and checks that it covers the true value at
   least 93% of the time at a nominal 95% (a percentile bootstrap over 3 seeds covers
   about 76%). A ranking is a claim about the method, so marks use this interval only.
@@ -50,7 +50,7 @@ parent first), on C − 1 degrees of freedom for C parents; the point and the do
 weight every parent equally. With the same number of fine-tunes per parent, the spread of
 the parents' means over C is unbiased for the variance of the grand mean (two-stage
 sampling with primary units of equal size; Cochran 1977, ch. 10); counting the P·F runs
-as independent understates it whenever parents differ (tests/test_stats.py simulates
+as independent understates it whenever parents differ (tests/unit/test_stats.py simulates
 both). An estimate's ``seeds`` then counts parents, and so do ``detectable`` and
 ``seeds_needed``. The fine-tunes of a single parent stay the units: their interval speaks
 of that parent alone.
@@ -77,7 +77,7 @@ ALPHA = 1 - LEVEL
 POWER = 0.8
 MAX_SEEDS = 100  # seeds_needed looks no further
 # The 97.5% quantile of the standard normal, as scipy's norm.ppf(0.975) gives it to the last
-# digit (tests/test_stats.py checks); a literal so that importing this module does not import
+# digit (tests/unit/test_stats.py checks); a literal so that importing this module does not import
 # scipy.stats (~0.7 s), which evaluation subprocesses that only fill perplexity caches never use.
 Z95 = 1.959963984540054
 
@@ -157,7 +157,7 @@ def satterthwaite(parts: Sequence[Part]) -> float:
     purpose only: with 3 seeds a seed variance that comes out small by chance would
     otherwise hand the sum the document part's many degrees of freedom exactly when the
     standard error is already too small (plain Satterthwaite covers ~92% in the mixed
-    regime of tests/test_stats.py; this ≥ 94.5% there, and the same width elsewhere)."""
+    regime of tests/unit/test_stats.py; this ≥ 94.5% there, and the same width elsewhere)."""
     chi2 = scipy_stats().chi2
     guarded = [(p.variance * (p.df / float(chi2.ppf(0.25, p.df))) if p.per_seed is not None and p.df > 0
                 else p.variance, p.df) for p in parts]

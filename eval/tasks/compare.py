@@ -199,7 +199,7 @@ def task_comparisons(kept: dict[str, RunCells], reference: str, meta: dict[str, 
     return out
 
 
-def _signed(x: float) -> str:
+def signed(x: float) -> str:
     """A difference of accuracies to two decimals, or three where two would read ±0.00 of a
     difference that is not zero (as -0.003, not -0.00), or one significant figure where three
     would too (-0.0003, not -0.000). A difference below 1e-12 is the rounding of two equal
@@ -217,9 +217,9 @@ def _cell_text(cell: Optional[dict]) -> str:
         return "–"
     estimate = cell["estimate"]
     if not _across_runs(estimate):
-        return f"{_signed(estimate.point)} (one seed)"
+        return f"{signed(estimate.point)} (one seed)"
     low, high = estimate.interval()
-    return f"{_signed(estimate.point)} [{_signed(max(low, -1.0))}, {_signed(min(high, 1.0))}] {cell['mark']}"
+    return f"{signed(estimate.point)} [{signed(max(low, -1.0))}, {signed(min(high, 1.0))}] {cell['mark']}"
 
 
 def _power_text(cell: Optional[dict]) -> str:

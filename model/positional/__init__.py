@@ -12,7 +12,7 @@
 - dape.py: DAPE, a base bias plus an MLP of each pair's logits and bias
 
 The registry maps each class's ``kind`` to the class; its keys are exactly the rows of
-model/encodings.py, and each row agrees with its class (tests/test_positional.py).
+model/encodings.py, and each row agrees with its class (tests/unit/test_positional.py).
 """
 
 from ropelab.model.config import ModelConfig

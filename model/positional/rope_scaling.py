@@ -3,7 +3,7 @@
 Each method maps (rotary dim d, base θ, scaling settings, current length) to the inverse
 frequencies θ_i = base^(-2i/d), i = 0 … d/2-1, and an attention factor that multiplies
 cos and sin. The formulas follow the papers and agree with Hugging Face transformers'
-``modeling_rope_utils`` for the same settings (tests/test_rope_scaling.py checks this):
+``modeling_rope_utils`` for the same settings (tests/unit/test_rope_scaling.py checks this):
 
 - linear  — position interpolation (Chen et al. 2023): θ_i / s.
 - ntk     — "NTK-aware" base change (bloc97, 2023): base · s^(d/(d-2)).

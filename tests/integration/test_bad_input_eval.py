@@ -1,0 +1,258 @@
+"""Requests to evaluate, diagnose, sample or export that contradict themselves or the runs they
+name, or that cannot fit in memory: each is refused before any work (exit 2, the
+contradiction or the estimate and the limit named, no report written), and the advice of
+each message, followed, gives a command that works.
+
+Memory limits are made deterministic by pointing training/memory.py at a /proc/meminfo of
+the test's own (``limit_memory``); one case per class runs the real command line with a
+request no machine could hold.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import shutil
+from pathlib import Path
+
+import pytest
+
+from ropelab import train
+from helpers.bad_input import cli, limit_memory, overflow_weights, refused, refused_in_process, rewrite_latest_weights
+from helpers.runs import write_run_config
+from ropelab.eval.lm import extrapolation
+from ropelab.eval.tasks import exact_match
+from ropelab.scripts import bench
+from ropelab.scripts import diagnose
+from ropelab.scripts import export_hf
+from ropelab.scripts import sample
+from helpers import ROOT
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory, corpus) -> dict[str, Path]:
+    """Tiny finished runs: rope, alibi, and a learned table of 32 positions."""
+    tmp = tmp_path_factory.mktemp("eval-requests")
+    cfg = write_run_config(tmp, corpus)
+    for name, extra in (("rope", []), ("alibi", ["model.pos.kind=alibi"]),
+                        ("learned", ["model.pos.kind=learned", "model.pos.max_len=32"])):
+        assert train.main([str(cfg), f"name={name}", "train.max_steps=10", *extra]) == 0
+    return {name: tmp / "runs" / name for name in ("rope", "alibi", "learned")}
+
+
+def perplexity(*args: str, out: Path) -> list[str]:
+    return [*args, "--max-tokens", "300", "--out", str(out)]
+
+
+# --------------------------------------------------------------- runs given twice
+
+def test_a_run_given_twice_on_the_command_line(runs, tmp_path):
+    rope = str(runs["rope"])
+    refused(cli("-m", "ropelab.eval.lm.extrapolation", rope, rope + "/", "--lengths", "32", "--out", str(tmp_path / "r")),
+            "is given twice", "each run counts once")
+    assert not (tmp_path / "r").exists()
+
+
+@pytest.mark.parametrize("main, argv", [
+    (exact_match.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"]),
+    (diagnose.main, ["--lengths", "32", "--windows", "1"]),
+], ids=["eval.tasks", "diagnose"])
+def test_a_run_given_twice_to_every_evaluation(runs, tmp_path, capsys, main, argv):
+    rope = runs["rope"]
+    refused_in_process(main, [str(rope), str(rope.parent / ".." / rope.parent.name / rope.name), *argv,
+                              "--out", str(tmp_path / "r")], capsys, "is given twice", "give it once")
+    assert not (tmp_path / "r").exists()
+    assert main([str(rope), *argv, "--out", str(tmp_path / "r")]) == 0
+
+
+def test_a_copy_of_a_run_is_not_a_second_seed(runs, tmp_path, capsys):
+    copy = tmp_path / "copy"
+    shutil.copytree(runs["rope"], copy)
+    refused_in_process(extrapolation.main, perplexity(str(runs["rope"]), str(copy), "--lengths", "32",
+                                                      out=tmp_path / "r"), capsys,
+                       "are the same training", "give one of them")
+    assert not (tmp_path / "r").exists()
+    assert extrapolation.main(perplexity(str(copy), "--lengths", "32", out=tmp_path / "r")) == 0  # the advice
+
+
+# --------------------------------------------------------------- flags that contradict the protocol or the run
+
+def test_a_stride_longer_than_the_window(runs, tmp_path, capsys):
+    argv = [str(runs["rope"]), "--lengths", "32", "64", "--protocols", "sliding"]
+    refused_in_process(extrapolation.main, perplexity(*argv, "--stride", "48", out=tmp_path / "r"), capsys,
+                       "eval.stride=48 (--stride) is longer than the evaluated length 32", "at most 32")
+    assert not (tmp_path / "r").exists()
+    assert extrapolation.main(perplexity(*argv, "--stride", "32", out=tmp_path / "r")) == 0
+
+
+def test_a_stride_without_the_sliding_protocol(runs, tmp_path, capsys):
+    argv = [str(runs["rope"]), "--lengths", "32", "--stride", "16"]
+    refused_in_process(extrapolation.main, perplexity(*argv, out=tmp_path / "r"), capsys,
+                       "the sliding protocol's, which this evaluation does not use", "add --protocols sliding")
+    assert extrapolation.main(perplexity(*argv, "--protocols", "sliding", out=tmp_path / "r")) == 0
+
+
+@pytest.mark.parametrize("main, argv", [
+    (extrapolation.main, ["--lengths", "64", "--max-tokens", "300"]),
+    (exact_match.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"]),
+], ids=["eval.extrapolation", "eval.tasks"])
+def test_a_scaling_for_runs_that_take_none(runs, tmp_path, capsys, main, argv):
+    """--scaling yarn on an ALiBi run was ignored by evaluation while sample.py refused it."""
+    alibi = str(runs["alibi"])
+    refused_in_process(main, [alibi, *argv, "--scaling", "yarn", "--factor", "2", "--out", str(tmp_path / "r")],
+                       capsys, "--scaling yarn scales RoPE's frequencies, but no run given has any", "drop --scaling")
+    assert not (tmp_path / "r").exists()
+    assert main([alibi, *argv, "--out", str(tmp_path / "r")]) == 0
+
+
+def test_a_scaling_for_some_of_the_runs_says_which_take_none(runs, tmp_path, capsys):
+    argv = perplexity(str(runs["rope"]), str(runs["alibi"]), "--lengths", "64", "--scaling", "none", "yarn",
+                      "--factor", "2", out=tmp_path / "r")
+    assert extrapolation.main(argv) == 0
+    assert f"note: {runs['alibi']} (pos.kind=alibi) takes no RoPE scaling" in capsys.readouterr().err
+
+
+def test_a_factor_without_a_scaling_to_use_it(runs, tmp_path, capsys):
+    argv = perplexity(str(runs["rope"]), "--lengths", "64", "--scaling", "none", "--factor", "2", out=tmp_path / "r")
+    refused_in_process(extrapolation.main, argv, capsys, "--factor sets the factor of a RoPE scaling",
+                       "or drop --factor")
+    argv.remove("--factor"), argv.remove("2")
+    assert extrapolation.main(argv) == 0
+
+
+def test_a_learned_table_evaluated_only_beyond_its_length(runs, tmp_path, capsys):
+    """Was a StopIteration from inside the report."""
+    learned = str(runs["learned"])
+    refused_in_process(extrapolation.main, perplexity(learned, "--lengths", "64", "128", out=tmp_path / "r"), capsys,
+                       f"{learned}: pos.kind=learned has a table of 32 positions", "evaluate lengths up to 32")
+    assert not (tmp_path / "r").exists()
+    assert extrapolation.main(perplexity(learned, "--lengths", "32", "64", out=tmp_path / "r")) == 0
+
+
+# --------------------------------------------------------------- memory
+
+def test_task_lengths_no_machine_could_hold(runs, tmp_path):
+    """Grew until the kernel's out-of-memory killer ended it (and everything else)."""
+    refused(cli("-m", "ropelab.eval.tasks.exact_match", str(runs["rope"]), "--lengths", "10000000000", "--out", str(tmp_path / "r")),
+            "scoring rope at length 10,000,000,000", "needs about", "available", "nothing was started",
+            "Evaluate shorter lengths (--lengths)")
+    assert not (tmp_path / "r").exists()
+
+
+# (command, what fits, what does not, what the message says), for a 2 GB limit.
+MEMORY = {
+    "eval.tasks": (exact_match.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"],
+                   ["--lengths", "10000000", "--samples", "1", "--depths", "0.5"], "scoring rope at length 10,000,000"),
+    "eval.extrapolation": (extrapolation.main, ["--lengths", "32", "--max-tokens", "300"],
+                           ["--lengths", "10000000", "--max-tokens", "300"], "evaluating rope at length 10,000,000"),
+    "diagnose": (diagnose.main, ["--lengths", "32", "--windows", "1"], ["--lengths", "100000", "--windows", "1"],
+                 "diagnosing rope at length 100,000"),
+}
+
+
+@pytest.mark.parametrize("command", MEMORY)
+def test_an_evaluation_that_cannot_fit(runs, tmp_path, capsys, monkeypatch, command):
+    main, fits, too_big, says = MEMORY[command]
+    limit_memory(monkeypatch, tmp_path, 2e9)
+    out = ["--out", str(tmp_path / "r")]
+    refused_in_process(main, [str(runs["rope"]), *too_big, *out], capsys, says, "needs about",
+                       "but cpu has 2 GB available (MemAvailable in /proc/meminfo); nothing was started")
+    assert not (tmp_path / "r").exists()
+    assert main([str(runs["rope"]), *fits, *out]) == 0  # shorter lengths, as the message advises
+
+
+def test_sampling_that_cannot_fit(runs, tmp_path, capsys, monkeypatch):
+    limit_memory(monkeypatch, tmp_path, 2e9)
+    refused_in_process(sample.main, [str(runs["rope"]), "--max-new-tokens", "100000000"], capsys,
+                       "sampling 100,000,000 tokens after a 1-token prompt needs about", "KV cache",
+                       "Ask for fewer tokens (--max-new-tokens)")
+    assert sample.main([str(runs["rope"]), "--max-new-tokens", "3", "--seed", "0"]) == 0
+
+
+def test_an_export_check_that_cannot_fit(runs, tmp_path, capsys, monkeypatch):
+    """Transformers' eager attention holds every layer's (H, T, T) scores: refused before the
+    export is written."""
+    pytest.importorskip("transformers")
+    limit_memory(monkeypatch, tmp_path, 2e9)
+    argv = [str(runs["rope"]), str(tmp_path / "hf"), "--check"]
+    refused_in_process(export_hf.main, [*argv, "--check-length", "100000"], capsys,
+                       "checking the export over 100,000 tokens needs about", "transformers' forward",
+                       "Check a shorter length (--check-length)")
+    assert not (tmp_path / "hf").exists()
+    assert export_hf.main([*argv, "--check-length", "64"]) == 0
+
+
+# (flags that cannot fit in 2 GB, what the message says, the advice followed)
+BENCH_MEMORY = {
+    "decode": (["--sections", "decode", "--decode-lengths", "100000000"],
+               "the benchmark's rope generation of 100,000,016 tokens needs about",
+               "Give shorter --decode-lengths", ["--sections", "decode", "--decode-lengths", "4"]),
+    "eval": (["--sections", "eval", "--eval-multipliers", "10000000"],
+             "the benchmark's rope evaluation at 160,000,000 tokens (1 window per forward) needs about",
+             "Give smaller --eval-multipliers", ["--sections", "eval", "--eval-multipliers", "2"]),
+    "train": (["--sections", "train", "--set", "train.batch_size=1000000"],
+              "needs about", "Lower train.batch_size", ["--sections", "train", "--set", "train.batch_size=1"]),
+}
+
+
+@pytest.mark.parametrize("case", BENCH_MEMORY)
+def test_a_benchmark_that_cannot_fit(tmp_path, capsys, monkeypatch, case):
+    """scripts/bench.py generated, evaluated or trained until the kernel's out-of-memory killer
+    ended it; now each section's largest tensor is estimated before any worker starts."""
+    too_big, says, fix, advised = BENCH_MEMORY[case]
+    limit_memory(monkeypatch, tmp_path, 2e9)
+    out = tmp_path / "bench.json"
+    tiny = ["--config", str(ROOT / "configs" / "bench.yaml"), "--set", "model.d_model=32", "model.n_layers=1",
+            "model.n_heads=2", "data.tokenizer.vocab_size=300", "train.seq_len=16",
+            "--kinds", "rope", "--in-process", "--repeats", "1", "--warmup", "0", "--decode-repeats", "1",
+            "--eval-tokens", "64", "--eval-repeats", "1", "--out", str(out)]
+    refused_in_process(bench.main, [*tiny, *too_big], capsys, says, fix,
+                       "but cpu has 2 GB available (MemAvailable in /proc/meminfo); nothing was started")
+    assert not out.exists()
+    assert bench.main([*tiny, *advised]) == 0
+
+
+# --------------------------------------------------------------- a forward that overflows
+
+@pytest.mark.parametrize("main, argv, says", [
+    (extrapolation.main, ["--lengths", "32", "--max-tokens", "300"], "the loss at length 32 (nonoverlap, scaling none) "
+                                                                     "is nan"),
+    (exact_match.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"], "the model's logits at length 256 are "
+                                                                            "not finite"),
+    (sample.main, ["--max-new-tokens", "3"], "the next-token logits at position 1 are not finite"),
+], ids=["eval.extrapolation", "eval.tasks", "sample"])
+def test_finite_weights_whose_forward_overflows(runs, tmp_path, capsys, main, argv, says):
+    """Scored as ppl=nan and acc=0.000, or a traceback from sampling, before."""
+    copy = tmp_path / "run"
+    shutil.copytree(runs["rope"], copy, ignore=shutil.ignore_patterns("eval"))  # no cached evaluations
+    overflow_weights(copy)
+    extra = [] if main is sample.main else ["--out", str(tmp_path / "r")]
+    refused_in_process(main, [str(copy), *argv, *extra], capsys, says, "although the model's weights are finite")
+    assert not (tmp_path / "r").exists()
+
+
+def test_attention_that_overflows_is_not_diagnosed(runs, tmp_path, capsys):
+    """Entropy, sink mass and distances of NaN probabilities were written into the report."""
+    copy = tmp_path / "run"
+    shutil.copytree(runs["rope"], copy, ignore=shutil.ignore_patterns("eval"))
+    # Finite weights whose second layer's queries and keys overflow: its scores are inf - inf.
+    rewrite_latest_weights(copy, lambda tensors: tensors["blocks.1.attn.wqkv.weight"].fill_(3e38))
+    refused_in_process(diagnose.main, [str(copy), "--lengths", "32", "--windows", "1", "--out", str(tmp_path / "r")],
+                       capsys, "the attention diagnostics", "of layer 1 at length 32 are not finite",
+                       "although the model's weights are finite")
+    assert not (tmp_path / "r").exists()
+
+
+def test_a_cached_evaluation_with_non_finite_results_is_done_again(runs, tmp_path):
+    """Evaluations cached before NaN models were refused held ppl=nan: they are not reused."""
+    copy = tmp_path / "run"
+    shutil.copytree(runs["rope"], copy, ignore=shutil.ignore_patterns("eval"))
+    argv = perplexity(str(copy), "--lengths", "32", out=tmp_path / "r")
+    assert extrapolation.main(argv) == 0
+    (cache,) = (copy / "eval").glob("extrapolation-*.json")
+    cached = json.loads(cache.read_text())
+    cached["rows"] = [{**row, "nll": float("nan"), "ppl": float("nan")} for row in cached["rows"]]
+    cache.write_text(json.dumps(cached))
+    assert extrapolation.main(argv) == 0
+    rows = json.loads((tmp_path / "r" / "results.json").read_text())["results"]
+    assert rows and all(math.isfinite(row["ppl"]) for row in rows)
