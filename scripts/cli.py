@@ -26,6 +26,8 @@ COMMANDS: dict[str, tuple[str, str]] = {
     "regimes": ("ropelab.eval.lm.regime_compare", "compare training regimes by whether position can matter"),
     "regenerate": ("ropelab.eval.regenerate", "make a report again from its results.json"),
     "position-bias": ("ropelab.scripts.position_bias", "what a trained run's score bias does with distance"),
+    "device-session": ("ropelab.scripts.device_session", "train and evaluate what fits in a lent machine's time, "
+                                                         "records in one folder"),
     "export": ("ropelab.scripts.export_hf", "export a RoPE run to Hugging Face transformers, or import one"),
     "bench": ("ropelab.scripts.bench", "speed and memory against the machine's own limit"),
     "bench-eval": ("ropelab.scripts.bench_eval", "evaluation time A/B against an older tree"),

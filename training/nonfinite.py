@@ -20,6 +20,8 @@ import shlex
 from pathlib import Path
 from typing import Optional
 
+import torch
+
 from ropelab.common.errors import CheckpointError, UserError
 from ropelab.configs.schema import RunConfig
 from ropelab.training.checkpoint import NonFiniteWeights, UnreadableCheckpoint, non_finite, read_meta, read_weights
@@ -93,10 +95,31 @@ def restart_advice(run: RunDir, cfg: RunConfig, before: Optional[Path] = None) -
             + command)
 
 
-def diverged(what: str, step: int, run: RunDir, cfg: RunConfig) -> TrainingError:
-    """The error for a non-finite ``what`` ("the loss became nan") at training step ``step``."""
-    return TrainingError(f"{what} at step {step}; the run stopped before the update, and nothing it saved was "
-                         f"changed. {restart_advice(run, cfg)}")
+def diverged(what: str, step: int, run: RunDir, cfg: RunConfig, seen: Optional[int] = None) -> TrainingError:
+    """The error for a non-finite ``what`` ("the loss became nan") at training step ``step``,
+    found at step ``seen`` (a logging step; None: at once, before the update)."""
+    when = ("the run stopped before the update" if seen is None else
+            "the run stopped there and saved nothing after it" if seen == step else
+            f"the run found it at step {seen}, its next logging step, and saved nothing after it")
+    return TrainingError(f"{what} at step {step}; {when}, and nothing it saved was changed. "
+                         f"{restart_advice(run, cfg)}")
+
+
+class NonFiniteWatch:
+    """The first training step whose loss (or gradient norm) was not finite, kept on the device.
+
+    Reading a loss back every step makes the host wait for the device; the watch records the
+    step on the device instead, and the trainer reads it with the logged values at each
+    logging step and before every save, so a divergence is caught within one logging interval
+    and no checkpoint with weights it touched is ever written.
+    """
+
+    def __init__(self, device: torch.device):
+        self.first = torch.full((), -1.0, device=device)  # float: read back with the logged values
+
+    def update(self, step: int, loss: torch.Tensor, grad_norm: Optional[torch.Tensor]) -> None:
+        finite = torch.isfinite(loss) if grad_norm is None else torch.isfinite(loss) & torch.isfinite(grad_norm)
+        self.first = torch.where(~finite & (self.first < 0), torch.full_like(self.first, step), self.first)
 
 
 def non_finite_checkpoint(error: NonFiniteWeights, run: RunDir, cfg: RunConfig) -> CheckpointError:

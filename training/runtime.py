@@ -60,11 +60,15 @@ class Runtime:
             dist.barrier()
 
     def mean_across_ranks(self, value: torch.Tensor) -> float:
+        return float(self.mean_across_ranks_tensor(value))
+
+    def mean_across_ranks_tensor(self, value: torch.Tensor) -> torch.Tensor:
+        """The mean of ``value`` over the ranks, left on the device (nothing read back)."""
         if self.world_size > 1:
             value = value.clone()
             dist.all_reduce(value, op=dist.ReduceOp.SUM)
             value /= self.world_size
-        return float(value)
+        return value
 
     def any_rank(self, flag: bool) -> bool:
         if self.world_size == 1:

@@ -33,7 +33,7 @@ from ropelab.training.checkpoint import (NonFiniteWeights, load_newest, load_sta
 from ropelab.training.consistency import check_continuation, fingerprints
 from ropelab.training.competence import CompetenceStop
 from ropelab.training.data import MixedSampler, TrainingData, prepare
-from ropelab.training.nonfinite import diverged, non_finite_checkpoint
+from ropelab.training.nonfinite import NonFiniteWatch, diverged, non_finite_checkpoint
 from ropelab.training.memory import check_training
 from ropelab.training.metrics import MetricsLog
 from ropelab.training.optim import build_optimizer, lr_at, set_learning_rate, upgrade_optimizer_state
@@ -93,6 +93,7 @@ class Trainer:
             t.random_positions.max_len, t.seq_len, t.batch_size, seed=t.data_order_seed, rank=rt.rank,
             world_size=rt.world_size)
         self.scaler = torch.amp.GradScaler(rt.device.type) if rt.dtype == torch.float16 else None
+        self.watch = NonFiniteWatch(rt.device)  # the first non-finite step, kept on the device
         self.step, self.tokens_seen, self.best_val, self.wandb_id = 0, 0, math.inf, None
         self.parent: Optional[dict] = None  # where the starting weights came from (init.run)
         self.earlier_commits: list[str] = []  # the commits of this run's earlier sessions, oldest first
@@ -218,31 +219,29 @@ class Trainer:
         return meta
 
     # --- one optimisation step ------------------------------------------------------
-    def train_step(self) -> tuple[float, float]:
-        """Forward/backward over grad_accum micro-batches, clip, step; returns (loss, grad norm)."""
-        t, rt = self.cfg.train, self.rt
+    def train_step(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """Forward/backward over grad_accum micro-batches, clip, step; returns (loss, grad norm)
+        as device tensors, read back only on logging steps (``_read``): no step waits for the device."""
+        t = self.cfg.train
         lr = lr_at(self.step, t.lr, t.warmup_steps, self.total_steps, t.min_lr_ratio)
         set_learning_rate(self.optimizer, lr)
-        loss_sum = torch.zeros((), device=rt.device)
+        loss_sum = torch.zeros((), device=self.rt.device)
         for micro in range(t.grad_accum):
             positions = self._positions(self.sampler.batches_drawn)
-            x, y = (b.to(rt.device, non_blocking=True) for b in self.sampler.next_batch())
+            x, y = (b.to(self.rt.device, non_blocking=True) for b in self.sampler.next_batch())
             last = micro == t.grad_accum - 1
-            sync = contextlib.nullcontext() if last or rt.world_size == 1 else self.forward_model.no_sync()
-            with sync, rt.autocast():
+            sync = contextlib.nullcontext() if last or self.rt.world_size == 1 else self.forward_model.no_sync()
+            with sync, self.rt.autocast():
                 weights = self.target_weights(y) if self.target_weights else None
                 loss = self.forward_model(x, positions, targets=y, target_weights=weights) / t.grad_accum
             (self.scaler.scale(loss) if self.scaler else loss).backward()
             loss_sum += loss.detach()
-        loss_value = rt.mean_across_ranks(loss_sum)
-        if not math.isfinite(loss_value):
-            raise diverged(f"the loss became {loss_value}", self.step + 1, self.run_dir, self.cfg)
         if self.scaler:
             self.scaler.unscale_(self.optimizer)
         clip = t.grad_clip if t.grad_clip > 0 else float("inf")
-        grad_norm = float(torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip))
-        if self.scaler is None and not math.isfinite(grad_norm):  # a scaler skips such steps itself
-            raise diverged(f"the gradient norm became {grad_norm}", self.step + 1, self.run_dir, self.cfg)
+        grad_norm = torch.nn.utils.clip_grad_norm_(self.model.parameters(), clip)
+        # A scaler skips steps with non-finite gradients itself: only its loss counts then.
+        self.watch.update(self.step + 1, loss_sum, None if self.scaler else grad_norm)
         if self.scaler:
             self.scaler.step(self.optimizer)
             self.scaler.update()
@@ -250,8 +249,23 @@ class Trainer:
             self.optimizer.step()
         self.optimizer.zero_grad(set_to_none=True)
         self.step += 1
-        self.tokens_seen += t.tokens_per_step(rt.world_size)
-        return loss_value, grad_norm
+        self.tokens_seen += t.tokens_per_step(self.rt.world_size)
+        return loss_sum, grad_norm.detach()
+
+    def _read(self, loss: torch.Tensor, grad_norm: torch.Tensor) -> tuple[float, float]:
+        """The step's loss (mean over ranks) and gradient norm on the host, in one read with the
+        divergence watch's; raise the divergence error if a step since the last read was not finite."""
+        loss = self.rt.mean_across_ranks_tensor(loss)
+        loss_value, grad_value, first_bad = torch.stack([loss.float(), grad_norm.float(), self.watch.first]).tolist()
+        self._check_finite(first_bad)
+        return loss_value, grad_value
+
+    def _check_finite(self, first_bad: Optional[float] = None) -> None:
+        if first_bad is None:
+            first_bad = float(self.watch.first)
+        if first_bad >= 0:
+            raise diverged("the loss or the gradient norm became non-finite", int(first_bad), self.run_dir, self.cfg,
+                           seen=self.step)
 
     def _positions(self, batch_index: int) -> Optional[torch.Tensor]:
         """Batch ``batch_index``'s randomized positions (B, T), or None for 0 … T−1."""
@@ -270,6 +284,7 @@ class Trainer:
         return list(dict.fromkeys([*self.earlier_commits, *filter(None, [self.git_commit])]))
 
     def save(self, val_loss: Optional[float] = None) -> None:
+        self._check_finite()  # never a checkpoint of weights a non-finite step touched
         now = time.perf_counter()
         self.train_seconds += now - self._session_start
         self._session_start = now
@@ -349,14 +364,15 @@ class Trainer:
             window_seconds += step_seconds
             window_tokens += t.tokens_per_step(rt.world_size)
             last = self.step >= self.total_steps
-            if self.step % t.log_interval == 0 or last:
+            bar.update(1)
+            if self.step % t.log_interval == 0 or last:  # the only steps that read values back
+                loss, grad_norm = self._read(loss, grad_norm)
                 speed = window_tokens / window_seconds if window_seconds > 0 else 0.0
                 log.train(self.step, self.tokens_seen, loss, self.optimizer.param_groups[0]["lr"],
                           grad_norm, speed, rt.mfu(flops_per_token * speed), rt.peak_memory_gib())
                 window_seconds, window_tokens = 0.0, 0
-            bar.update(1)
-            bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
-                            tok_s=f"{t.tokens_per_step(rt.world_size) / step_seconds:,.0f}", refresh=False)
+                bar.set_postfix(loss=f"{loss:.3f}", lr=f"{self.optimizer.param_groups[0]['lr']:.2e}",
+                                tok_s=f"{speed:,.0f}", refresh=False)
             val_loss = None
             if self.step % t.eval_interval == 0 or last:
                 val_loss = self.evaluate() if rt.is_main else None
@@ -370,7 +386,10 @@ class Trainer:
                 if self.competence is not None:
                     self._check_competence(log)
                     last = last or rt.any_rank(self.competence.reached)
-            stop = rt.any_rank(self.stop_signal is not None)
+            # Under torchrun the ranks agree on a signal at logging and checkpoint steps only (an
+            # all-reduce every step would wait on the devices): a stop comes within one interval.
+            checked = self.step % t.log_interval == 0 or self.step % t.ckpt_interval == 0 or last
+            stop = rt.any_rank(self.stop_signal is not None) if checked or rt.world_size == 1 else False
             if self.step % t.ckpt_interval == 0 or last or stop:
                 self.save(val_loss)
             if stop and not last:

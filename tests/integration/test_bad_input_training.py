@@ -88,7 +88,7 @@ def test_a_nan_loss_after_a_checkpoint_is_carried_on_as_advised(config, monkeypa
     with monkeypatch.context() as m:
         nan_at(m, 8)
         err = refused_in_process(train.main, [str(config), "train.max_steps=12", "train.ckpt_interval=5"], capsys,
-                                 "the loss became nan at step 8", "nothing it saved was changed",
+                                 "the loss or the gradient norm became non-finite at step 8", "nothing it saved was changed",
                                  "Carry on from step 5 (step_000005", "init.step=5", "train.lr=0.0015",
                                  "train.max_steps=7")
     assert "--resume" not in err
@@ -102,7 +102,7 @@ def test_a_nan_loss_before_any_checkpoint_is_trained_again_as_advised(config, mo
     with monkeypatch.context() as m:
         nan_at(m, 2)
         err = refused_in_process(train.main, [str(config), "train.max_steps=6"], capsys,
-                                 "the loss became nan at step 2", "It has no checkpoint yet",
+                                 "the loss or the gradient norm became non-finite at step 2", "It has no checkpoint yet",
                                  "train.lr=0.0015")
     assert follow(err, capsys) == 0
     assert (config.parent / "runs" / "tiny" / "checkpoints" / "step_000006").is_dir()
@@ -110,7 +110,7 @@ def test_a_nan_loss_before_any_checkpoint_is_trained_again_as_advised(config, mo
 
 def test_a_learning_rate_that_diverges(config):
     res = cli("train.py", str(config), "train.lr=1e12", "train.grad_clip=0", "train.max_steps=6")
-    refused(res, "became nan at step", "half the learning rate")
+    refused(res, "became non-finite at step", "half the learning rate")
 
 
 # --------------------------------------------------------------- data that cannot work

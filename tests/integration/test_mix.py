@@ -98,7 +98,7 @@ def test_the_task_rows_carry_their_share_of_the_loss(mixed, tmp_path):
         weights = mix_weights(ys, 2, 0.6)
         expected = float(trainer.model(xs, targets=ys, target_weights=weights))
     loss, _ = trainer.train_step()
-    assert loss == pytest.approx(expected, rel=1e-5)
+    assert float(loss) == pytest.approx(expected, rel=1e-5)
 
 
 @pytest.mark.parametrize("overrides,message", [

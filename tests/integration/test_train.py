@@ -161,7 +161,7 @@ def test_nan_loss_stops_cleanly_and_keeps_checkpoints(tmp_path, corpus, monkeypa
     monkeypatch.setattr(ropelab.model.transformer, "linear_cross_entropy", poisoned)
     assert train.main([str(cfg), "train.eval_interval=1000"]) == 2
     err = capsys.readouterr().err
-    assert "loss became nan at step 15" in err and "Traceback" not in err
+    assert "became non-finite at step 15" in err and "Traceback" not in err
     run_dir = tmp_path / "runs" / "tiny"
     ckpt = latest_checkpoint(run_dir)
     assert read_meta(ckpt)["step"] == 10
