@@ -112,3 +112,23 @@ def test_length_errors_before_any_work():
         generate(model, [], 3)
     with pytest.raises(ValueError, match="top_p"):
         generate(model, [1], 3, top_p=1.5)
+
+
+def test_decoding_reads_nothing_back_per_layer(monkeypatch):
+    """The cache is written at positions the host chose (``start``): a decoded token's reads
+    (the sampler's finiteness check) do not grow with the layers."""
+    counts = {}
+    for n_layers in (2, 6):
+        model = Transformer(tiny_config(n_layers=n_layers)).eval()
+        counter = {"n": 0}
+        with monkeypatch.context() as m:
+            for name in ("item", "tolist", "__float__", "__bool__", "__int__", "__index__"):
+                original = getattr(torch.Tensor, name)
+
+                def counted(self, *args, _original=original, **kwargs):
+                    counter["n"] += 1
+                    return _original(self, *args, **kwargs)
+                m.setattr(torch.Tensor, name, counted)
+            generate(model, [1, 2, 3], 10, temperature=0)
+        counts[n_layers] = counter["n"]
+    assert counts[2] == counts[6] and counts[2] <= 2 * 10
