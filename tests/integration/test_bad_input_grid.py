@@ -13,7 +13,7 @@ import pytest
 from helpers.bad_input import cli, refused, refused_in_process
 from helpers.runs import write_grid, write_run_config
 from ropelab.configs.grid import load_grid
-from ropelab.scripts import ablate
+from ropelab.scripts import ablate, tune
 
 
 @pytest.fixture
@@ -71,3 +71,21 @@ def test_changing_a_value_whose_name_collides_makes_the_grid_plan(base):
     """The advice "change one" for two values that give one run name."""
     runs = load_grid(grid(base, "axes: {data.local.valid: [/a/b/c, /d/c]}\n")).plan()
     assert [run.name for run in runs] == ["valid-a_b_c", "valid-d_c"]
+
+
+# --------------------------------------------------------------- an output path that holds something else
+
+def test_tune_refuses_a_run_directory_as_its_out(base, capsys):
+    """It wrote tuning.md and tuning.json into whatever --out named, a run's directory included."""
+    run = base.parent / "runs" / "tiny"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(base.read_text())
+    path = grid(base, "axes: {train.seed: [0, 1]}\n")
+    refused_in_process(tune.main, [str(path), "--out", str(run)], capsys, f"--out {run} is a run directory",
+                       "`ropelab tune` writes into a directory of its own")
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+    (base.parent / "tasks").mkdir()
+    (base.parent / "tasks" / "results.json").write_text('{"runs": [], "results": [], "kmax": []}')
+    refused_in_process(tune.main, [str(path), "--out", str(base.parent / "tasks")], capsys,
+                       "holds a task report, written by `ropelab tasks`", "`ropelab tune` writes beside only a "
+                       "perplexity report")
