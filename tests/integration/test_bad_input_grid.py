@@ -89,3 +89,26 @@ def test_tune_refuses_a_run_directory_as_its_out(base, capsys):
     refused_in_process(tune.main, [str(path), "--out", str(base.parent / "tasks")], capsys,
                        "holds a task report, written by `ropelab tasks`", "`ropelab tune` writes beside only a "
                        "perplexity report")
+
+
+# --------------------------------------------------------------- runs on disk that disagree with the grid
+
+@pytest.mark.parametrize("lowered, key", [
+    (["train.max_steps=4"], "train.max_steps: it trained 8 steps, the row's budget is 4"),
+    (["train.max_steps=null", "train.max_tokens=1024"], "train.max_tokens: it trained 2,048 tokens, the row's "
+                                                          "budget is 1,024"),
+], ids=["steps", "tokens"])
+def test_a_run_trained_past_a_lowered_budget_is_a_conflict(base, capsys, lowered, key):
+    """A grid whose budget was lowered reported its runs trained past it under the new budget,
+    pooled with seeds trained to it, without a word."""
+    path = grid(base, "overrides: [train.max_steps=8, train.eval_interval=8, train.ckpt_interval=8]\n"
+                      "axes: {train.seed: [0]}\n")
+    assert ablate.main([str(path), "--skip-eval", "--no-estimate"]) == 0
+    capsys.readouterr()
+    assert ablate.main([str(path), "--dry-run", "--no-estimate", "--set", *lowered]) == 0
+    out = capsys.readouterr().out
+    assert "seed-0" in out and "conflict" in out and key in out, out
+    assert ablate.main([str(path), "--skip-eval", "--no-estimate", "--set", *lowered]) == 1
+    assert f"failed: seed-0: " in capsys.readouterr().out
+    assert ablate.main([str(path), "--dry-run", "--no-estimate", "--set", "train.max_steps=12"]) == 0  # raised: continued
+    assert "partial  step 8/12" in capsys.readouterr().out
