@@ -46,9 +46,10 @@ def report_kind(results: dict) -> Optional[ReportKind]:
     return next((kind for kind in KINDS if kind.marker in results), None) if isinstance(results, dict) else None
 
 
-def _found(out: Path) -> Optional[ReportKind | str]:
-    """The kind of the report in ``out``; None when there is none; a sentence when its files
-    are there but no tool of the project wrote them."""
+def _found(out: Path) -> Optional[ReportKind | bool]:
+    """The kind of the report in ``out``; None when there is none; True for a report of no kind
+    known (one written before results.json said it, or a report.md of another title): as
+    before kinds were told apart, it is an earlier report, which is replaced."""
     results, markdown = out / "results.json", out / "report.md"
     if not results.is_file() and not markdown.is_file():
         return None
@@ -60,7 +61,7 @@ def _found(out: Path) -> Optional[ReportKind | str]:
         with open(markdown, encoding="utf-8", errors="replace") as f:
             first = f.readline().strip()
         found = next((kind for kind in KINDS if kind.title == first), None)
-    return found or "a report.md or results.json that none of the project's report writers wrote"
+    return found or True
 
 
 def check_report_dir(out: Path, kind: ReportKind, tool: Optional[str] = None) -> None:
@@ -78,9 +79,7 @@ def check_report_dir(out: Path, kind: ReportKind, tool: Optional[str] = None) ->
         raise ArgumentError(f"--out {out} is a run directory (it holds {RunDir(out).config.name}); `{writer}` "
                             "writes into a directory of its own: give a new one, e.g. reports/NAME (nothing was done)")
     found = _found(out)
-    if isinstance(found, str):
-        raise ArgumentError(f"--out {out} holds {found}; give a new directory (nothing was done)")
-    if found is not None and found != kind:
+    if isinstance(found, ReportKind) and found != kind:
         raise ArgumentError(f"--out {out} holds a {found.name} report, written by `{found.tool}`; `{writer}` "
                             f"{'writes beside' if tool else 'replaces'} only a {kind.name} report, so that one "
                             "would be left mixed with what it writes: give another directory (nothing was done)")
