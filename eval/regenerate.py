@@ -28,6 +28,7 @@ from ropelab.common.errors import ArgumentError, DataError
 from ropelab.common.logs import get_logger
 from ropelab.eval.diagnostics.report import kept_results, pooled_rows, write_diagnostics_report
 from ropelab.eval.reporting.reference import missing_reference
+from ropelab.eval.reporting.report_dir import DIAGNOSTICS, TASKS, report_kind
 from ropelab.eval.lm.report import write_report
 from ropelab.eval.tasks.report import write_task_report
 
@@ -45,8 +46,9 @@ def read_results(path: Path) -> dict:
         raise DataError(f"{path} does not exist; give a report's results.json (or its directory)") from None
     except (OSError, ValueError) as e:
         raise DataError(f"{path} cannot be read as a report's results.json ({e})") from None
-    if not isinstance(results, dict) or not isinstance(results.get("runs"), list) or not (
-            "results" in results or isinstance(results.get("cells"), dict)):
+    kind = report_kind(results)
+    if kind is None or not isinstance(results.get("runs"), list) or (
+            kind == DIAGNOSTICS and not isinstance(results.get("cells"), dict)):
         raise DataError(f"{path} is not a report's results.json (it has no runs and results, or runs and cells)")
     return results
 
@@ -57,7 +59,8 @@ def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = No
     source = Path(path) if Path(path).is_dir() else Path(path).parent
     out = Path(out) if out is not None else source
     results["remade"] = time.strftime("%Y-%m-%d %H:%M:%S")
-    if "cells" in results:  # an attention diagnostics report (eval/diagnostics/measure.py)
+    kind = report_kind(results)
+    if kind == DIAGNOSTICS:  # an attention diagnostics report (eval/diagnostics/measure.py)
         if reference is not None:
             raise ArgumentError("--reference applies to perplexity reports; this is a diagnostics report")
         try:  # read and pool the cells before anything is written
@@ -72,7 +75,7 @@ def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = No
     if reference is not None:  # as each run's eval.reference, where a fresh report reads it
         for run in results["runs"]:
             run["eval"] = {**(run.get("eval") or {}), "reference": reference}
-    if "kmax" in results:  # a task report (eval/tasks/exact_match.py): each task's table names its rows itself
+    if kind == TASKS:  # a task report (eval/tasks/exact_match.py): each task's table names its rows itself
         write_task_report(results, out)
         return out
     # An early results.json keeps no training curves: they are only in the figure.

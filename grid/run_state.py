@@ -26,6 +26,24 @@ def status(run: PlannedRun) -> tuple[str, str]:
     return state, detail
 
 
+def past_budget(run: PlannedRun, meta: dict) -> str:
+    """How a run on disk (its checkpoint's ``meta``) went past the budget of its row, named by
+    the key (a grid whose budget was lowered); "" when it did not. Raising the budget is fine:
+    the run is continued, its schedule re-planned (training/consistency.py)."""
+    t, step, tokens = run.cfg.train, int(meta["step"]), int(meta.get("tokens") or 0)
+    if t.max_tokens is not None:  # by tokens: past it when it would have stopped a step earlier
+        if step and tokens - tokens / step >= t.max_tokens:
+            return f"train.max_tokens: it trained {tokens:,} tokens, the row's budget is {t.max_tokens:,}"
+        return ""
+    planned = max(step, int(meta.get("total_steps") or step))
+    if planned <= t.max_steps:
+        return ""
+    if step > t.max_steps:
+        return f"train.max_steps: it trained {step} steps, the row's budget is {t.max_steps}"
+    return (f"train.max_steps: it was planned for {planned} steps (its learning rate decays over them), the row's "
+            f"budget is {t.max_steps}")
+
+
 def _status(run: PlannedRun) -> tuple[str, str]:
     run_dir = RunDir.of(run.cfg)
     try:
@@ -42,6 +60,10 @@ def _status(run: PlannedRun) -> tuple[str, str]:
     step, budget = meta["step"], run.cfg.train.max_tokens
     if reached_competence(meta):  # train.stop_at_accuracy: stopped before its budget, its tasks learned at L
         return "done", f"step {step}, competence reached"
+    past = past_budget(run, meta)
+    if past:  # pooled under the row, it would stand for a budget it was not trained to
+        return "conflict", (f"{run_dir} holds a run trained to another budget than its row ({past}); move it "
+                            "away, give the grid another name, or put the budget back")
     if budget is not None:  # by tokens: N ranks reach it in N times fewer steps than one process
         if meta.get("tokens", 0) >= budget:
             return "done", f"step {step}"

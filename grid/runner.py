@@ -21,7 +21,7 @@ from ropelab.configs.schema import EvalConfig, RunConfig
 from ropelab.configs.slurm import SlurmConfig
 from ropelab.eval.diagnostics.measure import run_diagnostics
 from ropelab.eval.lm.extrapolation import run_extrapolation
-from ropelab.eval.lm.report import check_report_dir
+from ropelab.eval.reporting.report_dir import DIAGNOSTICS, PERPLEXITY, TASKS, check_report_dir
 from ropelab.eval.tasks.exact_match import check_planned, run_task_evaluation, wants_tasks
 from ropelab.grid.archive import archive_runs, record_of, restore_records
 from ropelab.grid.deadline import Deadline, describe, needs_from, plans_from
@@ -163,11 +163,11 @@ def check_before_training(grid: Grid, runs: list[PlannedRun], args: argparse.Nam
     if args.skip_eval:
         return
     if any(not is_synthetic(run) for run in runs):
-        check_report_dir(grid.report_dir)
+        check_report_dir(grid.report_dir, PERPLEXITY)
     if any(wants_tasks(run.cfg, run.cfg.eval) for run in runs):
-        check_report_dir(grid.report_dir / "tasks")
+        check_report_dir(grid.report_dir / "tasks", TASKS)
     if any(wants_diagnostics(run) for run in runs):
-        check_report_dir(grid.report_dir / "diagnostics")
+        check_report_dir(grid.report_dir / "diagnostics", DIAGNOSTICS)
 
 
 def log_plan(grid: Grid, runs: list[PlannedRun], states: dict[str, tuple[str, str]], chosen: set[str],

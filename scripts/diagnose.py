@@ -25,7 +25,7 @@ from ropelab.configs import override_section
 from ropelab.configs.schema import EvalConfig, RunConfig
 from ropelab.eval.diagnostics.measure import DIAGNOSTICS, run_diagnostics
 from ropelab.eval.core.evaluation import cached_evaluation, check_requests, merged, read_eval_file
-from ropelab.eval.lm.report import check_report_dir
+from ropelab.eval.reporting.report_dir import check_report_dir
 from ropelab.training.runtime import resolve_device
 
 logger = get_logger(__name__)
@@ -75,7 +75,7 @@ def main(argv=None) -> int:
     tree = merged(read_eval_file(args.eval_file), tree) if args.eval_file else tree
     override_section(EvalConfig(), tree, "command line", "eval.")  # a bad value fails before any work
     if not args.cache_only:
-        check_report_dir(args.out)
+        check_report_dir(args.out, DIAGNOSTICS.report_kind)
     device = str(resolve_device(args.device, "--device"))
 
     def eval_for(cfg: RunConfig) -> EvalConfig:

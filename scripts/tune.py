@@ -15,6 +15,7 @@ from ropelab.common.cli import entry_point, moved, non_negative_int, usage_when_
 from ropelab.common.errors import ConfigError
 from ropelab.common.logs import get_logger
 from ropelab.configs.grid import load_grid
+from ropelab.eval.reporting.report_dir import PERPLEXITY, check_report_dir
 from ropelab.grid import tune as engine
 from ropelab.grid.tune import more_seeds_block, report_text, sweep_seeds, tune
 
@@ -45,8 +46,9 @@ def main(argv=None) -> int:
     if taken:  # refused before anything is read or written
         raise ConfigError(f"--more-seeds {' '.join(map(str, args.more_seeds))}: seeds "
                           f"{', '.join(map(str, sorted(taken)))} are the sweep's own; give new ones")
-    found = tune(grid)
     out = args.out or grid.report_dir
+    check_report_dir(out, PERPLEXITY, tool="ropelab tune")  # its record goes beside the grid's perplexity report
+    found = tune(grid)
     out.mkdir(parents=True, exist_ok=True)
     write_text_atomic(out / "tuning.json", json.dumps(found, indent=1))
     write_text_atomic(out / "tuning.md", report_text(found))

@@ -47,7 +47,7 @@ from ropelab.configs.loader import load_yaml
 from ropelab.configs.experiment import seed_group
 from ropelab.configs.schema import EvalConfig, RunConfig
 from ropelab.eval.core.resume_journal import Cells
-from ropelab.eval.lm.report import check_report_dir
+from ropelab.eval.reporting.report_dir import PERPLEXITY, ReportKind, check_report_dir
 from ropelab.eval.core.run_checks import check_distinct, check_flags
 from ropelab.model.config import SCALING_TYPES
 from ropelab.model.encodings import KINDS, served_length
@@ -119,6 +119,7 @@ class Evaluation:
     # other or the run; return the memory its largest forward needs (None: not estimated).
     preflight: Callable[[RunConfig, EvalConfig], Optional[Estimate]] = _no_preflight
     memory_fix: str = "Evaluate shorter lengths (--lengths)."  # how to need less memory
+    report_kind: ReportKind = PERPLEXITY  # the report it writes (eval/reporting/report_dir.py)
     # A reused result's metadata that follows from the run's config and today's code, not from
     # its scores: (meta, run, cfg, ev) -> None, updating meta (tasks: each task's chance).
     refresh: Callable[[dict, RunDir, RunConfig, EvalConfig], None] = lambda meta, run, cfg, ev: None
@@ -331,7 +332,7 @@ def command(evaluation: Evaluation, argv=None) -> int:
     options = evaluation.options(args)
     device = str(resolve_device(args.device, "--device"))
     if not args.cache_only:
-        check_report_dir(args.out)  # before anything is evaluated
+        check_report_dir(args.out, evaluation.report_kind)  # before anything is evaluated
 
     def eval_for(cfg: RunConfig) -> EvalConfig:
         return override_section(cfg.eval, tree, "command line", "eval.")

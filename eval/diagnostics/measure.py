@@ -48,6 +48,7 @@ from ropelab.eval.core.corpus import load_corpus
 from ropelab.eval.diagnostics.report import write_diagnostics_report
 from ropelab.eval.core.evaluation import Evaluation, EvalFor, Result, evaluate_all
 from ropelab.eval.lm.extrapolation import run_metadata
+from ropelab.eval.reporting.report_dir import DIAGNOSTICS as DIAGNOSTICS_REPORT
 from ropelab.eval.tasks.exact_match import is_synthetic
 from ropelab.model.encodings import KINDS, served_length
 from ropelab.training.memory import Estimate, attention_map_estimate, largest
@@ -261,4 +262,5 @@ def run_diagnostics(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor, devi
 
 DIAGNOSTICS = Evaluation(name="diagnostics", doc=__doc__, result="cells", default_out=Path("reports/diagnostics"),
                          cache_key=_cache_key, evaluate=_evaluate, report=run_diagnostics, preflight=preflight,
-                         memory_fix="Diagnose shorter lengths (--lengths), or fewer windows (--windows).")
+                         memory_fix="Diagnose shorter lengths (--lengths), or fewer windows (--windows).",
+                         report_kind=DIAGNOSTICS_REPORT)

@@ -19,19 +19,18 @@ from typing import Callable, Optional
 from ropelab.common.atomic import write_text_atomic
 from ropelab.common.report_json import dumps_report
 from ropelab.common.storage import is_storage_error, make_dir, storage_error
-from ropelab.eval.reporting.ablations import ablations_note, is_ablation, sweep_ablations, sweep_choices
+from ropelab.eval.reporting.ablations import ablations_note, is_ablation, sweep_ablations
 from ropelab.eval.lm.finetune_budget import budget_section
 from ropelab.eval.lm.context_use import breakdown_section, context_section
 from ropelab.eval.reporting.labels import budget_partner, label_order, parents_note, row_label, split_step, with_scaling
 from ropelab.eval.reporting.reference import no_default_reference, report_reference
+from ropelab.eval.reporting.report_dir import check_report_dir, report_kind
 from ropelab.eval.reporting.runs_section import evaluation_provenance, missing_lines, provenance, runs_table
 from ropelab.eval.lm.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
 from ropelab.eval.reporting.tables import (comparison_table, compare, degradation, degradation_table, mark_table,
                          identical_rows, interval_table, length_table, power_table, scored_line, summarize,
                          train_lengths)
 from ropelab.model.config import SCALING_TYPES
-from ropelab.common.errors import ArgumentError
-from ropelab.common.cli import check_output_dir
 from ropelab.training.metrics import read_records
 from ropelab.training.run_dir import RunDir
 
@@ -284,30 +283,11 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
             *_scale_table(rows, lengths)]
 
 
-REPORT_FILES = ("report.md", "results.json")
 # The figures a report draws (eval/lm/plots.py, eval/lm/finetune_budget.py): once a new report is written, an
 # earlier report's that it does not link are removed, so none is left beside it. Files of other
 # names (e.g. scripts/position_bias.py's figure) are kept.
 REPORT_FIGURES = ("training_loss.png", "ppl_vs_length_*.png", "paired_vs_length_*.png", "per_position_*.png",
                   "budget_*.png")
-
-
-# What the project's other tools write into a grid's report directory, which may be there before
-# its first perplexity report: grid/tune.py's sweep, the task and diagnostics reports.
-COMPANIONS = ("tuning.md", "tuning.json", "tasks", "diagnostics")
-
-
-def check_report_dir(out: Path) -> None:
-    """Refuse ``out`` before any evaluation when a report cannot go there: a file, or a
-    directory holding other things than an earlier report or its companions (which would be
-    mixed in)."""
-    out = Path(out)
-    check_output_dir(out, "--out")
-    if out.is_dir() and not any((out / name).is_file() for name in REPORT_FILES) and any(
-            entry.name not in COMPANIONS for entry in out.iterdir()):
-        raise ArgumentError(f"--out {out} already holds files that are not a report; give a new directory "
-                            "(an earlier report's directory is replaced) — nothing was evaluated")
-    sweep_choices(out)  # a sweep record there that cannot be read is said before any evaluation
 
 
 def write_report(results: dict, out: Path, carried: tuple[Path, ...] = ()) -> None:
@@ -332,7 +312,7 @@ def write_report_files(out: Path, results: dict, write_markdown: Callable[[], st
     are figures results.json cannot draw again (a report made again elsewhere, eval.remake): copied
     into ``out`` first, so the markdown links them. A refusal of the file system is a StorageError
     naming ``out``."""
-    check_report_dir(out)
+    check_report_dir(out, report_kind(results))
     try:
         make_dir(out, "the report directory")
         for figure in carried:  # never the report's own directory (eval.remake.carried_figures)

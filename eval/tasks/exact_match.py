@@ -47,6 +47,7 @@ from ropelab.eval.core.evaluation import (EvalFor, Evaluation, check_served, eva
 from ropelab.training.exact_match import answer_tokens, first_errors, instances_per_batch, wrong_answers
 from ropelab.eval.lm.extrapolation import model_for, run_metadata
 from ropelab.eval.tasks.effective_length import k_max
+from ropelab.eval.reporting.report_dir import TASKS as TASK_REPORT
 from ropelab.eval.reporting.stats import wilson_interval
 from ropelab.eval.tasks.report import write_task_report
 from ropelab.common.errors import ConfigError, UserError
@@ -358,7 +359,7 @@ TASKS = Evaluation(
     name="tasks", doc=__doc__, result="kmax", default_out=Path("reports/tasks"), cache_key=_cache_key,
     evaluate=lambda run_dir, ev, device, cells: evaluate_run(run_dir, ev, device),
     report=run_task_evaluation, add_flags=add_flags, flag_tree=flag_tree, preflight=preflight,
-    refresh=refresh_chance,
+    refresh=refresh_chance, report_kind=TASK_REPORT,
     memory_fix="Evaluate shorter lengths (--lengths), or fewer instances (--samples).")
 
 

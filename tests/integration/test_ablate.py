@@ -85,7 +85,7 @@ def test_dry_run_trains_nothing(tmp_path, corpus, capsys):
 
 def test_training_from_changed_code_is_warned_of_before_it_starts(tmp_path, corpus, capsys, monkeypatch):
     grid = tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope", "alibi"]})
-    monkeypatch.setattr(ablate, "git_commit", lambda: "c" * 40)
+    monkeypatch.setattr(runner, "git_commit", lambda: "c" * 40)
     assert ablate.main([str(grid), "--dry-run", "--no-estimate"]) == 0
     assert "warning" not in capsys.readouterr().err
     monkeypatch.setattr(runner, "git_commit", lambda: "c" * 40 + "-dirty")

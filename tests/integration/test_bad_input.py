@@ -21,6 +21,7 @@ from helpers.runs import write_run_config
 from ropelab.common.errors import ArgumentError
 from ropelab.eval.core import evaluation as driver
 from ropelab.eval.lm import extrapolation
+from ropelab.eval.reporting.report_dir import PERPLEXITY, check_report_dir
 from ropelab.eval.tasks import exact_match
 from ropelab.scripts import export_hf
 from ropelab.scripts import sample
@@ -104,23 +105,22 @@ def test_an_existing_out_is_refused_before_evaluation(trained, capsys):
     refused(res, "is a file")
     assert "evaluating" not in res.stdout
     refused_in_process(extrapolation.main, [str(run), "--out", str(cfg.parent)], capsys,
-                       "already holds files that are not a report", "nothing was evaluated")
+                       "already holds files that are not a report", "nothing was done")
     assert not (cfg.parent / "report.md").exists()
 
 
 def test_a_report_may_go_beside_the_sweep_record_and_reports_of_its_grid(tmp_path):
     """tune.py's record and the tasks/diagnostics reports may be in a grid's report directory
     before its first report; any other file there is still refused."""
-    from ropelab.eval.lm.report import check_report_dir
     out = tmp_path / "report"
     (out / "diagnostics").mkdir(parents=True)
     (out / "tasks").mkdir()
     (out / "tuning.md").write_text("# Tuning\n")
     (out / "tuning.json").write_text("{\"encodings\": {}}")
-    check_report_dir(out)
+    check_report_dir(out, PERPLEXITY)
     (out / "notes.txt").write_text("mine")
     with pytest.raises(ArgumentError, match="already holds files that are not a report"):
-        check_report_dir(out)
+        check_report_dir(out, PERPLEXITY)
 
 
 @pytest.mark.parametrize("argv, fragment", [

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 
 from ropelab import train
-from helpers.bad_input import cli, limit_memory, overflow_weights, refused, refused_in_process, rewrite_latest_weights
+from helpers.bad_input import (cli, limit_memory, overflow_weights, refused, refused_in_process, rewrite_latest_weights,
+                               snapshot)
 from helpers.runs import write_run_config
 from ropelab.eval.lm import extrapolation
 from ropelab.eval.tasks import exact_match
@@ -73,6 +74,61 @@ def test_a_copy_of_a_run_is_not_a_second_seed(runs, tmp_path, capsys):
                        "are the same training", "give one of them")
     assert not (tmp_path / "r").exists()
     assert extrapolation.main(perplexity(str(copy), "--lengths", "32", out=tmp_path / "r")) == 0  # the advice
+
+
+# --------------------------------------------------------------- a report directory of another kind
+
+# Each report writer: its main, the arguments that score the rope run quickly, and its command.
+WRITERS = {"perplexity": (extrapolation.main, ["--lengths", "32", "--max-tokens", "300"], "ropelab eval"),
+           "task": (exact_match.main, ["--lengths", "256", "--samples", "1", "--depths", "0.5"], "ropelab tasks"),
+           "diagnostics": (diagnose.main, ["--lengths", "32", "--windows", "1"], "ropelab diagnose")}
+
+
+@pytest.fixture(scope="module")
+def reports(runs, tmp_path_factory) -> dict[str, Path]:
+    """A report of each kind of the rope run, each in a directory of its own."""
+    tmp = tmp_path_factory.mktemp("reports")
+    for kind, (main, argv, _) in WRITERS.items():
+        assert main([str(runs["rope"]), *argv, "--out", str(tmp / kind)]) == 0
+    return {kind: tmp / kind for kind in WRITERS}
+
+
+@pytest.mark.parametrize("writer, there", [(w, t) for w in WRITERS for t in WRITERS if w != t])
+def test_a_report_never_replaces_another_kind_of_report(runs, reports, capsys, writer, there):
+    """Each used to exit 0 and write its report.md and results.json over the other's, beside the
+    other's figures."""
+    main, argv, _ = WRITERS[writer]
+    before = snapshot(reports[there])
+    refused_in_process(main, [str(runs["rope"]), *argv, "--out", str(reports[there])], capsys,
+                       f"holds a {there} report, written by `{WRITERS[there][2]}`", "give another directory")
+    assert snapshot(reports[there]) == before
+
+
+def test_a_report_replaces_a_report_of_its_own_kind(runs, reports, tmp_path):
+    for kind, (main, argv, _) in WRITERS.items():
+        mine = shutil.copytree(reports[kind], tmp_path / kind)
+        assert main([str(runs["rope"]), *argv, "--out", str(mine)]) == 0
+
+
+def test_a_grid_report_directory_takes_only_the_perplexity_report(runs, reports, tmp_path):
+    """A grid's report directory holds its task report in tasks/: pointed at the grid's, the task
+    command is refused on the command line too, naming the tool that wrote what is there."""
+    grid_report = shutil.copytree(reports["perplexity"], tmp_path / "report")
+    shutil.copytree(reports["task"], grid_report / "tasks")
+    main, argv, _ = WRITERS["task"]
+    refused(cli("-m", "ropelab.eval.tasks.exact_match", str(runs["rope"]), *argv, "--out", str(grid_report)),
+            "holds a perplexity report, written by `ropelab eval`")
+    refused(cli("-m", "ropelab.eval.lm.extrapolation", str(runs["rope"]), *WRITERS["perplexity"][1],
+                "--out", str(grid_report / "tasks")), "holds a task report, written by `ropelab tasks`")
+    assert main([str(runs["rope"]), *argv, "--out", str(grid_report / "tasks")]) == 0
+
+
+def test_a_run_directory_as_the_report_directory(runs, capsys):
+    for main, argv, _ in WRITERS.values():
+        before = snapshot(runs["alibi"])
+        refused_in_process(main, [str(runs["rope"]), *argv, "--out", str(runs["alibi"])], capsys,
+                           f"--out {runs['alibi']} is a run directory")
+        assert snapshot(runs["alibi"]) == before
 
 
 # --------------------------------------------------------------- flags that contradict the protocol or the run

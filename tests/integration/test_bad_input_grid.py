@@ -13,7 +13,7 @@ import pytest
 from helpers.bad_input import cli, refused, refused_in_process
 from helpers.runs import write_grid, write_run_config
 from ropelab.configs.grid import load_grid
-from ropelab.scripts import ablate
+from ropelab.scripts import ablate, tune
 
 
 @pytest.fixture
@@ -71,3 +71,44 @@ def test_changing_a_value_whose_name_collides_makes_the_grid_plan(base):
     """The advice "change one" for two values that give one run name."""
     runs = load_grid(grid(base, "axes: {data.local.valid: [/a/b/c, /d/c]}\n")).plan()
     assert [run.name for run in runs] == ["valid-a_b_c", "valid-d_c"]
+
+
+# --------------------------------------------------------------- an output path that holds something else
+
+def test_tune_refuses_a_run_directory_as_its_out(base, capsys):
+    """It wrote tuning.md and tuning.json into whatever --out named, a run's directory included."""
+    run = base.parent / "runs" / "tiny"
+    run.mkdir(parents=True)
+    (run / "config.yaml").write_text(base.read_text())
+    path = grid(base, "axes: {train.seed: [0, 1]}\n")
+    refused_in_process(tune.main, [str(path), "--out", str(run)], capsys, f"--out {run} is a run directory",
+                       "`ropelab tune` writes into a directory of its own")
+    assert sorted(p.name for p in run.iterdir()) == ["config.yaml"]
+    (base.parent / "tasks").mkdir()
+    (base.parent / "tasks" / "results.json").write_text('{"runs": [], "results": [], "kmax": []}')
+    refused_in_process(tune.main, [str(path), "--out", str(base.parent / "tasks")], capsys,
+                       "holds a task report, written by `ropelab tasks`", "`ropelab tune` writes beside only a "
+                       "perplexity report")
+
+
+# --------------------------------------------------------------- runs on disk that disagree with the grid
+
+@pytest.mark.parametrize("lowered, key", [
+    (["train.max_steps=4"], "train.max_steps: it trained 8 steps, the row's budget is 4"),
+    (["train.max_steps=null", "train.max_tokens=1024"], "train.max_tokens: it trained 2,048 tokens, the row's "
+                                                          "budget is 1,024"),
+], ids=["steps", "tokens"])
+def test_a_run_trained_past_a_lowered_budget_is_a_conflict(base, capsys, lowered, key):
+    """A grid whose budget was lowered reported its runs trained past it under the new budget,
+    pooled with seeds trained to it, without a word."""
+    path = grid(base, "overrides: [train.max_steps=8, train.eval_interval=8, train.ckpt_interval=8]\n"
+                      "axes: {train.seed: [0]}\n")
+    assert ablate.main([str(path), "--skip-eval", "--no-estimate"]) == 0
+    capsys.readouterr()
+    assert ablate.main([str(path), "--dry-run", "--no-estimate", "--set", *lowered]) == 0
+    out = capsys.readouterr().out
+    assert "seed-0" in out and "conflict" in out and key in out, out
+    assert ablate.main([str(path), "--skip-eval", "--no-estimate", "--set", *lowered]) == 1
+    assert f"failed: seed-0: " in capsys.readouterr().out
+    assert ablate.main([str(path), "--dry-run", "--no-estimate", "--set", "train.max_steps=12"]) == 0  # raised: continued
+    assert "partial  step 8/12" in capsys.readouterr().out

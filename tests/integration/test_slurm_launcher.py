@@ -129,7 +129,7 @@ def test_sbatch_refusal_is_one_line_and_records_nothing(tmp_path, corpus, monkey
     slurm.refuse("sbatch: error: invalid partition specified: nope\n"
                  "sbatch: error: Batch job submission failed: Invalid partition name specified\n")
     grid = slurm_grid(tmp_path, corpus)
-    monkeypatch.setattr(ablate, "git_commit", lambda: "c" * 40)  # a clean tree: no warning beside the error
+    monkeypatch.setattr(runner, "git_commit", lambda: "c" * 40)  # a clean tree: no warning beside the error
     assert ablate.main([str(grid), "--launcher", "slurm", "--slurm", "partition=nope"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and err.startswith("error: sbatch refused the training jobs of 3 runs: invalid "
