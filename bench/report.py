@@ -80,9 +80,11 @@ def print_shape(name: str, shape: dict) -> None:
                 print_profile(section[kind]["profile"], f"where one {label} {kind} training step spends its time")
     per_kind("\ndecoding, greedy, batch 1, prompt 16 (tokens/s; cached vs a full forward per token)",
              shape.get("decode"), kinds, _decode_line)
-    per_kind("\nevaluation (perplexity, non-overlapping windows): tokens/s and peak RSS", shape.get("eval"), kinds,
+    per_kind("\nevaluation (perplexity, non-overlapping windows): tokens/s, FLOP/s as a ratio of the bare "
+             "forward's at that length (× fwd), and peak RSS", shape.get("eval"), kinds,
              lambda e: "  ".join(f"{r['multiplier']:>2}× L={r['length']:<5} {r['tok_s']:7.0f} tok/s "
-                                 f"{r['peak_rss_mb']:6.0f} MB" for r in e["rows"]))
+                                 + (f"{r['flops_ratio']:4.2f}× fwd " if "flops_ratio" in r else "")
+                                 + f"{r['peak_rss_mb']:6.0f} MB" for r in e["rows"]))
     for kind, reason in shape.get("skipped", {}).items():
         print(f"\nskipped {kind}: {reason}")
 

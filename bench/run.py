@@ -24,7 +24,7 @@ import torch
 from ropelab import configs
 from ropelab.bench.report import headline
 from ropelab.bench.trees import THIS, Tree
-from ropelab.bench.worker import PROMPT, bench_config, run_section, variant_name
+from ropelab.bench.worker import PLAN_PREFIX, PROMPT, bench_config, run_section, variant_name
 from ropelab.common.errors import ConfigError, UserError
 from ropelab.common.logs import get_logger
 from ropelab.configs import load_config
@@ -84,6 +84,17 @@ def measure(spec: dict, section: str, row: str, tree: Optional[Tree], in_process
     return json.loads(lines[-1])
 
 
+def plan_presets() -> list[str]:
+    """The presets of configs/pe/ that give a layer plan (``model.layers``): ``--plans``' choices."""
+    import yaml
+    names = []
+    for path in sorted((Path(configs.__file__).parent / "pe").glob("*.yaml")):
+        tree = yaml.safe_load(path.read_text()) or {}
+        if "layers" in (tree.get("model") or {}):
+            names.append(path.stem)
+    return names
+
+
 def plan_variants(args: argparse.Namespace, spec: dict) -> tuple[list[str], dict[str, str]]:
     """The rows to measure, and the pairs the model refuses with its reason (skipped).
 
@@ -91,7 +102,8 @@ def plan_variants(args: argparse.Namespace, spec: dict) -> tuple[list[str], dict
     only this encoding and attention kind make impossible is skipped and reported.
     """
     load_config(spec["config"], args.set)
-    names = [variant_name(a, k) for a in args.attention for k in args.kinds] if args.attention else args.kinds
+    names = [variant_name(a, k) for a in args.attention for k in args.kinds] if args.attention else list(args.kinds)
+    names += [PLAN_PREFIX + plan for plan in getattr(args, "plans", [])]
     variants, skipped = [], {}
     for name in names:
         try:

@@ -57,6 +57,9 @@ LATENCY_WINDOW = 64  # decode steps averaged for the start/end latency
 # A char vocabulary depends on its corpus; the benchmark takes Tiny Shakespeare's 65
 # characters, the vocabulary of nanoGPT's CPU recipe (configs/bench-small.yaml).
 CHAR_VOCAB = 65
+# Windows per forward: eval/lm/perplexity.py's default batch_size (bench/run.py: EVAL_BATCH).
+EVAL_WINDOWS = 8
+MAX_BATCH_TOKENS = 16384  # and its max_batch_tokens
 
 
 # --- measurement helpers ---------------------------------------------------------------
@@ -113,11 +116,23 @@ def variant_name(attention: str, kind: str) -> str:
     return kind if attention == "softmax" else f"{attention}+{kind}"
 
 
+PLAN_PREFIX = "plan:"  # a row ``plan:NAME`` measures the layer plan of configs/pe/NAME.yaml
+
+
+def plan_preset(name: str) -> Path:
+    """configs/pe/NAME.yaml, the preset of a ``plan:NAME`` row."""
+    return Path(importlib.import_module("ropelab.configs").__file__).parent / "pe" / f"{name}.yaml"
+
+
 def bench_config(spec, variant: str, compile_: bool = False):
     """The run config for one row (``variant_name``); vocab from the tokenizer settings (no data
-    needed). Without an attention prefix the config's own ``model.attention`` is kept."""
+    needed). Without an attention prefix the config's own ``model.attention`` is kept. A row
+    ``plan:NAME`` is the config with the preset configs/pe/NAME.yaml merged over it (its layer
+    plan and encoding, as a run given both files would have them)."""
     attention, _, kind = variant.rpartition("+")
-    cfg = load_config(spec.config, spec.set + ([f"model.attention={attention}"] if attention else []))
+    plan = kind[len(PLAN_PREFIX):] if kind.startswith(PLAN_PREFIX) else None
+    paths = [spec.config, plan_preset(plan)] if plan else spec.config
+    cfg = load_config(paths, spec.set + ([f"model.attention={attention}"] if attention else []))
     tok = cfg.data.tokenizer
     if tok.kind == "file":
         raise ConfigError("the benchmark needs a vocabulary size without data: use a bpe, byte or "
@@ -129,7 +144,7 @@ def bench_config(spec, variant: str, compile_: bool = False):
     longest = max(cfg.train.seq_len * max(spec.eval_multipliers), PROMPT + max(spec.decode_lengths))
     # pos.max_len sizes a learned table and is ignored by every other encoding, so it is set
     # whatever the kind: no kind is named here, and this file still runs against older trees.
-    pos = dataclasses.replace(cfg.model.pos, kind=kind, max_len=longest)
+    pos = dataclasses.replace(cfg.model.pos, kind=cfg.model.pos.kind if plan else kind, max_len=longest)
     train = dataclasses.replace(cfg.train, compile=compile_, max_steps=10**6, max_tokens=None,
                                 warmup_steps=10)
     cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, pos=pos), train=train,
@@ -245,6 +260,18 @@ def section_decode(spec, kind: str) -> dict:
 
 
 def section_eval(spec, kind: str) -> dict:
+    """Perplexity throughput at each multiple of L, and its FLOP/s as a ratio of the bare
+    forward's at the same shape.
+
+    ``flops_ratio`` divides the evaluation's matmul FLOP/s (scored tokens × the forward's
+    FLOPs per token at that length, Transformer.flops_per_token) by those of the forward a
+    training step takes (``model(x, targets=y)``, no backward) on random tokens at the same
+    length and windows per forward, over as many tokens. The two are timed in turn, one of
+    each per repeat, and the ratio is the median of the repeats' ratios: drift in the
+    machine's speed falls on both alike, so the figure says what the evaluation's driver
+    (window layout, scoring, sums, the LM head only where a target is scored) costs or
+    saves, independent of how fast the machine is.
+    """
     cfg = bench_config(spec, kind)
     device = setup_runtime(cfg.train).device
     model = eval_model(cfg, device)
@@ -256,12 +283,37 @@ def section_eval(spec, kind: str) -> dict:
         tokens = np.random.default_rng(mult).integers(0, cfg.model.vocab_size, size=n_tokens + 1)
         memory.reset()
         result = {}
-        times = time_calls(lambda: result.update(ppl=perplexity(model, tokens, length)),
-                      spec.eval_repeats, 1, device)
+        evaluate = lambda: result.update(ppl=perplexity(model, tokens, length))  # noqa: E731
+        times = time_calls(evaluate, spec.eval_repeats, 1, device)
+        peak = memory.read()
         scored = result["ppl"].tokens
+        forward, batch, calls = bare_forward(model, cfg, length, scored, device)
+        forward()  # warm-up
+        ratios = []
+        for _ in range(max(spec.eval_repeats, 3)):
+            eval_s, forward_s = time_calls(evaluate, 1, 0, device)[0], time_calls(forward, 1, 0, device)[0]
+            ratios.append(forward_s * scored / (eval_s * batch * length * calls))
+            times.append(eval_s)
         rows.append({"multiplier": mult, "length": length, "tokens": scored,
-                     "tok_s": scored / statistics.median(times), **memory.read()})
+                     "tok_s": scored / statistics.median(times), **peak,
+                     "flops_ratio": statistics.median(ratios), "flops_ratios": ratios,
+                     "eval_flops": model.flops_per_token(length, training=False) * scored / statistics.median(times),
+                     "forward_batch": batch})
     return {"rows": rows}
+
+
+def bare_forward(model: Transformer, cfg, length: int, tokens: int, device: torch.device):
+    """A callable running the training step's forward over about ``tokens`` tokens in batches of
+    the evaluation's windows per forward (section_eval), with the batch size and call count."""
+    batch = max(1, min(EVAL_WINDOWS, MAX_BATCH_TOKENS // length))  # training/validation.py: windows_per_batch
+    calls = max(1, round(tokens / (batch * length)))
+    xy = torch.randint(0, cfg.model.vocab_size, (batch, length + 1), generator=torch.Generator().manual_seed(length))
+    x, y = xy[:, :-1].to(device), xy[:, 1:].to(device)
+
+    def forward() -> None:
+        for _ in range(calls):
+            model(x, targets=y)
+    return forward, batch, calls
 
 
 def run_section(spec, section: str, row: str) -> dict:

@@ -6,7 +6,8 @@ nanoGPT's CPU recipe, d_model 128, 4 layers, 4 heads, 12 × 64 tokens, 65 charac
 or any run config (``--config``), and every positional encoding (``--kinds``) under each attention
 kind asked for (``--attention softmax linear``; rows named ``rope``, ``linear+rope``, …;
 pairs the model refuses, such as linear attention with a score bias, are skipped with the
-reason), measures
+reason), and the layer plans asked for (``--plans gemma3 nope-every-4th``: the preset
+configs/pe/NAME.yaml merged over the shape, rows ``plan:NAME``), measures
 
 - training: steady-state tokens/s of ``training.trainer.Trainer.train_step`` (the training loop's own
   step: sampler, forward, loss, backward, clipping, AdamW) and model FLOPs utilisation,
@@ -17,7 +18,9 @@ reason), measures
 - decoding: greedy generation of 64, 256 and 1024 tokens with and without the KV cache, and
   the per-token latency at the start (tokens 1–64) and end (the last 64) of the longest;
 - evaluation: perplexity throughput (eval/lm/perplexity.py, non-overlapping windows) at 1×, 4×
-  and 16× the training length;
+  and 16× the training length, and its FLOP/s as a ratio of the bare forward's (the forward
+  a training step takes, same length and windows per forward, timed in the same process):
+  a figure that does not depend on the machine's speed (bench/worker.py ``section_eval``);
 - peak resident memory of each measurement (Linux: the high-water mark is reset before each
   one through /proc/self/clear_refs; on CUDA also the allocator's peak).
 
@@ -54,7 +57,7 @@ import sys
 from pathlib import Path
 
 from ropelab.bench.report import print_comparison, print_shape
-from ropelab.bench.run import SECTIONS, SHAPES, machine, run_shapes
+from ropelab.bench.run import SECTIONS, SHAPES, machine, plan_presets, run_shapes
 from ropelab.bench.trees import git_commit_of, tree_at
 from ropelab.common.cli import check_output_file, entry_point, moved
 from ropelab.common.logs import setup_logging
@@ -70,6 +73,9 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="config overrides, e.g. --set model.n_kv_heads=2 train.batch_size=8")
     p.add_argument("--kinds", nargs="+", default=list(POS_KINDS), choices=POS_KINDS, help="encodings to measure")
+    p.add_argument("--plans", nargs="+", default=[], choices=plan_presets(), metavar="PRESET",
+                   help="also measure these layer plans, each a preset of configs/pe/ merged over the "
+                        f"shape (rows plan:PRESET): {', '.join(plan_presets())}")
     p.add_argument("--attention", nargs="+", choices=ATTENTION_KINDS, default=None,
                    help="attention kinds to measure, each with every encoding it can serve "
                         "(default: the config's model.attention)")

@@ -3,6 +3,7 @@
 import json
 import subprocess
 import sys
+from types import SimpleNamespace
 
 import pytest
 
@@ -54,8 +55,34 @@ def test_bench_writes_every_section_for_every_encoding(tmp_path, capsys):
         evals = shape["eval"][kind]["rows"]
         assert [(r["multiplier"], r["length"]) for r in evals] == [(1, 16), (2, 32)]
         assert all(r["tokens"] > 0 and r["tok_s"] > 0 and r["peak_rss_mb"] > 0 for r in evals)
+        # The ratio to the bare forward: one per timed pair, their median, same windows per forward.
+        assert all(r["flops_ratio"] > 0 and len(r["flops_ratios"]) == 3 for r in evals)
+        assert all(r["flops_ratio"] == sorted(r["flops_ratios"])[1] and r["forward_batch"] == 8 for r in evals)
     printed = capsys.readouterr().out
     assert "MFU" in printed and "latency" in printed and "2× L=32" in printed and "torch.profiler" in printed and "where one eager rope" in printed
+    assert "× fwd" in printed
+
+
+def test_a_layer_plan_is_a_row_of_its_own(tmp_path, capsys):
+    """--plans gemma3: the preset merged over the shape, measured as the row plan:gemma3 with its
+    windows and two bases (not the shape's plain RoPE)."""
+    code, out = run_bench(tmp_path, "--set", "model.n_layers=4", "--sections", "train", "eval",
+                          "--kinds", "rope", "--plans", "gemma3")
+    assert code == 0
+    shape = json.loads(out.read_text())["shapes"]["config"]
+    assert shape["kinds"] == ["rope", "plan:gemma3"]
+    assert all("error" not in shape[s][row] for s in ("train", "eval") for row in shape["kinds"])
+    spec = SimpleNamespace(config=str(ROOT / "configs" / "bench.yaml"), set=TINY + ["model.n_layers=4"],
+                           eval_multipliers=[1, 2], decode_lengths=[4, 9])
+    layers = bench_worker.bench_config(spec, "plan:gemma3").model.layer_types()
+    assert [(t.window, t.pos.rope.theta) for t in layers] == [(4, 1e4)] * 3 + [(None, 1e6)]
+    assert "plan:gemma3" in capsys.readouterr().out
+
+
+def test_an_unknown_plan_is_refused(capsys):
+    with pytest.raises(SystemExit) as e:
+        bench.parse_args(["--plans", "gemma9"])
+    assert e.value.code == 2 and "gemma3" in capsys.readouterr().err
 
 
 def test_bench_refuses_a_bad_config_before_measuring(tmp_path, capsys):
