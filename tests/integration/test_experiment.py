@@ -9,7 +9,6 @@ from ropelab.configs import load_config
 from ropelab.configs.experiment import MAY_DIFFER, experiment_differences, experiment_identity, seed_group
 from ropelab.configs.grid import load_grid
 from helpers.runs import write_grid, write_run_config
-from ropelab.scripts import ablate
 
 from ropelab.grid.run_state import status
 

@@ -4,7 +4,6 @@ so a new one in the step would cost every step. Counted on the CPU with the read
 
 from __future__ import annotations
 
-import pytest
 import torch
 
 from helpers.runs import write_run_config
