@@ -53,6 +53,10 @@ PLANS = {
                                           G=LayerType(pos=PosConfig(kind="alibi")))),
     "fox-window": ("fox", _plan("FG", F=LayerType(pos=PosConfig(kind="fox"), window=8),
                                 G=LayerType(pos=PosConfig(kind="fox")))),
+    # DAPE's MLP over logits a temperature has scaled (Llama 4's, floor 4, a strong β so that
+    # the order of the two shows), and without one.
+    "dape-llama4": ("dape", _plan("DG", D=LayerType(pos=PosConfig(kind="dape"), temperature=TemperatureConfig(
+        kind="llama4", floor_scale=4, beta=1.0)), G=LayerType(pos=PosConfig(kind="dape")))),
     "t5-and-rope": ("t5", _plan("TR", T=LayerType(pos=PosConfig(kind="t5")), R=LayerType(pos=PosConfig(kind="rope")))),
 }
 

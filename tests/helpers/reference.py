@@ -128,10 +128,12 @@ def reference_forward(model, idx: torch.Tensor) -> torch.Tensor:
             gate = encoding.gates[layer]
             bias = reference_fox_bias(torch.nn.functional.logsigmoid(h.float() @ gate.weight.T.float()
                                                                      + gate.bias.float()).transpose(1, 2))
-        elif kind == "dape":  # the whole score, A + B + f(A, B), handed over as the "bias" of zero logits
-            a = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
-            bias = reference_dape(encoding.mlps[layer], a, bias) - a
         scale = reference_temperature(spec.temperature.kind, spec.temperature, attn, T, spec.window)
+        if kind == "dape":  # the whole score A + B + f(A, B), handed over as the bias of the (scaled) logits:
+            # A is the logits as the layer's temperature left them, so f sees them scaled
+            a = (q.float() @ k.float().transpose(-2, -1)) / math.sqrt(q.shape[-1])
+            a = a if scale is None else a * scale[..., None]
+            bias = reference_dape(encoding.mlps[layer], a, bias) - a
         y = reference_attention(q, k, v, mask, bias, scale, attn.sinks)
         x = x + attn.wo(y.transpose(1, 2).reshape(B, T, -1))
         x = x + block.mlp(block.mlp_norm(x))
