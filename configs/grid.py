@@ -24,6 +24,8 @@ record without weights (training/run_record.py), e.g. in the repository, so that
 carries over to a fresh clone on another machine (grid/archive.py);
 ``archive_weights: true`` keeps the final weights in each record too, for a grid whose
 runs other grids fine-tune from (``init.run``).
+``exclude`` leaves runs of the product out (patterns on run names or rows), for a variant
+that means something with some values of an axis only.
 
 A grid that contradicts itself is refused when it is planned, naming the contradiction: an
 axis that lists a value twice, an override (``overrides``, a variant, ``--set``) of a key an
@@ -36,6 +38,7 @@ them would train one run twice, or count one run as two seeds in the report.
 from __future__ import annotations
 
 import difflib
+import fnmatch
 import itertools
 import json
 import re
@@ -80,6 +83,10 @@ class Grid:
     # Seeds added to chosen rows only: row (a run's name without its seed part) -> seeds,
     # e.g. {alibi: [3, 4]} where the comparisons of that row need more training runs.
     more_seeds: dict[str, list[int]] = field(default_factory=dict)
+    # Runs of the product the grid leaves out: patterns (fnmatch) on a run's name or its row,
+    # e.g. a layer plan that is a variant of its own crossed with a kind axis only where it means
+    # something (``*-gemma3_kind-[!r]*``). Each pattern must leave out at least one run.
+    exclude: list[str] = field(default_factory=list)
 
     @property
     def runs_dir(self) -> Path:
@@ -108,9 +115,24 @@ class Grid:
             except ConfigError as e:
                 raise ConfigError(f"{self.source}: run {name}: {e}") from None
             runs.append(PlannedRun(name, overrides, cfg))
+        runs = self._excluded(runs)
         runs += self._more_seeds(runs)
         self._check_distinct(runs)
         return runs
+
+    def _excluded(self, runs: list[PlannedRun]) -> list[PlannedRun]:
+        """``runs`` without those ``exclude`` names; a pattern that leaves out nothing is refused."""
+        def hit(pattern: str, run: PlannedRun) -> bool:
+            return fnmatch.fnmatchcase(run.name, pattern) or fnmatch.fnmatchcase(row_of(run.name), pattern)
+        idle = [p for p in self.exclude if not any(hit(p, run) for run in runs)]
+        if idle:
+            raise ConfigError(f"{self.source}: exclude {', '.join(map(repr, idle))} matches no run of the grid "
+                              f"(its rows are {', '.join(dict.fromkeys(row_of(r.name) for r in runs))}); "
+                              "fix the pattern or remove it")
+        kept = [run for run in runs if not any(hit(p, run) for p in self.exclude)]
+        if not kept:
+            raise ConfigError(f"{self.source}: exclude leaves out every run of the grid; narrow its patterns")
+        return kept
 
     def _more_seeds(self, runs: list[PlannedRun]) -> list[PlannedRun]:
         """The runs ``more_seeds`` adds: each a copy of its row's first run with another seed."""
@@ -299,8 +321,16 @@ def load_grid(path: str | Path) -> Grid:
                 variants={k: [str(o) for o in v] for k, v in variants.items()},
                 eval_overrides=[f"eval.{k}={_text(v)}" for k, v in evaluation.items()],
                 report=tree.get("report"), archive=archive, archive_weights=archive_weights, source=path,
-                more_seeds=_more_seeds(tree.get("more_seeds"), path),
+                more_seeds=_more_seeds(tree.get("more_seeds"), path), exclude=_exclude(tree.get("exclude"), path),
                 slurm=slurm_config(tree["slurm"], str(origins.get("slurm", path))) if "slurm" in tree else None)
+
+
+def _exclude(value: Any, path: Path) -> list[str]:
+    if value is None:
+        return []
+    if not isinstance(value, list) or not all(isinstance(v, str) and v for v in value):
+        raise ConfigError(f"{path}: 'exclude' must be a list of run-name patterns, e.g. exclude: ['*-gemma3_kind-alibi*']")
+    return list(value)
 
 
 def _more_seeds(value: Any, path: Path) -> dict[str, list[int]]:

@@ -280,6 +280,21 @@ def test_more_seeds_adds_training_runs_to_chosen_rows_only(tmp_path, corpus):
             load_grid(path).plan()
 
 
+def test_exclude_leaves_runs_of_the_product_out(tmp_path, corpus):
+    """exclude: patterns on run names or rows; more_seeds cannot name a row left out, and a
+    pattern that leaves out nothing (a typo) or everything is refused."""
+    path = tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope", "alibi", "none"], "train.seed": [0, 1]})
+    text = path.read_text()
+    path.write_text(text + "exclude: ['kind-[!r]*_seed-1', kind-none]\n")
+    assert [r.name for r in load_grid(path).plan()] == ["kind-rope_seed-0", "kind-rope_seed-1", "kind-alibi_seed-0"]
+    for bad, message in (("exclude: [kind-nope]", "exclude 'kind-nope' matches no run of the grid"),
+                         ("exclude: ['*']", "leaves out every run"), ("exclude: kind-none", "list of run-name patterns"),
+                         ("exclude: [kind-none]\nmore_seeds: {kind-none: [2]}", "does not have")):
+        path.write_text(text + bad + "\n")
+        with pytest.raises(ConfigError, match=message):
+            load_grid(path).plan()
+
+
 def test_rows_trains_only_the_rows_named_and_reports_every_finished_run(tmp_path, corpus, capsys):
     """--rows: a grid's chosen rows first; the others stay untouched, are listed as left out,
     not failed, and the same command without --rows trains them later."""

@@ -9,10 +9,12 @@ import json
 
 import pytest
 
+from helpers import ROOT
 from helpers.runs import write_run_config
 from ropelab import train
 from ropelab.configs import load_config
 from ropelab.configs.experiment import experiment_differences, seed_group
+from ropelab.configs.grid import load_grid, row_of
 from ropelab.eval.lm import extrapolation
 from ropelab.eval.lm.plots import encoding_color
 from ropelab.model.llama_mapping import HFConversionError, check_exportable
@@ -71,3 +73,23 @@ def test_a_plan_keeps_its_identity_and_refuses_what_it_cannot_serve(plan_runs):
     # A scaling extends the full rotary layers: here none (S is windowed, N has no rotation).
     with pytest.raises(Exception, match="has none"):
         with_scaling(cfg, RopeScalingConfig(type="yarn", factor=4, original_max_len=32))
+
+
+def test_the_retrieval_plans_grid_shares_the_retrieval_grids_runs():
+    """retrieval-layers-cpu.yaml pairs its layer plans with retrieval-cpu.yaml's archived runs:
+    every run the two have in common is the same experiment (so its record is restored, not
+    trained again), and the plans are the only new rows besides FoX."""
+    layers = {r.name: r for r in load_grid(ROOT / "configs/ablations/retrieval-layers-cpu.yaml").plan()}
+    retrieval = {r.name: r for r in load_grid(ROOT / "configs/ablations/retrieval-cpu.yaml").plan()}
+    shared = layers.keys() & retrieval.keys()
+    assert len(shared) == 30  # RoPE, ALiBi and NoPE: 5 seeds of passkey and of multikey
+    for name in shared:
+        assert experiment_differences(layers[name].cfg, retrieval[name].cfg) == [], name
+        assert layers[name].cfg.eval == retrieval[name].cfg.eval, name
+    assert {row_of(n) for n in layers.keys() - shared} == {
+        f"{task}{design}" for task in ("passkey-12k", "multikey")
+        for design in ("_kind-fox", "+nope-last_kind-rope", "+rnope-swa_kind-rope", "+gemma3_kind-rope")}
+    for name, run in layers.items():  # each plan's last layer is its global / NoPE one
+        if "+" in name:
+            last = run.cfg.model.layer_types()[-1]
+            assert last.window is None and run.cfg.model.n_layers == (2 if name.startswith("passkey") else 3)
