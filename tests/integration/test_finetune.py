@@ -103,7 +103,7 @@ def test_the_budget_report(parent, tmp_path):
 
 
 def test_budget_rows_sort_by_step_and_pair_at_equal_steps(monkeypatch):
-    import ropelab.eval.lm.report as report
+    import ropelab.eval.lm.comparisons as comparisons
     from ropelab.eval.reporting.labels import label_order, split_step
 
     labels = ["yarn @ 400", "none @ 50", "none @ 100", "yarn @ 0", "none @ 0", "none @ 400", "yarn @ 50", "rope"]
@@ -111,8 +111,8 @@ def test_budget_rows_sort_by_step_and_pair_at_equal_steps(monkeypatch):
                                                "yarn @ 0", "yarn @ 50", "yarn @ 400"]
     assert split_step("none @ 50 + yarn") == ("none + yarn", 50) and split_step("a @ b") == ("a @ b", None)
     seen = []
-    monkeypatch.setattr(report, "compare", lambda results, corpus, protocol, pairs: seen.extend(pairs))
-    report.section_comparisons({}, "c", "nonoverlap", dict.fromkeys(labels), "none @ 400")
+    monkeypatch.setattr(comparisons, "compare", lambda results, corpus, protocol, pairs: seen.extend(pairs))
+    comparisons.section_comparisons({}, "c", "nonoverlap", dict.fromkeys(labels), "none @ 400")
     assert seen == [("none @ 0", "none @ 400"), ("none @ 50", "none @ 400"), ("none @ 100", "none @ 400"),
                     ("rope", "none @ 400"), ("yarn @ 0", "none @ 0"), ("yarn @ 50", "none @ 50"), ("yarn @ 400", "none @ 400")]
 
@@ -187,7 +187,7 @@ def test_a_fine_tune_beside_its_parent_is_reported_at_each_rows_own_length(paren
     report = (out / "report.md").read_text()
     results = json.loads((out / "results.json").read_text())
     assert "(L)" not in report
-    ppl = table_after(report, "Perplexity, 95% interval across training runs")
+    ppl = table_after(report, "Perplexity, 95% interval across documents")  # one seed a row
     assert ppl[0] == ["row", "seeds", "L", "16", "64"]
     assert {row[0]: row[2] for row in ppl[2:]} == {"child": "64", "child + yarn": "64", "parent": "16",
                                                     "parent + yarn": "16"}
