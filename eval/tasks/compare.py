@@ -49,8 +49,9 @@ comparison where both rows answered every instance wrong (the floor: no seed of 
 correct on any instance) or every instance right (the ceiling) is not a test either: given
 its margins (no success, or no failure, anywhere in the pair) no outcome could differ, its
 smallest attainable p-value is 1, and counting it would only lower every other test's
-threshold (Tarone 1990, Biometrics 46:1198–1202, leaves such tests out of the multiplicity
-count). It prints its difference, +0.00, marked "floor" or "ceiling", and the marks sentence
+threshold (Tarone 1990, "A modified Bonferroni method for discrete data", Biometrics 46:515–522,
+leaves out of the multiplicity count the tests that cannot reach significance; we apply that
+idea, for these cells only, to the Benjamini–Hochberg family). It prints its difference, +0.00, marked "floor" or "ceiling", and the marks sentence
 says how many such cells the table has.
 """
 
