@@ -22,18 +22,28 @@ def per_kind(title: str, section: Optional[dict], kinds: list[str], line: Callab
     print(title)
     for kind in kinds:
         r = section.get(kind, {})
-        print(f"{kind:<{name_width(kinds)}} " + (f"error: {r['error']}" if "error" in r else line(r)))
+        busy = "  (measured while busy)" if r.get("busy") else ""
+        print(f"{kind:<{name_width(kinds)}} " + (f"error: {r['error']}" if "error" in r else line(r)) + busy)
 
 
-def _training(train: dict, comp: dict, kinds: list[str]) -> None:
+def peak_text(peak: Optional[dict]) -> str:
+    """The matmul peak MFU is against, named: its rate, dtype, size and when it was measured."""
+    if not peak:
+        return "MFU against a matmul peak measured beside each row"
+    busy = f", while other work shared the CPUs ({peak['busy']})" if peak.get("busy") else ""
+    return (f"MFU against the matmul peak of {peak['flops'] / 1e9:,.0f} GFLOP/s ({peak['dtype']}, best of 10 at "
+            f"{peak['size']}², measured {peak.get('when', 'at the start of this run')}{busy})")
+
+
+def _training(train: dict, comp: dict, kinds: list[str], peak: Optional[dict] = None) -> None:
     any_ok = next((r for r in [*train.values(), *comp.values()] if "error" not in r), None)
     if any_ok:
         print(f"\ntraining, {any_ok['tokens_per_step']} tokens/step, {any_ok['dtype']}, "
-              f"{any_ok['params'] / 1e6:.2f}M params; MFU against the measured matmul peak"
+              f"{any_ok['params'] / 1e6:.2f}M params; {peak_text(peak)}"
               + ("; the speed-up compares eager and compiled steps taken in turn in one process"
                  if any(c.get("paired") for c in comp.values()) else ""))
     width = name_width(kinds)
-    print(f"{'encoding':<{width}} {'tok/s':>8} {'peak GF/s':>9} {'MFU':>6} {'vs ' + DEFAULT_KIND:>7} {'RSS MB':>7} │ "
+    print(f"{'encoding':<{width}} {'tok/s':>8} {'MFU':>6} {'vs ' + DEFAULT_KIND:>7} {'RSS MB':>7} │ "
           f"{'compiled':>8} {'MFU':>6} {'speed-up':>8} {'RSS MB':>7}")
     base = train.get(DEFAULT_KIND, {}).get("tok_s")
     for kind in kinds:
@@ -46,12 +56,12 @@ def _training(train: dict, comp: dict, kinds: list[str]) -> None:
         if c.get("paired"):  # eager and compiled steps alternating in one process: the fair ratio
             speed = c["paired"]["speedup"]
         c_err = f"  compile error: {c['error']}" if "error" in c else ""
-        peak = r.get("peak", {}).get("flops")
-        print(f"{kind:<{width}} {fmt(r.get('tok_s')):>8} {fmt(peak and peak / 1e9):>9} "
+        busy = "  (measured while busy)" if r.get("busy") or c.get("busy") else ""
+        print(f"{kind:<{width}} {fmt(r.get('tok_s')):>8} "
               f"{fmt(r.get('mfu') and 100 * r['mfu'], '.1f'):>5}% {fmt(rel, '.2f'):>7} "
               f"{fmt(r.get('peak_rss_mb')):>7} │ {fmt(c.get('tok_s')):>8} "
               f"{fmt(c.get('mfu') and 100 * c['mfu'], '.1f'):>5}% {fmt(speed, '.2f'):>7}× "
-              f"{fmt(c.get('peak_rss_mb')):>7}{c_err}")
+              f"{fmt(c.get('peak_rss_mb')):>7}{c_err}{busy}")
 
 
 def print_profile(ops: list[dict], title: str) -> None:
@@ -73,7 +83,7 @@ def print_shape(name: str, shape: dict) -> None:
     print(f"\n=== shape {name}: {shape['config']} {' '.join(shape['overrides'])}")
     train, comp = shape.get("train", {}), shape.get("compile", {})
     if train or comp:
-        _training(train, comp, kinds)
+        _training(train, comp, kinds, shape.get("peak"))
     for kind in kinds:
         for label, section in (("eager", train), ("compiled", comp)):
             if section.get(kind, {}).get("profile"):

@@ -15,6 +15,7 @@ import platform
 import statistics
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 from typing import Optional
@@ -25,13 +26,14 @@ from ropelab import configs
 from ropelab.bench.report import headline
 from ropelab.bench.trees import THIS, Tree
 from ropelab.bench.worker import PLAN_PREFIX, PROMPT, bench_config, run_section, variant_name
+from ropelab.common.devices import machine_busy
 from ropelab.common.errors import ConfigError, UserError
 from ropelab.common.logs import get_logger
 from ropelab.configs import load_config
 from ropelab.eval.reporting.intervals import median_interval
 from ropelab.training.memory import check_fits, check_training, decoding_estimate, forward_estimate
 from ropelab.training.provenance import git_commit
-from ropelab.training.runtime import resolve_device
+from ropelab.training.runtime import GPU_PEAK_SIZES, measure_matmul_peak, resolve_device
 from ropelab.training.validation import windows_per_batch
 
 logger = get_logger(__name__)
@@ -173,21 +175,50 @@ def shapes_of(args: argparse.Namespace) -> dict[str, Path]:
     return {name: Path(configs.__file__).parent / SHAPES[name] for name in args.shapes}
 
 
+def run_peak(spec: dict) -> dict:
+    """The matmul peak every row's MFU is against, measured once at the start of this run (a
+    peak measured beside each row would move with the load at that moment, and the rows'
+    MFU with it), and whether other work shared the CPUs then."""
+    cfg = load_config(spec["config"], spec["set"])
+    device = resolve_device(cfg.train.device)
+    dtype = torch.float32 if device.type == "cpu" else torch.bfloat16
+    # A GPU reaches its matmul limit only on large matrices (training/runtime.py: GPU_PEAK_SIZES).
+    sizes = GPU_PEAK_SIZES if device.type == "cuda" else (512, 1024, 2048)
+    peak = measure_matmul_peak(device, dtype, sizes=sizes, repeats=10)
+    return {**peak, "when": "at the start of this run", "busy": machine_busy(device.type)}
+
+
+def warn_if_busy(busy: str) -> None:
+    if busy:
+        logger.warning(f"warning: other work shares the CPUs ({busy}): every timing runs slow and noisy, and rows "
+                       "measured at different moments are not comparable; compare ratios from one run, on a quiet "
+                       "machine (each row says whether it was measured while busy)")
+
+
 def run_shapes(args: argparse.Namespace, base: Optional[Tree]) -> dict:
     shapes = {}
     for name, config in shapes_of(args).items():
         spec = spec_for(args, config)
         variants, skipped = plan_variants(args, spec)
         check_memory(args, spec, variants)
+        warn_if_busy(machine_busy())
+        if {"train", "compile"} & set(args.sections):
+            spec["peak"] = run_peak(spec)
+            logger.info(f"{name}: matmul peak {spec['peak']['flops'] / 1e9:,.0f} GFLOP/s ({spec['peak']['dtype']}, "
+                        f"best of 10 at {spec['peak']['size']}²), the MFU of every row below is against it")
         shape = {"config": str(config), "overrides": args.set, "kinds": variants, "skipped": skipped,
-                 "learned_table": "sized to the longest sequence measured"}
+                 "learned_table": "sized to the longest sequence measured", "peak": spec.get("peak")}
+        todo, done = len(args.sections) * len(variants), 0
         for section in args.sections:
             shape[section] = {}
             for row in variants:
-                logger.info(f"{name:<6} {section:<8} {row} …")
+                busy, started = machine_busy(), time.perf_counter()
+                logger.info(f"{name:<6} {section:<8} {row} ({done + 1} of {todo}) …" + (f" [busy: {busy}]" if busy else ""))
                 if base is None:
-                    shape[section][row] = measure(spec, section, row, None, args.in_process)
+                    shape[section][row] = {**measure(spec, section, row, None, args.in_process), "busy": busy}
                 else:
-                    shape[section][row] = compare(spec, section, row, base, args.rounds)
+                    shape[section][row] = {**compare(spec, section, row, base, args.rounds), "busy": busy}
+                done += 1
+                logger.info(f"{name:<6} {section:<8} {row} done in {time.perf_counter() - started:.0f} s")
         shapes[name] = shape
     return shapes

@@ -176,10 +176,14 @@ def eval_model(cfg, device: torch.device) -> Transformer:
 def section_train(spec, kind: str, compile_: bool) -> dict:
     cfg = bench_config(spec, kind, compile_)
     rt = setup_runtime(cfg.train)
-    # training/runtime.py's GPU_PEAK_SIZES, restated: with --compare this file runs against
-    # older trees, which lack it. A GPU reaches its limit only on large matmuls.
-    sizes = (2048, 4096, 8192) if rt.device.type == "cuda" else (512, 1024, 2048)
-    peak = measure_matmul_peak(rt.device, rt.dtype, sizes=sizes, repeats=10)
+    # The run's peak, measured once at its start (bench/run.py: run_peak), so every row's MFU is
+    # against the same number; measured here only when the worker runs on its own.
+    peak = getattr(spec, "peak", None)
+    if not peak:
+        # training/runtime.py's GPU_PEAK_SIZES, restated: with --compare this file runs against
+        # older trees, which lack it. A GPU reaches its limit only on large matmuls.
+        sizes = (2048, 4096, 8192) if rt.device.type == "cuda" else (512, 1024, 2048)
+        peak = measure_matmul_peak(rt.device, rt.dtype, sizes=sizes, repeats=10)
     data = step_data(cfg)
     trainer = Trainer(cfg, rt, data=data)
     memory = PeakMemory(rt.device)

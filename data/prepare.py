@@ -149,9 +149,7 @@ def prepare_data(cfg: DataConfig, progress: bool = True,
         if split not in corpus.splits:
             raise DataError(f"{corpus.describe()} has no {split!r} split (it has {', '.join(corpus.splits)})")
     key = data_key(cfg, corpus, wanted)
-    root = cache_root(cfg)
-    tok = cfg.tokenizer
-    final = root / f"{cfg.source}-{tok.kind}{tok.vocab_size if tok.kind == 'bpe' else ''}-{key[:16]}"
+    root, final = cache_root(cfg), _prepared_dir(cfg, key)
     ready = _load_if_intact(final, say=True)
     if ready is not None:
         return ready
@@ -173,6 +171,18 @@ def prepare_data(cfg: DataConfig, progress: bool = True,
                 raise
             raise storage_error(e, f"write the prepared data {final}", root) from None
     return PreparedData.load(final)
+
+
+def _prepared_dir(cfg: DataConfig, key: str) -> Path:
+    """Where the corpus ``cfg`` describes is (or will be) prepared: named by its content ``key``."""
+    tok = cfg.tokenizer
+    return cache_root(cfg) / f"{cfg.source}-{tok.kind}{tok.vocab_size if tok.kind == 'bpe' else ''}-{key[:16]}"
+
+
+def cached_data(cfg: DataConfig) -> Optional[PreparedData]:
+    """The corpus ``cfg`` describes as already prepared (every split), or None where it is not:
+    nothing is read from the network, tokenized or written (a grid's ``--dry-run``)."""
+    return _load_if_intact(_prepared_dir(cfg, data_key(cfg, open_corpus(cfg))))
 
 
 def _load_if_intact(directory: Path, say: bool = False) -> Optional[PreparedData]:

@@ -33,7 +33,9 @@ once each time). It is a plan; the grid's summary prints it beside what each run
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+import math
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Optional
 
@@ -42,12 +44,16 @@ import torch
 from ropelab.common.atomic import write_text_atomic
 from ropelab.common.errors import UserError
 from ropelab.common.logs import get_logger
-from ropelab.configs.grid import Grid, PlannedRun, row_of
+from ropelab.configs.grid import Grid, PlannedRun, fold_seeds, row_of
 from ropelab.configs.schema import EvalConfig, RunConfig
 from ropelab.data.tasks import TASKS
 from ropelab.eval.tasks.exact_match import planned_parent, resolved_tasks, wants_tasks
 from ropelab.model.encodings import accepts_rope_scaling
-from ropelab.training.data import prepare
+from ropelab.data.prepare import cached_data
+from ropelab.data.sources import open_corpus, resolve_files
+from ropelab.data.tokenizers import train_tokenizer
+from ropelab.model.transformer import Transformer
+from ropelab.training.data import TextData, prepare
 from ropelab.model.encodings import served_length
 from ropelab.grid.archive import record_of
 from ropelab.grid.deadline import steps_past
@@ -140,19 +146,88 @@ def eval_seconds(cfg: RunConfig, times: ShapeTimes, split_tokens: int) -> float:
     return total * len(ev.steps or [None])  # every checkpoint scored
 
 
-def _shape_times(name: str, cfg: RunConfig, rt, sharing: int, threads: Optional[int]) -> ShapeTimes:
-    """The timings of the run's shape: cached, else measured now (a few steps eager and, where
-    the run may compile, compiled; its evaluation; ``sharing`` jobs at once)."""
+DRY_RUN_TIMING_S = 30.0  # a dry run times shapes for about this long; the rest are scaled by FLOPs
+DRY_RUN_BATCH_TOKENS = 4096  # a dry run's timed forwards: a quarter of evaluation's batch
+
+
+@dataclass
+class Probing:
+    """How much a run's shape is timed. A grid about to train (``budget_s`` None) times every
+    shape fully: a few eager steps, compiled ones where the run may compile, the forward at its
+    evaluation lengths, and ``sharing`` jobs at once. A dry run answers within about a minute:
+    it times only eager steps and forwards, while ``budget_s`` lasts, and scales every later
+    shape from the nearest timed one by its FLOPs per token; what it did not time, its notes say."""
+
+    budget_s: Optional[float] = None
+    spent: float = 0.0
+    timed: list = field(default_factory=list)  # [(cfg, ShapeTimes)] measured or read from the cache
+
+    @property
+    def dry(self) -> bool:
+        return self.budget_s is not None
+
+
+def _shape_times(name: str, cfg: RunConfig, rt, sharing: int, threads: Optional[int],
+                 probing: Probing) -> tuple[ShapeTimes, str]:
+    """The timings of the run's shape (cached, else measured now, or in a dry run past its
+    budget scaled from a timed shape), and what the estimate's note says of them."""
     times = load(shape_key(cfg, rt))
-    if times.eager_step_s is None or (cfg.train.compile is not False and times.compiled_step_s is None):
-        logger.info(f"  timing the shape of {name} (a few steps{', compiled too' if cfg.train.compile else ''})")
-        times = measure_training(cfg, rt, compiled=cfg.train.compile is not False)
-    if not times.eval_tok_s:
-        times = measure_evaluation(cfg, rt, _eval_lengths(cfg))
-    if sharing > 1 and str(sharing) not in times.shared_step_s:
-        logger.info(f"  timing the shape of {name} as {sharing} jobs at once")
-        times = measure_shared(cfg, rt, sharing, threads)
-    return times
+    wants_compile = cfg.train.compile is not False
+    note = ""
+    if not probing.dry:
+        if times.eager_step_s is None or (wants_compile and times.compiled_step_s is None):
+            logger.info(f"  timing the shape of {name} (a few steps{', compiled too' if cfg.train.compile else ''})")
+            times = measure_training(cfg, rt, compiled=wants_compile)
+        if not times.eval_tok_s:
+            times = measure_evaluation(cfg, rt, _eval_lengths(cfg))
+        if sharing > 1 and str(sharing) not in times.shared_step_s:
+            logger.info(f"  timing the shape of {name} as {sharing} jobs at once")
+            times = measure_shared(cfg, rt, sharing, threads)
+        probing.timed.append((cfg, times))
+        return times, note
+    if times.eager_step_s is None or not times.eval_tok_s:
+        if probing.timed and probing.spent >= probing.budget_s:
+            return _scaled(cfg, probing.timed), "not timed (the dry run's timing budget was spent): scaled by FLOPs"
+        started = time.perf_counter()
+        logger.info(f"  timing the shape of {name} (a few eager steps and forwards)")
+        if times.eager_step_s is None:
+            times = measure_training(cfg, rt, compiled=False)
+        if not times.eval_tok_s:  # at L and the longest length only, a small batch: rate_at interpolates
+            lengths = _eval_lengths(cfg)
+            times = measure_evaluation(cfg, rt, sorted({cfg.train.seq_len, lengths[-1]}), DRY_RUN_BATCH_TOKENS)
+        probing.spent += time.perf_counter() - started
+    probing.timed.append((cfg, times))
+    if wants_compile and times.compiled_step_s is None:
+        note = "compile not timed in a dry run: counted eager"
+    return times, note
+
+
+_MODELS: dict[str, Transformer] = {}  # model config -> a model to count its FLOPs (built once)
+
+
+def _flops(cfg: RunConfig, seq_len: int, training: bool) -> float:
+    key = repr(cfg.model)
+    if key not in _MODELS:
+        _MODELS[key] = Transformer(cfg.model)
+    return _MODELS[key].flops_per_token(seq_len, training=training)
+
+
+def _scaled(cfg: RunConfig, timed: list) -> ShapeTimes:
+    """Timings of ``cfg``'s shape from the timed shape nearest it in FLOPs per token (one of the
+    same length and batch where there is one): each rate scaled by the two shapes' FLOPs."""
+    own = _flops(cfg, cfg.train.seq_len, True)
+    same = [(c, t) for c, t in timed if (c.train.seq_len, c.train.batch_size) == (cfg.train.seq_len,
+                                                                                 cfg.train.batch_size)]
+    ref_cfg, ref = min(same or timed, key=lambda ct: abs(math.log(_flops(ct[0], cfg.train.seq_len, True) / own)))
+    step_tokens = cfg.train.tokens_per_step() / ref_cfg.train.tokens_per_step()
+    scaled = ShapeTimes(ref.key)  # never saved: the cache holds measured shapes only
+    factor = step_tokens * own / _flops(ref_cfg, ref_cfg.train.seq_len, True)
+    scaled.eager_step_s = ref.eager_step_s * factor
+    scaled.eval_tok_s = {n: rate * _flops(ref_cfg, int(n), False) / _flops(cfg, int(n), False)
+                         for n, rate in ref.eval_tok_s.items()}
+    scaled.shared_step_s = {jobs: step * factor for jobs, step in ref.shared_step_s.items()}
+    scaled.busy = ref.busy
+    return scaled
 
 
 def _expected(cfg: RunConfig, times: ShapeTimes, done: int, seen: list[int],
@@ -169,67 +244,141 @@ def _expected(cfg: RunConfig, times: ShapeTimes, done: int, seen: list[int],
                       + (f" that went past its step {done:,}" if done else ""))
 
 
-def _prepared(run: PlannedRun, rt, prepared: dict) -> tuple[int, int] | UserError:
-    """The run's data prepared once per data config (cached for training too): its vocabulary
-    and evaluation split's token count, or the error the run itself will fail with."""
-    key = json.dumps(run.cfg.data.__dict__, default=str, sort_keys=True)
-    if key not in prepared:
+@dataclass
+class DataSize:
+    """What an estimate needs of a run's data: its vocabulary and the evaluation split's tokens
+    (where not known, eval.max_tokens: what each length scores); ``note``: how
+    they were found where the data is not prepared here (a dry run), said once per corpus."""
+
+    vocab: int
+    split_tokens: int
+    note: str = ""
+
+
+BYTES_PER_TOKEN = 4  # a dry run's guess of a BPE split's tokens from its size (English text)
+
+
+def _data_size(run: PlannedRun, rt, dry_run: bool, twin: Optional[Path] = None) -> DataSize | UserError:
+    """The run's data size: from the prepared data (prepared now, cached for training too), or,
+    in a dry run where it is not prepared yet, from its config without downloading or tokenizing
+    anything (a BPE vocabulary is data.tokenizer.vocab_size; the split's tokens are guessed from
+    its bytes), the note saying so."""
+    cfg = run.cfg
+    try:
+        if dry_run and cfg.data.source != "synthetic":
+            cached = cached_data(cfg.data)
+            if cached is not None:
+                data = TextData.of(cached)
+                return DataSize(data.tokenizer.vocab_size, len(data.valid))
+            if cfg.data.tokenizer.kind in ("bpe", "file", "byte"):
+                return _unprepared(run, twin)
         logger.info(f"  preparing the data of {run.name} for the estimate (cached for training)")
-        try:
-            data = prepare(run.cfg, rt)
-            prepared[key] = (data.tokenizer.vocab_size, len(getattr(data, "valid", ())))
-        except UserError as e:  # the run itself will fail with this message; the others go on
-            prepared[key] = e
-    return prepared[key]
+        data = prepare(cfg, rt)
+        return DataSize(data.tokenizer.vocab_size, len(getattr(data, "valid", ())))
+    except UserError as e:  # the runs themselves will fail with this message; the others go on
+        return e
+
+
+def _unprepared(run: PlannedRun, twin: Optional[Path]) -> DataSize:
+    """A dry run's data size where the data is not prepared (see ``_data_size``)."""
+    cfg = run.cfg
+    tok = cfg.data.tokenizer
+    vocab = tok.vocab_size if tok.kind == "bpe" else train_tokenizer(tok, []).vocab_size
+    split_tokens, counted = None, f"evaluation counted at eval.max_tokens ({cfg.eval.max_tokens:,}) per length"
+    if cfg.data.source == "local" and cfg.data.local.valid:
+        size = sum(f.stat().st_size for f in resolve_files(cfg.data.local.valid, "data.local.valid"))
+        per = 1 if tok.kind == "byte" else BYTES_PER_TOKEN
+        split_tokens, counted = size // per, f"its validation split ≈ {size // per:,} tokens ({per} bytes a token)"
+    if cfg.eval.max_tokens is None and split_tokens is None:
+        counted = "evaluation not counted (no eval.max_tokens, and the split's size is not known)"
+    hub = cfg.data.source == "hub"
+    note = (f"{open_corpus(cfg.data).describe()} is not prepared here, and a dry run is not "
+            f"{'downloading or ' if hub else ''}tokenizing it: vocabulary {vocab:,} from the config, {counted}"
+            + (f". Offline, {twin} reads the same corpus from local files (docs/data.md)" if hub and twin else ""))
+    return DataSize(vocab, split_tokens if split_tokens is not None else cfg.eval.max_tokens or 0, note)
 
 
 def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], jobs: int = 1,
-                  ended: Optional[dict[str, list[int]]] = None) -> dict[str, Estimate]:
+                  ended: Optional[dict[str, list[int]]] = None, dry_run: bool = False) -> dict[str, Estimate]:
     """Each pending run's estimate (runs already finished and evaluated cost nothing more),
     as one of ``jobs`` CPU jobs at once, each with ``threads`` threads. A run that stops at
     competence, in a row some of whose runs have ended (``ended``, from ``rows_ended``), is also
     expected to train as many steps as they did on average; a resumed one, as many more as those
-    that went past its step did (none such: no expectation)."""
+    that went past its step did (none such: no expectation). ``dry_run``: answer within about a
+    minute (``Probing``; data not prepared is sized from its config, ``_data_size``); every
+    data note and every reason a run could not be estimated is logged once."""
     if threads:
         torch.set_num_threads(threads)
-    prepared: dict[str, tuple[int, int] | UserError] = {}  # data config -> (vocabulary, evaluation split tokens)
-    out, busy = {}, set()
+    sizes: dict[str, DataSize | UserError] = {}  # data config -> its size, or the error its runs will fail with
+    runtimes: dict[tuple, object] = {}  # (device, dtype) -> Runtime: one matmul peak, not one per run
+    probing = Probing(DRY_RUN_TIMING_S if dry_run else None)
+    out, said, refused = {}, set(), {}
+
+    def say_once(text: str) -> None:
+        if text not in said:
+            said.add(text)
+            logger.info(f"  {text}")
+
     for run in runs:
-        rt = setup_runtime(run.cfg.train)
-        data = _prepared(run, rt, prepared)
-        if isinstance(data, UserError):
-            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {data}"[:200], failed=True)
-            continue
-        vocab, split_tokens = data
-        cfg = run.cfg.with_vocab_size(vocab)
         try:
+            rt = runtimes.get((run.cfg.train.device, run.cfg.train.dtype)) or setup_runtime(run.cfg.train)
+            runtimes[(run.cfg.train.device, run.cfg.train.dtype)] = rt
+            key = json.dumps(run.cfg.data.__dict__, default=str, sort_keys=True)
+            if key not in sizes:
+                sizes[key] = _data_size(run, rt, dry_run, twin_of(grid))
+            size = sizes[key]
+            if isinstance(size, UserError):
+                raise size
+            cfg = run.cfg.with_vocab_size(size.vocab)
             _check_memory(cfg, rt)
-        except MemoryLimitError as e:  # the run itself is refused with this message; the others go on
-            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {e}"[:200], failed=True)
+        except (UserError, MemoryLimitError) as e:  # the run itself will fail with this message; the others go on
+            refused.setdefault(str(e), []).append(run.name)
+            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {e}", failed=True)
             continue
-        sharing = jobs if rt.device.type == "cpu" else 1  # jobs on other devices do not share one
-        times = _shape_times(run.name, cfg, rt, sharing, threads)
-        slowdown = shared_slowdown(times, sharing)
-        done = _progress(run)
-        train_s, note = train_seconds(cfg, times, cfg.train.total_steps() - done)
-        seen = (ended or {}).get(row_of(run.name), []) if cfg.train.stop_at_accuracy is not None else []
-        expected, said = _expected(cfg, times, done, seen, slowdown)
-        note += said
-        if sharing > 1:
-            note += (f"; ×{slowdown:.1f} with {sharing} jobs at once" if str(sharing) in times.shared_step_s
-                     else f"; not timed as {sharing} jobs at once (that probe failed): may run long")
-        if times.busy:
-            note += "; timed while busy"
-            if times.key not in busy:
-                busy.add(times.key)
-                logger.info(f"  the shape of {run.name} was timed while other work shared the CPUs ({times.busy}): "
-                            f"its estimates may run long; it is timed again where this runs on a quiet machine (or "
-                            f"delete {cache_dir() / (times.key + '.json')})")
-        competence = cfg.train.stop_at_accuracy is not None
-        out[run.name] = Estimate(train_s * slowdown, eval_seconds(cfg, times, split_tokens) * slowdown, note, expected,
-                                 competence_row=row_of(run.name) if competence else None, done=done,
-                                 steps=cfg.train.total_steps() - done)
+        if size.note:
+            say_once(size.note)
+        out[run.name] = _estimate(run, cfg, rt, size, threads, jobs, ended, probing, say_once)
+    for reason, names in refused.items():
+        logger.info(f"  no estimate for {len(names)} run{'s' if len(names) > 1 else ''} "
+                    f"({', '.join(fold_seeds(names))}): {reason}")
     return out
+
+
+def _estimate(run: PlannedRun, cfg: RunConfig, rt, size: DataSize, threads: Optional[int], jobs: int,
+              ended: Optional[dict[str, list[int]]], probing: Probing, say_once) -> Estimate:
+    """One run's estimate from its shape's timings (``estimate_grid`` says the rest)."""
+    sharing = jobs if rt.device.type == "cpu" else 1  # jobs on other devices do not share one
+    times, timing_note = _shape_times(run.name, cfg, rt, sharing, threads, probing)
+    slowdown = shared_slowdown(times, sharing)
+    done = _progress(run)
+    train_s, note = train_seconds(cfg, times, cfg.train.total_steps() - done)
+    if timing_note:
+        note += f"; {timing_note}"
+    seen = (ended or {}).get(row_of(run.name), []) if cfg.train.stop_at_accuracy is not None else []
+    expected, said = _expected(cfg, times, done, seen, slowdown)
+    note += said
+    if sharing > 1:
+        note += (f"; ×{slowdown:.1f} with {sharing} jobs at once" if str(sharing) in times.shared_step_s else
+                 f"; not timed as {sharing} jobs at once ({'a dry run does not' if probing.dry else 'that probe failed'})"
+                 ": may run long")
+    if times.busy:
+        note += "; timed while busy"
+        say_once(f"shapes were timed while other work shared the CPUs ({times.busy}): their estimates may run long; "
+                 f"they are timed again where this runs on a quiet machine (or delete their records in {cache_dir()})")
+    competence = cfg.train.stop_at_accuracy is not None
+    return Estimate(train_s * slowdown, eval_seconds(cfg, times, size.split_tokens) * slowdown, note, expected,
+                    competence_row=row_of(run.name) if competence else None, done=done,
+                    steps=cfg.train.total_steps() - done)
+
+
+def twin_of(grid: Grid) -> Optional[Path]:
+    """The grid's ``-local`` twin beside it (the same study reading its corpus from local files),
+    where the grid reads the Hub and such a file exists."""
+    source = Path(grid.source) if grid.source else None
+    if source is None or source.stem.endswith("-local"):
+        return None
+    twin = source.with_name(f"{source.stem}-local{source.suffix}")
+    return twin if twin.is_file() else None
 
 
 def _check_memory(cfg: RunConfig, rt) -> None:
@@ -289,15 +438,30 @@ def _progress(run: PlannedRun) -> int:
 
 
 def print_estimates(estimates: dict[str, Estimate], jobs: int) -> None:
+    """The estimate table: a line per run that could be estimated, the notes every one of them
+    shares said once above it, then the totals, and the runs that could not be estimated."""
+    made = {name: e for name, e in estimates.items() if not e.failed}
+    failed = [name for name, e in estimates.items() if e.failed]
+    if not made:
+        print(f"\nno estimate: none of the {len(estimates)} runs could be estimated (the reasons are above)")
+        return
+    parts = {name: e.note.split("; ") for name, e in made.items()}
+    shared = [p for p in next(iter(parts.values())) if all(p in q for q in parts.values())]
+    if shared and len(made) > 1:
+        print(f"\nevery run below: {'; '.join(shared)}")
     print(f"\n{'estimated on this machine':<40} {'train (min)':>11} {'eval (min)':>10}")
-    for name, e in estimates.items():
-        print(f"{name:<40} {e.train_s / 60:11.1f} {e.eval_s / 60:10.1f}   {e.note}")
-    train, evaluation = (sum(getattr(e, k) for e in estimates.values()) / 3600 for k in ("train_s", "eval_s"))
-    print(f"{'grid total (hours)':<40} {train:11.2f} {evaluation:10.2f}   about {(train + evaluation) / jobs:.2f} h "
+    for name, e in made.items():
+        own = "; ".join(p for p in parts[name] if p not in shared or len(made) == 1)
+        print(f"{name:<40} {e.train_s / 60:11.1f} {e.eval_s / 60:10.1f}   {own}")
+    train, evaluation = (sum(getattr(e, k) for e in made.values()) / 3600 for k in ("train_s", "eval_s"))
+    total = "grid total (hours)" if not failed else f"total of the {len(made)} estimated (hours)"
+    print(f"{total:<40} {train:11.2f} {evaluation:10.2f}   about {(train + evaluation) / jobs:.2f} h "
           f"of wall time with {jobs} job{'s' if jobs > 1 else ''} at once")
-    informed = [e for e in estimates.values() if e.expected_train_s is not None]
+    if failed:
+        print(f"not estimated ({len(failed)}, reasons above): {', '.join(fold_seeds(failed))}")
+    informed = [e for e in made.values() if e.expected_train_s is not None]
     if informed:
-        expected = sum(e.train_s if e.expected_train_s is None else e.expected_train_s for e in estimates.values())
+        expected = sum(e.train_s if e.expected_train_s is None else e.expected_train_s for e in made.values())
         print(f"{'expected where rows have ended runs':<40} {expected / 3600:11.2f} {evaluation:10.2f}   about "
               f"{(expected / 3600 + evaluation) / jobs:.2f} h of wall time, if the {len(informed)} "
               f"run{'s' if len(informed) > 1 else ''} in such rows stop at their row's mean step (the "

@@ -195,7 +195,7 @@ def planned_estimates(grid: Grid, runs: list[PlannedRun], pending: list[PlannedR
     slots = slots_for(args)
     ended = rows_ended(grid, runs)
     estimates = estimate_grid(grid, pending, slots[0].threads, ended=ended,
-                              jobs=sum(1 for slot in slots if slot.device in (None, "cpu")))
+                              jobs=sum(1 for slot in slots if slot.device in (None, "cpu")), dry_run=args.dry_run)
     print_estimates(estimates, len(slots))
     if not args.dry_run:
         save_estimates(grid, estimates)
@@ -279,7 +279,7 @@ def run_grid(args: argparse.Namespace) -> int:
     if args.dry_run:
         example = (pending or [run for run in runs if run.name in chosen] or runs)[0]  # one --rows picked
         logger.info("train one by hand with: " + shlex.join(["python", "train.py", base, *example.overrides]))
-        return 0
+        return 1 if estimates and all(e.failed for e in estimates.values()) else 0  # nothing could be estimated
     deadline = None
     if args.until is not None and not args.report:
         deadline = Deadline(args.until, needs_from(estimates, saved_estimates(grid)), plans_from(estimates), ended)

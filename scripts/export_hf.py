@@ -1,6 +1,6 @@
 """Export a RoPE run to Hugging Face transformers, or import a transformers Llama as a run.
 
-    ropelab export RUN_DIR OUT_DIR [--which best] [--scaling yarn --factor 4] [--check]
+    ropelab export RUN_DIR OUT_DIR [--which best] [--scaling yarn --factor 4] [--check [--tolerance 1e-4]]
     ropelab export --import HF_DIR RUN_DIR
 
 The export loads with ``transformers.AutoModelForCausalLM.from_pretrained(OUT_DIR)`` as a
@@ -19,13 +19,19 @@ import torch
 
 from ropelab.model.config import SCALING_TYPES, RopeScalingConfig
 from ropelab.common.errors import ArgumentError
-from ropelab.common.cli import check_output_dir, entry_point, positive_int, scale_factor, usage_when_empty, moved
+from ropelab.common.cli import (check_output_dir, entry_point, moved, positive_float, positive_int, scale_factor,
+                                usage_when_empty)
 from ropelab.common.logs import get_logger
 from ropelab.training.hf_directory import EXPORT_FILES, check_parity, check_parity_memory, export_run, import_hf
 from ropelab.training.run_dir import RunDir
 from ropelab.training.saved_run import read_run_config
 
 logger = get_logger(__name__)
+
+# Both sides compute in float32 on the CPU: the project's parity tests hold the logits of a
+# transformers Llama within 1e-4 of ours (tests/unit/test_hf.py), and an export of the
+# WikiText-2 RoPE run differs by ~7e-6; a wrong weight or rotary table differs by far more.
+CHECK_TOLERANCE = 1e-4
 
 
 def parse_args(argv=None) -> argparse.Namespace:
@@ -42,7 +48,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--original-max-len", type=positive_int, default=None,
                    help="training length the scaling extends (default: the run's train.seq_len)")
     p.add_argument("--check", action="store_true",
-                   help="load the export in transformers and report the max |logit difference| (needs .[hf])")
+                   help="load the export in transformers and compare logits: the max |difference|, then pass "
+                        "or fail against --tolerance (exit 1 on fail; needs .[hf])")
+    p.add_argument("--tolerance", type=positive_float, default=CHECK_TOLERANCE,
+                   help="the largest |logit difference| --check passes (float32 on both sides)")
     p.add_argument("--check-length", type=positive_int, default=None,
                    help="tokens for --check (default: 2 x train length)")
     usage_when_empty(p, argv)
@@ -80,7 +89,10 @@ def main(argv=None) -> int:
     logger.info(f"wrote {args.dest}" + ("" if args.do_import else f": {', '.join(EXPORT_FILES)}"))
     if args.check and not args.do_import:
         diff, length = check_parity(args.source, args.dest, args.which, scaling, args.check_length)
-        print(f"check: max |logit difference| vs transformers over {length} random tokens: {diff:.3g}")
+        verdict = "pass" if diff <= args.tolerance else "FAIL"
+        print(f"check: max |logit difference| vs transformers over {length} random tokens: {diff:.3g}; "
+              f"{verdict} (tolerance {args.tolerance:g})")
+        return 0 if diff <= args.tolerance else 1
     return 0
 
 

@@ -10,10 +10,8 @@ gradient scaler).
 from __future__ import annotations
 
 import contextlib
-import json
 import math
 import os
-import platform
 import statistics
 import time
 from dataclasses import dataclass
@@ -23,8 +21,7 @@ from typing import Callable, Optional
 import torch
 import torch.distributed as dist
 
-from ropelab.common.atomic import write_text_atomic
-from ropelab.common.devices import check_device_name
+from ropelab.common.devices import check_device_name, machine_busy
 from ropelab.common.errors import ConfigError
 
 # Dense bf16 peak FLOP/s of common accelerators, for MFU (vendor datasheets).
@@ -190,52 +187,6 @@ def cache_dir() -> Path:
     return Path(os.environ.get("ROPELAB_PROBE_CACHE") or Path.home() / ".cache" / "ropelab" / "probes")
 
 
-def peak_record_path() -> Path:
-    return cache_dir() / "matmul-peaks.json"
-
-
-def _processor(device: torch.device) -> str:
-    """What the peak belongs to: the GPU's name, or the CPU's model (a home directory shared by
-    a cluster's machines keeps one rate per model)."""
-    if device.type == "cuda":
-        return torch.cuda.get_device_name(device)
-    try:
-        with open("/proc/cpuinfo", encoding="utf-8") as f:
-            names = [line.split(":", 1)[1].strip() for line in f if line.startswith("model name")]
-        if names:
-            return names[0]
-    except OSError:
-        pass
-    return platform.processor() or platform.machine() or "cpu"
-
-
-def remembered_peak(device: torch.device, dtype: torch.dtype, sizes: tuple[int, ...]) -> tuple[float, bool]:
-    """(the matmul peak for MFU, whether an earlier measurement set it): the rate measured now,
-    never below the best this processor, dtype, thread count and torch have shown before.
-    The fastest of a few repeats is not enough on a CPU that other work keeps busy the whole
-    time (a grid's other run, a test suite): every repeat is slow, the peak comes out halved
-    and MFU above 100%. The record is a convenience: one that cannot be read or written is
-    measured again."""
-    measured = float(measure_matmul_peak(device, dtype, sizes)["flops"])
-    key = f"{device.type} | {_processor(device)} | {str(dtype).replace('torch.', '')} | " \
-          f"{torch.get_num_threads()} threads | torch {torch.__version__}"
-    path = peak_record_path()
-    try:
-        seen = json.loads(path.read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        seen = {}
-    seen = seen if isinstance(seen, dict) else {}
-    earlier = seen.get(key)
-    earlier = float(earlier) if isinstance(earlier, (int, float)) and math.isfinite(earlier) and earlier > 0 else 0.0
-    if measured > earlier:
-        try:
-            path.parent.mkdir(parents=True, exist_ok=True)
-            write_text_atomic(path, json.dumps({**seen, key: measured}, indent=1))
-        except OSError:
-            pass
-    return max(measured, earlier), earlier > measured
-
-
 def peak_flops_from_env(text: str) -> float:
     """ROPELAB_PEAK_FLOPS: a device's peak FLOP/s for MFU, a positive finite number (e.g. 989e12)."""
     try:
@@ -259,10 +210,12 @@ def _peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[Optional[floa
             return known, f"datasheet ({name})"
     if device.type == "cpu" and dtype != torch.float32:
         return None, f"not measured ({dtype} matmuls on a CPU are too slow to time at startup)"
-    if device.type in ("cpu", "cuda"):  # no datasheet figure: measure (~0.1 s on a CPU)
+    if device.type in ("cpu", "cuda"):  # no datasheet figure: measure in this run (~0.1 s on a CPU)
         sizes = GPU_PEAK_SIZES if device.type == "cuda" else (1024,)
-        peak, earlier = remembered_peak(device, dtype, sizes)
-        return peak, "measured matmul" + (f", the best seen here ({peak_record_path()})" if earlier else "")
+        peak = float(measure_matmul_peak(device, dtype, sizes)["flops"])
+        busy = machine_busy(device.type)
+        return peak, "measured matmul at this run's start" + (
+            f", while other work shared the CPUs ({busy}): its MFU may read high" if busy else "")
     return None, "unknown"
 
 

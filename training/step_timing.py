@@ -47,7 +47,7 @@ from typing import Optional
 import torch
 
 from ropelab.common.atomic import write_text_atomic
-from ropelab.common.devices import usable_cpus
+from ropelab.common.devices import machine_busy
 from ropelab.configs.loader import config_to_dict
 from ropelab.configs.schema import RunConfig
 from ropelab.model.transformer import Transformer
@@ -85,23 +85,6 @@ class ShapeTimes:
         path = cache_dir() / f"{self.key}.json"
         path.parent.mkdir(parents=True, exist_ok=True)
         write_text_atomic(path, json.dumps(dataclasses.asdict(self), indent=1))
-
-
-def machine_busy(device_type: str = "cpu") -> str:
-    """An empty string on a quiet machine (or for a timing on a GPU); else what says it was not:
-    the 1-minute load average, less this process's own thread, against the CPUs this process may
-    use, when that other load would take half of them. Timings taken then run long (and a
-    compile's payback is judged on them), so the record says so. On a host whose load average
-    counts other tenants (some containers) this can say busy when this machine is not; it never
-    changes a number."""
-    if device_type != "cpu":
-        return ""
-    try:
-        load = os.getloadavg()[0]
-        cpus = usable_cpus()
-    except OSError:
-        return ""
-    return f"load average {load:.1f} on {cpus} CPU{'s' if cpus != 1 else ''}" if load - 1 >= cpus / 2 else ""
 
 
 def shape_key(cfg: RunConfig, rt: Runtime) -> str:

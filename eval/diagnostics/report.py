@@ -25,10 +25,11 @@ import numpy as np
 from ropelab.common.atomic import write_text_atomic
 from ropelab.eval.diagnostics.plots import (plot_attention_maps, plot_distance_histogram, plot_entropy_distance,
                                    plot_pair_shares, plot_position_entropy, plot_sink_heatmaps)
-from ropelab.eval.diagnostics.tables import cell_text, header, table
+from ropelab.eval.diagnostics.summary import summary_section
+from ropelab.eval.diagnostics.tables import cell_text, header, table, uniform_distance, uniform_entropy
 from ropelab.eval.reporting.labels import label_groups
 from ropelab.eval.diagnostics.needle import needle_section
-from ropelab.eval.lm.report import write_report_files
+from ropelab.eval.lm.report import regenerate_line, write_report_files
 from ropelab.eval.reporting.runs_section import missing_lines, provenance
 from ropelab.eval.reporting.intervals import t_interval
 
@@ -204,26 +205,17 @@ def _needle_by_depth(entries: list[tuple]) -> dict[float, dict]:
     return {d: pool([values[depths == d] for depths, values in per_run], 1.0) for d in found}
 
 
-def uniform_entropy(length: int) -> float:
-    """Mean over queries of ln(i + 1): the entropy of uniform causal attention."""
-    return float(np.mean(np.log(np.arange(1, length + 1))))
-
-
-def uniform_distance(length: int) -> float:
-    """Mean over queries of i/2: the attended distance of uniform causal attention."""
-    return (length - 1) / 4
-
-
 def _intervals(rows: list[dict]) -> list[str]:
-    lines = []
+    """How each row's intervals were made, rows that share a way named together."""
+    ways: dict[str, list[str]] = {}
     for row in rows:
         pooled = next((p for cells in row["lengths"].values() for p in cells.values() if p), None)
         if pooled is None:
             continue
         how = (f"across {pooled['n']} runs (seeds; t-interval over the per-seed means)" if pooled["across"] == "runs"
                else f"across the {pooled['n']} windows of one run (t-interval; these trained weights only)")
-        lines.append(f"- `{row['label']}`: {how}.")
-    return lines
+        ways.setdefault(how, []).append(f"`{row['label']}`")
+    return [f"- {how}: {', '.join(labels)}." for how, labels in ways.items()]
 
 
 def _notes(rows: list[dict]) -> list[str]:
@@ -250,18 +242,19 @@ def _markdown(results: dict, rows: list[dict], out: Path) -> str:
     first = "the first token" if sink_tokens == [1] else f"the first {'/'.join(map(str, sink_tokens))} tokens"
     remade = (f" Made again {results['remade']} from its results.json (ropelab regenerate)."
               if results.get("remade") else "")
+    softmax = [r for r in rows if r["lengths"] and any("entropy" in c for c in r["lengths"].values())]
     lines = ["# Attention diagnostics", "",
              "What attention does as the length grows, at the training length L and beyond: entropy, attended "
              "distance, attention sinks, where RoPE's q·k norm sits across frequencies, and attention on a "
-             f"passkey's needle. docs/diagnostics.md defines each measure and its source.{remade}", "",
-             *provenance(runs), "", "## Runs", "", "| run | row | encoding | attention | seed | sample | commit | seconds |",
+             f"passkey's needle. docs/diagnostics.md defines each measure and its source.{remade} "
+             f"{regenerate_line(out)}", *summary_section(softmax, lengths), "",
+             "## Runs", "", *provenance(runs), "", "| run | row | encoding | attention | seed | sample | commit | seconds |",
              "|---|---|---|---|---:|---|---|---:|"]
     for r in runs:
         lines.append(f"| {r['name']} | {r['label']} | {r['encoding']} | {r.get('attention', 'softmax')} | {r['seed']} "
                      f"| {'; '.join(filter(None, (r.get('sample'), r.get('needle_sample'))))} | {(r.get('git_commit') or '')[:10]} | {r['eval_seconds']:.0f} |")
     lines += ["", "Every number is a mean with its 95% interval in brackets (cut to the range the measure can take: "
                   "≥ 0, and ≤ 1 for fractions of attention or of heads):", "", *_intervals(rows)]
-    softmax = [r for r in rows if r["lengths"] and any("entropy" in c for c in r["lengths"].values())]
     if softmax:
         plot_entropy_distance(softmax, uniform_entropy, uniform_distance, out / "entropy_distance.png")
         shown = [rows[0]["train_len"], lengths[-1]]

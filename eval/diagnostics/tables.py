@@ -8,6 +8,16 @@ from typing import Optional
 import numpy as np
 
 
+def uniform_entropy(length: int) -> float:
+    """Mean over queries of ln(i + 1): the entropy of uniform causal attention."""
+    return float(np.mean(np.log(np.arange(1, length + 1))))
+
+
+def uniform_distance(length: int) -> float:
+    """Mean over queries of i/2: the attended distance of uniform causal attention."""
+    return (length - 1) / 4
+
+
 def cell_text(p: Optional[dict], fmt: str, index=()) -> str:
     """A pooled measure (eval/diagnostics/report.py: ``pool``) at ``index``: its mean, and its
     interval where it has one; "–" where it was not measured."""

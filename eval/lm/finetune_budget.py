@@ -12,6 +12,7 @@ from collections import defaultdict
 from pathlib import Path
 
 from ropelab.eval.lm.plots import plot_budget
+from ropelab.eval.reporting.labels import label_encodings
 from ropelab.eval.reporting.tables import fmt, summarize
 
 
@@ -47,7 +48,7 @@ def budget_section(results: dict, corpus: str, protocol: str, out: Path, index: 
     lengths = budget_lengths(results, cells)
     steps = sorted({s for by_step in cells.values() for s in by_step})
     plot = f"budget_{index}_{protocol}.png"
-    plot_budget(cells, lengths, out / plot, corpus)
+    plot_budget(cells, lengths, out / plot, corpus, label_encodings(results))
     parents = parent_lengths(results)
     where = (f"at {' and '.join(f'{n // parents[0]}×' if n % parents[0] == 0 else str(n) for n in lengths)} the "
              f"parent's training length ({parents[0]} tokens)" if len(parents) == 1 else "at the longest lengths")

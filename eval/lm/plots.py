@@ -38,10 +38,28 @@ LEGEND_INSIDE_MAX = 8  # more entries than this go beside the axes, where they h
 
 
 def style(i: int, label: str = "") -> dict:
-    """Row ``i``'s colour, marker, dash pattern and transparency, so coinciding lines stay visible."""
+    """Row ``i``'s colour, marker, dash pattern and transparency, so coinciding lines stay visible
+    (for lines that are runs or heads, not encodings: ``row_styles`` colours rows by encoding)."""
     dashes = DASHES[(i // len(MARKERS) + ("+" in label)) % len(DASHES)]
     return {"color": COLORS[i % len(COLORS)], "marker": MARKERS[i % len(MARKERS)], "linestyle": dashes,
             "alpha": 0.85}
+
+
+def row_styles(labels: list[str], encodings: Optional[dict[str, str]] = None) -> dict[str, dict]:
+    """Each row's style in a figure that draws rows: its encoding's colour (``encoding_color``, from
+    the table of encodings, so a row has the same colour in every figure of every report), its
+    own marker, and a dash pattern that tells apart the rows of one colour (RoPE and its
+    scalings, a sweep's settings). A row of no known encoding takes a colour no encoding has."""
+    out, per_colour = {}, defaultdict(int)
+    spare = iter(PLAN_COLORS * (len(labels) // len(PLAN_COLORS) + 1))
+    for i, label in enumerate(labels):
+        colour = encoding_color((encodings or {}).get(label, ""))
+        if colour == UNKNOWN_COLOR:
+            colour = next(spare)
+        out[label] = {"color": colour, "marker": MARKERS[i % len(MARKERS)],
+                      "linestyle": DASHES[per_colour[colour] % len(DASHES)], "alpha": 0.85}
+        per_colour[colour] += 1
+    return out
 
 
 def plain_number(value: float, _=None) -> str:
@@ -118,24 +136,29 @@ def finish(fig, ax, xlabel: str, ylabel: str, title: str, path: Path) -> None:
     plt.close(fig)
 
 
-def length_errorbar(ax, i: int, label: str, lengths, values, lows, highs, entry: str = "") -> None:
+def length_errorbar(ax, i: int, label: str, lengths, values, lows, highs, entry: str = "",
+                    st: Optional[dict] = None) -> None:
     """Row ``i``'s values against evaluation length with their 95% intervals as error bars,
-    nudged sideways by row so that bars at one length do not hide each other."""
+    nudged sideways by row so that bars at one length do not hide each other; ``st``: its
+    style (``row_styles``)."""
     xs = np.asarray(lengths, dtype=float) * (1 + 0.012 * (i % 5 - 2))
     values, lows, highs = (np.asarray(a, dtype=float) for a in (values, lows, highs))
     ax.errorbar(xs, values, yerr=[values - lows, highs - values], markersize=4, capsize=2, linewidth=1.1,
-                label=entry or label, **style(i, label))
+                label=entry or label, **(st or style(i, label)))
 
 
-def plot_perplexity(summary: dict[str, dict[int, dict]], train_lens: list[int], path: Path, title: str) -> None:
-    """Perplexity vs evaluation length (log-log), one line per row, 95% intervals as error bars."""
+def plot_perplexity(summary: dict[str, dict[int, dict]], train_lens: list[int], path: Path, title: str,
+                    encodings: Optional[dict[str, str]] = None) -> None:
+    """Perplexity vs evaluation length (log-log), one line per row, 95% intervals as error bars;
+    ``encodings``: row -> its encoding, whose colour the row takes (``row_styles``)."""
     fig, ax = plt.subplots(figsize=(8, 5))
+    styles = row_styles(sorted(summary), encodings)
     for i, label in enumerate(sorted(summary)):
         points = sorted((n, c) for n, c in summary[label].items() if "ppl" in c)
         if not points:
             continue
         length_errorbar(ax, i, label, [n for n, _ in points], [c["ppl"] for _, c in points],
-                        [c["low"] for _, c in points], [c["high"] for _, c in points])
+                        [c["low"] for _, c in points], [c["high"] for _, c in points], st=styles[label])
     mark_train_len(ax, *train_lens)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -149,7 +172,7 @@ RATIO_CEILING = 2.5  # the paired-ratio figure's top: rows far above it would fl
 
 
 def plot_paired(comparisons: dict[str, dict], reference: str, train_lens: list[int], path: Path,
-                title: str) -> list[str]:
+                title: str, encodings: Optional[dict[str, str]] = None) -> list[str]:
     """Each row's perplexity relative to ``reference`` on the same tokens, against length, with the
     95% interval across training runs (across documents for a one-seed row; eval/reporting/tables.py
     Comparison): the figure of the comparison table, where the perplexity figure's
@@ -165,15 +188,16 @@ def plot_paired(comparisons: dict[str, dict], reference: str, train_lens: list[i
         return []
     fig, ax = plt.subplots(figsize=(8, 5))
     lows, highs, entries = [1.0], [1.0], []
+    styles = row_styles(sorted(series), encodings)
     for i, label in enumerate(sorted(series)):
         lengths = sorted(series[label])
         ratio = [series[label][n].ratio for n in lengths]
         low, high = zip(*(series[label][n].interval for n in lengths))
         entries.append(label + (f" (beyond ×{RATIO_CEILING:g})" if max(high) > RATIO_CEILING else ""))
-        length_errorbar(ax, i, label, lengths, ratio, low, high, entry=entries[-1])
+        length_errorbar(ax, i, label, lengths, ratio, low, high, entry=entries[-1], st=styles[label])
         lows.append(min(low))
         highs.append(min(max(high), RATIO_CEILING))
-    ax.axhline(1.0, color="black", linewidth=0.8)
+    ax.axhline(1.0, color="black", linewidth=0.8, label=f"{reference} (×1)")
     mark_train_len(ax, *train_lens)
     ax.set_xscale("log", base=2)
     ax.set_yscale("log")
@@ -189,33 +213,38 @@ def plot_paired(comparisons: dict[str, dict], reference: str, train_lens: list[i
 
 def plot_per_position(runs: list[dict], curves: dict[str, dict[str, dict]], train_lens: list[int], path: Path,
                       corpus: str) -> None:
-    """Mean loss by position bin, pooled over seeds, one line per row, with a 95% band."""
+    """Mean loss by position bin, pooled over seeds, one line per row (its encoding's colour), with
+    a 95% band; the training length marked and labelled."""
     labels = {r["run"]: r.get("label") or encoding_label(r["encoding"], r.get("attention", "softmax")) for r in runs}
     pooled: dict[str, list[dict]] = defaultdict(list)
+    encodings = {}
     for run, by_scaling in curves.items():
         for scaling, curve in by_scaling.items():
             if curve:
                 pooled[with_scaling(labels[run], scaling)].append(curve)
+                encodings[with_scaling(labels[run], scaling)] = next(r["encoding"] for r in runs if r["run"] == run)
     fig, ax = plt.subplots(figsize=(8, 5))
+    styles = row_styles(sorted(pooled), encodings)
     for i, label in enumerate(sorted(pooled)):
         same = [c for c in pooled[label] if c["edges"] == pooled[label][0]["edges"]]
         edges = np.asarray(same[0]["edges"], dtype=float)
         centres = np.sqrt(edges[:-1] * (edges[1:] - 1).clip(min=1))
         mean, low, high = pooled_curve(same)
-        line, = ax.plot(centres, mean, label=label, linewidth=1.1, markersize=3.5, **style(i, label))
+        line, = ax.plot(centres, mean, label=label, linewidth=1.1, markersize=3.5, **styles[label])
         ax.fill_between(centres, low, high, color=line.get_color(), alpha=0.15, linewidth=0)
-    for train_len in train_lens:
-        ax.axvline(train_len, color="grey", linestyle=":", linewidth=1)
+    mark_train_len(ax, *train_lens)
     ax.set_xscale("log", base=2)
     plain_ticks(ax, "x")
     finish(fig, ax, "position in window (1-based; log-spaced bins)", "mean loss (nats), 95% band",
            f"{corpus}: loss by position at the longest evaluated length", path)
 
 
-def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int], path: Path, corpus: str) -> None:
+def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int], path: Path, corpus: str,
+                encodings: Optional[dict[str, str]] = None) -> None:
     """Perplexity against fine-tuning steps, one panel per length, one line per row (95% intervals)."""
     fig, axes = plt.subplots(1, len(lengths), figsize=(5.5 * len(lengths), 4.5), squeeze=False)
     steps = sorted({s for by_step in cells.values() for s in by_step})
+    styles = row_styles(sorted(cells), encodings)
     for ax, length in zip(axes[0], lengths):
         for i, row in enumerate(sorted(cells)):
             points = sorted((s, c[length]) for s, c in cells[row].items() if "ppl" in c.get(length, {}))
@@ -224,7 +253,7 @@ def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int]
             xs = [s for s, _ in points]
             ys = np.array([c["ppl"] for _, c in points])
             err = np.array([[c["ppl"] - c["low"] for _, c in points], [c["high"] - c["ppl"] for _, c in points]])
-            ax.errorbar(xs, ys, yerr=err, markersize=3.5, capsize=2, linewidth=1.2, label=row, **style(i, row))
+            ax.errorbar(xs, ys, yerr=err, markersize=3.5, capsize=2, linewidth=1.2, label=row, **styles[row])
         ax.set_xscale("symlog", linthresh=50)
         ax.set_yscale("log")
         ax.set_xticks(steps)  # the evaluated checkpoints themselves
@@ -242,13 +271,15 @@ def plot_budget(cells: dict[str, dict[int, dict[int, dict]]], lengths: list[int]
     plt.close(fig)
 
 
-def plot_training(curves: dict[str, dict[str, list]], path: Path) -> None:
-    """Training loss (thin line) and validation loss (markers) against tokens trained, one
-    colour per run: an ablation's runs side by side, from their metrics.jsonl."""
+def plot_training(curves: dict[str, dict[str, list]], path: Path, encodings: Optional[dict[str, str]] = None) -> None:
+    """Training loss (thin line) and validation loss (markers) against tokens trained, a line per
+    run in its encoding's colour (``row_styles``): an ablation's runs side by side, from their
+    metrics.jsonl."""
     fig, ax = plt.subplots(figsize=(8, 5))
+    styles = row_styles(sorted(curves), encodings)
     for i, label in enumerate(sorted(curves)):
         curve = curves[label]
-        st = style(i)
+        st = styles[label]
         ax.plot(curve["tokens"], curve["loss"], linewidth=0.9, alpha=0.8, linestyle=st["linestyle"],
                 color=st["color"], marker=st["marker"], markevery=[], label=label)  # the marker shows in the legend
         if curve["val_tokens"]:
@@ -301,9 +332,10 @@ def encoding_color(encoding: str) -> str:
         return KINDS[encoding].color
     if encoding.endswith("]") and " [" in encoding:
         return PLAN_COLORS[zlib.crc32(encoding.encode()) % len(PLAN_COLORS)]
-    return "#000000"
+    return UNKNOWN_COLOR
 
 
+UNKNOWN_COLOR = "#000000"
 # tab20b's darker half and tab20c's: none of them an encoding's colour.
 PLAN_COLORS = ("#5254a3", "#8ca252", "#8c6d31", "#bd9e39", "#843c39", "#ad494a",
                "#7b4173", "#a55194", "#3182bd", "#e6550d", "#31a354", "#756bb1", "#636363")

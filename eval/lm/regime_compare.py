@@ -37,7 +37,7 @@ from ropelab.common.cli import entry_point, usage_when_empty
 from ropelab.common.errors import DataError
 from ropelab.configs.grid import load_grid
 from ropelab.eval.lm.context_use import breakdown, breakdown_text, context_gain, position_bins
-from ropelab.eval.diagnostics.report import uniform_distance, uniform_entropy
+from ropelab.eval.diagnostics.tables import uniform_distance, uniform_entropy
 from ropelab.eval.reporting.labels import label_order
 from ropelab.eval.regenerate import read_results
 from ropelab.eval.reporting.stats import Contrast

@@ -12,9 +12,8 @@ positions)" and are left out of the plots.
 from __future__ import annotations
 
 import shutil
-from itertools import combinations
 from pathlib import Path
-from typing import Callable, Optional
+from typing import Callable
 
 from ropelab.common.atomic import write_text_atomic
 from ropelab.common.report_json import dumps_report
@@ -22,15 +21,16 @@ from ropelab.common.storage import is_storage_error, make_dir, storage_error
 from ropelab.eval.reporting.ablations import ablations_note, is_ablation, sweep_ablations
 from ropelab.eval.lm.finetune_budget import budget_section
 from ropelab.eval.lm.context_use import breakdown_section, context_section
-from ropelab.eval.reporting.labels import budget_partner, label_order, parents_note, row_label, split_step, with_scaling
+from ropelab.eval.lm.comparisons import folded_rows, marked_comparisons, relative_degradation
+from ropelab.eval.lm.summary import summary_section
+from ropelab.eval.reporting.labels import label_encodings, parents_note, row_label, split_step
 from ropelab.eval.reporting.reference import no_default_reference, report_reference
 from ropelab.eval.reporting.report_dir import check_report_dir, report_kind
 from ropelab.eval.reporting.runs_section import evaluation_provenance, missing_lines, provenance, runs_table
 from ropelab.eval.lm.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
-from ropelab.eval.reporting.tables import (comparison_table, compare, degradation, degradation_table, mark_table,
-                         identical_rows, interval_table, length_table, power_table, scored_line, summarize,
-                         train_lengths)
-from ropelab.model.config import SCALING_TYPES
+from ropelab.eval.reporting.tables import (comparison_table, degradation, degradation_table, has_power,
+                                          interval_table, length_table, power_table, scored_line, summarize,
+                                          train_lengths)
 from ropelab.training.metrics import read_records
 from ropelab.training.run_dir import RunDir
 
@@ -47,6 +47,18 @@ INTERVALS = ("Intervals across training runs: a t-interval over the seeds' value
              "(Welch–Satterthwaite degrees of freedom), so they say what another set of training runs would give; "
              "† marks a row with one seed, whose interval is across documents only. Across documents for these "
              "trained models: the ratio estimator's variance over the units, the trained models held fixed.")
+
+
+def regenerate_line(out: Path) -> str:
+    """The one command that writes this report again from its results.json (``out``: where it is
+    written, named as the repository names it where it lies inside the working directory)."""
+    path = Path(out)
+    if path.is_absolute():
+        try:
+            path = path.resolve().relative_to(Path.cwd().resolve())
+        except ValueError:
+            pass
+    return f"Regenerate it from its results.json alone: `ropelab regenerate {path.as_posix()}/results.json`."
 
 
 def _remade(results: dict) -> str:
@@ -119,35 +131,9 @@ def _training_section(results: dict, out: Path) -> list[str]:
                     "trained, drawn from the runs' metrics.jsonl when this report was first made (the runs are "
                     "not at hand now):", "", "![training loss vs tokens](training_loss.png)"]
         return []
-    plot_training(curves, out / "training_loss.png")
+    plot_training(curves, out / "training_loss.png", label_encodings(results))
     return ["", "## Training", "", "Training loss (lines) and validation loss (markers) against tokens trained, "
             "from each run's metrics.jsonl:", "", "![training loss vs tokens](training_loss.png)"]
-
-
-def section_comparisons(results: dict, corpus: str, protocol: str, summary: dict, reference: str,
-                        folded: Optional[dict[str, str]] = None) -> dict:
-    """The pairs a section compares; ``folded`` rows (identical to a kept one, ``_folded``) have none."""
-    labels = sorted(summary, key=label_order)
-    if split_step(reference)[1] is not None:  # a budget grid: each fine-tune against the reference after as many steps
-        pairs = [(label, partner) for label in labels
-                 if (partner := budget_partner(label, reference)) != label and partner in summary]
-        return compare(results, corpus, protocol, pairs)
-    labels = [label for label in labels if label not in (folded or {})]
-    pairs = [(label, reference) for label in labels if label != reference and reference in summary]
-    scaled = {with_scaling(reference, scaling) for scaling in SCALING_TYPES}  # "rope + linear (PI)", …
-    scalings = [label for label in labels if label in scaled]
-    pairs += [(a, b) for a, b in combinations(scalings, 2) if (a, b) not in pairs and (b, a) not in pairs]
-    return compare(results, corpus, protocol, pairs)
-
-
-def _folded(results: dict, corpus: str, protocol: str, summary: dict, reference: str) -> dict[str, str]:
-    """Rows identical to another at every length (dynamic NTK = NTK here) -> the row kept for
-    comparisons. Report order, but dynamic NTK last, so NTK is the one kept. None in a budget
-    grid, whose rows are paired by step instead."""
-    if split_step(reference)[1] is not None:
-        return {}
-    order = sorted(summary, key=lambda label: (label.endswith("+ dynamic"), label_order(label)))
-    return identical_rows(results, corpus, protocol, order)
 
 
 def _identical_note(same: dict[str, str]) -> str:
@@ -186,8 +172,13 @@ def _pairing(comparisons: dict) -> str:
     return "; ".join(parts) + "."
 
 
+def marks_text(tested: int) -> str:
+    """The sentence on marks, where the table has tests to mark (none: no sentence)."""
+    return " " + MARKS.format(tested=tested) if tested else ""
+
+
 def _paired_section(results: dict, corpus: str, protocol: str, summary: dict, reference: str,
-                    out: Path, index: int) -> list[str]:
+                    out: Path, index: int, encodings: dict[str, str]) -> list[str]:
     """The paired comparisons with the reference row: the tables and figure, or a sentence
     saying why there are none. Comparisons of ablation rows (eval/reporting/ablations.py) come last, in a
     table and a correction of their own, and are not drawn."""
@@ -195,46 +186,54 @@ def _paired_section(results: dict, corpus: str, protocol: str, summary: dict, re
         return [f"Paired comparisons: none; the reference row `{reference}` (eval.reference) is none of "
                 f"these rows{no_default_reference(results)}. Name one with `--reference ROW`; the evaluations "
                 "are cached."]
-    folded = _folded(results, corpus, protocol, summary, reference)
-    comparisons = section_comparisons(results, corpus, protocol, summary, reference, folded)
-    if not any(comparisons.values()):
+    marked = marked_comparisons(results, corpus, protocol, summary, reference)
+    comparisons, extra = marked.study, marked.ablations
+    if not any(comparisons.values()) and not any(extra.values()):
         why = (f"`{reference}` is the only row" if len(summary) == 1 else
                "no row was scored on the same tokens as the row it would be compared with")
         return [f"Paired comparisons: none; {why}, so there is nothing to compare."]
-    ablations = results.get("ablations") or {}
-    extra = {name: cells for name, cells in comparisons.items() if is_ablation(name, ablations)}
-    comparisons = {name: cells for name, cells in comparisons.items() if name not in extra}
     lengths = sorted({n for cells in summary.values() for n in cells})
     train_lens = train_lengths(summary)
-    lines = _study_comparisons(comparisons, reference, folded, lengths, train_lens) if comparisons else [
+    lines = _study_comparisons(comparisons, reference, marked, lengths, train_lens) if any(comparisons.values()) else [
         "Paired comparisons of the study's rows: none; every row but the reference is an ablation."]
-    if extra:
+    if any(extra.values()):
         lines += ["", "Ablations against the reference (settings the sweep did not choose), across training runs; "
-                  "corrected as a family of their own. " + _pairing(extra) + " " + MARKS.format(tested=mark_table(extra)),
+                  "corrected as a family of their own. " + _pairing(extra) + marks_text(marked.ablations_tested),
                   "", comparison_table(extra, lengths, train_lens)]
-    if comparisons and split_step(reference)[1] is None:  # a budget grid pairs by step; its figure is the budget curve
+    if any(comparisons.values()) and split_step(reference)[1] is None:  # a budget grid's figure is the budget curve
         figure = f"paired_vs_length_{index}_{protocol}.png"
         if plot_paired(comparisons, reference, sorted(set(train_lens.values())), out / figure,
-                       f"{corpus}: {PROTOCOL_TITLES[protocol]}, relative to {reference}"):
+                       f"{corpus}: {PROTOCOL_TITLES[protocol]}, relative to {reference}", encodings):
             lines += ["", f"![perplexity relative to {reference}]({figure})"]
     return lines
 
 
-def _study_comparisons(comparisons: dict, reference: str, folded: dict[str, str], lengths: list[int],
-                      train_lens: dict) -> list[str]:
-    """The study rows' comparisons: across training runs (marked), across documents, and power."""
-    tested = mark_table(comparisons)
-    return ["Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
-            f"perplexity is than the second's, with its 95% interval across training runs.{_pairing_note(reference)}"
-            f"{_identical_note(folded)} {_pairing(comparisons)} {MARKS.format(tested=tested)}", "",
-            comparison_table(comparisons, lengths, train_lens), "",
-            "The same comparisons across documents for these trained models (how sure we are of these models' "
-            "difference, not of the method's):", "",
-            comparison_table(comparisons, lengths, train_lens, which="documents"), "",
-            "Power across training runs: the smallest difference each comparison detects with its seeds (80% power, "
-            "two-sided 5%, before the multiplicity correction) · the seeds per row the observed difference would "
-            "need (>100: more documents, not seeds, would decide it):", "",
-            power_table(comparisons, lengths, train_lens)]
+def _across_runs(comparisons: dict) -> bool:
+    """Whether any comparison has an interval across training runs (else only the documents' is one)."""
+    return any(c.runs is not None and not c.identical for cells in comparisons.values() for c in cells.values())
+
+
+def _study_comparisons(comparisons: dict, reference: str, marked, lengths: list[int], train_lens: dict) -> list[str]:
+    """The study rows' comparisons: across training runs (marked), across documents, and power,
+    each printed once: where every comparison has one seed a side, only the documents' table."""
+    intro = ("Paired comparisons on the same tokens: how much higher (+) or lower (−) the first row's "
+             "perplexity is than the second's")
+    notes = f"{_pairing_note(reference)}{_identical_note(marked.folded)} {_pairing(comparisons)}"
+    if not _across_runs(comparisons):
+        return [f"{intro}, with its 95% interval across documents for these trained models: each row has one "
+                f"seed, so there is no interval across training runs, no test and no mark.{notes}", "",
+                comparison_table(comparisons, lengths, train_lens, which="documents")]
+    lines = [f"{intro}, with its 95% interval across training runs.{notes}{marks_text(marked.tested)}", "",
+             comparison_table(comparisons, lengths, train_lens), "",
+             "The same comparisons across documents for these trained models (how sure we are of these models' "
+             "difference, not of the method's):", "",
+             comparison_table(comparisons, lengths, train_lens, which="documents")]
+    if has_power(comparisons):
+        lines += ["", "Power across training runs: the smallest difference each comparison detects with its seeds "
+                  "(80% power, two-sided 5%, before the multiplicity correction) · the seeds per row the observed "
+                  "difference would need (>100: more documents, not seeds, would decide it):", "",
+                  power_table(comparisons, lengths, train_lens)]
+    return lines
 
 
 def _degradation_section(summary: dict, protocol: str, reference: str, lengths: list[int],
@@ -248,16 +247,15 @@ def _degradation_section(summary: dict, protocol: str, reference: str, lengths: 
     train_lens = train_lengths(summary)
     paired = "the same tokens at both lengths, so also paired by document" if protocol == "same-tokens" else \
         "different tokens at each length (their document variances add)"
-    lines = ["", f"Degradation: each row's perplexity over its own at its training length L, 95% interval across "
-             f"training runs (paired by seed; {paired}):", "", degradation_table(own, lengths, train_lens)]
-    if reference in summary and split_step(reference)[1] is None:
-        relative = {name: cells for name, cells in degradation(summary, reference).items()
-                    if name.split(" vs ")[0] not in folded and not is_ablation(name, ablations)}
-        tested = mark_table(relative)
-        if any(relative.values()):
-            lines += ["", f"Degradation relative to `{reference}`: how much more (+) or less (−) each row's perplexity "
-                      f"grows from L than `{reference}`'s, 95% interval across training runs. "
-                      + MARKS.format(tested=tested), "", degradation_table(relative, lengths, train_lens, relative=True)]
+    seeds = "95% interval across training runs" if _across_runs(own) else \
+        "95% interval across documents (one seed per row)"
+    lines = ["", f"Degradation: each row's perplexity over its own at its training length L, {seeds} "
+             f"(paired by seed; {paired}):", "", degradation_table(own, lengths, train_lens)]
+    relative, tested = relative_degradation(summary, reference, folded, ablations)
+    if tested:
+        lines += ["", f"Degradation relative to `{reference}`: how much more (+) or less (−) each row's perplexity "
+                  f"grows from L than `{reference}`'s, 95% interval across training runs." + marks_text(tested), "",
+                  degradation_table(relative, lengths, train_lens, relative=True)]
     return lines
 
 
@@ -267,19 +265,25 @@ def _protocol_section(results: dict, corpus: str, protocol: str, reference: str,
     plot = f"ppl_vs_length_{index}_{protocol}.png"
     train_lens = sorted(set(train_lengths(summary).values()))
     ablations = results.get("ablations") or {}
+    encodings = label_encodings(results)
     plot_perplexity({label: cells for label, cells in summary.items() if not is_ablation(label, ablations)},
-                    train_lens, out / plot, f"{corpus}: {PROTOCOL_TITLES[protocol]}")
+                    train_lens, out / plot, f"{corpus}: {PROTOCOL_TITLES[protocol]}", encodings)
     rows = [r for r in results["results"] if r.get("corpus") == corpus and r["protocol"] == protocol]
-    return ["", f"### {PROTOCOL_TITLES[protocol]}", "", "Perplexity, 95% interval across training runs:", "",
-            interval_table(summary, lengths), "", scored_line(summary, lengths), "",
-            "Perplexity, 95% interval across documents for these trained models:", "",
-            interval_table(summary, lengths, key="documents"), "",
+    several = any(c.get("interval") == "runs" for cells in summary.values() for c in cells.values())
+    tables = (["Perplexity, 95% interval across training runs:", "", interval_table(summary, lengths), "",
+               scored_line(summary, lengths), "",
+               "Perplexity, 95% interval across documents for these trained models:", "",
+               interval_table(summary, lengths, key="documents")] if several else
+              ["Perplexity, 95% interval across documents for these trained models (one seed per row, so no "
+               "interval across training runs):", "", interval_table(summary, lengths, key="documents"), "",
+               scored_line(summary, lengths)])
+    return ["", f"### {PROTOCOL_TITLES[protocol]}", "", *tables, "",
             f"![perplexity vs length]({plot})", "",
-            *_paired_section(results, corpus, protocol, summary, reference, out, index),
+            *_paired_section(results, corpus, protocol, summary, reference, out, index, encodings),
             *_degradation_section(summary, protocol, reference, lengths,
-                                  _folded(results, corpus, protocol, summary, reference), ablations), "",
-            "Bits per byte (95% interval across training runs; † across documents):", "",
-            interval_table(summary, lengths, key="bpb"),
+                                  folded_rows(results, corpus, protocol, summary, reference), ablations), "",
+            f"Bits per byte (95% interval across {'training runs; † across documents' if several else 'documents'}):",
+            "", interval_table(summary, lengths, key="bpb"),
             *_scale_table(rows, lengths)]
 
 
@@ -336,9 +340,11 @@ def _write_markdown(results: dict, out: Path) -> str:
     train_lens = sorted({r["train_len"] for r in rows})
     md = ["# Length extrapolation report", "",
           f"Created {results['created']}{_remade(results)}. Training length L = {', '.join(map(str, train_lens))}"
-          f"{' (each row its own: the L column)' if len(train_lens) > 1 else ''}. A cell is the "
-          "perplexity exp(mean over seeds of the mean NLL per token); rows pool the runs that are the same "
-          "experiment apart from the seed. " + INTERVALS, *parents_note(runs), *(["", why] if why else []),
+          f"{' (each row its own: the L column)' if len(train_lens) > 1 else ''}. {regenerate_line(out)}",
+          *summary_section(results, reference),
+          "", "## How to read this report", "",
+          "A cell is the perplexity exp(mean over seeds of the mean NLL per token); rows pool the runs that are the "
+          "same experiment apart from the seed. " + INTERVALS, *parents_note(runs), *(["", why] if why else []),
           "", "## Runs", "", *provenance(runs), *evaluation_provenance(rows), "",
           *runs_table(runs), *ablations_note(results.get("ablations") or {})]
     if results.get("missing"):

@@ -25,6 +25,16 @@ def row_label(row: dict) -> str:
     return with_scaling(row.get("label") or encoding_label(row["encoding"]), row["scaling"])
 
 
+def label_encodings(results: dict) -> dict[str, str]:
+    """Each row label of a report's results (and each run's label) -> its encoding (``pos.kind``,
+    or a layer plan's name), so a figure colours the row as every other figure does."""
+    out = {run.get("label") or run["name"]: run["encoding"] for run in results.get("runs", []) if "encoding" in run}
+    for row in results.get("results", []):
+        if "encoding" in row:
+            out.setdefault(row_label(row), row["encoding"])
+    return out
+
+
 def split_step(label: str) -> tuple[str, "int | None"]:
     """("ROW", STEP) for a budget row "ROW @ STEP" (a checkpoint of a fine-tune, eval.steps),
     else (label, None). A scaling suffix stays with the row: "ROW + yarn @ 50" is not made."""

@@ -5,7 +5,9 @@ protocol and length; it pools that label's seeds. Each cell and comparison carri
 95% intervals from eval/reporting/stats.py: across training runs (seeds and documents; what a claim
 about the method needs) and across documents for the models trained. Marks (▼/▲) use the
 first only, after the Benjamini–Hochberg correction over the comparisons of a table. A cell a learned
-table cannot serve reads "n/a (trained table: N …)".
+table cannot serve reads "n/a (trained table: N …)". A heavy-tailed cell (its interval across
+training runs spans more than a factor ``HEAVY``: seeds that disagree by orders of magnitude)
+shows every seed's value beside the interval, which alone would hide how they disagree.
 """
 
 from __future__ import annotations
@@ -85,13 +87,33 @@ def summarize(results: dict, corpus: str, protocol: str) -> dict[str, dict[int, 
     return out
 
 
+HEAVY = 10.0  # an interval across runs wider than this factor: the cell shows its seeds' values too
+
+
+def heavy(low: float, high: float) -> bool:
+    """Whether an interval of a ratio or perplexity spans more than a factor ``HEAVY``."""
+    return low > 0 and high / low > HEAVY
+
+
+def short_number(value: float) -> str:
+    """Three significant figures, thousands separated: 4.3, 11.5, 142, 228,980."""
+    return f"{value:,.0f}" if abs(value) >= 1000 else f"{value:.3g}"
+
+
+def seeds_text(values, prefix: str = "") -> str:
+    """"; seeds ×4.3, ×4.3, ×11.5": every seed's value, in seed order."""
+    return "; seeds " + ", ".join(prefix + short_number(v) for v in values)
+
+
 @dataclass
 class Comparison:
     """A contrast of mean log-perplexities read as a perplexity ratio, with its mark (set over
-    a whole table by ``mark_table``)."""
+    a whole table by ``mark_table``); ``per_seed``: each seed's own ratio, where it is one row's
+    (a degradation) and its seeds line up."""
 
     found: Contrast
     mark: str = ""
+    per_seed: Optional[tuple[float, ...]] = None
 
     @property
     def ratio(self) -> float:
@@ -167,7 +189,9 @@ def degradation(summary: dict[str, dict[int, dict]], reference: Optional[str] = 
                 if ref is None:
                     continue
                 terms += [(-1.0, ref), (1.0, own[reference])]
-            cells[n] = Comparison(contrast(terms))
+            per_seed = (tuple(np.exp(cell["cell"].seed_values() - own[label].seed_values()))
+                        if reference is None and cell["cell"].runs == own[label].runs else None)
+            cells[n] = Comparison(contrast(terms), per_seed=per_seed)
         out[label if reference is None else f"{label} vs {reference}"] = cells
     return out
 
@@ -237,27 +261,34 @@ def train_lengths(summary: dict[str, dict[int, dict]]) -> dict[str, int]:
             if "train_len" in cell}
 
 
+def ppl_text(cell: Optional[dict], key: str = "ppl") -> str:
+    """One perplexity cell of ``summarize``: 'point (low–high)' across training runs (the documents'
+    where the row has one seed, marked †; a heavy-tailed cell with its seeds' values too), across
+    documents with ``key="documents"``, or bits per byte with ``key="bpb"``."""
+    if cell is None:
+        return "–"
+    if "na" in cell:
+        return f"n/a ({cell['na']})"
+    if key == "bpb":
+        return "–" if cell["bpb"] is None else "{:.3f} ({:.3f}–{:.3f})".format(*cell["bpb"])
+    if key == "documents":
+        return f"{fmt(cell['ppl'])} ({fmt(cell['doc_low'])}–{fmt(cell['doc_high'])})"
+    dagger = "†" if cell["interval"] == "documents" else ""
+    seeds_note = seeds_text(np.exp(cell["cell"].seed_values())) if not dagger and heavy(cell["low"], cell["high"]) else ""
+    return f"{fmt(cell['ppl'])} ({fmt(cell['low'])}–{fmt(cell['high'])}){dagger}{seeds_note}"
+
+
+def seed_counts(cells: dict[int, dict]) -> str:
+    """A row's seeds column: its seed counts over lengths ("5"; "–" where none was scored)."""
+    return ",".join(map(str, sorted({c["seeds"] for c in cells.values() if "seeds" in c}))) or "–"
+
+
 def interval_table(summary: dict[str, dict[int, dict]], lengths: list[int], key: str = "ppl") -> str:
-    """Cells 'point (low–high)': perplexity with its across-runs interval (the documents' where a
-    row has one seed, marked †), ``key="documents"`` with the documents' interval, or bits per
-    byte with ``key="bpb"``."""
-    rows, train_lens = [], train_lengths(summary)
-    for label in sorted(summary, key=label_order):
-        cells, seeds = [], {c["seeds"] for c in summary[label].values() if "seeds" in c}
-        for n in lengths:
-            cell = summary[label].get(n)
-            if cell is None:
-                cells.append("–")
-            elif "na" in cell:
-                cells.append(f"n/a ({cell['na']})")
-            elif key == "bpb":
-                cells.append("–" if cell["bpb"] is None else "{:.3f} ({:.3f}–{:.3f})".format(*cell["bpb"]))
-            elif key == "documents":
-                cells.append(f"{fmt(cell['ppl'])} ({fmt(cell['doc_low'])}–{fmt(cell['doc_high'])})")
-            else:
-                dagger = "†" if cell["interval"] == "documents" else ""
-                cells.append(f"{fmt(cell['ppl'])} ({fmt(cell['low'])}–{fmt(cell['high'])}){dagger}")
-        rows.append(([label, ",".join(map(str, sorted(seeds))) or "–"], train_lens.get(label), cells))
+    """Cells 'point (low–high)' (``ppl_text``): perplexity with its across-runs interval, with
+    ``key="documents"`` the documents' interval, or bits per byte with ``key="bpb"``."""
+    train_lens = train_lengths(summary)
+    rows = [([label, seed_counts(summary[label])], train_lens.get(label),
+             [ppl_text(summary[label].get(n), key) for n in lengths]) for label in sorted(summary, key=label_order)]
     return length_table(["row", "seeds"], lengths, rows)
 
 
@@ -281,7 +312,7 @@ def percent(ratio: float) -> str:
     return f"{pct:+.3f}" if abs(pct) < 0.1 else f"{pct:+.2f}" if abs(pct) < 10 else f"{pct:+.1f}"
 
 
-def _ratio_text(c: Comparison, which: str) -> str:
+def ratio_text(c: Comparison, which: str = "runs") -> str:
     if c.identical:
         return "= (the same numbers)"
     interval = c.documents if which == "documents" else c.runs
@@ -307,7 +338,7 @@ def comparison_table(comparisons: dict[str, dict[int, Comparison]], lengths: lis
     for name, cells in comparisons.items():
         if not cells:
             continue
-        row = [_ratio_text(cells[n], which) if n in cells else "–" for n in lengths]
+        row = [ratio_text(cells[n], which) if n in cells else "–" for n in lengths]
         rows.append(([name], _row_lengths(name, train_lens), row))
     return length_table(["comparison"], lengths, rows)
 
@@ -323,10 +354,26 @@ def power_text(c: Comparison) -> str:
     return f"±{smallest * 100:.2g}% · {seeds}"
 
 
+def has_power(comparisons: dict[str, dict[int, Comparison]]) -> bool:
+    """Whether any comparison has a power to state (an across-runs test): else no power table."""
+    return any(power_text(c) != "–" for cells in comparisons.values() for c in cells.values())
+
+
 def power_table(comparisons: dict[str, dict[int, Comparison]], lengths: list[int], train_lens: dict[str, int]) -> str:
     rows = [([name], _row_lengths(name, train_lens), [power_text(cells[n]) if n in cells else "–" for n in lengths])
             for name, cells in comparisons.items() if cells]
     return length_table(["comparison"], lengths, rows)
+
+
+def degradation_text(c: Optional[Comparison]) -> str:
+    """'×r (low–high)' of one row's ppl(kL)/ppl(L), across training runs († across documents, one
+    seed), with its seeds' own ratios where it is heavy-tailed."""
+    if c is None:
+        return "–"
+    low, high = c.interval
+    dagger = "" if c.runs else "†"
+    seeds_note = seeds_text(c.per_seed, "×") if c.runs and c.per_seed and heavy(low, high) else ""
+    return f"×{c.ratio:.3f} ({low:.3f}–{high:.3f}){dagger}{seeds_note}"
 
 
 def degradation_table(ratios: dict[str, dict[int, Comparison]], lengths: list[int], train_lens: dict[str, int],
@@ -335,17 +382,8 @@ def degradation_table(ratios: dict[str, dict[int, Comparison]], lengths: list[in
     of such ratios against the reference, in percent, with marks."""
     rows = []
     for name, cells in ratios.items():
-        text = []
-        for n in lengths:
-            c = cells.get(n)
-            if c is None:
-                text.append("–")
-            elif relative:
-                text.append(_ratio_text(c, "runs"))
-            else:
-                low, high = c.interval
-                dagger = "" if c.runs else "†"
-                text.append(f"×{c.ratio:.3f} ({low:.3f}–{high:.3f}){dagger}")
+        text = [("–" if cells.get(n) is None else ratio_text(cells[n])) if relative else degradation_text(cells.get(n))
+                for n in lengths]
         rows.append(([name], _row_lengths(name, train_lens), text))
     return length_table(["comparison" if relative else "row"], lengths, rows)
 

@@ -41,6 +41,18 @@ The interval is the t-interval with Satterthwaite's degrees of freedom of the su
 as eval/reporting/stats.py's ``satterthwaite``); marks (▲ higher accuracy than the row compared with,
 ▼ lower, ~ neither) follow the Benjamini–Hochberg correction over the task's table, as the
 perplexity report's do.
+
+**Which comparisons form one correction family.** One task's table of comparisons with the
+reference row is one family: every row against the reference at every length both scored,
+the tests across training runs only (a comparison with one seed a side is no test). A
+comparison where both rows answered every instance wrong (the floor: no seed of either row
+correct on any instance) or every instance right (the ceiling) is not a test either: given
+its margins (no success, or no failure, anywhere in the pair) no outcome could differ, its
+smallest attainable p-value is 1, and counting it would only lower every other test's
+threshold (Tarone 1990, "A modified Bonferroni method for discrete data", Biometrics 46:515–522,
+leaves out of the multiplicity count the tests that cannot reach significance; we apply that
+idea, for these cells only, to the Benjamini–Hochberg family). It prints its difference, +0.00, marked "floor" or "ceiling", and the marks sentence
+says how many such cells the table has.
 """
 
 from __future__ import annotations
@@ -165,6 +177,17 @@ def accuracy_difference(a: dict[str, Scored], b: dict[str, Scored], meta: dict[s
                     min(len(means_a), len(means_b)), "welch")
 
 
+def _extreme(scored: list[Scored]) -> Optional[str]:
+    """"floor" where every run of both rows answered every instance wrong, "ceiling" where every
+    one answered every instance right: no test (the module's "Which comparisons form one
+    correction family"); else None."""
+    if all(s.correct == 0 for s in scored):
+        return "floor"
+    if all(s.correct == s.total for s in scored):
+        return "ceiling"
+    return None
+
+
 def _across_runs(estimate: Estimate) -> bool:
     """Whether the estimate has a seed part, i.e. speaks of training runs (a test), not one seed."""
     return any(p.per_seed is not None for p in estimate.parts)
@@ -191,9 +214,11 @@ def task_comparisons(kept: dict[str, RunCells], reference: str, meta: dict[str, 
                 continue  # some pooled seed could not serve this length: no like-for-like difference
             estimate = accuracy_difference(a, b, meta)
             if estimate is not None:
-                cells[n] = {"estimate": estimate, "mark": ""}
+                extreme = _extreme([*a.values(), *b.values()]) if _across_runs(estimate) else None
+                cells[n] = {"estimate": estimate, "mark": "", "extreme": extreme}
         out[f"{label} vs {partner}"] = cells
-    tested = [c for cells in out.values() for c in cells.values() if _across_runs(c["estimate"])]
+    tested = [c for cells in out.values() for c in cells.values()
+              if _across_runs(c["estimate"]) and c["extreme"] is None]
     for cell, p in zip(tested, benjamini_hochberg([c["estimate"].p_value for c in tested])):
         cell["mark"] = mark(cell["estimate"].point, p)
     return out
@@ -216,6 +241,8 @@ def _cell_text(cell: Optional[dict]) -> str:
     if cell is None:
         return "–"
     estimate = cell["estimate"]
+    if cell.get("extreme"):
+        return f"{signed(estimate.point)} ({cell['extreme']}: no test)"
     if not _across_runs(estimate):
         return f"{signed(estimate.point)} (one seed)"
     low, high = estimate.interval()
@@ -224,7 +251,7 @@ def _cell_text(cell: Optional[dict]) -> str:
 
 def _power_text(cell: Optional[dict]) -> str:
     """'±d · n' (eval/reporting/stats.py: detectable, seeds_needed), '–' without an interval across runs."""
-    if cell is None or not _across_runs(cell["estimate"]):
+    if cell is None or cell.get("extreme") or not _across_runs(cell["estimate"]):
         return "–"
     estimate = cell["estimate"]
     need = seeds_needed(estimate, estimate.point)
@@ -238,6 +265,22 @@ def _why_none(kept: dict[str, RunCells], reference: str, unlearned: list[str]) -
     if all(label in unlearned for label in kept if budget_partner(label, reference) != label):
         return "no seed of the other rows learned the task (" + ", ".join(f"`{n}`" for n in unlearned) + ")"
     return "no other row scored the same lengths"
+
+
+def _marks_text(tested: int, extremes: int, so_far: str) -> str:
+    """What the marks mean and over which family, or why there are none."""
+    left_out = (f"; {extremes} comparison{'s' if extremes != 1 else ''} where both rows are at the floor (every "
+                "instance wrong) or the ceiling (every instance right) are no test and stay out of it"
+                if extremes else "")
+    if tested:
+        return ("Marks: ▲ higher accuracy than the row compared with, ▼ lower, ~ neither, where the test across "
+                "training runs rejects no difference after the Benjamini–Hochberg correction over this table's "
+                f"{tested} test{'s' if tested != 1 else ''}{so_far}{left_out}.")
+    if extremes:
+        return ("No test across training runs: every comparison is at the floor or the ceiling, or has one seed "
+                "on a side, so none is marked and no power can be stated.")
+    return ("No test across training runs: each comparison has one seed on a side, so its difference speaks of "
+            "those two training runs only, marked (one seed), and no power can be stated.")
 
 
 def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta: dict[str, dict],
@@ -255,6 +298,7 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
     if not any(comparisons.values()):
         return ["", f"Compared with `{reference}`: none; {_why_none(kept, reference, unlearned)}."]
     tested = sum(1 for cells in comparisons.values() for c in cells.values() if c["mark"])
+    extremes = sum(1 for cells in comparisons.values() for c in cells.values() if c.get("extreme"))
     welch = sorted(name for name, cells in comparisons.items()
                    if any(c["estimate"].pairing == "welch" for c in cells.values()))
     ref_row, step = split_step(reference)
@@ -272,11 +316,7 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
 
     so_far = (f" of the runs in so far ({missing} run{'s' if missing != 1 else ''} listed as missing would add "
               "tests to the tables of their rows and may change marks)" if missing else "")
-    marks = (f"Marks: ▲ higher accuracy than the row compared with, ▼ lower, ~ neither, where the test across "
-             f"training runs rejects no difference after the Benjamini–Hochberg correction over this table's "
-             f"{tested} tests{so_far}." if tested else
-             "No test across training runs: each comparison has one seed on a side, so its difference speaks of "
-             "those two training runs only, marked (one seed), and no power can be stated.")
+    marks = _marks_text(tested, extremes, so_far)
     power = ["", "Power across training runs: the smallest accuracy difference each comparison detects with its "
              "seeds (80% power, two-sided 5%, before the correction; seeds are parents for fine-tunes) · the seeds per "
              "row the observed difference would need (>100: more instances, not seeds, would decide it):", "",

@@ -16,32 +16,26 @@ encoding cannot serve (a learned table's end) counts as failing; a curve at 0 at
 distractors, one of several needles or chains), the accuracy of a model that picks one at
 random, the task's chance c (data/tasks: ``Task.chance``), is taken off first: n counts
 while accuracy(n) − c ≥ f × (accuracy(R) − c), and a curve at or below c at R has none, so a
-model that never found the needle is not said to keep the task to every length. Where at
-least two seeds pool and each has a value short of the longest evaluated length, the row's
-value is the geometric mean of the seeds' own effective lengths and its 95% interval a
-t-interval around it on log2 length (S − 1 degrees of freedom, as the breakdown length of
-perplexity reports, eval/lm/context_use.py; fine-tunes of several parents: the parents' means on
-C − 1, eval/reporting/stats.py), cut to [R, the longest evaluated length] where an
-effective length lies, so the value always lies inside its interval. Where every seed (every
-parent's mean) has the same value, the row says they agree instead: a t-interval of width 0
-would claim a certainty that lengths a factor 2 apart cannot give.
-Otherwise (one seed; a seed that keeps the task to the longest length, whose true value is
-only known to be at least that; a seed at 0 at R) the value comes from the pooled curve
-(the mean accuracy over the seeds), with no interval, and the row says why. With lengths a factor
-2 apart, each seed's value is only known to lie below the next evaluated length.
+model that never found the needle is not said to keep the task to every length.
+
+An effective length is known only on the grid of evaluated lengths: a seed's value e means
+it keeps the task at e and not at the next evaluated length, so its true limit lies between
+the two. A row is therefore reported as the grid values its seeds' effective lengths fall
+between, with every seed's own value beside them ("256–512; seeds 512, 512, 512, 256"), never
+as a mean of grid values (a geometric mean of 512, 512, 512 and 256 is 431, a length no seed
+was measured at and no seed has). A seed that keeps the task to the longest evaluated length
+reads "≥ longest" (its limit is only known to be beyond); a seed at or below chance at R has
+none ("–"). Fine-tunes of several parents list every run, in run order (a list of values needs
+no weights; the intervals of eval/reporting/stats.py count each parent once).
 
 Passkey's own limit, k_max (Chen et al. 2023), is here too (``k_max``, ``K_MAX_DOC``).
 """
 
 from __future__ import annotations
 
-from typing import Optional, Sequence
+from typing import Iterable, Optional
 
-import numpy as np
-
-from ropelab.eval.reporting.intervals import length_interval
 from ropelab.eval.reporting.labels import label_order
-from ropelab.eval.reporting.stats import unit_weights
 
 
 def effective_length(curve: dict[int, Optional[float]], reference: int, fraction: float,
@@ -61,51 +55,39 @@ def effective_length(curve: dict[int, Optional[float]], reference: int, fraction
 
 
 def row_effective_length(seed_curves: list[dict[int, Optional[float]]], reference: int,
-                         fraction: float, chance: float = 0.0, units: Sequence[str] = ()) -> Optional[dict]:
-    """{point, low, high, seeds, censored, longest, reference, per_seed} of one row from its
-    seeds' curves (point None where the row is at 0 at the reference length), or None where the
-    reference length was not scored. ``units``: each curve's replicate unit (eval/reporting/stats.py:
-    fine-tunes of several parents count each parent once)."""
+                         fraction: float, chance: float = 0.0) -> Optional[dict]:
+    """{per_seed, seeds, censored, longest, reference, chance} of one row from its seeds' curves
+    (``per_seed``: each seed's effective length, None where it is at or below chance at the
+    reference length), or None where the reference length was not scored."""
     if not seed_curves or any(reference not in c for c in seed_curves):
         return None
     lengths = sorted(set.intersection(*(set(c) for c in seed_curves)))
-    weights = unit_weights(len(seed_curves), units)
-    pooled = {n: (None if any(c[n] is None for c in seed_curves)
-                  else float(weights @ np.array([c[n] for c in seed_curves]))) for n in lengths}
     seeds = [effective_length(c, reference, fraction, chance) for c in seed_curves]
     longest = max(lengths)
-    out = {"point": effective_length(pooled, reference, fraction, chance), "low": None, "high": None,
-           "seeds": len(seeds), "censored": sum(s == longest for s in seeds), "longest": longest,
-           "reference": reference, "per_seed": seeds, "chance": chance}
-    if len(seeds) >= 2 and out["censored"] == 0 and None not in seeds:
-        point, low, high, replicates = length_interval(seeds, units)
-        if low is None:  # every seed (parent) at one value: no interval
-            out.update(point=point, agree=replicates, of="parents" if replicates < len(seeds) else "seeds")
-            return out
-        # An effective length is an evaluated length from the reference to the longest, so the
-        # interval is cut to that range: the truth is in it, so the coverage holds.
-        out.update(point=point, low=max(low, reference), high=min(high, longest))
-    return out
+    return {"per_seed": seeds, "seeds": len(seeds), "censored": sum(s == longest for s in seeds),
+            "longest": longest, "reference": reference, "chance": chance}
+
+
+def _value(n: int, longest: int) -> str:
+    return f"≥ {n}" if n == longest else str(n)
 
 
 def effective_text(found: Optional[dict]) -> str:
+    """The grid values a row's seeds' effective lengths fall between (multiples of R), then
+    every seed's own value."""
     if found is None:
         return "– (reference length not scored)"
-    point, ref = found["point"], found["reference"]
-    if point is None:
+    values, ref, longest = found["per_seed"], found["reference"], found["longest"]
+    kept = [v for v in values if v is not None]
+    if not kept:
         return (f"– (at or below chance, {found['chance']:.3g}, at the reference length)" if found.get("chance")
                 else "– (0 at the reference length)")
-    text = f"{point:.0f} (×{point / ref:.3g})"
-    if found["censored"]:
-        return f"≥ {text}; {found['censored']} of {found['seeds']} seeds keep it to the longest length"
-    if found["low"] is not None:
-        return f"{text} ({found['low']:.0f}–{found['high']:.0f})"
-    if found.get("agree"):
-        return f"{text}; the {found['agree']} {found['of']} agree: no spread to make an interval from"
-    if None in found["per_seed"]:
-        at = "at or below chance" if found.get("chance") else "at 0"
-        return f"{text}; {found['per_seed'].count(None)} of {found['seeds']} seeds {at} at the reference length"
-    return f"{text} (one seed)"
+    low, high = min(kept), max(kept)
+    span = (f"{_value(low, longest)} (×{low / ref:g})" if low == high else
+            f"{low}–{_value(high, longest)} (×{low / ref:g}–×{high / ref:g})")
+    if len(values) == 1:
+        return f"{span}; one seed"
+    return f"{span}; seeds " + ", ".join("–" if v is None else _value(v, longest) for v in values)
 
 
 def seed_curves(per_run: dict[str, dict[int, list[dict]]], accuracy) -> list[dict[int, Optional[float]]]:
@@ -127,9 +109,7 @@ def effective_section(kept: dict[str, dict[str, dict[int, list[dict]]]], setting
         fractions.add(first["fraction"])
         chance = (first.get("chance") or {}).get(task, 0.0)
         chances.add(chance)
-        units = tuple(settings[run].get("unit", run) for run in sorted(kept[label]))
-        found = row_effective_length(seed_curves(kept[label], accuracy), first["reference"], first["fraction"], chance,
-                                     units)
+        found = row_effective_length(seed_curves(kept[label], accuracy), first["reference"], first["fraction"], chance)
         lines.append(f"| {label} | {first['reference']} | {effective_text(found)} |")
     if not lines:
         return []
@@ -139,14 +119,13 @@ def effective_section(kept: dict[str, dict[str, dict[int, list[dict]]]], setting
     chance = ("" if not any(chances) else
               f", both taken above the task's chance c = {above} (a random one of the candidate answers its prompt "
               "offers: accuracy(n) − c ≥ f × (accuracy(R) − c))")
-    return ["", "Effective length: the longest evaluated length up to which the row's accuracy stays at least "
+    return ["", "Effective length: the longest evaluated length up to which a seed's accuracy stays at least "
             f"{fraction} × its accuracy at the reference length R{chance} (every evaluated length between counts; "
-            "eval/tasks/effective_length.py, after RULER's effective length, Hsieh et al. 2024), from the seeds that "
-            "learned the task: the geometric mean of their own effective lengths with a 95% t-interval (log2 length, "
-            "cut to [R, the longest evaluated length]; none where the seeds, or the parents, all agree), "
-            "or, where a seed keeps the task to the longest length, a seed is at or below chance at R or only one "
-            "pools, that of their mean accuracy curve:", "",
-            "| row | R | effective length (95% interval) |", "|---|---:|---|", *lines]
+            "eval/tasks/effective_length.py, after RULER's effective length, Hsieh et al. 2024), for each seed that "
+            "learned the task. Known only on the grid of evaluated lengths (a seed's true limit lies below the next "
+            "evaluated length), a row gives the grid values its seeds fall between and each seed's own value, in "
+            "seed order (≥: kept to the longest evaluated length; –: at or below chance at R):", "",
+            "| row | R | effective length: grid values; each seed |", "|---|---:|---|", *lines]
 
 
 # --------------------------------------------------------------- k_max

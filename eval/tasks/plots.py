@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import textwrap
 from pathlib import Path
+from typing import Optional
 
 import matplotlib
 
@@ -14,13 +15,16 @@ import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
 from ropelab.eval.reporting.labels import label_order  # noqa: E402
-from ropelab.eval.lm.plots import PlainFormatter, plain_ticks, finish, mark_train_len, style  # noqa: E402
+from ropelab.eval.lm.plots import (PlainFormatter, plain_ticks, finish, mark_train_len, row_styles,  # noqa: E402
+                                   style)
 
 
-def plot_accuracy(table: dict[str, dict[int, dict]], train_lens: list[int], path: Path, title: str) -> None:
-    """Accuracy vs length (log-x), one line per row, 95% intervals (seeds and instances) as error bars;
-    each training length marked."""
+def plot_accuracy(table: dict[str, dict[int, dict]], train_lens: list[int], path: Path, title: str,
+                  encodings: Optional[dict[str, str]] = None) -> None:
+    """Accuracy vs length (log-x), one line per row in its encoding's colour (``encodings``: row ->
+    encoding), 95% intervals (seeds and instances) as error bars; each training length marked."""
     fig, ax = plt.subplots(figsize=(7.5, 4.5))
+    styles = row_styles(sorted(table, key=label_order), encodings)
     for i, label in enumerate(sorted(table, key=label_order)):
         points = sorted((n, c) for n, c in table[label].items() if "accuracy" in c)
         if not points:
@@ -29,7 +33,7 @@ def plot_accuracy(table: dict[str, dict[int, dict]], train_lens: list[int], path
         ys = np.array([c["accuracy"] for _, c in points])
         err = np.array([[y - c["ci_low"] for y, (_, c) in zip(ys, points)],
                         [c["ci_high"] - y for y, (_, c) in zip(ys, points)]]).clip(min=0)  # rounding at 0 and 1
-        ax.errorbar(xs, ys, yerr=err, markersize=3.5, capsize=2, label=label, **style(i, label))
+        ax.errorbar(xs, ys, yerr=err, markersize=3.5, capsize=2, label=label, **styles[label])
     mark_train_len(ax, *train_lens)
     ax.set_xscale("log", base=2)
     plain_ticks(ax, "x")
@@ -89,7 +93,7 @@ def plot_learning(curves: dict[str, dict[int, tuple[list[int], list[float]]]], t
             st = style(i)
             ax.plot(steps, accuracy, color=st["color"], linestyle=st["linestyle"], linewidth=1.1, alpha=0.9,
                     label=f"seed {seed}")
-        ax.axhline(threshold, color="grey", linestyle="--", linewidth=0.8)
+        ax.axhline(threshold, color="grey", linestyle="--", linewidth=0.8, label=f"stop at {threshold:g}")
         ax.set_ylim(-0.03, 1.03)
         ax.grid(True, alpha=0.3)
         ax.legend(fontsize=6, loc="upper left")

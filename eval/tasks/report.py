@@ -45,7 +45,8 @@ from ropelab.eval.tasks.effective_length import effective_section
 from ropelab.eval.tasks.effective_length import K_MAX_DOC as KMAX_DOC
 from ropelab.eval.reporting.labels import (encoding_label, label_order, parents_note, replicate_unit, replicate_units, units_of,
                          with_scaling)
-from ropelab.eval.lm.report import write_report_files
+from ropelab.eval.lm.report import regenerate_line, write_report_files
+from ropelab.eval.tasks.findings import task_findings
 from ropelab.eval.reporting.runs_section import commit_lines, evaluation_provenance, missing_lines, schedule_lines, task_runs_table
 from ropelab.eval.reporting.stats import pooled_accuracy_interval
 from ropelab.eval.reporting.tables import length_table, train_lengths
@@ -99,12 +100,15 @@ Seeds = dict[str, dict[str, dict[int, list[dict]]]]  # label -> run -> length ->
 
 
 def settings_of(run: dict) -> dict:
-    """A run's report settings (eval.tasks; results written before they existed: the defaults):
+    """A run's report settings (eval.tasks; results written before they existed: the defaults,
+    but every seed pooled where learned_accuracy was not yet recorded):
     {reference: R, learned_at: threshold or None, fraction: f, chance: {task: c}, unit: its
     replicate unit (eval/reporting/labels.py)}."""
     default, tasks = TaskEvalConfig(), (run.get("eval") or {}).get("tasks") or {}
+    # Results written before learned_accuracy existed pooled every seed, and are made again so
+    # (their numbers as they were reported); newer results name it, its default included.
     return {"reference": tasks.get("reference_length") or run["train_len"],
-            "learned_at": tasks.get("learned_accuracy", default.learned_accuracy),
+            "learned_at": tasks.get("learned_accuracy"),
             "fraction": tasks.get("effective_fraction", default.effective_fraction),
             "chance": run.get("chance") or {},  # results written before it: 0, as they were reported
             "unit": replicate_unit(run)}
@@ -307,7 +311,9 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
           "Per-seed accuracy (one value per run of the row; in parentheses those that did not learn the task):", "",
           spread_table(table, lengths, mark), "", f"![{task} accuracy vs length](accuracy_{task}.png)"]
     train_lens = sorted({c["train_len"] for cells in table.values() for c in cells.values()})
-    plot_accuracy(table, train_lens, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy")
+    labels = label_rows(runs, task_rows)
+    encodings = {row_name(labels, r): r["encoding"] for r in task_rows}
+    plot_accuracy(table, train_lens, out / f"accuracy_{task}.png", f"{task}: exact-match accuracy", encodings)
     kept, settings = pooled_seeds(runs, rows, task)[0], {r["run"]: settings_of(r) for r in runs}
     everyone, meta = by_seed(runs, rows, task), {r["run"]: r for r in runs}
     md += learning_section(task, everyone, meta, out)
@@ -326,6 +332,25 @@ def _task_section(task: str, table: dict[str, dict[int, dict]], rows: list[dict]
         md += depth_section(task, kept, everyone, settings)
     return (md + positions_section(task, kept, settings, out, everyone)
             + answers_section(task, kept, everyone, replicate_units(runs)))
+
+
+def findings(runs: list[dict], rows: list[dict], tasks: list[str], missing: int) -> list[str]:
+    """The summary's findings, one sentence per line (eval/tasks/findings.py)."""
+    meta, base = {r["run"]: r for r in runs}, parents_length(runs)
+    train_len = base or min((r["train_len"] for r in runs), default=1)
+    suffix = "L₀" if base else "L"
+
+    def multiple(n: int) -> str:
+        return suffix if n == train_len else f"{n / train_len:g}{suffix}"
+
+    found = []
+    for task in tasks:
+        kept, counts = pooled_seeds(runs, rows, task)
+        reference = task_reference(runs, label_rows(runs, [r for r in rows if r["task"] == task]))
+        found += task_findings(task, kept, counts, reference, meta, multiple)
+    if missing:
+        found.append(f"{missing} runs of the grid are missing (listed under Runs); a mark may change when they arrive.")
+    return [f"- {sentence}" for sentence in found]
 
 
 TASK_FIGURES = ("accuracy_*.png", "*_heatmap.png", "*_first_error.png", "*_learning.png")
@@ -358,19 +383,24 @@ def _write_markdown(results: dict, out: Path) -> str:
     remade = (f", made again {results['remade']} from its results.json (ropelab regenerate)"
               if results.get("remade") else "")
     base = parents_length(runs)
+    tasks = sorted({r["task"] for r in rows}, key=TASK_NAMES.index)
+    tables = {task: summarize(runs, rows, task) for task in tasks}
     md = ["# Task accuracy report", "", f"Created {results['created']}{remade}. Training length L = "
           f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}" + (
               f", fine-tuned from parents trained at L₀ = {base}; tables head lengths by their multiple of L₀"
-              if base else "") + ". " + HEADER, *parents_note(runs),
+              if base else "") + f". {regenerate_line(out)}",
+          "", "## Summary", "",
+          "Exact-match accuracy of the seeds that learned each task (the learned column), pooled, with its 95% "
+          "interval over seeds and instances; each task's section below has its per-seed values, comparisons, "
+          "effective lengths and errors.", "", summary_table(tables, lengths, length_marks(runs)), "",
+          *findings(runs, rows, tasks, len(results.get("missing") or ())),
+          "", "## How to read this report", "", HEADER, *parents_note(runs),
           "", "## Runs", "", *commit_lines(runs), *evaluation_provenance(rows), *variant_lines(runs), "",
           *task_runs_table(results["runs"])]
     for line in schedule_lines(runs):
         md += ["", line]
     if results.get("missing"):
         md += ["", "**Missing runs** (not in the tables):", ""] + missing_lines(results["missing"])
-    tasks = sorted({r["task"] for r in rows}, key=TASK_NAMES.index)
-    tables = {task: summarize(runs, rows, task) for task in tasks}
-    md += ["", "## Summary", "", summary_table(tables, lengths, length_marks(runs))]
     for task, table in tables.items():
         md += _task_section(task, table, rows, runs, out, len(results.get("missing") or ()))
     if results.get("kmax"):

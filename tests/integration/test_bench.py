@@ -58,8 +58,13 @@ def test_bench_writes_every_section_for_every_encoding(tmp_path, capsys):
         # The ratio to the bare forward: one per timed pair, their median, same windows per forward.
         assert all(r["flops_ratio"] > 0 and len(r["flops_ratios"]) == 3 for r in evals)
         assert all(r["flops_ratio"] == sorted(r["flops_ratios"])[1] and r["forward_batch"] == 8 for r in evals)
+    # One matmul peak per run, measured at its start, behind every row's MFU, and named.
+    peak = shape["peak"]
+    assert all(shape["train"][kind]["peak"] == peak for kind in ("rope", "alibi", "learned"))
+    assert peak["size"] in (512, 1024, 2048) and peak["when"] == "at the start of this run"
     printed = capsys.readouterr().out
     assert "MFU" in printed and "latency" in printed and "2× L=32" in printed and "torch.profiler" in printed and "where one eager rope" in printed
+    assert f"MFU against the matmul peak of {peak['flops'] / 1e9:,.0f} GFLOP/s (float32, best of 10" in printed
     assert "× fwd" in printed
 
 
@@ -85,6 +90,23 @@ def test_an_unknown_plan_is_refused(capsys):
     assert e.value.code == 2 and "gemma3" in capsys.readouterr().err
 
 
+def test_bench_warns_when_the_machine_is_busy_and_marks_each_row_measured_then(tmp_path, capsys, monkeypatch):
+    """Other work on the CPUs slows every timing, rows measured at different moments by
+    different amounts: the run says so before it starts, and each row measured then says so."""
+    monkeypatch.setattr(bench_run, "measure_matmul_peak", lambda *a, **k: {"flops": 1e10, "dtype": "float32",
+                                                                           "size": 1024})
+    monkeypatch.setattr(bench_run, "machine_busy", lambda device_type="cpu": "load average 3.2 on 2 CPUs")
+    code, out = run_bench(tmp_path, "--sections", "train", "decode", "--kinds", "rope")
+    assert code == 0
+    shape = json.loads(out.read_text())["shapes"]["config"]
+    assert shape["train"]["rope"]["busy"] == shape["decode"]["rope"]["busy"] == "load average 3.2 on 2 CPUs"
+    captured = capsys.readouterr()
+    assert "warning: other work shares the CPUs (load average 3.2 on 2 CPUs)" in captured.err
+    assert "(1 of 2)" in captured.err and "done in" in captured.err  # progress, measurement by measurement
+    assert captured.out.count("(measured while busy)") == 2
+    assert "while other work shared the CPUs (load average 3.2 on 2 CPUs)" in captured.out  # the peak too
+
+
 def test_bench_refuses_a_bad_config_before_measuring(tmp_path, capsys):
     code, out = run_bench(tmp_path, "--sections", "train", "--set", "model.pos.kind=rotary")
     assert code == 2 and not out.exists()
@@ -93,7 +115,8 @@ def test_bench_refuses_a_bad_config_before_measuring(tmp_path, capsys):
 
 def test_bench_measures_linear_attention_beside_softmax(tmp_path, capsys, monkeypatch):
     # The matmul peak is measured (and tested) above; a fixed one keeps this test fast.
-    monkeypatch.setattr(bench_worker, "measure_matmul_peak", lambda *a, **k: {"flops": 1e10, "dtype": "float32"})
+    monkeypatch.setattr(bench_run, "measure_matmul_peak", lambda *a, **k: {"flops": 1e10, "dtype": "float32",
+                                                                           "size": 1024})
     code, out = run_bench(tmp_path, "--sections", "train", "decode", "--attention", "softmax", "linear",
                           "--kinds", "rope", "alibi")
     assert code == 0
@@ -116,7 +139,8 @@ def test_the_compile_speedup_is_paired_in_one_process(tmp_path, capsys, monkeypa
     import torch
 
     monkeypatch.setattr(torch, "compile", lambda model, **kwargs: model)
-    monkeypatch.setattr(bench_worker, "measure_matmul_peak", lambda *a, **k: {"flops": 1e10, "dtype": "float32"})
+    monkeypatch.setattr(bench_run, "measure_matmul_peak", lambda *a, **k: {"flops": 1e10, "dtype": "float32",
+                                                                           "size": 1024})
     built = []
     original = bench_worker.Trainer
 

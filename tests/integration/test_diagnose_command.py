@@ -5,6 +5,7 @@ line with exit 2, and diagnoses synthetic runs and grids on their own lengths.""
 from __future__ import annotations
 
 import json
+import re
 
 import numpy as np
 import pytest
@@ -38,7 +39,8 @@ def test_report_pools_seeds_skips_what_does_not_apply_and_reuses_its_cache(diag_
     results = json.loads((out / "results.json").read_text())
     rows = {row["label"]: row for row in results["rows"]}
     assert set(rows) == {"rope", "alibi", "learned", "rope (linear attention)"}
-    assert "`rope`: across 2 runs (seeds" in report and "`alibi`: across the 3 windows of one run" in report
+    assert "- across 2 runs (seeds; t-interval over the per-seed means): `rope`." in report
+    assert "- across the 3 windows of one run (t-interval; these trained weights only): `alibi`" in report
     assert rows["rope"]["lengths"]["256"]["entropy"]["across"] == "runs"
     assert "linear attention forms no attention matrix" in report
     assert "`learned` at 256: pos.kind=learned has a table of 32 positions" in report  # skipped, with the reason
@@ -74,7 +76,8 @@ def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp
     def tables(text):  # the report without the sentences that say it was made again
         if " Made again" in text:
             text = text.replace(text[text.index(" Made again"):text.index("(ropelab regenerate).") + 21], "")
-        return text.replace(" Drawn when the runs' caches were at hand (results.json keeps no maps).", "")
+        text = text.replace(" Drawn when the runs' caches were at hand (results.json keeps no maps).", "")
+        return re.sub(r" Regenerate it from its results.json alone: `[^`]*`\.", "", text)  # names where it lies
 
     def without_maps(text):
         if "## Example attention maps" not in text:
@@ -82,6 +85,7 @@ def test_a_diagnostics_report_is_made_again_from_its_results_json(diag_runs, tmp
         head, tail = text.split("\n## Example attention maps", 1)
         return head + ("\n## " + tail.split("\n## ", 1)[1] if "\n## " in tail else "\n")
 
+    original = tables(original)  # the command that regenerates it names where it lies
     regenerate.remake(out)
     again = (out / "report.md").read_text()
     assert "Made again" in again and tables(again) == original

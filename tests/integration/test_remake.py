@@ -73,3 +73,24 @@ def test_bad_results_are_one_line_errors(tmp_path, capsys, content, message):
     assert regenerate.main([str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and message in err and "Traceback" not in err
+
+
+def test_a_report_opens_with_its_summary_and_prints_no_empty_section_or_table_twice(report):
+    """The summary (a table, then one sentence per finding) comes first; a correction over no
+    comparisons, a power table with no entry, and a table printed twice have no place."""
+    _, out = report
+    text = (out / "report.md").read_text()
+    assert text.index("## Summary") < text.index("## How to read this report") < text.index("## Runs")
+    assert "`ropelab regenerate " in text.split("## Summary")[0]  # the one command that remakes it
+    assert " 0 comparisons" not in text and " 0 tests" not in text
+    tables, block = [], []
+    for line in text.splitlines() + [""]:
+        if line.startswith("|"):
+            block.append(line)
+        elif block:
+            tables.append("\n".join(block))
+            block = []
+    summary_table = tables[0]  # the summary restates the headline cells of one corpus and protocol
+    assert len(set(tables[1:])) == len(tables[1:]) and summary_table.startswith("| row | seeds | ppl at")
+    power = [t for t in tables if "·" in t]
+    assert all(any(c.strip() not in ("–", "") for c in row.split("|")[2:]) for t in power for row in t.splitlines()[2:])

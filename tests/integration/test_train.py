@@ -262,26 +262,23 @@ def test_mfu_peak_is_measured_on_cpu_or_taken_from_the_environment(monkeypatch):
     assert rt.peak_flops is None and rt.mfu(1e9) is None and "not measured" in rt.peak_source
 
 
-def test_a_peak_timed_on_a_busy_cpu_never_lowers_the_one_seen_before(tmp_path, monkeypatch):
-    """Other work on the cores the whole time slows every timed repeat: the peak for MFU is the
-    best this processor has shown (kept beside the probes), so MFU does not pass 100%."""
+def test_the_peak_behind_mfu_is_measured_in_each_run_and_says_when_the_machine_was_busy(monkeypatch):
+    """MFU is against the matmul rate measured at the run's start, never against a best rate
+    remembered from other runs (which rose over a day as quieter moments came, so one run's MFU
+    drifted); a peak measured while other work shared the CPUs says so."""
     from ropelab.configs.schema import TrainConfig
     from ropelab.training import runtime
 
     monkeypatch.delenv("ROPELAB_PEAK_FLOPS", raising=False)
-    monkeypatch.setenv("ROPELAB_PROBE_CACHE", str(tmp_path / "probes"))
-    rates = iter([5e10, 2e10, 8e10, 3e10])
+    rates = iter([5e10, 2e10, 8e10])
     monkeypatch.setattr(runtime, "measure_matmul_peak", lambda *a, **k: {"flops": next(rates)})
-    quiet = runtime.setup_runtime(TrainConfig(device="cpu"))
-    assert (quiet.peak_flops, quiet.peak_source) == (5e10, "measured matmul")
+    monkeypatch.setattr(runtime, "machine_busy", lambda device_type="cpu": "")
+    assert [runtime.setup_runtime(TrainConfig(device="cpu")).peak_flops for _ in range(2)] == [5e10, 2e10]
+    monkeypatch.setattr(runtime, "machine_busy", lambda device_type="cpu": "load average 3.2 on 2 CPUs")
     busy = runtime.setup_runtime(TrainConfig(device="cpu"))
-    assert busy.peak_flops == 5e10 and "the best seen here" in busy.peak_source
-    faster = runtime.setup_runtime(TrainConfig(device="cpu"))
-    assert (faster.peak_flops, faster.peak_source) == (8e10, "measured matmul")
-    assert list(json.loads(runtime.peak_record_path().read_text()).values()) == [8e10]
-    runtime.peak_record_path().write_text("{not json")  # a damaged record is measured again
-    assert runtime.setup_runtime(TrainConfig(device="cpu")).peak_flops == 3e10
-    assert list(json.loads(runtime.peak_record_path().read_text()).values()) == [3e10]
+    assert busy.peak_flops == 8e10
+    assert busy.peak_source == ("measured matmul at this run's start, while other work shared the CPUs "
+                                "(load average 3.2 on 2 CPUs): its MFU may read high")
 
 
 def test_training_log_lines_carry_gpu_peak_memory_only_when_given(tmp_path, caplog):

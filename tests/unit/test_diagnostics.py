@@ -15,7 +15,7 @@ from ropelab.eval.diagnostics import attention_stats
 from ropelab.eval.diagnostics.attention_probe import (LayerAttention, attention_inputs, attention_probabilities, rotary_pair_norms,
                                   rotated_vectors)
 from ropelab.eval.diagnostics.attention_stats import bin_edges, head_stats, log2_bin, needle_mass
-from ropelab.eval.diagnostics.report import uniform_distance, uniform_entropy
+from ropelab.eval.diagnostics.tables import uniform_distance, uniform_entropy
 from ropelab.eval.diagnostics.measure import Window, diagnose_window
 from ropelab.eval.lm.plots import encoding_color
 from ropelab.model.config import POS_KINDS

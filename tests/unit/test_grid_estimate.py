@@ -200,4 +200,45 @@ def test_data_that_cannot_be_prepared_gives_its_runs_no_estimate(tmp_path, corpu
     assert calls == ["rope"]  # one data config: prepared (and failed) once
     assert set(estimates) == {"kind-rope", "kind-alibi"}
     assert all(e.failed and e.note == "no estimate: data.local.train: no such file" for e in estimates.values())
-    assert caplog.messages == ["  preparing the data of kind-rope for the estimate (cached for training)"]
+    assert caplog.messages == ["  preparing the data of kind-rope for the estimate (cached for training)",
+                               "  no estimate for 2 runs (kind-rope, kind-alibi): data.local.train: no such file"]
+
+
+def test_a_dry_run_prepares_no_data_and_scales_the_shapes_it_did_not_time(tmp_path, corpus, monkeypatch, caplog,
+                                                                        capsys):
+    """A dry run answers quickly: data not prepared yet is sized from its config and files (nothing
+    tokenized or written), and once its timing budget is spent a shape is scaled from the timed
+    one by FLOPs per token, each estimate saying so; a grid with nothing to estimate prints why."""
+    import ropelab.grid.estimate as ge
+    from ropelab.model.transformer import Transformer
+    monkeypatch.setenv("ROPELAB_PROBE_CACHE", str(tmp_path / "probes"))
+    monkeypatch.setattr(ge, "prepare", lambda cfg, rt: pytest.fail("a dry run prepared the data"))
+    monkeypatch.setattr(ge, "DRY_RUN_TIMING_S", 0.0)  # the first shape is timed, every later one scaled
+    grid = load_grid(tiny_grid(tmp_path, corpus, {"model.d_model": [32, 64]}))
+    caplog.set_level(logging.INFO, logger="ropelab")
+    estimates = ge.estimate_grid(grid, grid.plan(), None, dry_run=True)
+    timed, scaled = estimates.values()  # d_model 32, then 64
+    assert not timed.failed and "scaled by FLOPs" not in timed.note
+    assert "not timed (the dry run's timing budget was spent): scaled by FLOPs" in scaled.note
+    vocab = ge.train_tokenizer(grid.plan()[0].cfg.data.tokenizer, []).vocab_size  # bytes: from the config alone
+    cfgs = {run.cfg.model.d_model: run.cfg.with_vocab_size(vocab) for run in grid.plan()}
+    flops = {d: Transformer(c.model).flops_per_token(c.train.seq_len, training=True) for d, c in cfgs.items()}
+    assert scaled.train_s / timed.train_s == pytest.approx(flops[64] / flops[32], rel=1e-6)
+    valid = (corpus / "valid.txt").stat().st_size
+    assert sum("is not prepared here, and a dry run is not tokenizing it" in m and f"≈ {valid:,} tokens" in m
+               for m in caplog.messages) == 1  # said once for the grid's one corpus
+    assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
+    capsys.readouterr()
+    ge.print_estimates({"a": ge.Estimate(0.0, 0.0, "no estimate: x", failed=True)}, 1)
+    assert "no estimate: none of the 1 runs could be estimated" in capsys.readouterr().out
+
+
+def test_a_hub_grid_names_its_local_twin(tmp_path):
+    from ropelab.grid.estimate import twin_of
+    hub, local = tmp_path / "study.yaml", tmp_path / "study-local.yaml"
+    for path in (hub, local):
+        path.write_text("")
+    assert twin_of(type("G", (), {"source": str(hub)})()) == local
+    assert twin_of(type("G", (), {"source": str(local)})()) is None
+    local.unlink()
+    assert twin_of(type("G", (), {"source": str(hub)})()) is None

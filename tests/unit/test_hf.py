@@ -183,8 +183,11 @@ def test_export_with_scaling_from_the_cli(tmp_path, capsys):
     assert cli(args) == 0
     printed = capsys.readouterr().out
     assert "interleaved pairing" in printed
-    diff = float(printed.split("random tokens:")[1].split()[0])
-    assert diff < TOL
+    diff = float(printed.split("random tokens:")[1].split(";")[0])
+    assert diff < TOL and printed.rstrip().endswith("; pass (tolerance 0.0001)")  # a verdict, against a stated bound
+    # Held to a bound the float32 round trip cannot meet, the check fails and says so, exit 1.
+    assert cli([str(tmp_path / "run"), str(tmp_path / "hf-tight"), "--check", "--tolerance", "1e-12"]) == 1
+    assert capsys.readouterr().out.rstrip().endswith("; FAIL (tolerance 1e-12)")
     config = json.loads((tmp_path / "hf" / "config.json").read_text())
     assert config["rope_parameters"] == {"rope_type": "yarn", "rope_theta": 10000.0, "factor": 4.0,
                                          "original_max_position_embeddings": TRAIN_LEN, "beta_fast": 32.0,

@@ -67,3 +67,42 @@ def test_the_passkey_heatmap_has_a_colour_bar(tmp_path, monkeypatch):
     bars = [ax for ax in fig.axes if ax.get_label() == "<colorbar>"]
     assert len(bars) == 1 and bars[0].get_ylabel() == "accuracy"
     assert bars[0].get_ylim() == (0.0, 1.0)  # every panel on one scale
+
+
+def test_a_row_has_its_encodings_colour_in_every_figure(tmp_path, monkeypatch):
+    """ALiBi is one colour in the perplexity, accuracy and diagnostics figures alike: its row in the
+    table of encodings (model/encodings.py). Rows of one encoding (RoPE and its scalings) differ by
+    dash pattern, and a row of no known encoding takes a colour no encoding has, never black."""
+    from ropelab.eval.lm import plots
+    from ropelab.eval.lm.plots import encoding_color, plot_perplexity, row_styles
+    from ropelab.eval.reporting.labels import label_encodings
+    from ropelab.eval.tasks import plots as task_plots
+
+    encodings = {"alibi": "alibi", "rope": "rope", "rope + yarn": "rope", "mystery": ""}
+    styles = row_styles(sorted(encodings), encodings)
+    assert styles["alibi"]["color"] == encoding_color("alibi") != encoding_color("rope")
+    assert styles["rope"]["color"] == styles["rope + yarn"]["color"] == encoding_color("rope")
+    assert styles["rope"]["linestyle"] != styles["rope + yarn"]["linestyle"]
+    assert styles["mystery"]["color"] not in {encoding_color(k) for k in ("alibi", "rope", "none")} | {"#000000"}
+    # The order of the rows beside it does not change a row's colour.
+    assert row_styles(["alibi", "zeta"], {"alibi": "alibi"})["alibi"]["color"] == styles["alibi"]["color"]
+    results = {"runs": [{"name": "a_seed-0", "label": "alibi", "encoding": "alibi"}],
+               "results": [{"encoding": "rope", "scaling": "yarn"}]}
+    assert label_encodings(results) == {"alibi": "alibi", "rope + yarn": "rope"}
+
+    drawn = {}
+
+    def keep(fig, ax, *args):  # the colour of each drawn line, by its legend entry
+        drawn.update({line.get_label(): line.get_color() for line in ax.get_lines()})
+        for container in ax.containers:
+            drawn[container.get_label()] = container.lines[0].get_color()
+
+    monkeypatch.setattr(plots, "finish", keep)
+    monkeypatch.setattr(task_plots, "finish", keep)
+    cell = {"ppl": 10.0, "low": 9.0, "high": 11.0}
+    plot_perplexity({"alibi": {128: cell}, "rope": {128: cell}}, [128], tmp_path / "p.png", "t", encodings)
+    assert drawn["alibi"] == encoding_color("alibi") and drawn["rope"] == encoding_color("rope")
+    drawn.clear()
+    acc = {"accuracy": 0.5, "ci_low": 0.4, "ci_high": 0.6}
+    task_plots.plot_accuracy({"rope": {32: acc}, "alibi": {32: acc}}, [32], tmp_path / "a.png", "t", encodings)
+    assert drawn["alibi"] == encoding_color("alibi") and drawn["rope"] == encoding_color("rope")

@@ -334,3 +334,18 @@ def test_the_normal_quantile_literal_is_scipys_to_the_last_digit():
     from ropelab.eval.reporting.stats import Z95
 
     assert Z95 == float(sps.norm.ppf(0.975))  # a literal only so that importing eval.stats skips scipy.stats
+
+
+def test_a_heavy_tailed_cell_shows_every_seeds_value_beside_its_interval():
+    """NoPE's perplexity at 16L in the core study: an interval of 5.7–528,144 hides that its seeds
+    disagree by orders of magnitude, so the cell lists them; a narrow interval does not."""
+    from types import SimpleNamespace
+
+    from ropelab.eval.reporting.tables import heavy, ppl_text, seeds_text
+    assert heavy(0.307, 27_889) and not heavy(0.945, 0.953) and not heavy(0.0, 1.0)
+    assert seeds_text([4.3, 4.3, 11.5, 142, 228_980], "×") == "; seeds ×4.3, ×4.3, ×11.5, ×142, ×228,980"
+    seeds = SimpleNamespace(seed_values=lambda: np.log([30.0, 31.0, 90.0, 2_600.0, 4.1e6]))
+    wide = {"ppl": 1735.0, "low": 5.7, "high": 528_144.0, "interval": "runs", "cell": seeds}
+    assert ppl_text(wide).endswith("; seeds 30, 31, 90, 2,600, 4,100,000")
+    narrow = {**wide, "ppl": 15.0, "low": 14.3, "high": 15.7}
+    assert "seeds" not in ppl_text(narrow)

@@ -304,3 +304,22 @@ def test_a_comparison_with_one_seed_on_a_side_claims_no_test_and_no_power(tmp_pa
     assert "| sinusoidal vs rope | +0.00 (one seed) | +0.50 (one seed) |" in report
     assert "No test across training runs" in report and "over this table's 0 tests" not in report
     assert "Power across training runs" not in report
+
+
+def test_cells_at_the_floor_or_ceiling_are_no_test_and_stay_out_of_the_family(tmp_path):
+    """RoPE and ALiBi both answer every copy instance right at 32 (the ceiling) and every one wrong
+    at 128 (the floor): no outcome of those cells could differ, so they are printed as no test and
+    the Benjamini–Hochberg family holds only the comparison at 64. The summary opens the report
+    with the accuracy table and one sentence per finding, read off the same marks."""
+    runs = [run_record(f"{e}{s}", s, e, encoding=e) for e in ("rope", "alibi") for s in range(3)]
+    at = {"rope": [(40, 2, 0), (40, 1, 0), (40, 3, 0)], "alibi": [(40, 38, 0), (40, 36, 0), (40, 39, 0)]}
+    rows = [{**cell(f"{e}{s}", s, n, c), "encoding": e} for e, seeds in at.items()
+            for s, counts in enumerate(seeds) for n, c in zip((32, 64, 128), counts)]
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path)
+    report = (tmp_path / "report.md").read_text()
+    line = next(x for x in report.splitlines() if x.startswith("| alibi vs rope |"))
+    assert line.count("ceiling: no test") == 1 and line.count("floor: no test") == 1 and line.count("▲") == 1
+    assert "correction over this table's 1 test; 2 comparisons where both rows are at the floor" in report
+    summary = report.split("## Summary", 1)[1].split("## How to read this report", 1)[0]
+    assert "- copy, against `rope` after the correction: higher accuracy: `alibi` (2L)." in summary
+    assert report.index("## Summary") < report.index("## Runs")

@@ -4,12 +4,11 @@ eval/tasks/report.py, eval/tasks/first_error.py)."""
 
 from __future__ import annotations
 
-import numpy as np
 import pytest
 
 from ropelab.eval.tasks.effective_length import effective_length, effective_text, row_effective_length
 from ropelab.eval.reporting.runs_section import competence_text, evaluation_provenance
-from ropelab.eval.reporting.stats import t_quantile, wilson_interval
+from ropelab.eval.reporting.stats import wilson_interval
 from ropelab.eval.tasks.learning import learning_curves
 from ropelab.eval.tasks.first_error import first_error_grid, token_edges
 from ropelab.eval.tasks.report import by_seed, write_task_report
@@ -26,30 +25,24 @@ def test_effective_length_by_hand():
     seeds = [{32: 1.0, 64: 0.9, 128: 0.1, 256: 0.0}, {32: 1.0, 64: 0.5, 128: 0.0, 256: 0.0},
              {32: 0.96, 64: 0.96, 128: 0.9, 256: 0.2}]
     found = row_effective_length(seeds, 32, 0.8)
-    assert found["per_seed"] == [64, 32, 128]
-    # The pooled curve (0.987 at 32, 0.787 at 64: below 0.8 × 0.987 = 0.789) would say 32; with
-    # an interval over the seeds the value is their geometric mean, the interval's centre.
-    half = t_quantile(0.975, 2) * np.std([6, 5, 7], ddof=1) / np.sqrt(3)  # log2 of 64, 32, 128
-    assert found["point"] == pytest.approx(64)
-    # 2^(6 ∓ 2.48) = 11.4 … 357 reaches past both ends of where an effective length lies: cut to [32, 256].
-    assert 2 ** (6 - half) < 32 and 2 ** (6 + half) > 256
-    assert (found["low"], found["high"]) == (32, 256)
-    assert effective_text(found) == "64 (×2) (32–256)"
-    assert found["censored"] == 0
+    assert found["per_seed"] == [64, 32, 128] and found["censored"] == 0
+    # Known only on the grid: the grid values the seeds fall between, and each seed's own value,
+    # never a mean of grid values (64 here, a length no seed was found at in that form).
+    assert effective_text(found) == "32–128 (×1–×4); seeds 64, 32, 128"
     kept = row_effective_length([seeds[2], {32: 1.0, 64: 1.0, 128: 1.0, 256: 1.0}], 32, 0.8)
-    assert kept["censored"] == 1 and kept["low"] is None and "1 of 2 seeds keep it" in effective_text(kept)
-    # From the pooled curve (0.98, 0.98, 0.95, 0.6): the second seed keeps the task to 256, its
-    # own value only known to be at least that, so there is no interval to centre on.
-    assert kept["point"] == 128
+    assert kept["censored"] == 1
+    assert effective_text(kept) == "128–≥ 256 (×4–×8); seeds 128, ≥ 256"  # kept to the longest: only "at least"
     one = row_effective_length([seeds[0]], 32, 0.8)
-    assert one["point"] == 64 and effective_text(one) == "64 (×2) (one seed)"
-    # Inside that range the interval is the t-interval itself: seeds at 128, 128 and 256 of 32…512.
-    short, far = {32: 1.0, 64: 1.0, 128: 1.0, 256: 0.5, 512: 0.0}, {32: 1.0, 64: 1.0, 128: 1.0, 256: 1.0, 512: 0.0}
-    inner = row_effective_length([short, short, far], 32, 0.8)
-    half = t_quantile(0.975, 2) * np.std([7, 7, 8], ddof=1) / np.sqrt(3)
-    assert inner["per_seed"] == [128, 128, 256]
-    assert (inner["low"], inner["high"]) == pytest.approx((2 ** (22 / 3 - half), 2 ** (22 / 3 + half)))
-    assert 32 < inner["low"] and inner["high"] < 512
+    assert effective_text(one) == "64 (×2); one seed"
+    same = row_effective_length([seeds[0]] * 3, 32, 0.8)
+    assert effective_text(same) == "64 (×2); seeds 64, 64, 64"
+    every = row_effective_length([{32: 1.0, 64: 1.0}] * 2, 32, 0.8)
+    assert effective_text(every) == "≥ 64 (×2); seeds ≥ 64, ≥ 64"
+    # ALiBi's passkey seeds in the retrieval study: 512, 512, 256, 512 (of 128…1024) read 256–512,
+    # where their geometric mean, 431, is no length any seed was measured at.
+    alibi = [{128: 1.0, 256: 1.0, 512: 1.0, 1024: 0.5}] * 2 + [{128: 1.0, 256: 1.0, 512: 0.5, 1024: 0.5},
+                                                               {128: 1.0, 256: 1.0, 512: 1.0, 1024: 0.2}]
+    assert effective_text(row_effective_length(alibi, 128, 0.8)) == "256–512 (×2–×4); seeds 512, 512, 256, 512"
 
 
 def test_effective_length_section_names_the_fraction_even_where_no_row_learned():
@@ -68,7 +61,9 @@ def test_effective_length_above_chance():
     curve = {32: 0.85, 64: 0.7, 128: 0.69}  # 0.8 × 0.85 = 0.68 kept; above chance 0.45 < 0.8 × 0.6 = 0.48
     assert effective_length(curve, 32, 0.8) == 128 and effective_length(curve, 32, 0.8, chance=0.25) == 32
     found = row_effective_length([at_chance, at_chance], 32, 0.8, chance=0.25)
-    assert found["point"] is None and "at or below chance, 0.25" in effective_text(found)
+    assert found["per_seed"] == [None, None] and "at or below chance, 0.25" in effective_text(found)
+    half = row_effective_length([at_chance, curve], 32, 0.8, chance=0.25)
+    assert effective_text(half) == "32 (×1); seeds –, 32"  # a seed at chance at R has none
 
 
 def test_chance_of_each_task_by_hand():
@@ -102,7 +97,7 @@ def test_the_runs_table_names_the_checks_in_a_row_a_stop_asked_for():
 def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
     """Seed 0 learned copy at L (10/10), seed 1 did not (5/10): cells beyond L are seed 0's alone."""
     runs = [{"run": f"r{s}", "name": f"rope_seed-{s}", "encoding": "rope", "group": "g", "stem": "rope", "seed": s,
-             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {"learned_accuracy": 0.95}},
              "trained_on": "copy",  # a results.json written before tasks_trained was recorded
              "total_steps": 600 if s == 0 else 1000,  # seed 0 stopped under a budget the grid raised since
              **({"competence": {"reached": True, "step": 300}} if s == 0 else
@@ -116,7 +111,7 @@ def test_rows_pool_the_seeds_that_learned_the_task_and_say_how_many(tmp_path):
     low, high = wilson_interval(4, 10)
     assert "| rope | 1/2 | 1.00 " in report and f"| 0.40 [{low:.2f}, {high:.2f}] |" in report
     assert "| rope | 1/2 | 1.00 / (0.50) | 0.40 / (0.00) |" in report  # every seed, the unlearned in ()
-    assert "| rope | 32 | 32 (×1) (one seed) |" in report  # 0.4 < 0.8 × 1.0 at 64
+    assert "| rope | 32 | 32 (×1); one seed |" in report  # 0.4 < 0.8 × 1.0 at 64
     assert "| rope | 1.00 | 0.75 |" in report  # right before the first error at 64: (4 + (16 + … + 21) / 32) / 10
     assert "at step 300" in report and "**not reached** (0.977 < 0.98; 0.850 at step 800)" in report  # never "0.98 < 0.98"
     assert ("different learning-rate schedules** (the row pools runs of different experiments; retrain them at one "
@@ -151,7 +146,7 @@ def test_a_row_no_seed_learned_shows_where_every_seed_fails(tmp_path):
     """Multikey that no seed learned: no accuracy pools, but the first-error section shows both
     seeds, marked, by answer token (most answers wrong from their first token: the wrong pick)."""
     runs = [{"run": f"r{s}", "name": f"rope_seed-{s}", "encoding": "rope", "group": "g", "stem": "rope", "seed": s,
-             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {"learned_accuracy": 0.95}},
              "tasks_trained": ["multikey"]} for s in (0, 1)]
     rows = [{**cell_row(f"r{s}", s, 32, 1, total=4, first_error=[0, 0, 2, 5], answer_tokens=[5] * 4),
              "task": "multikey", "eval_commit": "e" * 40} for s in (0, 1)]
@@ -163,6 +158,14 @@ def test_a_row_no_seed_learned_shows_where_every_seed_fails(tmp_path):
     assert "| rope | 0/2 | n/a (no seed learned the task) |" in report
     assert "| rope (not learned: 2 seeds) | 0.35 |" in report  # (0 + 0 + 2/5 + 1) / 4
     assert (tmp_path / "multikey_first_error.png").read_bytes()[:4] == b"\x89PNG"
+    # Results written before eval.tasks.learned_accuracy existed pooled every seed, and a report
+    # made again from them pools every seed still: its numbers stay those first reported.
+    for run in runs:
+        run["eval"] = {"tasks": {}}
+    write_task_report({"created": "now", "runs": runs, "results": rows, "kmax": [], "missing": []}, tmp_path / "early")
+    early = (tmp_path / "early" / "report.md").read_text()
+    assert "n/a (no seed learned the task)" not in early and "| rope (not learned: 2 seeds) |" not in early
+    assert "| rope | 0.35 |" in early  # both seeds pooled in the first-error table
 
 
 def test_evaluation_provenance_names_the_scoring_commits_and_cells_scored_before_they_were_kept():
@@ -179,9 +182,9 @@ def test_evaluation_provenance_names_the_scoring_commits_and_cells_scored_before
 
 
 def test_fine_tunes_of_several_parents_count_each_parent_once(tmp_path):
-    """Two parents x two fine-tuning seeds, every seed pooled: the accuracy interval and the
-    effective length's interval come from the two parents' means (1 df), not from four runs
-    taken as independent (eval/reporting/stats.py, "Fine-tunes of several parents")."""
+    """Two parents x two fine-tuning seeds, every seed pooled: the accuracy interval comes from the
+    two parents' means (1 df), not from four runs taken as independent (eval/reporting/stats.py,
+    "Fine-tunes of several parents"); the effective length lists every run's own value."""
     from ropelab.eval.reporting.stats import pooled_accuracy_interval
     runs = [{"run": f"r{p}{s}", "name": f"ft_p{p}_seed-{s}", "encoding": "rope", "group": "g", "stem": "ft", "seed": s,
              "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "tasks_trained": ["copy"],
@@ -196,13 +199,10 @@ def test_fine_tunes_of_several_parents_count_each_parent_once(tmp_path):
     low, high = pooled_accuracy_interval(at_64, ("p0", "p0", "p1", "p1"))
     naive = pooled_accuracy_interval(at_64)
     assert f"| 0.65 [{low:.2f}, {high:.2f}] |" in report and high - low > naive[1] - naive[0] + 0.1
-    # Effective lengths 64, 64 (parent 0: 0.9 ≥ 0.8 at 64) and 32, 32 (parent 1): log2 means 6 and 5 on 1 df.
+    # Effective lengths 64, 64 (parent 0: 0.9 ≥ 0.8 at 64) and 32, 32 (parent 1): every run's value listed.
     curves = [{n: c / 40 for n, c in zip((32, 64, 128), correct[run])} for run in sorted(correct)]
-    found = row_effective_length(curves, 32, 0.8, units=("p0", "p0", "p1", "p1"))
-    half = t_quantile(0.975, 1) * np.std([6, 5], ddof=1) / np.sqrt(2)
-    assert found["per_seed"] == [64, 64, 32, 32] and found["point"] == pytest.approx(2 ** 5.5)
-    assert found["low"] == 32 and 2 ** (5.5 + half) > 128 and found["high"] == 128  # cut to [R, longest]
-    assert "| rope | 32 | 45 (×1.41) (32–128) |" in report
+    assert row_effective_length(curves, 32, 0.8)["per_seed"] == [64, 64, 32, 32]
+    assert "| rope | 32 | 32–64 (×1–×2); seeds 64, 64, 32, 32 |" in report
     # k_max per run names each value's parent: the two parents' fine-tunes share seeds 0 and 1.
     from ropelab.eval.tasks.report import kmax_table
     passkey = [{**r, "task": "passkey"} for r in rows]
@@ -210,21 +210,13 @@ def test_fine_tunes_of_several_parents_count_each_parent_once(tmp_path):
             for run in sorted(correct)]
     assert kmax_table(runs, passkey, kmax)[-1] == ("| rope | 64 (parent p0, seed 0), 64 (parent p0, seed 1), "
                                                    "< shortest (parent p1, seed 0), < shortest (parent p1, seed 1) |")
-    # Each parent's fine-tunes split 64 / 32: the parents' means agree (log2 5.5 both), and a
-    # t-interval of width 0 would claim certainty, so the row says they agree instead.
-    split = row_effective_length([curves[0], curves[2], curves[0], curves[2]], 32, 0.8,
-                                 units=("p0", "p0", "p1", "p1"))
-    assert split["point"] == pytest.approx(2 ** 5.5) and split["low"] is None
-    assert effective_text(split) == "45 (×1.41); the 2 parents agree: no spread to make an interval from"
-    same = row_effective_length([curves[0]] * 3, 32, 0.8)
-    assert same["point"] == 64 and effective_text(same) == "64 (×2); the 3 seeds agree: no spread to make an interval from"
 
 
 def test_a_task_report_replaces_an_earlier_ones_figures_it_no_longer_draws(tmp_path):
     """Written as the perplexity report is: an earlier report's figure this one does not link
     goes (once the new one is whole), other report files stay, and report.md is UTF-8."""
     runs = [{"run": "r0", "name": "rope_seed-0", "encoding": "rope", "group": "g", "stem": "rope", "seed": 0,
-             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {"learned_accuracy": 0.95}},
              "tasks_trained": ["copy"]}]
     rows = [cell_row("r0", 0, n, 10, first_error=[16] * 10, answer_tokens=[16] * 10) for n in (32, 64)]
     (tmp_path / "report.md").write_text("an earlier report\n")
@@ -242,7 +234,7 @@ def test_each_seeds_accuracy_during_training_is_drawn_per_row(tmp_path):
     curves = {0: {"steps": [100, 200, 300], "accuracy": {"copy": [0.1, 0.6, 0.99]}},
               1: {"steps": [100, 200, 300, 400], "accuracy": {"copy": [0.0, 0.25, 0.25, 0.3]}}}
     runs = [{"run": f"r{s}", "name": f"rope_seed-{s}", "encoding": "rope", "group": "g", "stem": "rope", "seed": s,
-             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {"learned_accuracy": 0.95}},
              "tasks_trained": ["copy"], "competence": {"reached": s == 0, "threshold": 0.98, "step": 300},
              **({"competence_curve": curves[s]} if s in curves else {})} for s in (0, 1, 2)]
     rows = [cell_row(f"r{s}", s, n, 10, first_error=[16] * 10, answer_tokens=[16] * 10)
@@ -281,7 +273,7 @@ def test_seeds_that_did_not_learn_a_needle_task_show_their_accuracy_by_depth(tmp
     (8/10 at depth 0, 2/10 at depth 1); ALiBi's one seed learned it, so its row has no line."""
     runs = [{"run": f"{kind}{s}", "name": f"{kind}_seed-{s}", "encoding": kind, "group": kind, "stem": kind,
              "seed": s, "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc",
-             "eval": {"tasks": {}}, "tasks_trained": ["multikey"]} for kind, s in (("rope", 0), ("rope", 1), ("alibi", 0))]
+             "eval": {"tasks": {"learned_accuracy": 0.95}}, "tasks_trained": ["multikey"]} for kind, s in (("rope", 0), ("rope", 1), ("alibi", 0))]
     scored = {("rope0", 0.0): 10, ("rope0", 1.0): 9, ("rope1", 0.0): 8, ("rope1", 1.0): 2,
               ("alibi0", 0.0): 10, ("alibi0", 1.0): 10}
     rows = [{**cell_row(run, int(run[-1]), 32, correct, depth=depth), "task": "multikey",
