@@ -49,6 +49,7 @@ from ropelab.configs.schema import EvalConfig, RunConfig
 from ropelab.eval.core.resume_journal import Cells
 from ropelab.eval.reporting.report_dir import PERPLEXITY, ReportKind, check_report_dir
 from ropelab.eval.core.run_checks import check_distinct, check_flags
+from ropelab.eval.reporting.like_for_like import run_setup
 from ropelab.model.config import SCALING_TYPES
 from ropelab.model.encodings import KINDS, served_length
 from ropelab.training.competence import logged_progress
@@ -203,6 +204,7 @@ def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, 
         # The group hashes the whole config as the schema reads it today: a key added
         # since (e.g. model.attention) must not split a cached seed from a fresh one.
         cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"), cached["meta"].get("parent"))
+        cached["meta"]["setup"] = run_setup(cfg)  # cached before runs recorded it: the config says
         if "encoding" in cached["meta"]:  # a layer plan's row name, as the schema names it today
             cached["meta"]["encoding"] = cfg.model.encoding_name()
         # The settings outside the key (the report's reference row, …) are today's.

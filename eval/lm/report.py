@@ -22,6 +22,7 @@ from ropelab.common.storage import is_storage_error, make_dir, storage_error
 from ropelab.eval.reporting.ablations import ablations_note, is_ablation, sweep_ablations
 from ropelab.eval.lm.finetune_budget import budget_section
 from ropelab.eval.lm.context_use import breakdown_section, context_section
+from ropelab.eval.reporting.like_for_like import unlike_rows
 from ropelab.eval.reporting.labels import budget_partner, label_order, parents_note, row_label, split_step, with_scaling
 from ropelab.eval.reporting.reference import no_default_reference, report_reference
 from ropelab.eval.reporting.report_dir import check_report_dir, report_kind
@@ -339,6 +340,7 @@ def _write_markdown(results: dict, out: Path) -> str:
           f"{' (each row its own: the L column)' if len(train_lens) > 1 else ''}. A cell is the "
           "perplexity exp(mean over seeds of the mean NLL per token); rows pool the runs that are the same "
           "experiment apart from the seed. " + INTERVALS, *parents_note(runs), *(["", why] if why else []),
+          *(["", unlike] if (unlike := unlike_rows(results)) else []),
           "", "## Runs", "", *provenance(runs), *evaluation_provenance(rows), "",
           *runs_table(runs), *ablations_note(results.get("ablations") or {})]
     if results.get("missing"):

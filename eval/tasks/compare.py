@@ -52,6 +52,7 @@ import numpy as np
 from ropelab.eval.reporting.labels import budget_partner, label_groups, label_order, replicate_unit, split_step
 from ropelab.eval.reporting.reference import DEFAULT_REFERENCE
 from ropelab.eval.reporting.stats import Estimate, Part, benjamini_hochberg, detectable, mark, seeds_needed, unit_means
+from ropelab.eval.reporting.like_for_like import unlike_note
 from ropelab.eval.reporting.tables import length_table
 
 RunCells = dict[str, dict[int, list[dict]]]  # run -> length -> its cells (one per depth)
@@ -252,8 +253,11 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
         return ["", "Compared with the reference row: none; eval.reference names no row of this task."]
     comparisons = task_comparisons(kept, reference, meta)
     unlearned = [label for label in sorted(kept, key=label_order) if not kept[label]]
+    note = "" if split_step(reference)[1] is not None else unlike_note(
+        {label: [meta[run] for run in runs] for label, runs in kept.items()}, reference, sorted(kept, key=label_order))
+    unlike = ["", note] if note else []
     if not any(comparisons.values()):
-        return ["", f"Compared with `{reference}`: none; {_why_none(kept, reference, unlearned)}."]
+        return [*unlike, "", f"Compared with `{reference}`: none; {_why_none(kept, reference, unlearned)}."]
     tested = sum(1 for cells in comparisons.values() for c in cells.values() if c["mark"])
     welch = sorted(name for name, cells in comparisons.items()
                    if any(c["estimate"].pairing == "welch" for c in cells.values()))
@@ -281,7 +285,7 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
              "seeds (80% power, two-sided 5%, before the correction; seeds are parents for fine-tunes) · the seeds per "
              "row the observed difference would need (>100: more instances, not seeds, would decide it):", "",
              table(_power_text)] if tested else []
-    return ["", f"Compared with `{reference}`: the first row's accuracy minus the second's, over the seeds each "
+    return [*unlike, "", f"Compared with `{reference}`: the first row's accuracy minus the second's, over the seeds each "
             f"row pools, with its 95% interval across training runs and instances (eval/tasks/compare.py).{pairing} "
             f"Rows pooling the same seeds are paired seed by seed (by parent where fine-tunes share one){unpaired}. "
             f"{marks}{unlearned_text}", "", table(_cell_text)] + power
