@@ -77,6 +77,25 @@ def task_reference(runs: list[dict], task_labels: dict[str, str]) -> Optional[st
     return found[0] + (f" @ {step}" if step is not None else "") + (f" + {scaling}" if plus else "")
 
 
+def missing_task_reference(results: dict) -> Optional[str]:
+    """Why a task report has no comparisons, when the reference row it was asked for (eval.reference,
+    ``ropelab regenerate --reference``) is none of its rows; with the rows it could name."""
+    runs = results["runs"]
+    asked = next((run["eval"].get("reference") for run in runs if run.get("eval")), None) or DEFAULT_REFERENCE
+    labels: set[str] = set()
+    for task in {row["task"] for row in results["results"]}:  # each task's table names its rows among its runs
+        present = {row["run"] for row in results["results"] if row["task"] == task}
+        named = [dict(run) for run in runs if run["run"] in present]
+        label_groups(named, [])
+        labels |= {run["label"] for run in named}
+    if not labels or split_step(asked)[0].partition(" + ")[0] in labels:
+        return None
+    labels = sorted(labels, key=label_order)
+    return (f"the reference row {asked!r} (eval.reference, --reference) is none of the task report's rows, so its "
+            f"tasks have no comparisons; rows: {', '.join(labels)}. Rerun with --reference ROW: only the report is "
+            "made again.")
+
+
 class Scored(NamedTuple):
     """One run's answers at one length: how many right of how many, and, where its cells keep
     them, each instance's outcome (an array of 0/1 in depth order) for the paired instance part."""

@@ -73,3 +73,16 @@ def test_bad_results_are_one_line_errors(tmp_path, capsys, content, message):
     assert regenerate.main([str(path)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error:") and message in err and "Traceback" not in err
+
+
+def test_a_reference_row_a_task_report_lacks_is_warned_with_its_rows(tmp_path, capsys):
+    """--reference naming no row warned with the valid rows on perplexity reports only: a task
+    report was written without comparisons and without a word."""
+    from helpers import ROOT
+    committed = ROOT / "docs" / "results" / "length-generalization-tasks-cpu" / "tasks" / "results.json"
+    assert regenerate.main([str(committed), "--reference", "nosuchrow", "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the reference row 'nosuchrow' (eval.reference, --reference) is none of the task report's " \
+           "rows" in err and "rows: alibi, cope, fire, kerple, learned, nope, rope, sinusoidal, t5, xpos." in err
+    assert regenerate.main([str(committed), "--reference", "alibi", "--out", str(tmp_path / "a")]) == 0
+    assert "warning" not in capsys.readouterr().err
