@@ -181,8 +181,13 @@ def cached_result(evaluation: Evaluation, run: RunDir, cfg: RunConfig, ev: EvalC
     ckpt = run.latest_checkpoint()
     if ckpt is None or not path.exists():
         return None
-    cached = json.loads(path.read_text())
-    if not all(math.isfinite(row[key]) for row in cached["rows"] for key in ("nll", "ppl") if key in row):
+    try:
+        cached = json.loads(path.read_text())
+        finite = all(math.isfinite(row[key]) for row in cached["rows"] for key in ("nll", "ppl") if key in row)
+    except (ValueError, KeyError, TypeError) as e:  # cut short, or whole but not this cache's JSON
+        raise UserError(f"the evaluation cache {path} is damaged ({type(e).__name__}: {e}); delete it, and the "
+                        "run is evaluated again from its checkpoint") from None
+    if not finite:
         return None  # scored before non-finite weights were refused: not a result
     # Given steps do not change as a run grows.
     return cached if cached.get("checkpoint") == ckpt.name or ev.steps else None

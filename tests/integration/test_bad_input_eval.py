@@ -10,6 +10,7 @@ request no machine could hold.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import shutil
@@ -129,6 +130,27 @@ def test_a_run_directory_as_the_report_directory(runs, capsys):
         refused_in_process(main, [str(runs["rope"]), *argv, "--out", str(runs["alibi"])], capsys,
                            f"--out {runs['alibi']} is a run directory")
         assert snapshot(runs["alibi"]) == before
+
+
+# --------------------------------------------------------------- a damaged evaluation cache
+
+@pytest.mark.parametrize("damage", [b'{"rows": [', gzip.compress(b"not json"), b"[]"],
+                         ids=["cut-short", "gzip-not-json", "json-of-another-shape"])
+def test_a_damaged_evaluation_cache_says_delete_it(runs, tmp_path, capsys, damage):
+    """A cache cut short, or whole but not a cache's JSON, was a JSONDecodeError (or a
+    UnicodeDecodeError, a KeyError) with a traceback."""
+    run = tmp_path / "rope"
+    shutil.copytree(runs["rope"], run)
+    assert extrapolation.main(perplexity(str(run), "--lengths", "32", out=tmp_path / "r")) == 0
+    cache = next((run / "eval").glob("extrapolation-*.json"))
+    cache.write_bytes(damage)
+    capsys.readouterr()
+    err = refused_in_process(extrapolation.main, perplexity(str(run), "--lengths", "32", out=tmp_path / "r"), capsys,
+                             f"error: the evaluation cache {cache} is damaged", "delete it, and the run is evaluated "
+                             "again from its checkpoint")
+    assert err.count("\n") == 1
+    cache.unlink()  # the advice, followed
+    assert extrapolation.main(perplexity(str(run), "--lengths", "32", out=tmp_path / "r")) == 0
 
 
 # --------------------------------------------------------------- rows trained unalike
