@@ -26,7 +26,8 @@ from ropelab.eval.reporting.like_for_like import unlike_rows
 from ropelab.eval.reporting.labels import budget_partner, label_order, parents_note, row_label, split_step, with_scaling
 from ropelab.eval.reporting.reference import no_default_reference, report_reference
 from ropelab.eval.reporting.report_dir import check_report_dir, report_kind
-from ropelab.eval.reporting.runs_section import evaluation_provenance, missing_lines, provenance, runs_table
+from ropelab.eval.reporting.runs_section import (evaluation_provenance, incomplete_note, missing_lines, provenance,
+                                                 runs_table)
 from ropelab.eval.lm.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
 from ropelab.eval.reporting.tables import (comparison_table, compare, degradation, degradation_table, mark_table,
                          identical_rows, interval_table, length_table, power_table, scored_line, summarize,
@@ -340,7 +341,7 @@ def _write_markdown(results: dict, out: Path) -> str:
           f"{' (each row its own: the L column)' if len(train_lens) > 1 else ''}. A cell is the "
           "perplexity exp(mean over seeds of the mean NLL per token); rows pool the runs that are the same "
           "experiment apart from the seed. " + INTERVALS, *parents_note(runs), *(["", why] if why else []),
-          *(["", unlike] if (unlike := unlike_rows(results)) else []),
+          *(["", unlike] if (unlike := unlike_rows(results)) else []), *incomplete_note(results.get("missing")),
           "", "## Runs", "", *provenance(runs), *evaluation_provenance(rows), "",
           *runs_table(runs), *ablations_note(results.get("ablations") or {})]
     if results.get("missing"):

@@ -46,7 +46,7 @@ from ropelab.eval.tasks.effective_length import K_MAX_DOC as KMAX_DOC
 from ropelab.eval.reporting.labels import (encoding_label, label_order, parents_note, replicate_unit, replicate_units, units_of,
                          with_scaling)
 from ropelab.eval.lm.report import write_report_files
-from ropelab.eval.reporting.runs_section import commit_lines, evaluation_provenance, missing_lines, schedule_lines, task_runs_table
+from ropelab.eval.reporting.runs_section import commit_lines, evaluation_provenance, incomplete_note, missing_lines, schedule_lines, task_runs_table
 from ropelab.eval.reporting.stats import pooled_accuracy_interval
 from ropelab.eval.reporting.tables import length_table, train_lengths
 from ropelab.eval.tasks.compare import comparison_section, task_reference
@@ -361,7 +361,7 @@ def _write_markdown(results: dict, out: Path) -> str:
     md = ["# Task accuracy report", "", f"Created {results['created']}{remade}. Training length L = "
           f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}" + (
               f", fine-tuned from parents trained at L₀ = {base}; tables head lengths by their multiple of L₀"
-              if base else "") + ". " + HEADER, *parents_note(runs),
+              if base else "") + ". " + HEADER, *parents_note(runs), *incomplete_note(results.get("missing")),
           "", "## Runs", "", *commit_lines(runs), *evaluation_provenance(rows), *variant_lines(runs), "",
           *task_runs_table(results["runs"])]
     for line in schedule_lines(runs):
