@@ -20,6 +20,7 @@ from ropelab.common.errors import UserError
 from ropelab.common.storage import make_dir
 from ropelab.common.logs import get_logger
 from ropelab.configs import config_to_yaml, load_config
+from ropelab.configs.loader import overlay_alone
 from ropelab.configs.schema import RunConfig
 from ropelab.training.run_dir import RunDir, runs_in
 from ropelab.training.run_lock import RunLock
@@ -77,6 +78,9 @@ def warn_about(cfg: RunConfig, rt: Runtime) -> None:
 def main(argv: Optional[list[str]] = None) -> int:
     args = parse_args(argv)
     device = [f"train.device={args.device}"] if args.device else []
+    overlay = overlay_alone(args.config)
+    if overlay:
+        raise UserError(overlay)
     cfg = load_config(args.config, [*args.overrides, *device])
     if args.print_config:
         print(config_to_yaml(cfg), end="")

@@ -48,6 +48,45 @@ def _as_paths(paths: PathOrPaths) -> list[Path]:
 
 # ---------------------------------------------------------------- YAML files and merging
 
+def _closest_file(path: Path) -> str:
+    """" (did you mean …?)" for a misspelt config file name: the closest YAML file beside where it
+    was looked for, as misspelt keys get the closest key."""
+    folder = path.parent
+    if not folder.is_dir():
+        return ""
+    close = difflib.get_close_matches(path.name, sorted(p.name for p in folder.glob("*.y*ml")), n=1, cutoff=0.6)
+    return f" (did you mean {folder / close[0]}?)" if close else ""
+
+
+def overlay_alone(path: str | Path) -> str:
+    """Why the config file ``path``, given alone to train.py, is an overlay and no run's config
+    ("" when it is one): it inherits nothing and sets only model keys (configs/pe/*.yaml), so it
+    would train on the schema's defaults (name: run, a 256-token vocabulary), not on a preset."""
+    tree = _read_yaml(Path(path))
+    if not tree or "inherit" in tree or set(tree) != {"model"}:
+        return ""
+    leaves = _leaves(tree)
+    simple = len(leaves) <= 4 and all(isinstance(v, (str, int, float, bool)) for v in leaves.values())
+    overrides = " ".join(f"{k}={v}" for k, v in leaves.items()) if simple else ""
+    here = Path(path)
+    how = (f"python train.py configs/quickstart.yaml {overrides}, or " if overrides else "") + \
+          f"a config of your own that inherits a preset and it (in configs/: inherit: [quickstart.yaml, " \
+          f"{here.parent.name}/{here.name}])"
+    return (f"{path} sets only model settings and inherits no preset: it is an overlay, meant on top of a run's "
+            f"config, and alone it would train on the schema's defaults (name: run, vocab_size: 256); train a "
+            f"preset with it: {how}")
+
+
+def _leaves(tree: dict, prefix: str = "") -> dict:
+    out = {}
+    for key, value in tree.items():
+        if isinstance(value, dict) and value:
+            out.update(_leaves(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
+
+
 def _read_yaml(path: Path) -> dict:
     if path.is_dir():
         examples = sorted(p.name for p in path.glob("*.yaml"))[:4]
@@ -57,7 +96,7 @@ def _read_yaml(path: Path) -> dict:
     try:
         text = path.read_text(encoding="utf-8")
     except FileNotFoundError:
-        raise ConfigError(f"config file not found: {path}") from None
+        raise ConfigError(f"config file not found: {path}{_closest_file(path)}") from None
     except UnicodeDecodeError as e:
         raise ConfigError(f"{path} is not a text (UTF-8) file (byte {e.start}: {e.reason}); give a YAML "
                           "config file") from None

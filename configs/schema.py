@@ -187,7 +187,8 @@ class LogConfig:
     wandb: bool = False
     wandb_project: str = "ropelab"
     wandb_entity: Optional[str] = None
-    wandb_mode: Literal["online", "offline"] = "online"
+    # None: wandb's own choice, which reads WANDB_MODE (online where it is unset); a value here overrides it.
+    wandb_mode: Optional[Literal["online", "offline"]] = None
     # A tqdm bar on a terminal; with false, or when output goes to a file, one line per
     # train.log_interval steps and per validation instead.
     progress: bool = True
@@ -234,6 +235,11 @@ class RunConfig:
         if self.train.stop_at_accuracy is not None:  # the stop scores what the evaluation asks: refuse now
             stopped_on = self.data.synthetic.tasks if self.data.source == "synthetic" else mix.tasks
             self.data.synthetic.scored_as(self.eval.tasks.asked, stopped_on)
+        elif self.eval.tasks.asked is not None and (self.data.source == "synthetic" or mix.tasks):
+            # The evaluation after training asks it of the tasks it trained on: refused now, not after training.
+            learned = self.data.synthetic.tasks if self.data.source == "synthetic" else mix.tasks
+            self.data.synthetic.scored_as(self.eval.tasks.asked, [t for t in self.eval.tasks.tasks or learned
+                                                                   if t in learned])
         if self.train.pos_lr_multiplier != 1.0 and not KINDS[pos.kind].trained:
             raise ConfigError(f"train.pos_lr_multiplier={self.train.pos_lr_multiplier} has nothing to act on: "
                               f"model.pos.kind={pos.kind} has no learned parameters (those that do: "

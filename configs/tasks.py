@@ -222,11 +222,34 @@ def _variant_class() -> type:
 TaskVariantConfig = _variant_class()
 
 
+# The data.synthetic keys each task is built from (data/tasks/__init__.py: build_task); a key no
+# scored task reads leaves the instances the run's own.
+TASK_KEYS: dict[str, tuple[str, ...]] = {
+    "passkey": ("key_digits", "distractors", "spaced"),
+    "copy": (),
+    "recall": ("pairs", "queries"),
+    "addition": ("addition_layout",),
+    "multikey": ("needles", "key_digits", "name_letters", "asked", "spaced"),
+    "multivalue": ("values", "key_digits", "name_letters", "spaced"),
+    "vartrack": ("chains", "hops", "key_digits", "name_letters", "asked", "spaced", "vartrack_answer",
+                 "vartrack_question"),
+}
+
+
 def varied(synthetic: SyntheticConfig, variant) -> SyntheticConfig:
-    """``synthetic`` with the keys a variant sets (eval.tasks.variant), checked as data.synthetic is."""
+    """``synthetic`` with the keys a variant sets (eval.tasks.variant), checked as data.synthetic is;
+    a key none of ``synthetic.tasks`` (the tasks scored) reads is refused: it would change no
+    instance, while the report said the instances differ from training."""
     given = variant.given()
     if not given:
         return synthetic
+    read = {key for task in synthetic.tasks for key in TASK_KEYS[task]}
+    unused = [key for key in given if key not in read]
+    if unused:
+        uses = "; ".join(f"{task} reads {', '.join(TASK_KEYS[task]) or 'none'}" for task in synthetic.tasks)
+        raise ConfigError(f"eval.tasks.variant sets {', '.join(unused)}, which no task scored here reads ({uses}), "
+                          "so the instances would be the run's own; remove it, or score a task that reads it "
+                          "(eval.tasks.tasks, --tasks)")
     try:
         return dataclasses.replace(synthetic, **given)
     except ConfigError as e:

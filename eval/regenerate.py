@@ -30,6 +30,7 @@ from ropelab.eval.diagnostics.report import kept_results, pooled_rows, write_dia
 from ropelab.eval.reporting.reference import missing_reference
 from ropelab.eval.reporting.report_dir import DIAGNOSTICS, TASKS, report_kind
 from ropelab.eval.lm.report import write_report
+from ropelab.eval.tasks.compare import missing_task_reference
 from ropelab.eval.tasks.report import write_task_report
 
 logger = get_logger(__name__)
@@ -77,6 +78,9 @@ def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = No
             run["eval"] = {**(run.get("eval") or {}), "reference": reference}
     if kind == TASKS:  # a task report (eval/tasks/exact_match.py): each task's table names its rows itself
         write_task_report(results, out)
+        missing = missing_task_reference(results)
+        if missing:
+            logger.warning(f"warning: {missing}")
         return out
     # An early results.json keeps no training curves: they are only in the figure.
     write_report(results, out, () if results.get("training_curves") else

@@ -20,6 +20,7 @@ no optimizer state). The fix is to train it again: remove its record and its run
 
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 from ropelab.common.errors import UserError
@@ -28,6 +29,26 @@ from ropelab.grid.jobs import not_cached, planned_caches
 from ropelab.training.run_dir import RunDir
 from ropelab.training.run_record import (is_record, kept_as, record_has_weights, refresh_record, restore_record,
                                  write_record)
+
+
+def check_archive(grid: Grid) -> None:
+    """Refuse the grid's archive before any run trains where no record could be written there:
+    a file in its place (or above it), or a directory this user cannot write (it is created on
+    the first record where it does not exist yet). Found after the runs, it failed each one
+    once trained and evaluated, and the grid wrote no report."""
+    if grid.archive is None:
+        return
+    path = Path(grid.archive)
+    blocking = next((p for p in (path, *path.parents) if p.exists() and not p.is_dir()), None)
+    if blocking is not None:
+        raise UserError(f"{grid.source}: archive: {path} must be a directory for the runs' records, but {blocking} "
+                        "is a file; move it away or name another directory in the grid's archive: key (nothing "
+                        "was trained)")
+    existing = next(p for p in (path, *path.parents) if p.exists())
+    if not os.access(existing, os.W_OK | os.X_OK):
+        raise UserError(f"{grid.source}: archive: {path} cannot be written ({existing} is not writable here); make "
+                        f"it writable (chmod u+w {existing}) or name another directory in the grid's archive: key "
+                        "(nothing was trained)")
 
 
 def record_of(grid: Grid, run: PlannedRun) -> Path:

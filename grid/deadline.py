@@ -44,7 +44,12 @@ def parse_deadline(text: str, now: Optional[dt.datetime] = None) -> dt.datetime:
         hours, minutes = (int(g or 0) for g in duration.groups())
         if hours == minutes == 0:
             raise argparse.ArgumentTypeError(f"a duration of zero leaves no time for any run, got {text!r}")
-        return now + dt.timedelta(hours=hours, minutes=minutes)
+        try:
+            return now + dt.timedelta(hours=hours, minutes=minutes)
+        except OverflowError:  # past the year 9999, which no clock reaches
+            raise argparse.ArgumentTypeError(f"a duration of {text} ends after the calendar does (the year 9999); "
+                                             "give the session's real length (90m, 2h, 3h30m), or leave --until "
+                                             "out to take every run") from None
     clock = _CLOCK.fullmatch(text)
     if clock:
         hour, minute = int(clock.group(1)), int(clock.group(2))
@@ -55,14 +60,24 @@ def parse_deadline(text: str, now: Optional[dt.datetime] = None) -> dt.datetime:
     try:
         at = dt.datetime.fromisoformat(text)
     except ValueError:
-        raise argparse.ArgumentTypeError(
-            f"expected a time of day (09:25), a date and time (2026-12-03T09:25) or a duration (90m, 2h, "
-            f"3h30m), got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected {WHAT_A_DEADLINE_IS}, got {text!r}") from None
     if at.tzinfo is not None:
         at = at.astimezone().replace(tzinfo=None)
     if at <= now:
         raise argparse.ArgumentTypeError(f"{text!r} has passed (it is {now:%Y-%m-%d %H:%M} now)")
     return at
+
+
+WHAT_A_DEADLINE_IS = "a time of day (09:25), a date and time (2026-12-03T09:25) or a duration (90m, 2h, 3h30m)"
+
+
+def negative_until(argv: list[str]) -> Optional[str]:
+    """Why ``--until -5m`` (which argparse reads as a flag, not as its value) is no deadline; None
+    where the words hold no such value."""
+    for flag, value in zip(argv, argv[1:]):
+        if flag == "--until" and re.match(r"-\d", value):
+            return f"--until {value}: a deadline is ahead of now, as {WHAT_A_DEADLINE_IS}"
+    return None
 
 
 def deadline_arg(text: str) -> float:

@@ -3,11 +3,15 @@ at a time, a slot being a CUDA device or a share of the CPU's cores; each run tr
 evaluated, in its own processes, its output in the run's log, and kept in the grid's
 archive at once. With a deadline (``--until``, grid/deadline.py) a run starts only
 while its estimate ends by then, and training under way then is stopped at a checkpoint.
+A run another process trains (a second ``ropelab ablate`` on the grid, or train.py by hand:
+its lock names the holder, training/run_lock.py) is not trained here, nor a failure: it is
+running elsewhere, and the reports wait for it.
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import queue
 import signal
@@ -30,6 +34,7 @@ from ropelab.grid.jobs import eval_commands, evaluation_cached, planned_eval_fil
 from ropelab.grid.job_files import failure_reason, write_files
 from ropelab.grid.run_state import status
 from ropelab.training.run_dir import RunDir
+from ropelab.training.run_lock import live_holder
 
 logger = get_logger(__name__)
 
@@ -52,7 +57,71 @@ class Slot:
 
 STOPPED = "stopped at the deadline"  # a train_one reason: not a failure, the run resumes later
 STOPPED_OUTSIDE = "stopped by SIGTERM from outside the grid"  # one sent to train.py by hand: resumes too
-LEFT_FOR_LATER = (STOPPED, STOPPED_OUTSIDE)  # the reasons of a training stopped at its checkpoint, left for later
+STOPPED_HERE = "stopped by a SIGTERM to ropelab ablate"  # passed on to its jobs (``stop_jobs``): resumes too
+LEFT_FOR_LATER = (STOPPED, STOPPED_OUTSIDE, STOPPED_HERE)  # the reasons of a job stopped at its checkpoint
+
+
+class _Jobs:
+    """The jobs' processes under way, so that a SIGTERM to the grid's own process reaches them:
+    they are its children, and would otherwise train on, orphaned, with no one to report them."""
+
+    def __init__(self):
+        self.stopping = threading.Event()
+        self.lock = threading.Lock()
+        self.procs: set[subprocess.Popen] = set()
+
+    def add(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.procs.add(proc)
+        if self.stopping.is_set():  # set after this job's start was decided: ``stop`` may not have seen it
+            _terminate(proc)
+
+    def remove(self, proc: subprocess.Popen) -> None:
+        with self.lock:
+            self.procs.discard(proc)
+
+    def stop(self) -> None:
+        self.stopping.set()
+        with self.lock:
+            procs = list(self.procs)
+        for proc in procs:
+            _terminate(proc)
+
+
+def _terminate(proc: subprocess.Popen) -> None:
+    try:
+        proc.send_signal(signal.SIGTERM)  # train.py saves a checkpoint at the step it is on and exits
+    except ProcessLookupError:
+        pass
+
+
+JOBS = _Jobs()
+
+
+def stop_jobs(signum=None, frame=None) -> None:
+    """The SIGTERM handler of ``ropelab ablate`` (scripts/ablate.py): stop every job under way (its
+    training at a checkpoint) and start no other; the runs are left for the same command."""
+    JOBS.stop()
+
+
+@contextlib.contextmanager
+def sigterm_stops_jobs():
+    """While the grid trains here, a SIGTERM to this process stops its jobs (``stop_jobs``)
+    instead of ending it at once with its jobs training on; ``stopped()`` says afterwards."""
+    JOBS.stopping.clear()
+    if threading.current_thread() is not threading.main_thread():  # only the main thread may set a handler
+        yield
+        return
+    previous = signal.signal(signal.SIGTERM, stop_jobs)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def stopped() -> bool:
+    """Whether a SIGTERM stopped the grid's jobs (``stop_jobs``)."""
+    return JOBS.stopping.is_set()
 
 
 def _call(cmd: list[str], log_path: Path, slot: Slot, deadline: Optional[float] = None,
@@ -65,8 +134,16 @@ def _call(cmd: list[str], log_path: Path, slot: Slot, deadline: Optional[float] 
     with open(log_path, "a") as log:
         log.write("$ " + " ".join(cmd) + "\n")
         log.flush()
+        if JOBS.stopping.is_set():
+            return False, STOPPED_HERE
         proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, env=slot.env(), cwd=os.getcwd())
-        code, stopped = wait(proc, deadline)
+        JOBS.add(proc)
+        try:
+            code, stopped = wait(proc, deadline)
+        finally:
+            JOBS.remove(proc)
+    if JOBS.stopping.is_set() and code != 0:  # one that ended on its own as the SIGTERM came is done
+        return False, STOPPED_HERE
     if stopped and code != 0:  # one that ended on its own as the deadline came is done
         return False, STOPPED
     if resumable and code == 128 + signal.SIGTERM:
@@ -74,10 +151,22 @@ def _call(cmd: list[str], log_path: Path, slot: Slot, deadline: Optional[float] 
     return (True, "") if code == 0 else (False, failure_reason(log_path, code))
 
 
+ELSEWHERE = "running elsewhere, by "  # a train_one reason: another process trains the run; it names the holder
+
+
 def train_one(grid: Grid, run: PlannedRun, slot: Slot, deadline: Optional[float] = None) -> tuple[bool, str]:
     """Train (or resume) one run in a subprocess, its output in the run's log, until the
-    deadline at most; (ok, reason)."""
-    return _call(train_command(grid, run, slot.device), RunDir.of(run.cfg).log, slot, deadline, resumable=True)
+    deadline at most; (ok, reason), the reason ELSEWHERE + the holder where another process
+    trains the run (found before it starts, or as train.py's refusal when it took the run
+    between that look and train.py's start)."""
+    run_dir = RunDir.of(run.cfg)
+    holder = live_holder(run_dir)
+    if holder:
+        return False, ELSEWHERE + holder
+    ok, reason = _call(train_command(grid, run, slot.device), run_dir.log, slot, deadline, resumable=True)
+    if not ok and reason not in LEFT_FOR_LATER and (holder := live_holder(run_dir)):
+        return False, ELSEWHERE + holder
+    return ok, reason
 
 
 def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
@@ -102,10 +191,12 @@ def run_one(grid: Grid, run: PlannedRun, slot: Slot, trained: bool, evaluate: bo
     STOPPED (or STOPPED_OUTSIDE) where the deadline (or a SIGTERM sent by hand) stopped its
     training at a checkpoint."""
     ok, reason = (True, "") if trained else train_one(grid, run, slot, deadline and deadline.at)
-    if reason in LEFT_FOR_LATER:
+    if reason in LEFT_FOR_LATER or reason.startswith(ELSEWHERE):
         return False, reason
     if ok and evaluate:
         ok, reason = evaluate_one(run, slot)
+        if reason in LEFT_FOR_LATER:  # a SIGTERM stopped it: evaluated again by the same command
+            return False, reason
         reason = reason and f"evaluation: {reason}"
     if ok and evaluate and grid.archive:
         _, skipped = archive_runs(grid, [run], {run.name})
@@ -118,9 +209,9 @@ class _Progress:
     """The runs' progress, shared by the slots' threads: a bar on a terminal; in a log file one
     line per finished run instead of carriage returns. Collects failures and the runs left."""
 
-    def __init__(self, grid: Grid, total: int, left: dict[str, str]):
+    def __init__(self, grid: Grid, total: int, left: dict[str, str], others: dict[str, str]):
         self.bar = tqdm(total=total, desc=f"{grid.name}: runs", unit="run", disable=not sys.stderr.isatty())
-        self.lock, self.total, self.left = threading.Lock(), total, left
+        self.lock, self.total, self.left, self.others = threading.Lock(), total, left, others
         self.failures: dict[str, str] = {}
         self.ended_runs = 0
 
@@ -132,6 +223,12 @@ class _Progress:
         with self.lock:
             logger.info(f"· {run.name}: {line}")
             self.left[run.name] = why
+            self.bar.update(1)
+
+    def elsewhere(self, run: PlannedRun, holder: str) -> None:  # another process trains it: not ours, not a failure
+        with self.lock:
+            logger.info(f"· {run.name}: {ELSEWHERE}{holder}; not trained here")
+            self.others[run.name] = holder
             self.bar.update(1)
 
     def ended(self, run: PlannedRun, ok: bool, reason: str) -> None:
@@ -146,15 +243,17 @@ class _Progress:
 
 
 def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: bool,
-            deadline: Optional[Deadline] = None, left: Optional[dict[str, str]] = None) -> dict[str, str]:
+            deadline: Optional[Deadline] = None, left: Optional[dict[str, str]] = None,
+            elsewhere: Optional[dict[str, str]] = None) -> dict[str, str]:
     """Train the runs that need it and evaluate each, one job per slot at a time, until the
     deadline if there is one; returns {run name: failure reason}. Runs left for later (not
     started by the deadline, or stopped at a checkpoint by it or by a SIGTERM sent to their
-    training by hand) go into ``left`` with why."""
+    training by hand) go into ``left`` with why; runs another process trains, into
+    ``elsewhere`` with that process."""
     jobs: queue.Queue = queue.Queue()
     for run in todo:
         jobs.put(run)
-    progress = _Progress(grid, len(todo), {} if left is None else left)
+    progress = _Progress(grid, len(todo), {} if left is None else left, {} if elsewhere is None else elsewhere)
 
     def worker(slot: Slot) -> None:
         while True:
@@ -162,6 +261,9 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
                 run = jobs.get_nowait()
             except queue.Empty:
                 return
+            if JOBS.stopping.is_set():
+                progress.leave(run, f"not started: {STOPPED_HERE}", f"not started, {STOPPED_HERE}")
+                continue
             trained = status(run)[0] == "done"
             refusal = deadline.refusal(run.name) if deadline and not trained else None
             if refusal:  # the others in the queue may be shorter, or already trained
@@ -169,7 +271,9 @@ def run_all(grid: Grid, todo: list[PlannedRun], slots: list[Slot], evaluate: boo
                 continue
             progress.started(run, slot)
             ok, reason = run_one(grid, run, slot, trained, evaluate, deadline)
-            if reason in LEFT_FOR_LATER:
+            if reason.startswith(ELSEWHERE):
+                progress.elsewhere(run, reason.removeprefix(ELSEWHERE))
+            elif reason in LEFT_FOR_LATER:
                 progress.leave(run, f"{reason} (at its checkpoint)",
                                f"{reason}, its checkpoint saved; the same command continues it")
             else:

@@ -23,7 +23,7 @@ from ropelab.eval.diagnostics.measure import run_diagnostics
 from ropelab.eval.lm.extrapolation import run_extrapolation
 from ropelab.eval.reporting.report_dir import DIAGNOSTICS, PERPLEXITY, TASKS, check_report_dir
 from ropelab.eval.tasks.exact_match import check_planned, run_task_evaluation, wants_tasks
-from ropelab.grid.archive import archive_runs, record_of, restore_records
+from ropelab.grid.archive import archive_runs, check_archive, record_of, restore_records
 from ropelab.grid.deadline import Deadline, describe, needs_from, plans_from
 from ropelab.grid.estimate import (estimate_grid, print_estimates, print_wall_times, rows_ended, save_estimates,
                                    saved_estimates)
@@ -81,9 +81,11 @@ def unevaluated_records(grid: Grid, runs: list[PlannedRun], states: dict[str, tu
 
 
 def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], failures: dict[str, str],
-             device: str) -> None:
+             device: str, finish: Optional[str] = None) -> None:
     """The grid's reports from the runs' cached evaluations: perplexity for runs trained on
-    text, task accuracy for those that want it (see the module doc)."""
+    text, task accuracy for those that want it (see the module doc). ``failures``: the runs
+    missing and why; those ``not finished`` (not failed) carry ``finish``, the command that
+    writes the reports again once they are (the reports then say they are incomplete)."""
     eval_for = planned_eval(runs)
     reports = {}
     for kind, wanted, evaluate_runs, out in (
@@ -93,12 +95,17 @@ def evaluate(grid: Grid, runs: list[PlannedRun], finished: list[PlannedRun], fai
         chosen = [r for r in finished if wanted(r)]
         if not chosen:
             continue
-        missing = [{"run": str(RunDir.of(r.cfg)), "error": failures[r.name]} for r in runs if r.name in failures and wanted(r)]
+        missing = [{"run": str(RunDir.of(r.cfg)), "error": failures[r.name],
+                    **({"finish": finish} if finish and failures[r.name] in NOT_FINISHED else {})}
+                   for r in runs if r.name in failures and wanted(r)]
         results = evaluate_runs([RunDir.of(r.cfg).path for r in chosen], out, eval_for, device=device, missing=missing)
         logger.info(f"{kind} report: {out / 'report.md'} ({len(results['runs'])} runs)")
         reports[kind] = results["runs"]
     if reports:
         print_wall_times(reports, saved_estimates(grid))
+
+
+NOT_FINISHED = "not finished"  # a run missing from the reports because it had not finished, not because it failed
 
 
 def chosen_runs(grid: Grid, runs: list[PlannedRun], patterns: Optional[list[str]]) -> set[str]:
@@ -160,6 +167,8 @@ def check_before_training(grid: Grid, runs: list[PlannedRun], args: argparse.Nam
     hours of training, not after."""
     for run in runs:
         check_planned(run.cfg, run.cfg.eval, f"{grid.source}: run {run.name}")
+    if not (args.status or args.cancel):  # each run is archived once trained and evaluated
+        check_archive(grid)
     if args.skip_eval:
         return
     if any(not is_synthetic(run) for run in runs):
@@ -203,8 +212,10 @@ def planned_estimates(grid: Grid, runs: list[PlannedRun], pending: list[PlannedR
 
 
 def print_outcome(runs: list[PlannedRun], finished: list[PlannedRun], unfinished: list[str], left_out: list[str],
-                  left: dict[str, str], failures: dict[str, str], local_report: bool) -> None:
-    """The summary: finished runs, those not in the reports and why, those left for later, failures."""
+                  left: dict[str, str], failures: dict[str, str], local_report: bool,
+                  elsewhere: Optional[dict[str, str]] = None) -> None:
+    """The summary: finished runs, those not in the reports and why, those left for later, those
+    another process trains, failures."""
     print(f"\n{len(finished)}/{len(runs)} runs finished.")
     if local_report and unfinished:
         print(f"  not finished, so not in the reports ({len(unfinished)}): {', '.join(fold_seeds(unfinished))}")
@@ -215,32 +226,50 @@ def print_outcome(runs: list[PlannedRun], finished: list[PlannedRun], unfinished
         print(f"  left for later ({len(left)}; the same command continues them):")
         for name, why in left.items():
             print(f"    {name}: {why}")
+    if elsewhere:
+        print(f"  running elsewhere ({len(elsewhere)}; another process trains them, and not a failure):")
+        for name, holder in elsewhere.items():
+            print(f"    {name}: {holder}")
     for name, reason in failures.items():
         print(f"  failed: {name}: {reason}")
 
 
+def _waiting(left: dict[str, str], elsewhere: dict[str, str]) -> str:
+    """Why the reports were not written: runs left for later, or trained by another process."""
+    if not elsewhere:
+        return (f"{len(left)} run{'s were' if len(left) > 1 else ' was'} left for later (--report writes them from "
+                "what is finished)")
+    n = len(left) + len(elsewhere)
+    return (f"{n} run{'s are' if n > 1 else ' is'} not finished, {len(elsewhere)} of them trained by another process "
+            "(the same command writes them once that process has ended; --report writes them now from what is "
+            "finished, saying they are incomplete)")
+
+
 def finish(grid: Grid, runs: list[PlannedRun], chosen: set[str], failures: dict[str, str], left: dict[str, str],
-           local: bool, args: argparse.Namespace) -> int:
+           local: bool, args: argparse.Namespace, elsewhere: Optional[dict[str, str]] = None) -> int:
     """Once the chosen runs have trained (or, with --report, whatever has finished): the reports
     from every finished run, listing those missing and why, then the summary; 1 if a chosen run
-    failed."""
+    failed. Runs another process trains (``elsewhere``) are not failures; while one of them is
+    not finished the reports wait, as for runs left for later."""
     finished = [run for run in runs if run.name not in failures and status(run)[0] == "done"]
     unfinished = [run.name for run in runs if run.name not in failures and run not in finished]
-    missing = {**failures, **{name: left.get(name, "not finished") for name in unfinished}}  # the reports list them
+    elsewhere = {name: holder for name, holder in (elsewhere or {}).items() if name in unfinished}  # not yet done there
+    missing = {**failures, **{name: left.get(name, NOT_FINISHED) for name in unfinished}}  # the reports list them
     local_report = args.report and local  # what is not finished may be training in another process
     if not local_report:  # here, or on Slurm once its jobs have ended, an unfinished chosen run failed
-        failures = {name: why for name, why in missing.items() if name in chosen and name not in left}
+        failures = {name: why for name, why in missing.items()
+                    if name in chosen and name not in left and name not in elsewhere}
     left_out = [name for name in missing if name not in chosen]  # unfinished, or a conflict left alone
-    if left and not args.skip_eval:  # stopped or not started: the reports can wait for the rest
-        logger.info(f"\nreports not written: {len(left)} run{'s were' if len(left) > 1 else ' was'} left for later "
-                    "(--report writes them from what is finished)")
+    if (left or elsewhere) and not args.skip_eval:  # stopped, not started or trained elsewhere: the reports wait
+        logger.info(f"\nreports not written: {_waiting(left, elsewhere)}")
     elif not args.skip_eval and finished:
         if grid.archive and (not local or args.report):  # a local run was archived by its worker
             archived, _ = archive_runs(grid, finished, {run.name for run in finished})
             if archived:
                 logger.info(f"{len(archived)} runs archived in {grid.archive}")
-        evaluate(grid, runs, finished, missing, args.devices[0] if args.devices else "cpu")
-    print_outcome(runs, finished, unfinished, left_out, left, failures, local_report)
+        evaluate(grid, runs, finished, missing, args.devices[0] if args.devices else "cpu",
+                 finish=shlex.join(["ropelab", "ablate", str(args.grid), "--report"]))
+    print_outcome(runs, finished, unfinished, left_out, left, failures, local_report, elsewhere)
     return 1 if failures else 0
 
 
@@ -286,6 +315,7 @@ def run_grid(args: argparse.Namespace) -> int:
         logger.info(f"until {describe(args.until)}: runs start while their estimate ends by then"
                     + ("" if deadline.needs else " (no estimate: every run may start, and is stopped then)"))
     left: dict[str, str] = {}  # runs the deadline (or a SIGTERM sent by hand) left for later
+    elsewhere: dict[str, str] = {}  # runs another process trains -> that process
     failures = {name: detail for name, (state, detail) in states.items() if state == "conflict"}
     todo = in_training_order([run for run in runs if states[run.name][0] in ("new", "partial", "done")
                               and run.name in chosen], states)
@@ -294,5 +324,5 @@ def run_grid(args: argparse.Namespace) -> int:
             return 0
     elif todo:
         failures.update(run_all(grid, todo, slots_for(args), evaluate=not args.skip_eval, deadline=deadline,
-                                left=left))
-    return finish(grid, runs, chosen, failures, left, local=slurm is None, args=args)
+                                left=left, elsewhere=elsewhere))
+    return finish(grid, runs, chosen, failures, left, local=slurm is None, args=args, elsewhere=elsewhere)

@@ -64,6 +64,10 @@ def check_slurm() -> None:
         raise SlurmError("--launcher slurm needs Slurm's sbatch, which is not on PATH here; run this on the "
                          "cluster's login node (scripts/slurm_local.sh starts a one-machine Slurm for trying "
                          "it), or use --launcher local")
+    if shutil.which("srun") is None:  # submitit starts each job's tasks with srun, and refuses to submit without it
+        raise SlurmError("--launcher slurm needs Slurm's srun beside sbatch (submitit starts each job with it), and "
+                         "srun is not on PATH here; run this on a node with Slurm's client commands (the cluster's "
+                         "login node), add Slurm's bin directory to PATH, or use --launcher local")
 
 
 def resources(grid: Grid, overrides: list[str]) -> SlurmConfig:

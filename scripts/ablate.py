@@ -31,6 +31,13 @@ run starts only while its estimate says it ends by then, and training still unde
 the deadline is stopped at a checkpoint; what was left is continued by the same command
 later (grid/deadline.py).
 
+A SIGTERM to this command stops the runs it is training at a checkpoint (train.py saves one
+and exits) and starts no other; it says so and exits 143, and the same command continues.
+Two such commands on one grid never train a run twice: a run the other is training is listed
+as running elsewhere (not a failure), and the reports wait until it has finished; a report
+written while runs are missing (``--report``, ``--rows``) says it is incomplete and how to
+write it again with them.
+
 ``--rows PATTERN …`` trains and evaluates only the rows it names (shell-style patterns on
 run names without their ``seed-N`` part, e.g. ``--rows rope 'fire-*'``, or on whole run
 names, e.g. one parent's fine-tunes by ``'*_seed-0_*'``): a long grid's headline rows first,
@@ -44,6 +51,7 @@ The command line only; the engine is grid/runner.py.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import sys
 from pathlib import Path
@@ -51,7 +59,8 @@ from pathlib import Path
 from ropelab.common.cli import device_name, entry_point, positive_int, usage_when_empty, moved
 from ropelab.common.errors import UserError
 from ropelab.common.logs import get_logger
-from ropelab.grid.deadline import deadline_arg
+from ropelab.grid.deadline import deadline_arg, negative_until
+from ropelab.grid.local import sigterm_stops_jobs, stopped
 from ropelab.grid.runner import run_grid
 from ropelab.grid.slurm_launcher import check_slurm
 from ropelab.training.runtime import resolve_device
@@ -97,6 +106,9 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="train and evaluate only these rows (run names without seed-N, or whole run names; shell "
                         "patterns such as 'fire-*'); the reports still include every finished run")
     usage_when_empty(p, argv)
+    negative = negative_until(list(sys.argv[1:] if argv is None else argv))
+    if negative:
+        raise UserError(negative)
     return p.parse_args(argv)
 
 
@@ -110,12 +122,20 @@ def main(argv=None) -> int:
         check_slurm()  # before anything is planned
     for device in args.devices or ():  # before any run starts, not in each run's log
         resolve_device(device, "--devices")
+    # A SIGTERM (kill, a session or an allocation ending) is passed on to the runs training here,
+    # which save a checkpoint and stop, instead of leaving them to train on as orphans.
     try:
-        return run_grid(args)
+        with sigterm_stops_jobs() if args.launcher == "local" else contextlib.nullcontext():
+            code = run_grid(args)
     except KeyboardInterrupt:
         logger.warning("\ninterrupted: finished runs are kept and the current one saved a checkpoint; "
                        "run the same command again to continue")
         return 128 + signal.SIGINT
+    if args.launcher == "local" and stopped():
+        logger.warning(f"\nstopped by SIGTERM: finished runs are kept and those training saved a checkpoint; "
+                       f"run the same command again to continue (ropelab ablate {args.grid})")
+        return 128 + signal.SIGTERM
+    return code
 
 
 if __name__ == "__main__":

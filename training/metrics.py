@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import math
+import os
 import statistics
 import sys
 import time
@@ -93,9 +94,16 @@ class MetricsLog:
         self.wandb_id = self.wandb_id or uuid.uuid4().hex[:8]
         write_text_atomic(id_file, self.wandb_id)
         log = self.cfg.log
-        self.wandb = wandb.init(project=log.wandb_project, entity=log.wandb_entity, name=self.cfg.name,
-                                id=self.wandb_id, resume="allow", mode=log.wandb_mode,
-                                dir=str(self.run.wandb_dir), config=config_to_dict(self.cfg))
+        try:  # a missing login, no network, a bad WANDB_* variable: wandb's own exceptions, of many kinds
+            self.wandb = wandb.init(project=log.wandb_project, entity=log.wandb_entity, name=self.cfg.name,
+                                    id=self.wandb_id, resume="allow", mode=log.wandb_mode,
+                                    dir=str(self.run.wandb_dir), config=config_to_dict(self.cfg))
+        except Exception as e:  # noqa: BLE001 - any of them is the user's setup, not a bug here
+            mode = log.wandb_mode or os.environ.get("WANDB_MODE") or "online"
+            raise UserError(f"log.wandb=true: wandb could not start in {mode} mode ({type(e).__name__}: "
+                            f"{str(e).strip().splitlines()[0] if str(e).strip() else 'no detail'}). Log in with "
+                            "`wandb login`, or log without a network with WANDB_MODE=offline (or "
+                            "log.wandb_mode=offline), or set log.wandb=false; nothing was trained now") from None
 
     def _write(self, record: dict) -> None:
         if not self.is_main:
@@ -109,8 +117,13 @@ class MetricsLog:
                 raise
             raise storage_error(e, "write the metrics", self.run.metrics, CONTINUE_RUN) from None
         if self.wandb is not None:
-            self.wandb.log({k: v for k, v in record.items() if v is not None and k != "step"},
-                           step=record["step"])
+            try:
+                self.wandb.log({k: v for k, v in record.items() if v is not None and k != "step"},
+                               step=record["step"])
+            except Exception as e:  # noqa: BLE001 - wandb's; metrics.jsonl has the record, training goes on
+                logger.warning(f"warning: wandb stopped logging ({type(e).__name__}: {e}); metrics.jsonl keeps "
+                               "every record, and training continues without wandb")
+                self.wandb = None
 
     def train(self, step: int, tokens: int, loss: float, lr: float, grad_norm: float,
               tokens_per_sec: float, mfu: Optional[float], peak_mem_gib: Optional[float] = None) -> None:
@@ -154,7 +167,12 @@ class MetricsLog:
         if self.file is not None:
             self.file.close()
         if self.wandb is not None:
-            self.wandb.finish()
+            try:
+                self.wandb.finish()
+            except Exception as e:  # noqa: BLE001 - wandb's; the run and its metrics are saved
+                logger.warning(f"warning: wandb could not finish its run ({type(e).__name__}: {e}); the run "
+                               "directory is complete")
+            self.wandb = None
 
 
 def read_records(path) -> list[dict]:

@@ -153,8 +153,11 @@ def restore_record(src: Path, run: RunDir) -> None:
 def _unpacked(path: Path, named: Path) -> bytes:
     """The gzipped record file ``path`` unpacked (``named``: the archive's file, for the message)."""
     try:
-        return gzip.decompress(path.read_bytes())
-    except (OSError, EOFError) as e:  # gzip.BadGzipFile is an OSError
+        data = gzip.decompress(path.read_bytes())
+        if named.name.endswith(".json.gz"):  # whole gzip around text that is not JSON is as damaged as a cut one
+            json.loads(data)
+        return data
+    except (OSError, EOFError, ValueError) as e:  # gzip.BadGzipFile is an OSError, a JSON or UTF-8 error a ValueError
         raise CheckpointError(f"{named} does not unpack ({e}); the record is damaged: restore it from git "
                               "(git checkout -- PATH), or remove it to train the run again") from None
 

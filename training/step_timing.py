@@ -48,6 +48,8 @@ import torch
 
 from ropelab.common.atomic import write_text_atomic
 from ropelab.common.devices import machine_busy
+from ropelab.common.errors import StorageError
+from ropelab.common.storage import describe, is_storage_error
 from ropelab.configs.loader import config_to_dict
 from ropelab.configs.schema import RunConfig
 from ropelab.model.transformer import Transformer
@@ -83,8 +85,15 @@ class ShapeTimes:
 
     def save(self) -> None:
         path = cache_dir() / f"{self.key}.json"
-        path.parent.mkdir(parents=True, exist_ok=True)
-        write_text_atomic(path, json.dumps(dataclasses.asdict(self), indent=1))
+        try:
+            path.parent.mkdir(parents=True, exist_ok=True)
+            write_text_atomic(path, json.dumps(dataclasses.asdict(self), indent=1))
+        except OSError as e:
+            if not is_storage_error(e):
+                raise
+            raise StorageError(f"cannot keep the shape's timing in the probe cache ({describe(e, path.parent)}); it "
+                               "is $ROPELAB_PROBE_CACHE (default ~/.cache/ropelab/probes): point ROPELAB_PROBE_CACHE "
+                               "at a writable directory, or skip the time estimate with --no-estimate") from None
 
 
 def shape_key(cfg: RunConfig, rt: Runtime) -> str:

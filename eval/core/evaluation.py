@@ -49,6 +49,7 @@ from ropelab.configs.schema import EvalConfig, RunConfig
 from ropelab.eval.core.resume_journal import Cells
 from ropelab.eval.reporting.report_dir import PERPLEXITY, ReportKind, check_report_dir
 from ropelab.eval.core.run_checks import check_distinct, check_flags
+from ropelab.eval.reporting.like_for_like import run_setup
 from ropelab.model.config import SCALING_TYPES
 from ropelab.model.encodings import KINDS, served_length
 from ropelab.training.competence import logged_progress
@@ -180,8 +181,13 @@ def cached_result(evaluation: Evaluation, run: RunDir, cfg: RunConfig, ev: EvalC
     ckpt = run.latest_checkpoint()
     if ckpt is None or not path.exists():
         return None
-    cached = json.loads(path.read_text())
-    if not all(math.isfinite(row[key]) for row in cached["rows"] for key in ("nll", "ppl") if key in row):
+    try:
+        cached = json.loads(path.read_text())
+        finite = all(math.isfinite(row[key]) for row in cached["rows"] for key in ("nll", "ppl") if key in row)
+    except (ValueError, KeyError, TypeError) as e:  # cut short, or whole but not this cache's JSON
+        raise UserError(f"the evaluation cache {path} is damaged ({type(e).__name__}: {e}); delete it, and the "
+                        "run is evaluated again from its checkpoint") from None
+    if not finite:
         return None  # scored before non-finite weights were refused: not a result
     # Given steps do not change as a run grows.
     return cached if cached.get("checkpoint") == ckpt.name or ev.steps else None
@@ -203,6 +209,7 @@ def cached_evaluation(evaluation: Evaluation, run_dir: Path, eval_for: EvalFor, 
         # The group hashes the whole config as the schema reads it today: a key added
         # since (e.g. model.attention) must not split a cached seed from a fresh one.
         cached["meta"]["group"] = pooling_group(cfg, cached["meta"].get("tokens_trained"), cached["meta"].get("parent"))
+        cached["meta"]["setup"] = run_setup(cfg)  # cached before runs recorded it: the config says
         if "encoding" in cached["meta"]:  # a layer plan's row name, as the schema names it today
             cached["meta"]["encoding"] = cfg.model.encoding_name()
         # The settings outside the key (the report's reference row, …) are today's.

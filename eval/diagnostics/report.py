@@ -30,7 +30,7 @@ from ropelab.eval.diagnostics.tables import cell_text, header, table, uniform_di
 from ropelab.eval.reporting.labels import label_groups
 from ropelab.eval.diagnostics.needle import needle_section
 from ropelab.eval.lm.report import regenerate_line, write_report_files
-from ropelab.eval.reporting.runs_section import missing_lines, provenance
+from ropelab.eval.reporting.runs_section import incomplete_note, missing_lines, provenance
 from ropelab.eval.reporting.intervals import t_interval
 
 LINEAR = ("linear attention forms no attention matrix (its weights φ(q)ᵀφ(k), rotated in the numerator only, "
@@ -247,7 +247,7 @@ def _markdown(results: dict, rows: list[dict], out: Path) -> str:
              "What attention does as the length grows, at the training length L and beyond: entropy, attended "
              "distance, attention sinks, where RoPE's q·k norm sits across frequencies, and attention on a "
              f"passkey's needle. docs/diagnostics.md defines each measure and its source.{remade} "
-             f"{regenerate_line(out)}", *summary_section(softmax, lengths), "",
+             f"{regenerate_line(out)}", *incomplete_note(results.get("missing")), *summary_section(softmax, lengths), "",
              "## Runs", "", *provenance(runs), "", "| run | row | encoding | attention | seed | sample | commit | seconds |",
              "|---|---|---|---|---:|---|---|---:|"]
     for r in runs:

@@ -40,6 +40,7 @@ from ropelab.eval.core.evaluation import (EvalFor, Evaluation, check_served, eva
 from ropelab.eval.lm.flags import MEMORY_FIX, add_flags, corpus_plans, flag_tree, preflight
 from ropelab.eval.core.resume_journal import Cells
 from ropelab.eval.reporting.labels import label_groups
+from ropelab.eval.reporting.like_for_like import run_setup, unlike_rows
 from ropelab.eval.lm.perplexity import perplexity
 from ropelab.eval.reporting.reference import missing_reference
 from ropelab.eval.lm.report import write_report
@@ -90,7 +91,7 @@ def run_metadata(saved: SavedRun, ev: EvalConfig) -> dict:
             "attention": cfg.model.attention, "group": group,
             "stem": run_stem(cfg.name, cfg.init.run),
             "pairing": cfg.model.pos.rope.pairing if KINDS[cfg.model.pos.kind].rotary else None,
-            "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"),
+            "params": saved.model.num_params(), "tokens_trained": meta.get("tokens"), "setup": run_setup(cfg),
             "steps": meta.get("step"), "train_len": cfg.train.seq_len, "seed": cfg.train.seed,
             "max_len": saved.model.max_len, "git_commit": meta.get("git_commit"),
             "commits": meta.get("commits"), "total_steps": meta.get("total_steps"),
@@ -354,8 +355,8 @@ def run_extrapolation(run_dirs: Sequence[Path], out: Path, eval_for: EvalFor = o
 
 
 def _warnings(results: dict) -> list[str]:
-    missing = missing_reference(results)
-    return [missing] if missing else []
+    missing, unlike = missing_reference(results), unlike_rows(results)
+    return [*([missing] if missing else []), *([unlike.replace("**", "")] if unlike else [])]
 
 
 EXTRAPOLATION = Evaluation(

@@ -40,6 +40,7 @@ from ropelab.eval.lm.context_use import breakdown, breakdown_text, context_gain,
 from ropelab.eval.diagnostics.tables import uniform_distance, uniform_entropy
 from ropelab.eval.reporting.labels import label_order
 from ropelab.eval.regenerate import read_results
+from ropelab.eval.reporting.report_dir import PERPLEXITY, report_kind
 from ropelab.eval.reporting.stats import Contrast
 from ropelab.eval.reporting.tables import Comparison, degradation, percent, summarize, train_lengths
 from ropelab.training.metrics import steady_train_seconds
@@ -222,6 +223,25 @@ def regimes_markdown(grids: list[tuple[str, Path, dict]], diagnostics: Optional[
     return "\n".join(lines) + "\n"
 
 
+def _perplexity_results(grid, path: str) -> dict:
+    """The perplexity report's results.json of ``grid`` (the file ``path``), or a DataError saying
+    why there is none: a grid of synthetic tasks alone has only a task report, and a text grid
+    whose report is not written yet is finished by ``ropelab ablate``."""
+    found = grid.report_dir / "results.json"
+    if not found.is_file() and all(run.cfg.data.source == "synthetic" for run in grid.plan()):
+        raise DataError(f"{path} trains on synthetic tasks only, so it has a task report ({grid.report_dir / 'tasks'}) "
+                        "and no perplexity report; ropelab regimes compares the perplexity reports of grids trained "
+                        "on text: give those grids")
+    if not found.is_file():
+        raise DataError(f"{path} has no perplexity report yet ({found} does not exist): write it with ropelab "
+                        f"ablate {path} (--report writes it from the runs that are finished), then compare")
+    results = read_results(found)
+    if report_kind(results) != PERPLEXITY:
+        raise DataError(f"{found} is not a perplexity report; ropelab regimes compares the perplexity reports of "
+                        "grids trained on text: give those grids")
+    return results
+
+
 @entry_point
 def main(argv: Optional[list[str]] = None) -> int:
     parser = argparse.ArgumentParser(prog="ropelab regimes", description=__doc__.split("\n\n")[0])
@@ -232,7 +252,7 @@ def main(argv: Optional[list[str]] = None) -> int:
     grids, diagnostics = [], {}
     for path in args.grids:
         grid = load_grid(path)
-        grids.append((grid.name, Path(path), read_results(grid.report_dir / "results.json")))
+        grids.append((grid.name, Path(path), _perplexity_results(grid, path)))
         found = grid.report_dir / "diagnostics" / "results.json"
         diagnostics[grid.name] = _read_diagnostics(found) if found.is_file() else None
     text = regimes_markdown(grids, diagnostics)

@@ -24,9 +24,11 @@ from ropelab.eval.lm.context_use import breakdown_section, context_section
 from ropelab.eval.lm.comparisons import folded_rows, marked_comparisons, relative_degradation
 from ropelab.eval.lm.summary import summary_section
 from ropelab.eval.reporting.labels import label_encodings, parents_note, row_label, split_step
+from ropelab.eval.reporting.like_for_like import unlike_rows
 from ropelab.eval.reporting.reference import no_default_reference, report_reference
 from ropelab.eval.reporting.report_dir import check_report_dir, report_kind
-from ropelab.eval.reporting.runs_section import evaluation_provenance, missing_lines, provenance, runs_table
+from ropelab.eval.reporting.runs_section import (evaluation_provenance, incomplete_note, missing_lines, provenance,
+                                                 runs_table)
 from ropelab.eval.lm.plots import plot_paired, plot_per_position, plot_perplexity, plot_training
 from ropelab.eval.reporting.tables import (comparison_table, degradation, degradation_table, has_power,
                                           interval_table, length_table, power_table, scored_line, summarize,
@@ -341,6 +343,7 @@ def _write_markdown(results: dict, out: Path) -> str:
     md = ["# Length extrapolation report", "",
           f"Created {results['created']}{_remade(results)}. Training length L = {', '.join(map(str, train_lens))}"
           f"{' (each row its own: the L column)' if len(train_lens) > 1 else ''}. {regenerate_line(out)}",
+          *(["", unlike] if (unlike := unlike_rows(results)) else []), *incomplete_note(results.get("missing")),
           *summary_section(results, reference),
           "", "## How to read this report", "",
           "A cell is the perplexity exp(mean over seeds of the mean NLL per token); rows pool the runs that are the "

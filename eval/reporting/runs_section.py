@@ -171,3 +171,16 @@ def missing_lines(missing: list[dict]) -> list[str]:
     for m in missing:
         by_error.setdefault(str(m["error"]), []).append(str(m["run"]))
     return [f"- {name}: {error}" for error, runs in by_error.items() for name in fold_seeds(runs)]
+
+
+def incomplete_note(missing: list[dict]) -> list[str]:
+    """Above a report's runs: that runs of it had not finished when it was written (a grid
+    reported while some train, or with --rows), and the command that writes it again with
+    them (``finish``, as the grid recorded it with each such missing run); none otherwise."""
+    waiting = [m for m in missing or () if m.get("finish")]
+    if not waiting:
+        return []
+    n = len(waiting)
+    return ["", f"**Incomplete**: {n} run{'s' if n > 1 else ''} of this report had not finished when it was written "
+            f"(listed under Missing runs); once {'they have' if n > 1 else 'it has'}, `{waiting[0]['finish']}` "
+            "writes it again with them."]

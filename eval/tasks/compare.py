@@ -64,6 +64,7 @@ import numpy as np
 from ropelab.eval.reporting.labels import budget_partner, label_groups, label_order, replicate_unit, split_step
 from ropelab.eval.reporting.reference import DEFAULT_REFERENCE
 from ropelab.eval.reporting.stats import Estimate, Part, benjamini_hochberg, detectable, mark, seeds_needed, unit_means
+from ropelab.eval.reporting.like_for_like import unlike_note
 from ropelab.eval.reporting.tables import length_table
 
 RunCells = dict[str, dict[int, list[dict]]]  # run -> length -> its cells (one per depth)
@@ -86,6 +87,25 @@ def task_reference(runs: list[dict], task_labels: dict[str, str]) -> Optional[st
     if len(found) != 1:
         return None
     return found[0] + (f" @ {step}" if step is not None else "") + (f" + {scaling}" if plus else "")
+
+
+def missing_task_reference(results: dict) -> Optional[str]:
+    """Why a task report has no comparisons, when the reference row it was asked for (eval.reference,
+    ``ropelab regenerate --reference``) is none of its rows; with the rows it could name."""
+    runs = results["runs"]
+    asked = next((run["eval"].get("reference") for run in runs if run.get("eval")), None) or DEFAULT_REFERENCE
+    labels: set[str] = set()
+    for task in {row["task"] for row in results["results"]}:  # each task's table names its rows among its runs
+        present = {row["run"] for row in results["results"] if row["task"] == task}
+        named = [dict(run) for run in runs if run["run"] in present]
+        label_groups(named, [])
+        labels |= {run["label"] for run in named}
+    if not labels or split_step(asked)[0].partition(" + ")[0] in labels:
+        return None
+    labels = sorted(labels, key=label_order)
+    return (f"the reference row {asked!r} (eval.reference, --reference) is none of the task report's rows, so its "
+            f"tasks have no comparisons; rows: {', '.join(labels)}. Rerun with --reference ROW: only the report is "
+            "made again.")
 
 
 class Scored(NamedTuple):
@@ -295,8 +315,11 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
         return ["", "Compared with the reference row: none; eval.reference names no row of this task."]
     comparisons = task_comparisons(kept, reference, meta)
     unlearned = [label for label in sorted(kept, key=label_order) if not kept[label]]
+    note = "" if split_step(reference)[1] is not None else unlike_note(
+        {label: [meta[run] for run in runs] for label, runs in kept.items()}, reference, sorted(kept, key=label_order))
+    unlike = ["", note] if note else []
     if not any(comparisons.values()):
-        return ["", f"Compared with `{reference}`: none; {_why_none(kept, reference, unlearned)}."]
+        return [*unlike, "", f"Compared with `{reference}`: none; {_why_none(kept, reference, unlearned)}."]
     tested = sum(1 for cells in comparisons.values() for c in cells.values() if c["mark"])
     extremes = sum(1 for cells in comparisons.values() for c in cells.values() if c.get("extreme"))
     welch = sorted(name for name, cells in comparisons.items()
@@ -321,7 +344,7 @@ def comparison_section(kept: dict[str, RunCells], reference: Optional[str], meta
              "seeds (80% power, two-sided 5%, before the correction; seeds are parents for fine-tunes) · the seeds per "
              "row the observed difference would need (>100: more instances, not seeds, would decide it):", "",
              table(_power_text)] if tested else []
-    return ["", f"Compared with `{reference}`: the first row's accuracy minus the second's, over the seeds each "
+    return [*unlike, "", f"Compared with `{reference}`: the first row's accuracy minus the second's, over the seeds each "
             f"row pools, with its 95% interval across training runs and instances (eval/tasks/compare.py).{pairing} "
             f"Rows pooling the same seeds are paired seed by seed (by parent where fine-tunes share one){unpaired}. "
             f"{marks}{unlearned_text}", "", table(_cell_text)] + power

@@ -47,7 +47,7 @@ from ropelab.eval.reporting.labels import (encoding_label, label_order, parents_
                          with_scaling)
 from ropelab.eval.lm.report import regenerate_line, write_report_files
 from ropelab.eval.tasks.findings import task_findings
-from ropelab.eval.reporting.runs_section import commit_lines, evaluation_provenance, missing_lines, schedule_lines, task_runs_table
+from ropelab.eval.reporting.runs_section import commit_lines, evaluation_provenance, incomplete_note, missing_lines, schedule_lines, task_runs_table
 from ropelab.eval.reporting.stats import pooled_accuracy_interval
 from ropelab.eval.reporting.tables import length_table, train_lengths
 from ropelab.eval.tasks.compare import comparison_section, task_reference
@@ -389,6 +389,7 @@ def _write_markdown(results: dict, out: Path) -> str:
           f"{', '.join(map(str, sorted({r['train_len'] for r in runs})))}" + (
               f", fine-tuned from parents trained at L₀ = {base}; tables head lengths by their multiple of L₀"
               if base else "") + f". {regenerate_line(out)}",
+          *incomplete_note(results.get("missing")),
           "", "## Summary", "",
           "Exact-match accuracy of the seeds that learned each task (the learned column), pooled, with its 95% "
           "interval over seeds and instances; each task's section below has its per-seed values, comparisons, "

@@ -87,3 +87,28 @@ def test_init_settings_that_contradict_each_other(overrides, fragment, advised):
     assert fragment in str(e.value)
     if advised is not None:
         assert load_config(QUICK, advised).init.run == "runs/x"
+
+
+# --------------------------------------------------------------- config files named wrongly or alone
+
+def test_a_misspelt_config_file_gets_the_closest_name():
+    """Misspelt keys got "did you mean"; a misspelt file name only "config file not found"."""
+    refused(cli("train.py", "configs/quickstrat.yaml"),
+            "config file not found: configs/quickstrat.yaml (did you mean configs/quickstart.yaml?)")
+    refused(cli("train.py", "configs/pe/alibii.yaml"), "(did you mean configs/pe/alibi.yaml?)")
+
+
+def test_an_overlay_alone_is_refused_not_trained_on_the_schema_defaults(tmp_path):
+    """python train.py configs/pe/alibi.yaml trained a run named "run" on a 256-token vocabulary."""
+    res = cli("train.py", "configs/pe/alibi.yaml", f"out_dir={tmp_path / 'runs'}")
+    refused(res, "configs/pe/alibi.yaml sets only model settings and inherits no preset: it is an overlay",
+            "python train.py configs/quickstart.yaml model.pos.kind=alibi",
+            "inherit: [quickstart.yaml, pe/alibi.yaml]")
+    assert res.stderr.count("\n") == 1 and not (tmp_path / "runs").exists()
+    refused(cli("train.py", "configs/pe/gemma3.yaml"), "inherit: [quickstart.yaml, pe/gemma3.yaml]")
+    # The advice, followed: a config that inherits a preset and the overlay is a run's config.
+    from helpers import ROOT
+    mine = tmp_path / "mine.yaml"
+    mine.write_text(f"inherit: [{ROOT / 'configs' / 'quickstart.yaml'}, {ROOT / 'configs' / 'pe' / 'alibi.yaml'}]\n")
+    cfg = load_config(mine)
+    assert cfg.name == "quickstart" and cfg.model.pos.kind == "alibi"

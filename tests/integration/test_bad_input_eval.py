@@ -10,6 +10,7 @@ request no machine could hold.
 
 from __future__ import annotations
 
+import gzip
 import json
 import math
 import shutil
@@ -129,6 +130,57 @@ def test_a_run_directory_as_the_report_directory(runs, capsys):
         refused_in_process(main, [str(runs["rope"]), *argv, "--out", str(runs["alibi"])], capsys,
                            f"--out {runs['alibi']} is a run directory")
         assert snapshot(runs["alibi"]) == before
+
+
+# --------------------------------------------------------------- a damaged evaluation cache
+
+@pytest.mark.parametrize("damage", [b'{"rows": [', gzip.compress(b"not json"), b"[]"],
+                         ids=["cut-short", "gzip-not-json", "json-of-another-shape"])
+def test_a_damaged_evaluation_cache_says_delete_it(runs, tmp_path, capsys, damage):
+    """A cache cut short, or whole but not a cache's JSON, was a JSONDecodeError (or a
+    UnicodeDecodeError, a KeyError) with a traceback."""
+    run = tmp_path / "rope"
+    shutil.copytree(runs["rope"], run)
+    assert extrapolation.main(perplexity(str(run), "--lengths", "32", out=tmp_path / "r")) == 0
+    cache = next((run / "eval").glob("extrapolation-*.json"))
+    cache.write_bytes(damage)
+    capsys.readouterr()
+    err = refused_in_process(extrapolation.main, perplexity(str(run), "--lengths", "32", out=tmp_path / "r"), capsys,
+                             f"error: the evaluation cache {cache} is damaged", "delete it, and the run is evaluated "
+                             "again from its checkpoint")
+    assert err.count("\n") == 1
+    cache.unlink()  # the advice, followed
+    assert extrapolation.main(perplexity(str(run), "--lengths", "32", out=tmp_path / "r")) == 0
+
+
+# --------------------------------------------------------------- rows trained unalike
+
+def test_rows_trained_to_other_budgets_are_said_to_differ(runs, tmp_path, corpus, capsys):
+    """The README's comparison of RoPE trained 600 steps with ALiBi trained 200 (here 10 and 4)
+    printed "alibi vs rope +145.4%" without a word that the rows differ in more than their encoding."""
+    cfg = write_run_config(tmp_path, corpus)
+    assert train.main([str(cfg), "model.pos.kind=alibi", "train.max_steps=4", "name=alibi"]) == 0
+    alibi = tmp_path / "runs" / "alibi"
+    capsys.readouterr()
+    assert extrapolation.main(perplexity(str(runs["rope"]), str(alibi), "--lengths", "32", "64",
+                                         out=tmp_path / "r")) == 0
+    assert "warning: Not like for like" in capsys.readouterr().err
+    report = (tmp_path / "r" / "report.md").read_text()
+    note = "`alibi` against `rope`: steps (4 against 10), tokens trained (1,024 against 2,560)"
+    assert note in report, report
+    assert report.index(note) < report.index("Paired comparisons on the same tokens")
+    assert extrapolation.main(perplexity(str(runs["rope"]), str(runs["alibi"]), "--lengths", "32", "64",
+                                         out=tmp_path / "alike")) == 0  # trained alike: no note
+    assert "Not like for like" not in (tmp_path / "alike" / "report.md").read_text()
+    assert "Not like for like" not in capsys.readouterr().err
+
+
+def test_rows_of_another_shape_are_said_to_differ(runs, tmp_path, corpus):
+    cfg = write_run_config(tmp_path, corpus)
+    assert train.main([str(cfg), "model.pos.kind=alibi", "train.max_steps=10", "model.d_model=64", "name=wide"]) == 0
+    assert extrapolation.main(perplexity(str(runs["rope"]), str(tmp_path / "runs" / "wide"), "--lengths", "32",
+                                         out=tmp_path / "r")) == 0
+    assert "`alibi` against `rope`: shape (model.d_model 64 against 32)" in (tmp_path / "r" / "report.md").read_text()
 
 
 # --------------------------------------------------------------- flags that contradict the protocol or the run

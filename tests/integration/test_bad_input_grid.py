@@ -6,6 +6,10 @@ run twice or count it as two seeds; the fix the message gives is followed where 
 
 from __future__ import annotations
 
+import os
+import re
+import signal
+import time
 from pathlib import Path
 
 import pytest
@@ -13,7 +17,10 @@ import pytest
 from helpers.bad_input import cli, refused, refused_in_process
 from helpers.runs import write_grid, write_run_config
 from ropelab.configs.grid import load_grid
+from ropelab.grid import local as grid_local
 from ropelab.scripts import ablate, tune
+from ropelab.training.run_dir import RunDir
+from ropelab.training.run_lock import RunLock, live_holder
 
 
 @pytest.fixture
@@ -112,3 +119,118 @@ def test_a_run_trained_past_a_lowered_budget_is_a_conflict(base, capsys, lowered
     assert f"failed: seed-0: " in capsys.readouterr().out
     assert ablate.main([str(path), "--dry-run", "--no-estimate", "--set", "train.max_steps=12"]) == 0  # raised: continued
     assert "partial  step 8/12" in capsys.readouterr().out
+
+
+# --------------------------------------------------------------- a probe cache that cannot be written
+
+def test_a_probe_cache_that_cannot_be_written_names_its_variable_and_the_way_around_it(base, capsys, monkeypatch):
+    """It said only "cannot read or write a file: …/probes: Not a directory", not which cache that
+    is nor how to choose another or go without."""
+    (base.parent / "file").write_text("a file\n")
+    monkeypatch.setenv("ROPELAB_PROBE_CACHE", str(base.parent / "file" / "probes"))
+    path = grid(base, "axes: {train.seed: [0, 1]}\n")
+    err = refused_in_process(ablate.main, [str(path), "--dry-run"], capsys,
+                             f"error: cannot keep the shape's timing in the probe cache ({base.parent / 'file' / 'probes'}",
+                             "it is $ROPELAB_PROBE_CACHE", "skip the time estimate with --no-estimate")
+    assert err.count("error:") == 1 and "Traceback" not in err
+    assert ablate.main([str(path), "--dry-run", "--no-estimate"]) == 0  # the advice, followed
+
+
+# --------------------------------------------------------------- an archive no record can go to
+
+@pytest.mark.parametrize("where", ["archive", "archive/sub"])
+def test_an_archive_that_is_not_a_directory_is_refused_before_anything_trains(base, capsys, where):
+    """It was found after every run had trained and been evaluated: each failed to archive, exit 1,
+    and no report was written."""
+    (base.parent / "archive").write_text("a file\n")
+    archive = base.parent / where
+    path = grid(base, f"archive: {archive}\naxes: {{train.seed: [0, 1]}}\n")
+    for argv in ([], ["--dry-run"]):
+        refused_in_process(ablate.main, [str(path), "--no-estimate", *argv], capsys,
+                           f"archive: {archive} must be a directory for the runs' records, but "
+                           f"{base.parent / 'archive'} is a file")
+    assert not (base.parent / "runs").exists()
+
+
+# --------------------------------------------------------------- two grid commands at once
+
+def two_seeds(base: Path) -> Path:
+    """A grid of two seeds, 4 steps each, scored briefly at 16 and 32 tokens."""
+    return grid(base, "overrides: [train.max_steps=4, train.eval_interval=4, train.ckpt_interval=4]\n"
+                      f"axes: {{train.seed: [0, 1]}}\nreport: {base.parent / 'report'}\n"
+                      "eval: {lengths: [16, 32], protocols: [nonoverlap], scalings: [none], max_tokens: 256}\n")
+
+
+def test_a_run_another_process_trains_is_running_elsewhere_not_failed(base, capsys):
+    """With two ablate processes on one grid, the second listed the run the first was training
+    as failed (train.py refused it: in use), exited 1 and reported it under "Missing runs"."""
+    path = two_seeds(base)
+    other = RunLock(RunDir(base.parent / "runs" / "g" / "seed-1")).acquire()  # as another process would hold it
+    try:
+        assert ablate.main([str(path), "--no-estimate"]) == 0
+        out = capsys.readouterr().out
+        assert "running elsewhere (1; another process trains them, and not a failure)" in out
+        assert f"seed-1: pid {os.getpid()} on" in out and "failed" not in out
+        assert "reports not written: 1 run is not finished, 1 of them trained by another process" in out
+        assert not (base.parent / "report" / "report.md").exists()
+    finally:
+        other.release()
+    assert ablate.main([str(path), "--no-estimate"]) == 0  # the other process's turn: it finishes the grid
+    report = (base.parent / "report" / "report.md").read_text()
+    assert "Missing runs" not in report and "Incomplete" not in report
+
+
+def test_a_run_taken_between_the_check_and_its_start_is_running_elsewhere(base, capsys, monkeypatch):
+    path = two_seeds(base)
+    lock = RunLock(RunDir(base.parent / "runs" / "g" / "seed-0")).acquire()
+    asked = []
+
+    def late(run):  # the first look finds no holder: the other process took the run right after
+        asked.append(run)
+        return None if len(asked) == 1 else live_holder(run)
+    monkeypatch.setattr(grid_local, "live_holder", late)
+    try:
+        assert ablate.main([str(path), "--no-estimate", "--rows", "seed-0"]) == 0
+    finally:
+        lock.release()
+    out = capsys.readouterr().out
+    assert "running elsewhere (1;" in out and "failed" not in out
+
+
+def test_a_report_written_while_runs_are_unfinished_says_how_to_finish_it(base, capsys):
+    path = two_seeds(base)
+    assert ablate.main([str(path), "--no-estimate", "--rows", "seed-0"]) == 0
+    report = (base.parent / "report" / "report.md").read_text()
+    assert "**Incomplete**: 1 run of this report had not finished" in report
+    assert f"`ropelab ablate {path} --report` writes it again with them" in report
+    assert report.index("**Incomplete**") < report.index("## Runs")
+    assert ablate.main([str(path), "--no-estimate"]) == 0
+    assert "Incomplete" not in (base.parent / "report" / "report.md").read_text()
+
+
+# --------------------------------------------------------------- a SIGTERM to the grid's own process
+
+def test_a_sigterm_to_ablate_stops_its_training_at_a_checkpoint(base, capsys, monkeypatch):
+    """A SIGTERM to ropelab ablate ended it at once and left its train.py training on, orphaned."""
+    path = grid(base, "overrides: [train.max_steps=100000, train.ckpt_interval=100000]\n"
+                      "axes: {train.seed: [0, 1]}\n")
+    started = []
+
+    def term_once_training(proc, deadline):  # the grid's process is sent SIGTERM once its first run trains
+        log = base.parent / "runs" / "g" / "seed-0" / "train.log"
+        while not started and proc.poll() is None and not re.search(r"^step +\d+/", log.read_text(), re.M):
+            time.sleep(0.1)
+        if not started:
+            started.append(proc)
+            os.kill(os.getpid(), signal.SIGTERM)
+        return real_wait(proc, deadline)
+    real_wait = grid_local.wait
+    monkeypatch.setattr(grid_local, "wait", term_once_training)
+    assert ablate.main([str(path), "--no-estimate"]) == 128 + signal.SIGTERM
+    captured = capsys.readouterr()
+    assert started[0].returncode == 128 + signal.SIGTERM  # stopped by the SIGTERM passed on, not left running
+    assert f"run the same command again to continue (ropelab ablate {path})" in captured.err + captured.out
+    assert "seed-1: not started: stopped by a SIGTERM to ropelab ablate" in captured.out
+    assert "failed" not in captured.out
+    assert ablate.main([str(path), "--dry-run", "--no-estimate"]) == 0
+    assert re.search(r"seed-0 +partial +step \d+/100000", capsys.readouterr().out)  # its checkpoint, to continue

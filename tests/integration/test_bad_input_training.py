@@ -23,6 +23,7 @@ from ropelab import train
 from helpers.bad_input import cli, follow, limit_memory, refused, refused_in_process, snapshot
 from ropelab.configs import load_config
 from ropelab.configs.grid import load_grid
+from helpers import ROOT
 from helpers.runs import stop_after, write_grid, write_run_config
 from ropelab.grid.estimate import estimate_grid
 from ropelab.common.cli import entry_point
@@ -187,3 +188,41 @@ def test_a_grid_does_not_time_a_step_that_cannot_fit(config):
     assert estimates["seq_len-1000000000"].note.startswith("no estimate: training at train.batch_size=8 × "
                                                            "train.seq_len=1000000000 needs about")
     assert estimates["seq_len-32"].train_s > 0
+
+
+# --------------------------------------------------------------- wandb, as its environment variables set it
+
+def test_wandb_mode_from_the_environment_is_respected(config):
+    """log.wandb_mode defaulted to online and overrode WANDB_MODE=offline: wandb asked for a
+    login and its UsageError escaped as a traceback."""
+    pytest.importorskip("wandb")
+    res = cli("train.py", str(config), "log.wandb=true", "train.max_steps=2", "train.warmup_steps=1",
+              env={"WANDB_MODE": "offline", "WANDB_API_KEY": "", "WANDB_SILENT": "true",
+                   "HTTPS_PROXY": "http://127.0.0.1:9"})
+    assert res.returncode == 0, res.stderr[-2000:]
+    assert list((config.parent / "runs" / "tiny" / "wandb").glob("offline-run-*"))
+
+
+def test_a_wandb_failure_is_one_error_line(config, capsys, monkeypatch):
+    wandb = pytest.importorskip("wandb")
+
+    def no_login(**settings):
+        raise wandb.errors.UsageError("No API key configured. Use `wandb login` to log in.")
+    monkeypatch.setattr(wandb, "init", no_login)
+    monkeypatch.delenv("WANDB_MODE", raising=False)
+    err = refused_in_process(train.main, [str(config), "log.wandb=true", "train.max_steps=2", "train.warmup_steps=1"],
+                             capsys, "error: log.wandb=true: wandb could not start in online mode (UsageError: No "
+                             "API key configured", "WANDB_MODE=offline", "log.wandb=false")
+    assert err.count("error:") == 1 and "Traceback" not in err
+
+
+# --------------------------------------------------------------- settings the evaluation after training cannot use
+
+def test_more_questions_asked_than_needles_is_refused_before_training(tmp_path, capsys):
+    """eval.tasks.asked above the needles: the grid refused it before training, but train.py trained
+    the run, whose evaluation then failed."""
+    refused_in_process(train.main, [str(ROOT / "configs" / "synthetic-cpu.yaml"), "data.synthetic.tasks=[multikey]",
+                                    "eval.tasks.asked=5", f"out_dir={tmp_path / 'runs'}", "name=mk"], capsys,
+                       "eval.tasks.asked=5, the questions scored per instance: data.synthetic.asked must be in "
+                       "[1, needles=4] for multikey")
+    assert not (tmp_path / "runs").exists()

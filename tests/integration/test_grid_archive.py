@@ -136,13 +136,16 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
     assert "kerple" in (tmp_path / "tuning" / "tuning.md").read_text()
 
 
-def test_a_damaged_record_is_named_and_nothing_is_restored(tmp_path, corpus, capsys):
+@pytest.mark.parametrize("damage", ["cut-short", "gzip-not-json"])
+def test_a_damaged_record_is_named_and_nothing_is_restored(tmp_path, corpus, capsys, damage):
+    """A file cut short, or whole gzip around text that is not JSON (restored, then a
+    JSONDecodeError with a traceback when the grid read it): the same message."""
     grid_path = kept_grid(tmp_path, corpus)
     assert ablate.main([str(grid_path), "--no-estimate"]) == 0
     runs = load_grid(grid_path).plan()
     shutil.rmtree(tmp_path / "runs")
     damaged = next((tmp_path / "archive" / runs[1].name / "eval").glob("extrapolation-*.json.gz"))
-    damaged.write_bytes(damaged.read_bytes()[:40])
+    damaged.write_bytes(damaged.read_bytes()[:40] if damage == "cut-short" else gzip.compress(b"not json", mtime=0))
     capsys.readouterr()
     assert ablate.main([str(grid_path), "--no-estimate"]) == 2
     err = capsys.readouterr().err

@@ -56,6 +56,22 @@ def test_a_bad_until_is_a_usage_error(capsys):
     assert e.value.code == 2 and "--until: expected a time of day" in capsys.readouterr().err
 
 
+def test_a_deadline_past_the_calendar_is_a_usage_error(capsys):
+    """--until 99999999h overflowed the date arithmetic: a traceback."""
+    with pytest.raises(SystemExit) as e:
+        ablate.parse_args(["grid.yaml", "--until", "99999999h"])
+    err = capsys.readouterr().err
+    assert e.value.code == 2 and "ends after the calendar does" in err and "Traceback" not in err
+
+
+def test_a_negative_until_says_what_a_deadline_looks_like(capsys):
+    """--until -5m was read by argparse as a flag: "expected one argument", no word of a deadline."""
+    assert ablate.main(["grid.yaml", "--until", "-5m"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --until -5m: a deadline is ahead of now, as a time of day (09:25)") and \
+        err.count("\n") == 1
+
+
 def test_a_run_starts_only_if_its_estimate_ends_by_the_deadline():
     deadline = Deadline(at=1000.0, needs={"long": 600.0, "short": 300.0})
     assert deadline.refusal("short", now=600.0) is None

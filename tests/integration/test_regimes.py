@@ -9,7 +9,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from helpers.runs import write_grid
+from helpers.runs import synthetic_grid, write_grid
 from ropelab.eval.lm import regime_compare
 from ropelab.eval.lm.context_use import breakdown, breakdown_text, context_gain, position_bins
 from ropelab.eval.reporting.tables import summarize
@@ -66,6 +66,14 @@ def test_a_grid_not_yet_reported_is_a_clear_error(two_regimes, tmp_path, corpus,
     assert regime_compare.main([str(grid)]) == 2
     err = capsys.readouterr().err
     assert err.startswith("error: ") and "results.json does not exist" in err
+
+
+def test_a_grid_of_tasks_alone_is_said_to_have_no_perplexity_report(tmp_path, capsys):
+    """Its report is in tasks/; the message said only that results.json does not exist."""
+    assert regime_compare.main([str(synthetic_grid(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: ") and err.count("\n") == 1
+    assert "trains on synthetic tasks only, so it has a task report" in err and "no perplexity report" in err
 
 
 def test_attention_table_from_the_grids_diagnostics_and_a_line_for_those_without(two_regimes, capsys):

@@ -94,3 +94,16 @@ def test_a_report_opens_with_its_summary_and_prints_no_empty_section_or_table_tw
     assert len(set(tables[1:])) == len(tables[1:]) and summary_table.startswith("| row | seeds | ppl at")
     power = [t for t in tables if "·" in t]
     assert all(any(c.strip() not in ("–", "") for c in row.split("|")[2:]) for t in power for row in t.splitlines()[2:])
+
+
+def test_a_reference_row_a_task_report_lacks_is_warned_with_its_rows(tmp_path, capsys):
+    """--reference naming no row warned with the valid rows on perplexity reports only: a task
+    report was written without comparisons and without a word."""
+    from helpers import ROOT
+    committed = ROOT / "docs" / "results" / "length-generalization-tasks-cpu" / "tasks" / "results.json"
+    assert regenerate.main([str(committed), "--reference", "nosuchrow", "--out", str(tmp_path / "r")]) == 0
+    err = capsys.readouterr().err
+    assert "warning: the reference row 'nosuchrow' (eval.reference, --reference) is none of the task report's " \
+           "rows" in err and "rows: alibi, cope, fire, kerple, learned, nope, rope, sinusoidal, t5, xpos." in err
+    assert regenerate.main([str(committed), "--reference", "alibi", "--out", str(tmp_path / "a")]) == 0
+    assert "warning" not in capsys.readouterr().err

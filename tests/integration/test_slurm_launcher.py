@@ -148,6 +148,14 @@ def test_slurm_unusable_is_a_clear_error(tmp_path, corpus, monkeypatch, capsys):
     assert ablate.main([str(grid), "--launcher", "slurm"]) == 2
     assert "pip install 'ropelab[slurm]'" in capsys.readouterr().err
     monkeypatch.undo()
+    (tmp_path / "no-srun").mkdir()
+    FakeSlurm(tmp_path / "no-srun", monkeypatch, commands=("sbatch", "squeue", "sacct", "scancel"))
+    monkeypatch.setenv("PATH", str(tmp_path / "no-srun" / "fake-slurm"))  # sbatch, but no srun (submitit's traceback)
+    assert ablate.main([str(grid), "--launcher", "slurm"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith("error: --launcher slurm needs Slurm's srun beside sbatch") and "Traceback" not in err
+    assert not (tmp_path / "no-srun" / "fake-slurm" / "sbatch-1.sh").exists()
+    monkeypatch.undo()
     FakeSlurm(tmp_path, monkeypatch)
     assert ablate.main([str(slurm_grid(tmp_path, corpus, "slurm: {cpus_per_run: 4}")), "--launcher", "slurm"]) == 2
     err = capsys.readouterr().err

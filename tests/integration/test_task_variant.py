@@ -105,6 +105,9 @@ def test_the_command_scores_a_variant_and_the_report_says_so(recall_run, tmp_pat
     (["--variant", "pairs"], "is not of the form dotted.key=value"),
     (["--variant", "pairs=30"], "eval.tasks.variant.pairs must be in [1, 26]"),
     (["--variant", "pairs=20"], "needs at least"),  # 20 pairs do not fit the run's lengths
+    # A key recall does not read was accepted, and the report said the instances differ from training.
+    (["--variant", "chains=1"], "eval.tasks.variant sets chains, which no task scored here reads (recall reads "
+                                "pairs, queries), so the instances would be the run's own"),
 ])
 def test_bad_variants_on_the_command_line_exit_2_with_a_message(recall_run, tmp_path, args, message):
     out = tmp_path / "bad"

@@ -323,3 +323,26 @@ def test_cells_at_the_floor_or_ceiling_are_no_test_and_stay_out_of_the_family(tm
     summary = report.split("## Summary", 1)[1].split("## How to read this report", 1)[0]
     assert "- copy, against `rope` after the correction: higher accuracy: `alibi` (2L)." in summary
     assert report.index("## Summary") < report.index("## Runs")
+
+
+def test_rows_trained_unalike_are_said_to_differ_above_the_comparison():
+    """Rows trained for other budgets differ in more than their encoding: the task report says
+    so above its comparison, as the perplexity report does (eval/reporting/like_for_like.py)."""
+    from ropelab.eval.tasks.compare import comparison_section
+
+    def cells(correct: int) -> list[dict]:
+        return [{"status": "ok", "correct": correct, "total": 10, "depth": None}]
+
+    kept = {"rope": {"r0": {32: cells(9)}, "r1": {32: cells(8)}}, "alibi": {"a0": {32: cells(5)}, "a1": {32: cells(6)}}}
+    records = meta({"r0": (0, None), "r1": (1, None), "a0": (0, None), "a1": (1, None)})
+    for run, record in records.items():
+        steps = 600 if run.startswith("r") else 200
+        record.update(steps=steps, tokens_trained=2048 * steps)
+    lines = comparison_section(kept, "rope", records, [32], {"rope": 32, "alibi": 32}, lambda n, length: "")
+    text = "\n".join(lines)
+    note = "`alibi` against `rope`: steps (200 against 600), tokens trained (409,600 against 1,228,800)"
+    assert note in text and text.index(note) < text.index("Compared with `rope`: the first row's accuracy")
+    for record in records.values():
+        record.update(steps=600, tokens_trained=1_228_800)
+    assert "Not like for like" not in "\n".join(
+        comparison_section(kept, "rope", records, [32], {"rope": 32, "alibi": 32}, lambda n, length: ""))
