@@ -294,7 +294,7 @@ def _unprepared(run: PlannedRun, twin: Optional[Path]) -> DataSize:
     hub = cfg.data.source == "hub"
     note = (f"{open_corpus(cfg.data).describe()} is not prepared here, and a dry run is not "
             f"{'downloading or ' if hub else ''}tokenizing it: vocabulary {vocab:,} from the config, {counted}"
-            + (f". Offline, {twin} reads the same corpus from local files (docs/data.md)" if hub and twin else ""))
+            + (f". Offline, its twin {twin} reads the corpus from local files (docs/data.md)" if hub and twin else ""))
     return DataSize(vocab, split_tokens if split_tokens is not None else cfg.eval.max_tokens or 0, note)
 
 
@@ -372,7 +372,8 @@ def _estimate(run: PlannedRun, cfg: RunConfig, rt, size: DataSize, threads: Opti
 
 
 def twin_of(grid: Grid) -> Optional[Path]:
-    """The grid's ``-local`` twin beside it (the same study reading its corpus from local files),
+    """The grid's ``-local`` twin beside it (the same study reading its corpus from local files,
+    which may be another variant of it: docs/data.md),
     where the grid reads the Hub and such a file exists."""
     source = Path(grid.source) if grid.source else None
     if source is None or source.stem.endswith("-local"):

@@ -346,3 +346,19 @@ def test_rows_picks_one_parents_fine_tunes_by_the_whole_run_name():
     assert runner.chosen_runs(grid, runs, None) == {r.name for r in runs}
     with pytest.raises(UserError, match="no row of .* matches"):
         runner.chosen_runs(grid, runs, ["*_seed-7_*"])
+
+
+def test_a_dry_run_that_could_estimate_nothing_says_so_and_exits_non_zero(tmp_path, corpus, capsys, monkeypatch):
+    """Every run's data fails to load: no estimate, each run's reason said once, and a non-zero
+    exit instead of a 'grid total 0.00 h' that reads as a free grid."""
+    import ropelab.grid.estimate as ge
+    from ropelab.common.errors import UserError
+
+    def unreadable(run, rt, dry_run, twin=None):
+        return UserError("data.local.valid: no such file")
+
+    monkeypatch.setattr(ge, "_data_size", unreadable)
+    grid = tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope", "alibi"]})
+    assert ablate.main([str(grid), "--dry-run"]) == 1
+    out = capsys.readouterr().out
+    assert "no estimate: none of the 2 runs could be estimated" in out and "grid total" not in out

@@ -88,6 +88,35 @@ def test_readme_fits_in_five_minutes():
         f"README.md has {len(lines)} lines; keep it at most {README_MAX_LINES} and move detail to docs/")
 
 
+README_ORDER = ["Set up and train", "Sample and evaluate", "Tests", "Commands", "Where corpora come from", "Results",
+                "Layout"]
+RESULTS_MAX_LINES, RESULTS_MAX_BULLETS, STUDY_MAX_LINES = 60, 6, 400
+STUDY_PAGES = sorted(p for p in (ROOT / "docs" / "results").glob("*.md"))
+
+
+def test_the_readme_is_a_map_in_the_order_a_newcomer_follows():
+    """Set up and train (with the expected time and loss right after), sample, evaluate, tests,
+    commands, corpora, then one results section of one table and a few bullets, then layout."""
+    text = (ROOT / "README.md").read_text(encoding="utf-8")
+    headings = [h for h in re.findall(r"^## (.*)$", text, re.M) if h in README_ORDER]
+    assert headings == README_ORDER
+    setup = text.split("## Set up and train", 1)[1].split("\n## ", 1)[0]
+    assert "python train.py configs/quickstart.yaml" in setup and "validation loss" in setup
+    results = text.split("## Results", 1)[1].split("\n## ", 1)[0].splitlines()
+    assert len(results) <= RESULTS_MAX_LINES, f"README's results have {len(results)} lines"
+    assert sum(line.startswith("- ") for line in results) <= RESULTS_MAX_BULLETS
+    assert sum(1 for a, b in zip(results, results[1:]) if b.startswith("|---")) == 1  # one table
+
+
+@pytest.mark.parametrize("page", STUDY_PAGES, ids=lambda p: p.name)
+def test_each_study_page_opens_with_a_summary_and_its_regeneration_command(page: Path):
+    lines = page.read_text(encoding="utf-8").splitlines()
+    assert len(lines) <= STUDY_MAX_LINES, f"{page.name} has {len(lines)} lines"
+    assert lines[0].startswith("# ") and lines[1] == ""
+    assert all(line.startswith("- ") for line in lines[2:7]) and lines[7] == ""  # five lines of summary
+    assert "```bash" in lines[8:12] and any("ropelab " in line for line in lines[10:14])
+
+
 @pytest.mark.parametrize("md_file", DOC_FILES, ids=lambda p: str(p.relative_to(ROOT)))
 def test_relative_links_resolve(md_file: Path):
     problems = broken_links(md_file, check_anchors=not _is_generated_report(md_file))

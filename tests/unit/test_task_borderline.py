@@ -62,7 +62,7 @@ def test_a_bound_rounding_to_the_threshold_keeps_more_digits(tmp_path):
     """195/200 (two depths of 100) has a lower bound of 0.94955, which two decimals print as
     the threshold itself."""
     runs = [{"run": "rope0", "name": "rope0", "encoding": "rope", "group": "rope", "stem": "rope", "seed": 0,
-             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {}},
+             "params": 1, "tokens_trained": 1, "train_len": 32, "git_commit": "abc", "eval": {"tasks": {"learned_accuracy": 0.95}},
              "tasks_trained": ["passkey"]}]
     rows = [{**cell_row("rope0", 0, 32, correct, total=100, depth=depth), "task": "passkey"}
             for depth, correct in ((0.0, 98), (1.0, 97))]
