@@ -317,8 +317,10 @@ def test_the_question_count_is_checked_against_the_tasks_a_mixed_text_run_scores
     with pytest.raises(ConfigError, match=r"eval.tasks.asked=4, the questions scored per instance: .*needles=3"):
         load_config(config(tmp_path), [*mixed, "eval.tasks.asked=4"])
     assert load_config(config(tmp_path), [*mixed, "eval.tasks.asked=3"]).eval.tasks.asked == 3
-    # Without the stop the same count is the evaluation's business alone (checked when it runs).
-    assert load_config(config(tmp_path), [*mixed, "eval.tasks.asked=4", "train.stop_at_accuracy=null"])
+    # Without the stop the same count is refused too: the run's evaluation would score it, so it
+    # fails at load rather than after training (as a grid's runs always were).
+    with pytest.raises(ConfigError, match=r"eval.tasks.asked=4, the questions scored per instance: .*needles=3"):
+        load_config(config(tmp_path), [*mixed, "eval.tasks.asked=4", "train.stop_at_accuracy=null"])
     # The mixed tasks are built from data.synthetic: settings they cannot take fail at load, stop or not.
     with pytest.raises(ConfigError, match=r"asked must be in \[1, needles=3\].*checked against the tasks built from "
                                           r"data.synthetic: multikey"):
