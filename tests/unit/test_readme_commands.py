@@ -1,11 +1,13 @@
 """Every command the README shows is one a newcomer can type as it stands: a `ropelab` command
 names a subcommand and its arguments parse, and a `python train.py` line's config and
-overrides load. (Running them, shortened, is the work of the tests of each command:
-integration/test_bench.py, test_finetune.py, test_ablate.py, test_eval.py and others.)"""
+overrides load. CI runs them all, shortened (.ci/readme_commands.py); the tests of each command
+(integration/test_bench.py, test_finetune.py, test_ablate.py, test_eval.py and others) run them
+in small."""
 
 from __future__ import annotations
 
 import importlib
+import importlib.util
 import re
 import shlex
 
@@ -44,3 +46,19 @@ def test_each_readme_command_parses(line: str):
         module = importlib.import_module(PARSERS[name])
         if "*" not in line:  # a shell glob is the shell's to expand
             module.parse_args(args)
+
+
+def test_ci_runs_every_readme_command_in_order_and_shortened():
+    """.ci/readme_commands.py finds each command above, the quickstart first; shortened, a training
+    stops at 20 steps (after the README's own step limit), and a grid's training is its dry run."""
+    spec = importlib.util.spec_from_file_location("readme_commands", ROOT / ".ci" / "readme_commands.py")
+    ci = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(ci)
+    found = ci.readme_commands(README)
+    assert found[0] == "python train.py configs/quickstart.yaml"
+    assert set(COMMAND_LINES) - {c for c in COMMAND_LINES if "PATH" in c} <= set(found)
+    finetune = next(c for c in found if "init.run=" in c)
+    assert ci.shortened(finetune)[-3:] == ["train.max_steps=20", "train.eval_interval=10", "log.progress=false"]
+    study = next(c for c in found if c.startswith("ropelab ablate") and "--jobs" in c)
+    assert ci.shortened(study)[-2:] == ["--dry-run", "--no-estimate"] and ci.trains_a_grid(shlex.split(study))
+    assert not any(c.startswith(("pip ", "python -m pytest", "python3 -m venv")) for c in found)
