@@ -25,8 +25,8 @@ from ropelab.eval.reporting.report_dir import DIAGNOSTICS, PERPLEXITY, TASKS, ch
 from ropelab.eval.tasks.exact_match import check_planned, run_task_evaluation, wants_tasks
 from ropelab.grid.archive import archive_runs, check_archive, record_of, restore_records
 from ropelab.grid.deadline import Deadline, describe, needs_from, plans_from
-from ropelab.grid.estimate import (estimate_grid, print_estimates, print_wall_times, rows_ended, save_estimates,
-                                   saved_estimates)
+from ropelab.grid.estimate import estimate_grid, rows_ended
+from ropelab.grid.estimate_table import print_estimates, print_wall_times, save_estimates, saved_estimates
 from ropelab.grid.jobs import not_cached
 from ropelab.grid.local import run_all, slots_for
 from ropelab.grid.run_state import status

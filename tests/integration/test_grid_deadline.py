@@ -19,7 +19,8 @@ from ropelab.configs.grid import load_grid
 from ropelab.scripts import ablate
 from ropelab.grid import local as grid_local
 from ropelab.grid.deadline import CompetencePlan, Deadline, needs_from, parse_deadline, plans_from, wait
-from ropelab.grid.estimate import Estimate, estimate_file, save_estimates, saved_estimates
+from ropelab.grid.estimate import Estimate
+from ropelab.grid.estimate_table import estimate_file, save_estimates, saved_estimates
 from ropelab.grid.run_state import status
 
 from helpers.runs import synthetic_grid

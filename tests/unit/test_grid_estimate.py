@@ -8,7 +8,7 @@ import logging
 import pytest
 
 from ropelab.configs.grid import load_grid
-from ropelab.grid.estimate import print_wall_times
+from ropelab.grid.estimate_table import print_estimates, print_wall_times
 
 from helpers.runs import synthetic_grid, tiny_grid, write_grid
 
@@ -163,7 +163,7 @@ def test_pending_seeds_are_expected_to_stop_where_their_rows_seeds_did(tmp_path,
     assert rope.train_s == 600 and rope.expected_train_s == 420  # (40 + 100) / 2 = 70 steps
     assert (rope.competence_row, rope.done, rope.steps) == ("kind-rope", 0, 100)  # a deadline renews it from these
     assert "expected 7.0 min as its row's 2 ended runs" in rope.note
-    grid_estimate.print_estimates(estimates, 1)
+    print_estimates(estimates, 1)
     line = capsys.readouterr().out.splitlines()[-1]
     assert line.startswith("expected where rows have ended runs") and "the 1 run in such rows stop" in line
     # Resumed at step 60 in a row whose seeds ended at 40, 80 and 100: those past 60 say 30 more
@@ -229,7 +229,7 @@ def test_a_dry_run_prepares_no_data_and_scales_the_shapes_it_did_not_time(tmp_pa
                for m in caplog.messages) == 1  # said once for the grid's one corpus
     assert not (tmp_path / "cache").exists() or not any((tmp_path / "cache").iterdir())
     capsys.readouterr()
-    ge.print_estimates({"a": ge.Estimate(0.0, 0.0, "no estimate: x", failed=True)}, 1)
+    print_estimates({"a": ge.Estimate(0.0, 0.0, "no estimate: x", failed=True)}, 1)
     assert "no estimate: none of the 1 runs could be estimated" in capsys.readouterr().out
 
 
