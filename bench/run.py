@@ -25,7 +25,7 @@ import torch
 from ropelab import configs
 from ropelab.bench.report import headline
 from ropelab.bench.trees import THIS, Tree
-from ropelab.bench.worker import PLAN_PREFIX, PROMPT, bench_config, run_section, variant_name
+from ropelab.bench.worker import EVAL_WINDOWS, PLAN_PREFIX, PROMPT, bench_config, run_section, variant_name
 from ropelab.common.devices import machine_busy
 from ropelab.common.errors import ConfigError, UserError
 from ropelab.common.logs import get_logger
@@ -39,7 +39,6 @@ from ropelab.training.validation import windows_per_batch
 logger = get_logger(__name__)
 
 SECTIONS = ["train", "compile", "decode", "eval"]
-EVAL_BATCH = 8  # windows per forward in section_eval: eval/lm/perplexity.py's default batch_size
 SHAPES = {"bench": "bench.yaml", "small": "bench-small.yaml"}
 WORKER = Path(__file__).resolve().with_name("worker.py")  # run by its path, in a fresh process
 
@@ -130,7 +129,7 @@ def check_memory(args: argparse.Namespace, spec: dict, variants: list[str]) -> N
             check_training(cfg, device)
         if "eval" in args.sections:
             length = cfg.train.seq_len * max(args.eval_multipliers)
-            batch = windows_per_batch(length, EVAL_BATCH)
+            batch = windows_per_batch(length, EVAL_WINDOWS)
             check_fits(forward_estimate(cfg.model, batch, length, f"the benchmark's {row} evaluation at "
                                         f"{length:,} tokens ({batch} window{'s' if batch > 1 else ''} per forward)"),
                        device, "Give smaller --eval-multipliers.")

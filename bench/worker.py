@@ -57,7 +57,7 @@ LATENCY_WINDOW = 64  # decode steps averaged for the start/end latency
 # A char vocabulary depends on its corpus; the benchmark takes Tiny Shakespeare's 65
 # characters, the vocabulary of nanoGPT's CPU recipe (configs/bench-small.yaml).
 CHAR_VOCAB = 65
-# Windows per forward: eval/lm/perplexity.py's default batch_size (bench/run.py: EVAL_BATCH).
+# Windows per forward: eval/lm/perplexity.py's default batch_size (bench/run.py sizes its memory check by it).
 EVAL_WINDOWS = 8
 MAX_BATCH_TOKENS = 16384  # and its max_batch_tokens
 

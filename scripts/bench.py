@@ -73,9 +73,10 @@ def parse_args(argv=None) -> argparse.Namespace:
     p.add_argument("--set", nargs="+", action="extend", default=[], metavar="KEY=VALUE",
                    help="config overrides, e.g. --set model.n_kv_heads=2 train.batch_size=8")
     p.add_argument("--kinds", nargs="+", default=list(POS_KINDS), choices=POS_KINDS, help="encodings to measure")
-    p.add_argument("--plans", nargs="+", default=[], choices=plan_presets(), metavar="PRESET",
+    presets = plan_presets()
+    p.add_argument("--plans", nargs="+", default=[], choices=presets, metavar="PRESET",
                    help="also measure these layer plans, each a preset of configs/pe/ merged over the "
-                        f"shape (rows plan:PRESET): {', '.join(plan_presets())}")
+                        f"shape (rows plan:PRESET): {', '.join(presets)}")
     p.add_argument("--attention", nargs="+", choices=ATTENTION_KINDS, default=None,
                    help="attention kinds to measure, each with every encoding it can serve "
                         "(default: the config's model.attention)")

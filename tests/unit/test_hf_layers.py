@@ -175,15 +175,22 @@ def gemma3(case: str):
     return attn, x, cos_sin, mask
 
 
+def paired_outputs(hf, x, position_embeddings, mask, cfg: ModelConfig, layer, ours_cfg: ModelConfig | None,
+                   path: str):
+    """Our layer with ``hf``'s weights against ``hf`` on ``x``; with ``ours_cfg``, a control: the
+    same weights in a layer configured otherwise."""
+    ours = OurLayer(cfg, layer)
+    copy_weights(ours, hf)
+    if ours_cfg is not None:
+        ours = OurLayer(ours_cfg, layer, ours.attn.state_dict())
+    with torch.no_grad():
+        theirs, _ = hf(x, position_embeddings=position_embeddings, attention_mask=mask)
+    return ours(x, path), theirs
+
+
 def gemma3_outputs(case: str, ours_cfg: ModelConfig | None = None, path: str = "forward"):
     hf, x, cos_sin, mask = gemma3(case)
-    ours = OurLayer(gemma3_config(case), GEMMA3_LAYERS[case])
-    copy_weights(ours, hf)
-    if ours_cfg is not None:  # a control: the same weights in a layer configured otherwise
-        ours = OurLayer(ours_cfg, GEMMA3_LAYERS[case], ours.attn.state_dict())
-    with torch.no_grad():
-        theirs, _ = hf(x, position_embeddings=cos_sin, attention_mask=mask)
-    return ours(x, path), theirs
+    return paired_outputs(hf, x, cos_sin, mask, gemma3_config(case), GEMMA3_LAYERS[case], ours_cfg, path)
 
 
 @pytest.mark.parametrize("path", PATHS)
@@ -318,13 +325,7 @@ def llama4(case: str):
 
 def llama4_outputs(case: str, ours_cfg: ModelConfig | None = None, path: str = "forward"):
     hf, x, freqs_cis, mask = llama4(case)
-    ours = OurLayer(llama4_config(), LLAMA4_LAYERS[case])
-    copy_weights(ours, hf)
-    if ours_cfg is not None:
-        ours = OurLayer(ours_cfg, LLAMA4_LAYERS[case], ours.attn.state_dict())
-    with torch.no_grad():
-        theirs, _ = hf(x, position_embeddings=freqs_cis, attention_mask=mask)
-    return ours(x, path), theirs
+    return paired_outputs(hf, x, freqs_cis, mask, llama4_config(), LLAMA4_LAYERS[case], ours_cfg, path)
 
 
 @pytest.mark.parametrize("path", PATHS)
