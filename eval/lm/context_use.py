@@ -8,18 +8,15 @@
   seed and document: how much the second half of the training window is worth over a
   short context. A regime where it is near 0 cannot show how encodings extrapolate,
   whatever they do beyond L.
-- **Breakdown length**: the evaluation length at which a row's perplexity first exceeds
-  its own at L by 5% (log-linear interpolation between the evaluated lengths), on the
-  same-token protocol when it was scored (only the context changes), else on sliding or
-  non-overlapping windows (the report names which). Where two or more seeds all break
-  down within the evaluated lengths, the value is the geometric mean of the seeds' own
-  breakdown lengths with a t-interval around it (on log2 length, S − 1 degrees of freedom;
-  fine-tunes of several parents: the parents' means, C − 1, eval/reporting/stats.py),
-  cut at L (a breakdown lies past L; seeds that agree exactly, as one model's weights do at a
-  fine-tune's step 0, get none: a width-0 interval would claim certainty); otherwise (one
-  seed, or a seed that stays within 5%)
-  it is where the seeds' mean log-ratio curve crosses, with no interval. A seed that never
-  exceeds 5% within the evaluated lengths has none: the row then says how many.
+- **Breakdown length**: the first evaluation length at which a seed's perplexity exceeds its
+  own at L by 5%, on the same-token protocol when it was scored (only the context changes),
+  else on sliding or non-overlapping windows (the report names which). It is known only on the
+  grid of evaluated lengths: a seed first above 5% at n broke down after the evaluated length
+  before n (or L) and by n, so a row is reported as the grid values its seeds' breakdowns fall
+  between, with every seed's own first length beside them ("192–256 (×1.5–×2 L); seeds 256,
+  256, 192"), never as a value interpolated between grid lengths or a mean of them (a length
+  no seed was measured at). A seed that stays within 5% to the longest evaluated length reads
+  "> longest"; fine-tunes of several parents list every run, in run order.
   Press et al. (2022, ICLR, Figure 1 and Table 2: WikiText-103, L = 512 and 1024) show the
   pattern to compare with: sinusoidal breaks down within tens of tokens past L, rotary
   within about 100–200, the T5 bias later, and ALiBi not at all.
@@ -32,7 +29,6 @@ from typing import Optional
 
 import numpy as np
 
-from ropelab.eval.reporting.intervals import length_interval
 from ropelab.eval.reporting.labels import label_order, replicate_units, units_of
 from ropelab.eval.reporting.stats import Cell, Contrast, cell_contrast, contrast
 from ropelab.eval.reporting.tables import _cells_rows, train_lengths
@@ -123,27 +119,27 @@ def _docs_text(found: Contrast) -> str:
 # --- breakdown length --------------------------------------------------------------------------
 
 
-def crossing(lengths: list[int], log_ratios: list[float], train_len: int,
-             threshold: float = math.log(BREAKDOWN)) -> Optional[float]:
-    """The first length past ``train_len`` where the log-ratio to L exceeds ``threshold``,
-    interpolated linearly in log2(length) from the previous point (L itself at 0), or None."""
-    previous = (math.log2(train_len), 0.0)
+def first_above(lengths: list[int], log_ratios: list[float], train_len: int,
+                threshold: float = math.log(BREAKDOWN)) -> Optional[tuple[int, int]]:
+    """(previous, first): the first evaluated length past ``train_len`` whose log-ratio to L
+    exceeds ``threshold`` and the evaluated length before it (L itself for the first), between
+    which the breakdown lies; None where no length exceeds it."""
+    previous = train_len
     for n, r in zip(lengths, log_ratios):
         if n <= train_len:
             continue
         if r > threshold:
-            x0, r0 = previous
-            return 2 ** (x0 + (threshold - r0) / (r - r0) * (math.log2(n) - x0))
-        previous = (math.log2(n), r)
+            return previous, n
+        previous = n
     return None
 
 
 def breakdown(summary: dict[str, dict[int, dict]], label: str) -> Optional[dict]:
-    """The row's breakdown length: {point, low, high, seeds, beyond, longest}, or None where it
-    was not scored at L and past it. Where every seed (two or more) breaks down within the
-    evaluated lengths, the point is the geometric mean of the seeds' own breakdown lengths and
-    the interval a t-interval around it in log length, cut at L (a breakdown lies past L);
-    otherwise the point is where the seeds' mean log-ratio curve crosses, with no interval."""
+    """The row's breakdown on the grid of evaluated lengths: {per_seed, low, high, seeds, beyond,
+    longest, train_len}, or None where it was not scored at L and past it. ``per_seed`` is each
+    seed's first length above 5% (None: within 5% to ``longest``), in the cell's seed order;
+    ``low``–``high`` the grid values the crossing seeds' breakdowns lie between (None where no
+    seed crosses)."""
     train_len = train_lengths(summary).get(label)
     cells = summary[label]
     at_l = cells.get(train_len, {}).get("cell")
@@ -151,36 +147,26 @@ def breakdown(summary: dict[str, dict[int, dict]], label: str) -> Optional[dict]
     if at_l is None or not lengths:
         return None
     per_seed = np.array([cells[n]["cell"].seed_values() - at_l.seed_values() for n in lengths])  # (lengths, S)
-    point = crossing(lengths, list(per_seed @ at_l.weights()), train_len)
-    seeds = [crossing(lengths, list(per_seed[:, k]), train_len) for k in range(per_seed.shape[1])]
-    out = {"point": point, "low": None, "high": None, "seeds": len(seeds),
-           "beyond": sum(b is None for b in seeds), "longest": lengths[-1], "train_len": train_len}
-    if at_l.replicates >= 2 and out["beyond"] == 0:
-        point, low, high, replicates = length_interval(seeds, at_l.units)
-        if low is None:  # one model's weights (a fine-tune's step 0): no interval
-            out.update(point=point, agree=replicates)
-            return out
-        # A breakdown lies past L by definition, so the interval is cut at L: the truth is in
-        # that range, so the coverage holds (as the diagnostics cut fractions to [0, 1]).
-        out.update(point=point, low=max(low, train_len), high=high)
-    return out
+    found = [first_above(lengths, list(per_seed[:, k]), train_len) for k in range(per_seed.shape[1])]
+    crossed = [f for f in found if f is not None]
+    return {"per_seed": [None if f is None else f[1] for f in found], "seeds": len(found),
+            "beyond": len(found) - len(crossed), "longest": lengths[-1], "train_len": train_len,
+            "low": min(f[0] for f in crossed) if crossed else None,
+            "high": max(f[1] for f in crossed) if crossed else None}
 
 
 def breakdown_text(found: dict) -> str:
-    if found["point"] is None:
-        return f"> {found['longest']}" + (f" ({found['seeds'] - found['beyond']} of {found['seeds']} seeds cross)"
-                                           if found["beyond"] < found["seeds"] else "")
-    narrow = found["low"] is not None and round(found["low"]) == round(found["high"])
-    digits = 1 if narrow else 0  # an interval narrower than a token stays visible
-    text = f"{found['point']:.{digits}f} (×{found['point'] / found['train_len']:.2f} L)"
-    if found["low"] is not None:
-        return text + f" ({found['low']:.{digits}f}–{found['high']:.{digits}f})"
-    if found.get("agree"):
-        return text + (f"; its {found['agree']} seeds agree exactly (the same weights, as at a fine-tune's step 0): "
-                       "no spread to make an interval from")
-    if found["beyond"]:
-        return text + f"; {found['beyond']} of {found['seeds']} seeds stay within 5% to {found['longest']}"
-    return text + " (one seed)"
+    """The grid values a row's seeds break down between (in multiples of L), then every seed's
+    own first length above 5% ("> longest" for one that stays within)."""
+    longest, train_len = found["longest"], found["train_len"]
+    if found["low"] is None:
+        return f"> {longest}" + ("" if found["seeds"] == 1 else f" (all {found['seeds']} seeds)")
+    low, high = found["low"], found["high"]
+    span = (f"{low}–{high} (×{low / train_len:g}–×{high / train_len:g} L)" if not found["beyond"] else
+            f"past {low} (×{low / train_len:g} L)")
+    if found["seeds"] == 1:
+        return f"{span}; one seed"
+    return f"{span}; seeds " + ", ".join(f"> {longest}" if v is None else str(v) for v in found["per_seed"])
 
 
 def breakdown_section(summaries: dict[str, dict[str, dict[int, dict]]]) -> list[str]:
@@ -194,14 +180,13 @@ def breakdown_section(summaries: dict[str, dict[str, dict[int, dict]]]) -> list[
     if not rows:
         return []
     return ["", "### Breakdown length", "",
-            f"The evaluation length at which each row's perplexity first exceeds its own at L by 5% ({protocol} "
-            "protocol; interpolated in log length between evaluated lengths). Where every seed breaks down within the "
-            "evaluated lengths (two or more seeds), the value is the geometric mean of the seeds' own breakdown "
-            "lengths with a 95% t-interval over them (in log length, cut at L: a breakdown lies past L; none where the "
-            "seeds agree exactly, as one model's weights do); otherwise "
-            "it is where the seeds' mean curve crosses, and no interval is given. For comparison, Press et al. "
+            f"The first evaluation length at which each seed's perplexity exceeds its own at L by 5% ({protocol} "
+            "protocol). Known only on the grid of evaluated lengths (a seed first above 5% at n broke down after the "
+            "evaluated length before n), a row gives the grid values its seeds' breakdowns fall between, in tokens and "
+            "multiples of L, then each seed's own first length above 5%, in seed order (> the longest length: a seed "
+            "that stays within 5%; past n: some seeds do). For comparison, Press et al. "
             "(2022, Figure 1 and Table 2; WikiText-103, L = 512) find sinusoidal breaking down within tens of "
             "tokens past L, rotary within about 100–200, the T5 bias later and ALiBi not at all.", "",
-            "| row | L | breakdown length (95% interval) |", "|---|---:|---:|",
+            "| row | L | breakdown: grid values; each seed |", "|---|---:|---:|",
             *[f"| {label} | {found['train_len']} | {breakdown_text(found)} |" for label, found in rows]]
 

@@ -2,14 +2,15 @@
 ``ropelab regimes GRID.yaml... [--out DIR]``.
 
 Each grid is one regime (a corpus, tokenizer, model shape and L; configs/ablations/regime-pilot/)
-and has been run and reported by scripts/ablate.py. From each grid's results.json this table
+and has been run and reported by `ropelab ablate`. From each grid's results.json this table
 sets, for every row of every regime, side by side:
 
 - the **context gain** (eval/lm/context_use.py): mean NLL on positions [8, 16) minus mean NLL on
   [L/2, L) at L, with its interval across training runs; also as a share of the [8, 16)
   loss and in bits per byte of text (the gain in nats per token times the row's bits per
   byte over nats per token at L), because nats per token do not compare across tokenizers;
-- the **breakdown length** on the same-token protocol, in tokens and in multiples of L;
+- the **breakdown length** on the same-token protocol: the grid lengths its seeds' breakdowns
+  fall between, in tokens and multiples of L, and each seed's own;
 - the **degradation** ppl(n) / ppl(L) at 2L and at the longest length, same tokens, with
   the interval across training runs;
 - where the grid's report has the attention diagnostics (``eval.diagnostics.enabled``), a
@@ -206,8 +207,9 @@ def regimes_markdown(grids: list[tuple[str, Path, dict]], diagnostics: Optional[
              "Made by `ropelab regimes " + " ".join(str(p) for _, p, _ in grids) + "` from each grid's "
              "results.json. Context gain: mean NLL on positions [8, 16) minus mean NLL on [L/2, L) at L "
              "(non-overlapping windows), 95% interval across training runs; its share of the [8, 16) loss and its "
-             "size in bits per byte compare across tokenizers, nats per token do not. Breakdown length: where "
-             f"perplexity first exceeds its own at L by 5% ({PROTOCOL} protocol; t-interval over the seeds). "
+             "size in bits per byte compare across tokenizers, nats per token do not. Breakdown length: the "
+             f"first evaluated length at which a seed's perplexity exceeds its own at L by 5% ({PROTOCOL} protocol), "
+             "given as the grid lengths the seeds' breakdowns fall between and each seed's own. "
              "Ratios: perplexity at n over perplexity at L on the same tokens, paired by seed, with the interval "
              "across training runs. Press et al. (2022, Figure 1 and Table 2) is the pattern to compare with. "
              "Train min: each row's mean training time at its runs' usual speed (tokens trained over the median "

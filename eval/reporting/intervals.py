@@ -1,20 +1,20 @@
-"""Intervals for one quantity over independent draws: a mean (the t-interval), lengths
-on a log scale, a median (distribution-free, for benchmark ratios) and a band around a
-curve pooled over runs.
+"""Intervals for one quantity over independent draws: a mean (the t-interval), a median
+(distribution-free, for benchmark ratios) and a band around a curve pooled over runs.
 
 The comparisons, contrasts and accuracies of the reports are in eval/reporting/stats.py; these are
-the simpler intervals of single quantities that the diagnostics, effective lengths,
-plots and benchmarks print.
+the simpler intervals of single quantities that the diagnostics, plots and benchmarks print
+(lengths measured on a grid of evaluated lengths get none: they are reported as the grid
+values they fall between, eval/lm/context_use.py and eval/tasks/effective_length.py).
 """
 
 from __future__ import annotations
 
 import math
-from typing import Optional, Sequence
+from typing import Optional
 
 import numpy as np
 
-from ropelab.eval.reporting.stats import Z95, scipy_stats, t_quantile, unit_means
+from ropelab.eval.reporting.stats import Z95, scipy_stats, t_quantile
 
 
 # --- curves and benchmark ratios ------------------------------------------------------------
@@ -70,15 +70,3 @@ def t_interval(values, level: float = 0.95):
     half = t_quantile(0.5 + level / 2, x.shape[0] - 1) * x.std(axis=0, ddof=1) / math.sqrt(x.shape[0])
     return mean, mean - half, mean + half
 
-
-def length_interval(lengths: Sequence[float], units: Sequence[str] = ()):
-    """(geometric mean, low, high, replicates) of lengths over training runs (breakdown and
-    effective lengths): a t-interval on log2 length over the replicates (a fine-tune's parent
-    once: eval/reporting/stats.py, "Fine-tunes of several parents"). low and high are None where the
-    replicates agree exactly: a width-0 interval would claim a certainty that identical
-    weights or lengths a factor 2 apart cannot give."""
-    values = unit_means(np.log2(np.asarray(lengths, dtype=np.float64)), units)
-    if np.ptp(values) == 0:
-        return 2 ** float(values[0]), None, None, len(values)
-    mean, low, high = t_interval(values)
-    return 2 ** float(mean), 2 ** float(low), 2 ** float(high), len(values)

@@ -8,19 +8,19 @@ import numpy as np
 import pytest
 import torch
 
-from ropelab.eval.lm.context_use import breakdown, breakdown_text, context_gain, crossing, position_cells
+from ropelab.eval.lm.context_use import breakdown, breakdown_text, context_gain, first_above, position_cells
 from ropelab.eval.lm.extrapolation import share_window_sets
 from ropelab.eval.lm.perplexity import perplexity
 from ropelab.eval.reporting.stats import Cell
 from helpers.reference import ContextFree
 
 
-def test_crossing_interpolates_in_log_length():
-    # ln 1.05 = 0.04879 is crossed between 256 (0.02) and 512 (0.06): 2^(8 + 0.7198) = 421.6.
-    found = crossing([64, 128, 256, 512, 1024], [0.3, 0.0, 0.02, 0.06, 0.2], 128)
-    assert found == pytest.approx(2 ** (8 + (math.log(1.05) - 0.02) / 0.04), rel=1e-12)
-    assert crossing([128, 256], [0.0, 0.01], 128) is None  # never 5% worse
-    assert crossing([128, 256], [0.0, 0.1], 128) == pytest.approx(2 ** (7 + math.log(1.05) / 0.1))
+def test_first_above_gives_the_grid_lengths_a_breakdown_lies_between():
+    # ln 1.05 = 0.04879 is first exceeded at 512 (0.06), after 256 (0.02): the breakdown lies in (256, 512].
+    assert first_above([64, 128, 256, 512, 1024], [0.3, 0.0, 0.02, 0.06, 0.2], 128) == (256, 512)
+    assert first_above([128, 256], [0.0, 0.01], 128) is None  # never 5% worse
+    assert first_above([128, 256], [0.0, 0.1], 128) == (128, 256)  # the first length past L: from L
+    assert first_above([256, 384], [math.log(1.05), 0.2], 128) == (256, 384)  # exactly 5% is not above
 
 
 def _summary(per_seed_log_ppl: dict[int, list[float]], train_len: int = 128, units: tuple = ()) -> dict:
@@ -33,49 +33,31 @@ def _summary(per_seed_log_ppl: dict[int, list[float]], train_len: int = 128, uni
     return {"row": cells}
 
 
-def test_breakdown_points_and_interval_over_seeds():
-    s = _summary({128: [4.0, 4.1, 4.2], 256: [4.03, 4.12, 4.21], 512: [4.1, 4.2, 4.3], 1024: [4.4, 4.5, 4.6]})
+def test_a_breakdown_is_the_grid_values_its_seeds_fall_between():
+    """Three seeds first above 5% at 256, 256 and 192: the row's breakdowns lie between 128 (the
+    length before 192) and 256, and each seed's own first length is listed in seed order; no
+    length between grid points (a geometric mean or an interpolated crossing) appears."""
+    s = _summary({128: [4.0, 4.1, 4.2], 192: [4.03, 4.12, 4.3], 256: [4.1, 4.2, 4.3], 512: [4.4, 4.5, 4.6]})
     found = breakdown(s, "row")
-    # Every seed crosses: the value is their geometric mean, the centre of the t-interval.
-    seeds = [crossing([256, 512, 1024], [r256, 0.1, 0.4], 128) for r256 in (0.03, 0.02, 0.01)]
-    logs = np.log2(seeds)
-    half = 4.302652729911275 * logs.std(ddof=1) / math.sqrt(3)  # t(0.975, 2)
-    assert found["point"] == pytest.approx(2 ** logs.mean(), rel=1e-12)
-    assert (found["low"], found["high"]) == pytest.approx((2 ** (logs.mean() - half), 2 ** (logs.mean() + half)))
-    assert found["low"] < found["point"] < found["high"]
-    assert found["beyond"] == 0 and "×" in breakdown_text(found)
-    split = breakdown(_summary({128: [4.0, 4.1], 2048: [4.01, 4.3]}), "row")  # one seed crosses, one does not
-    assert split["beyond"] == 1 and split["low"] is None
-    # Mean log-ratio 0.21/2 = 0.105 at 2048: the seeds' mean curve crosses, interpolated from L.
-    assert split["point"] == pytest.approx(2 ** (7 + math.log(1.05) / 0.105 * 4), rel=1e-9)
-    assert breakdown_text(split).endswith("1 of 2 seeds stay within 5% to 2048")
+    assert found["per_seed"] == [256, 256, 192] and (found["low"], found["high"]) == (128, 256)
+    assert found["beyond"] == 0 and found["longest"] == 512
+    assert breakdown_text(found) == "128–256 (×1–×2 L); seeds 256, 256, 192"
+    same = breakdown(_summary({128: [4.0, 4.1], 256: [4.01, 4.11], 512: [4.1, 4.2]}), "row")
+    assert breakdown_text(same) == "256–512 (×2–×4 L); seeds 512, 512"  # identical weights need no special case
+    one = breakdown(_summary({128: [4.0], 256: [4.01], 512: [4.1]}), "row")
+    assert breakdown_text(one) == "256–512 (×2–×4 L); one seed"
+
+
+def test_a_seed_that_stays_within_five_percent_reads_beyond_the_longest_length():
+    split = breakdown(_summary({128: [4.0, 4.1], 1024: [4.01, 4.3], 2048: [4.02, 4.4]}), "row")
+    assert split["per_seed"] == [None, 1024] and split["beyond"] == 1
+    assert breakdown_text(split) == "past 128 (×1 L); seeds > 2048, 1024"
     flat = breakdown(_summary({128: [4.0, 4.1], 2048: [4.01, 4.11]}), "row")
-    assert flat["point"] is None and breakdown_text(flat) == "> 2048"
-    mean_flat = breakdown(_summary({128: [4.0, 4.1, 4.0], 2048: [4.0, 4.19, 4.0]}), "row")  # the mean stays within
-    assert breakdown_text(mean_flat) == "> 2048 (1 of 3 seeds cross)"
-
-
-def test_a_breakdown_interval_stops_at_the_training_length():
-    # Seeds cross at 2^(7 + ln 1.05 / 0.5) = 137.0 and 2^(8 + ln 1.05 / 0.1 · 3) = 706.1: log2 mean
-    # 8.281, half-width 12.706 · 1.673 / √2 = 15.03, so the t-interval reaches down to 2^-6.75
-    # tokens; a breakdown lies past L = 128 by definition.
-    found = breakdown(_summary({128: [4.0, 4.0], 256: [4.5, 4.0], 2048: [4.6, 4.1]}), "row")
-    a, b = 2 ** (7 + math.log(1.05) / 0.5), 2 ** (8 + math.log(1.05) / 0.1 * 3)
-    assert found["point"] == pytest.approx(math.sqrt(a * b), rel=1e-9)
-    assert found["low"] == 128 and found["high"] > 2 ** 19
-
-
-def test_a_breakdown_of_identical_seeds_has_no_interval_and_a_narrow_one_stays_visible():
-    """Two seeds with the same weights (a fine-tune's step 0) cross at the same length: a
-    width-0 t-interval would claim certainty, so the row says they agree; an interval narrower
-    than a token keeps a decimal rather than print as "132–132"."""
-    same = breakdown(_summary({128: [4.0, 4.0], 256: [4.1, 4.1]}), "row")
-    assert same["low"] is None and same["point"] == pytest.approx(2 ** (7 + math.log(1.05) / 0.1))
-    assert breakdown_text(same).endswith("its 2 seeds agree exactly (the same weights, as at a fine-tune's step 0): "
-                                         "no spread to make an interval from")
-    close = breakdown(_summary({128: [4.0, 4.0, 4.0], 256: [4.995, 5.0, 5.005]}), "row")  # 132.4 ± 0.06
-    assert round(close["low"]) == round(close["high"]) and close["low"] < close["high"]
-    assert breakdown_text(close) == f"{close['point']:.1f} (×1.03 L) ({close['low']:.1f}–{close['high']:.1f})"
+    assert flat["low"] is None and breakdown_text(flat) == "> 2048 (all 2 seeds)"
+    assert breakdown_text(breakdown(_summary({128: [4.0], 2048: [4.01]}), "row")) == "> 2048"
+    # Lengths below L and a row not scored past L: no breakdown to give.
+    assert breakdown(_summary({64: [3.9], 128: [4.0]}), "row") is None
+    assert breakdown(_summary({64: [3.9, 4.0], 128: [4.0, 4.1], 256: [4.2, 4.2]}), "row")["per_seed"] == [256, 256]
 
 
 def test_context_gain_is_the_difference_of_two_position_bins():
@@ -104,17 +86,12 @@ def test_context_gain_is_the_difference_of_two_position_bins():
     assert low < 0 < high
 
 
-def test_breakdowns_of_fine_tunes_count_each_parent_once():
-    """Four fine-tunes, two of each parent: the interval is over the parents' mean log2
-    breakdown lengths (1 df), and the tables give each perplexity cell those units."""
-    values = {128: [4.0, 4.0, 4.0, 4.0], 256: [4.03, 4.03, 4.01, 4.01], 512: [4.1, 4.1, 4.1, 4.1],
-              1024: [4.4, 4.4, 4.4, 4.4]}
+def test_breakdowns_of_fine_tunes_list_every_run_and_the_tables_count_each_parent_once():
+    """Four fine-tunes, two of each parent: the breakdown lists every run's own first length (a
+    list needs no weights), and the tables give each perplexity cell the parents as units."""
+    values = {128: [4.0, 4.0, 4.0, 4.0], 256: [4.03, 4.03, 4.06, 4.06], 512: [4.1, 4.1, 4.1, 4.1]}
     found = breakdown(_summary(values, units=("a", "a", "b", "b")), "row")
-    seeds = [crossing([256, 512, 1024], [r, 0.1, 0.4], 128) for r in (0.03, 0.01)]
-    logs = np.log2(seeds)
-    half = 12.706204736174705 * logs.std(ddof=1) / math.sqrt(2)  # t(0.975, 1)
-    assert found["point"] == pytest.approx(2 ** logs.mean(), rel=1e-12)
-    assert found["high"] == pytest.approx(2 ** (logs.mean() + half))
+    assert breakdown_text(found) == "128–512 (×1–×4 L); seeds 512, 512, 256, 256"
     from ropelab.eval.reporting.tables import summarize
     runs = [{"run": f"ft{p}{k}", "seed": k, "parent": {"run": f"parent-{p}", "checkpoint": "step_7"}}
             for p in "ab" for k in (0, 1)]

@@ -8,7 +8,7 @@ import math
 import numpy as np
 import pytest
 
-from ropelab.eval.reporting.intervals import length_interval, median_interval, pooled_curve, t_interval
+from ropelab.eval.reporting.intervals import median_interval, pooled_curve, t_interval
 
 
 def test_pooled_curve_band_by_hand():
@@ -69,14 +69,3 @@ def test_t_intervals_by_hand_and_their_coverage_of_the_mean():
     columns = t_interval(np.stack([draws[:5, 0], draws[:5, 1]], axis=1))  # elementwise along axis 0
     assert columns[0].shape == (2,) and columns[1][0] == pytest.approx(t_interval(draws[:5, 0])[1])
 
-
-def test_length_interval_is_a_t_interval_on_log2_lengths():
-    mean, low, high, replicates = length_interval([128, 256, 512])
-    half = 4.303 * 1.0 / math.sqrt(3)  # log2 lengths 7, 8, 9: mean 8, s = 1, t(2) = 4.303
-    assert replicates == 3 and mean == pytest.approx(256)
-    assert (low, high) == pytest.approx((2 ** (8 - half), 2 ** (8 + half)), rel=1e-3)
-    # Replicates that agree exactly get no interval, not one of width 0.
-    assert length_interval([512, 512]) == (512, None, None, 2)
-    # A parent's fine-tunes count once: its two at 128 are one replicate, mean of 7 and 9.
-    mean, _, _, replicates = length_interval([128, 128, 512], units=("p0", "p0", "p1"))
-    assert replicates == 2 and mean == pytest.approx(256)
