@@ -308,7 +308,11 @@ def run_grid(args: argparse.Namespace) -> int:
     if args.dry_run:
         example = (pending or [run for run in runs if run.name in chosen] or runs)[0]  # one --rows picked
         logger.info("train one by hand with: " + shlex.join(["python", "train.py", base, *example.overrides]))
-        return 1 if estimates and all(e.failed for e in estimates.values()) else 0  # nothing could be estimated
+        if estimates and all(e.failed for e in estimates.values()):  # every run refused by its own config
+            reasons = sorted({e.note.removeprefix("no estimate: ") for e in estimates.values()})
+            raise UserError(f"none of the {len(estimates)} runs can start: {'; '.join(reasons)} (each run fails with "
+                            "this when it trains); fix the grid's config or data and run the dry run again")
+        return 0
     deadline = None
     if args.until is not None and not args.report:
         deadline = Deadline(args.until, needs_from(estimates, saved_estimates(grid)), plans_from(estimates), ended)

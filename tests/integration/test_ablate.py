@@ -13,7 +13,6 @@ import pytest
 from ropelab import train
 from ropelab.configs.grid import load_grid, row_of, run_stem
 from helpers.runs import stop_after, synthetic_grid, tiny_grid, write_grid, write_run_config
-from ropelab.model.config import POS_KINDS
 from ropelab.common.errors import ConfigError, UserError
 from ropelab.scripts import ablate
 from ropelab.grid import local as grid_local
@@ -348,9 +347,10 @@ def test_rows_picks_one_parents_fine_tunes_by_the_whole_run_name():
         runner.chosen_runs(grid, runs, ["*_seed-7_*"])
 
 
-def test_a_dry_run_that_could_estimate_nothing_says_so_and_exits_non_zero(tmp_path, corpus, capsys, monkeypatch):
-    """Every run's data fails to load: no estimate, each run's reason said once, and a non-zero
-    exit instead of a 'grid total 0.00 h' that reads as a free grid."""
+def test_a_dry_run_that_could_estimate_nothing_is_refused_with_the_reason(tmp_path, corpus, capsys, monkeypatch):
+    """Every run's data fails to load: no estimate, each run's reason said once, then one error
+    line with the reason and exit 2 (bad input), instead of a 'grid total 0.00 h' that reads as
+    a free grid."""
     import ropelab.grid.estimate as ge
     from ropelab.common.errors import UserError
 
@@ -359,6 +359,9 @@ def test_a_dry_run_that_could_estimate_nothing_says_so_and_exits_non_zero(tmp_pa
 
     monkeypatch.setattr(ge, "_data_size", unreadable)
     grid = tiny_grid(tmp_path, corpus, {"model.pos.kind": ["rope", "alibi"]})
-    assert ablate.main([str(grid), "--dry-run"]) == 1
-    out = capsys.readouterr().out
+    assert ablate.main([str(grid), "--dry-run"]) == 2
+    out, err = capsys.readouterr()
     assert "no estimate: none of the 2 runs could be estimated" in out and "grid total" not in out
+    assert err.strip().splitlines()[-1] == ("error: none of the 2 runs can start: data.local.valid: no such file (each "
+                                            "run fails with this when it trains); fix the grid's config or data and "
+                                            "run the dry run again")
