@@ -65,7 +65,15 @@ def out_of_memory(error: RuntimeError) -> UserError:
 
 def moved(old: str, new: str) -> None:
     """Say on stderr that the entry point ``old`` is now ``new`` (the old one keeps working for now);
-    its usage lines then name ``new``."""
+    its usage lines then name ``new``. Only when the process was started the old way: a script's
+    file by path (``python scripts/X.py``) or an old module (``python -m eval.X``); a grid's jobs
+    start the same code as ``python -m ropelab.scripts.X``, which nobody typed and nothing moved."""
+    spec = getattr(sys.modules.get("__main__"), "__spec__", None)
+    if old.startswith("python -m "):
+        if spec is None or spec.name.removesuffix(".__main__") != old.split()[-1]:
+            return
+    elif spec is not None:
+        return
     sys.argv[0] = new
     print(f"note: `{old}` is now `{new}` (same options); the old form keeps working for now",
           file=sys.stderr, flush=True)

@@ -63,3 +63,12 @@ def test_old_entry_points_work_and_say_what_replaced_them(old, new):
     res = subprocess.run([sys.executable, *old, "--help"], cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert res.returncode == 0, res.stderr
     assert f"is now `{new}`" in res.stderr and f"usage: {new}" in " ".join(res.stdout.split())
+
+
+def test_the_module_a_grid_job_starts_says_nothing_moved():
+    """A grid's diagnostics job runs ``python -m ropelab.scripts.diagnose``: its log gets no note
+    about ``python scripts/diagnose.py``, which nobody typed."""
+    res = subprocess.run([sys.executable, "-m", "ropelab.scripts.diagnose", "--help"], capture_output=True, text=True,
+                         timeout=120)
+    assert res.returncode == 0, res.stderr
+    assert "is now" not in res.stderr and res.stdout.startswith("usage:")
