@@ -111,6 +111,7 @@ def test_the_dry_run_command_pastes_into_a_shell(tmp_path, corpus, capsys):
     assert "model.pos.kind=alibi" in shlex.split(line) and "model.pos.kind=rope" not in shlex.split(line)
 
 
+@pytest.mark.slow  # four passes over a trained grid: about 49 s on 2 quiet cores; CI runs it (-m slow)
 def test_grid_end_to_end_skips_resumes_and_survives_failures(tmp_path, corpus, capsys, monkeypatch):
     empty = tmp_path / "empty.txt"
     empty.write_text("")

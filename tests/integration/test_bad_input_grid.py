@@ -161,6 +161,7 @@ def two_seeds(base: Path) -> Path:
                       "eval: {lengths: [16, 32], protocols: [nonoverlap], scalings: [none], max_tokens: 256}\n")
 
 
+@pytest.mark.slow  # about 13 s on 2 quiet cores; CI runs it (-m slow)
 def test_a_run_another_process_trains_is_running_elsewhere_not_failed(base, capsys):
     """With two ablate processes on one grid, the second listed the run the first was training
     as failed (train.py refused it: in use), exited 1 and reported it under "Missing runs"."""
@@ -197,6 +198,7 @@ def test_a_run_taken_between_the_check_and_its_start_is_running_elsewhere(base, 
     assert "running elsewhere (1;" in out and "failed" not in out
 
 
+@pytest.mark.slow  # about 15 s on 2 quiet cores; CI runs it (-m slow)
 def test_a_report_written_while_runs_are_unfinished_says_how_to_finish_it(base, capsys):
     path = two_seeds(base)
     assert ablate.main([str(path), "--no-estimate", "--rows", "seed-0"]) == 0

@@ -37,6 +37,7 @@ def test_the_grids_eval_block_with_changed_keys(tmp_path):
         eval_ab.grid_eval(tmp_path / "none.yaml", [])
 
 
+@pytest.mark.slow  # two trees evaluated in turn: about 13 s on 2 quiet cores; CI runs it (-m slow)
 def test_both_sides_evaluate_the_same_runs_and_agree(tiny_runs, tmp_path, capsys):
     """HEAD against itself: every cell equal, both sides timed, the runs' caches untouched."""
     grid = tmp_path / "g.yaml"

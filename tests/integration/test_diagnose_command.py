@@ -182,6 +182,7 @@ def test_a_synthetic_run_is_diagnosed_on_its_task_instances(tmp_path):
     assert "map" not in cell and "qk_pairs" not in cell
 
 
+@pytest.mark.slow  # trains and diagnoses a grid: about 23 s on 2 quiet cores; CI runs it (-m slow)
 def test_a_grid_with_diagnostics_writes_them_into_its_report(tmp_path, capsys):
     grid = write_grid(tmp_path, name="syn-grid", base=passkey_config(tmp_path), file="grid",
                       axes={"model.pos.kind": ["rope", "alibi"]},

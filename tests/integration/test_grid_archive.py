@@ -136,7 +136,7 @@ def test_archived_runs_carry_over_to_a_fresh_clone_without_weights(tmp_path, cor
     assert "kerple" in (tmp_path / "tuning" / "tuning.md").read_text()
 
 
-@pytest.mark.parametrize("damage", ["cut-short", "gzip-not-json"])
+@pytest.mark.parametrize("damage", ["cut-short", pytest.param("gzip-not-json", marks=pytest.mark.slow)])
 def test_a_damaged_record_is_named_and_nothing_is_restored(tmp_path, corpus, capsys, damage):
     """A file cut short, or whole gzip around text that is not JSON (restored, then a
     JSONDecodeError with a traceback when the grid read it): the same message."""
@@ -153,6 +153,7 @@ def test_a_damaged_record_is_named_and_nothing_is_restored(tmp_path, corpus, cap
     assert not RunDir.of(runs[1].cfg).path.exists()  # nothing half-restored
 
 
+@pytest.mark.slow  # five passes over a trained grid: about 31 s on 2 quiet cores; CI runs it (-m slow)
 def test_a_record_changed_in_the_archive_since_it_was_restored_is_brought_up_to_date(tmp_path, corpus, capsys):
     """A record updated in git (an evaluation scored again) reaches a run directory that holds
     an earlier restore of it: its changed files are written again, a file the archive lacks
@@ -182,6 +183,7 @@ def test_a_record_changed_in_the_archive_since_it_was_restored_is_brought_up_to_
     assert json.loads(restored.read_text())["meta"]["note"] == "scored again"
 
 
+@pytest.mark.slow  # about 14 s on 2 quiet cores; CI runs it (-m slow)
 def test_archive_alone_keeps_what_another_process_finished(tmp_path, corpus, capsys):
     grid_path = kept_grid(tmp_path, corpus)
     text = grid_path.read_text()
@@ -218,6 +220,7 @@ def test_an_archive_inside_the_report_is_refused(tmp_path, corpus):
         load_grid(grid_path)
 
 
+@pytest.mark.slow  # a grid, its clone and fine-tunes: about 34 s on 2 quiet cores; CI runs it (-m slow)
 def test_a_grid_that_keeps_weights_can_be_fine_tuned_from_on_a_fresh_clone(tmp_path, corpus, capsys):
     grid_path = kept_grid(tmp_path, corpus, extra="archive_weights: true")
     grid = load_grid(grid_path)

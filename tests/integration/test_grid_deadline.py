@@ -173,6 +173,7 @@ def test_the_deadline_stops_a_process_with_sigterm(tmp_path):
     assert wait(done, None) == (3, False)
 
 
+@pytest.mark.slow  # about 15 s on 2 quiet cores; CI runs it (-m slow)
 def test_until_leaves_runs_the_estimate_says_cannot_finish(tmp_path, capsys):
     """A run whose saved estimate ends after the deadline is not started: not a failure, no
     report yet, and the same command without --until trains it."""

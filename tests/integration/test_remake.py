@@ -96,6 +96,7 @@ def test_a_report_opens_with_its_summary_and_prints_no_empty_section_or_table_tw
     assert all(any(c.strip() not in ("–", "") for c in row.split("|")[2:]) for t in power for row in t.splitlines()[2:])
 
 
+@pytest.mark.slow  # trains two task grids: about 15 s on 2 quiet cores; CI runs it (-m slow)
 def test_a_reference_row_a_task_report_lacks_is_warned_with_its_rows(tmp_path, capsys):
     """--reference naming no row warned with the valid rows on perplexity reports only: a task
     report was written without comparisons and without a word."""

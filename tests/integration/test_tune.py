@@ -89,6 +89,7 @@ def test_a_sweep_without_seeds_is_refused(tmp_path, corpus, capsys):
     assert "a sweep needs seeds" in capsys.readouterr().err
 
 
+@pytest.mark.slow  # trains and evaluates a sweep: about 29 s on 2 quiet cores; CI runs it (-m slow)
 def test_a_real_sweep_end_to_end(tmp_path, corpus, capsys):
     """Trained by the grid runner, tuned, and the sweep kept beside the grid's report."""
     grid = sweep(tmp_path, corpus, seeds=(0, 1))
