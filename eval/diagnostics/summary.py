@@ -11,6 +11,7 @@ intervals, across seeds where a row has several, are in the table and the sectio
 from __future__ import annotations
 
 from ropelab.eval.diagnostics.tables import cell_text, uniform_distance, uniform_entropy
+from ropelab.eval.reporting.labels import plan_note
 
 MEASURES = (("entropy", "entropy (nats)", ".3f", uniform_entropy),
             ("distance", "attended distance (tokens)", ".1f", uniform_distance),
@@ -37,6 +38,8 @@ def summary_section(rows: list[dict], lengths: list[int]) -> list[str]:
     lines = ["", "## Summary", "",
              f"Means over layers, heads and queries with their 95% intervals (across seeds where a row has several, "
              f"else across one run's windows), at L = {train_len} and at {longest}:", "", *table, ""]
+    note = plan_note(row["label"] for row in rows)
+    lines += [note.strip(), ""] if note else []
     return lines + [f"- {sentence}" for sentence in _findings(rows, longest)]
 
 

@@ -18,7 +18,7 @@ from typing import Optional
 
 from ropelab.eval.lm.comparisons import marked_comparisons, relative_degradation
 from ropelab.eval.reporting.ablations import is_ablation
-from ropelab.eval.reporting.labels import budget_partner, label_order
+from ropelab.eval.reporting.labels import budget_partner, label_order, plan_note
 from ropelab.eval.reporting.stats import seeds_needed
 from ropelab.eval.reporting.tables import (Comparison, degradation, degradation_text, heavy, ppl_text, ratio_text,
                                           seed_counts, short_number, summarize, train_lengths)
@@ -111,8 +111,8 @@ def summary_section(results: dict, reference: str) -> list[str]:
              f"On {where}: perplexity with its 95% interval across training runs (†: one seed, across documents), "
              f"its growth from L to {longest}, and the paired difference from `{reference}` (▼/▲: the test across "
              "training runs survives the Benjamini–Hochberg correction of the section's table; ~: undecided); "
-             f"sorted by perplexity at {longest}. The tables below hold every length, protocol and corpus.", "",
-             *table, ""]
+             f"sorted by perplexity at {longest}. The tables below hold every length, protocol and corpus."
+             + plan_note(rows), "", *table, ""]
     if mixed:  # the findings read one L; rows of several are read in the tables below
         return lines + ["- The rows were trained at different lengths (L per row: "
                         + ", ".join(f"`{label}` {own_lens.get(label, train_len)}" for label in rows)

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import re
+
 from ropelab.model.encodings import report_label
 
 
@@ -33,6 +35,23 @@ def label_encodings(results: dict) -> dict[str, str]:
         if "encoding" in row:
             out.setdefault(row_label(row), row["encoding"])
     return out
+
+
+PLAN_LEGEND = ("are layer plans: each layer type of the plan in pattern order, as "
+               "its encoding with what the type changes (θ: its RoPE base, w: its sliding window in tokens, "
+               "sinks, a temperature), separated by /, then the pattern of type letters that repeats over the "
+               "layers (docs/encodings.md, \"Layers that differ\")")
+
+
+def plan_rows(labels) -> list[str]:
+    """The labels among ``labels`` that name a layer plan (``rope·w64/none [SSSN]``)."""
+    return [label for label in labels if re.search(r" \[[A-Za-z]+\]( \+ \S.*)?$", split_step(label)[0])]
+
+
+def plan_note(labels) -> str:
+    """A sentence for a summary whose rows include a layer plan (else ""): how its name reads."""
+    plans = plan_rows(labels)
+    return "" if not plans else f" Rows such as `{plans[0]}` {PLAN_LEGEND}."
 
 
 def split_step(label: str) -> tuple[str, "int | None"]:

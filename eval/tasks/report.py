@@ -43,8 +43,8 @@ from ropelab.common.atomic import write_text_atomic
 from ropelab.configs.tasks import TASK_NAMES, TaskEvalConfig
 from ropelab.eval.tasks.effective_length import effective_section
 from ropelab.eval.tasks.effective_length import K_MAX_DOC as KMAX_DOC
-from ropelab.eval.reporting.labels import (encoding_label, label_order, parents_note, replicate_unit, replicate_units, units_of,
-                         with_scaling)
+from ropelab.eval.reporting.labels import (encoding_label, label_encodings, label_order, parents_note, plan_note,
+                                           replicate_unit, replicate_units, units_of, with_scaling)
 from ropelab.eval.lm.report import regenerate_line, write_report_files
 from ropelab.eval.tasks.findings import task_findings
 from ropelab.eval.reporting.runs_section import commit_lines, evaluation_provenance, incomplete_note, missing_lines, schedule_lines, task_runs_table
@@ -393,7 +393,8 @@ def _write_markdown(results: dict, out: Path) -> str:
           "", "## Summary", "",
           "Exact-match accuracy of the seeds that learned each task (the learned column), pooled, with its 95% "
           "interval over seeds and instances; each task's section below has its per-seed values, comparisons, "
-          "effective lengths and errors.", "", summary_table(tables, lengths, length_marks(runs)), "",
+          "effective lengths and errors." + plan_note(label_encodings(results)), "",
+          summary_table(tables, lengths, length_marks(runs)), "",
           *findings(runs, rows, tasks, len(results.get("missing") or ())),
           "", "## How to read this report", "", HEADER, *parents_note(runs),
           "", "## Runs", "", *commit_lines(runs), *evaluation_provenance(rows), *variant_lines(runs), "",

@@ -45,6 +45,7 @@ def test_a_plan_is_its_own_row_with_its_own_colour_against_its_reference(plan_ru
     assert encodings == {"rope": "rope", "plan-1": "rope·w8/none [SN]", "plan-2": "rope·w8/none [SN]"}
     report = (out / "report.md").read_text()
     assert "| rope·w8/none [SN]" in report and "vs rope" in report  # its row, compared with the reference
+    assert "Rows such as `rope·w8/none [SN]` are layer plans: each layer type" in report  # the summary reads it
     assert encoding_color("rope·w8/none [SN]") not in (encoding_color("rope"), encoding_color("none"), "#000000")
 
 
@@ -60,6 +61,7 @@ def test_diagnostics_give_rotary_layers_and_each_layer_type(plan_runs, tmp_path)
     assert len(share) == 1  # the NoPE layer has no rotation pairs
     report = (out / "report.md").read_text()
     assert "## By layer type" in report and "| S |" in report and "| N |" in report
+    assert "Rows such as `rope·w8/none [SN]` are layer plans" in report
 
 
 def test_a_plan_keeps_its_identity_and_refuses_what_it_cannot_serve(plan_runs):
