@@ -69,7 +69,7 @@ def remake(path: Path, out: Optional[Path] = None, reference: Optional[str] = No
         except (KeyError, TypeError, ValueError, IndexError) as e:  # numpy's AxisError is both of the last two
             raise DataError(f"{path} looks like a diagnostics report's results.json but its cells cannot be "
                             f"read ({type(e).__name__}: {e}); make the report again from its runs with "
-                            "scripts/diagnose.py") from None
+                            "`ropelab diagnose`") from None
         # results.json keeps no maps
         write_diagnostics_report(results, out, carried_figures(source, out, ("attention_map_*.png",)))
         return out

@@ -51,10 +51,10 @@ def parse_args(argv=None) -> argparse.Namespace:
                    help="eval.diagnostics.sink_tokens: how many first tokens the sink mass counts (default 1)")
     p.add_argument("--split", choices=["valid", "test"], help="eval.split: which split of the run's own data")
     p.add_argument("--eval-file", type=Path, help="a YAML mapping of eval keys applied before the flags "
-                                                 "(scripts/ablate.py passes each run's planned evaluation)")
+                                                 "(a grid's jobs pass each run's planned evaluation)")
     p.add_argument("--cache-only", action="store_true",
                    help="compute and cache the diagnostics in each run directory, without writing a report "
-                        "(scripts/ablate.py's jobs)")
+                        "(what a grid's jobs do)")
     p.add_argument("--device", type=device_name, default="cpu", help=f"torch device: {DEVICE_NAMES}")
     p.add_argument("--out", type=Path, default=Path("reports/diagnostics"),
                    help="report directory: a new one, or an earlier report's, which is replaced")

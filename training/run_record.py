@@ -140,7 +140,7 @@ def restore_record(src: Path, run: RunDir) -> None:
     (a directory left by a run that never saved one is replaced)."""
     if not is_record(RunDir(src)):
         raise CheckpointError(f"{src} is not a run record (no {RECORD}); a grid's archive holds only the records "
-                              "scripts/ablate.py writes: move it away")
+                              "`ropelab ablate` writes: move it away")
     if run.path.exists() and run.latest_checkpoint() is not None:
         raise CheckpointError(f"{run} holds a run with checkpoints; it is not replaced by the record {src}")
     with atomic_directory(run.path, replace=True) as tmp:

@@ -283,10 +283,10 @@ def parser(evaluation: Evaluation) -> argparse.ArgumentParser:
                         "budget curve (train.keep_last must have kept them; default: the latest checkpoint)")
     evaluation.add_flags(p)
     p.add_argument("--eval-file", type=Path, help="a YAML mapping of eval keys applied before the flags "
-                                                 "(scripts/ablate.py passes each run's planned evaluation)")
+                                                 "(a grid's jobs pass each run's planned evaluation)")
     p.add_argument("--cache-only", action="store_true",
                    help="evaluate and cache the results in each run directory, without writing a report "
-                        "(scripts/ablate.py's jobs)")
+                        "(what a grid's jobs do)")
     p.add_argument("--rescore", action="store_true",
                    help="evaluate every run again even where its cached result for these settings exists, "
                         "replacing it (a newer evaluation may record more beside the same numbers); needs the "

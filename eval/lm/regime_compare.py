@@ -54,7 +54,7 @@ def _corpus(results: dict) -> str:
     """The regime's corpus: the first one its results scored."""
     corpora = [r["corpus"] for r in results["results"] if r.get("status") == "ok"]
     if not corpora:
-        raise DataError("the report has no scored rows; run the grid to the end first (scripts/ablate.py GRID)")
+        raise DataError("the report has no scored rows; run the grid to the end first (`ropelab ablate GRID`)")
     return corpora[0]
 
 
@@ -128,7 +128,7 @@ def _read_diagnostics(path: Path) -> dict:
         found = json.loads(path.read_text(encoding="utf-8"))
     except (OSError, ValueError) as e:
         raise DataError(f"{path} cannot be read as a diagnostics report's results.json ({e}); write it again with "
-                        "scripts/ablate.py on the grid (its scored cells are reused)") from None
+                        "`ropelab ablate` on the grid (its scored cells are reused)") from None
     if not isinstance(found, dict) or not isinstance(found.get("rows"), list):
         raise DataError(f"{path} is not a diagnostics report's results.json (it has no pooled rows)")
     return found
@@ -196,7 +196,7 @@ def attention_markdown(grids: list[tuple[str, Optional[dict]]]) -> list[str]:
         lines += ["| " + " | ".join(row) + " |" for row in rows]
     if missing:
         lines += ["", "No diagnostics in the report of " + ", ".join(missing) + " (set `eval.diagnostics.enabled: "
-                  "true` in the grid and run scripts/ablate.py on it again: finished runs and scored cells are reused)."]
+                  "true` in the grid and run `ropelab ablate` on it again: finished runs and scored cells are reused)."]
     return lines
 
 
