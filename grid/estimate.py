@@ -73,6 +73,7 @@ class Estimate:
     note: str = ""
     expected_train_s: Optional[float] = None  # where the row's ended seeds say when a competence stop comes
     failed: bool = False  # no estimate could be made (the note says why): its seconds mean nothing
+    reason: str = ""  # a failed estimate's cause, the error its run will fail with
     # A run that stops at competence: its row, the steps it has trained and those its budget has left
     # (train_s trains them all), from which a deadline expects its stop anew as its row's runs end.
     competence_row: Optional[str] = None
@@ -332,7 +333,7 @@ def estimate_grid(grid: Grid, runs: list[PlannedRun], threads: Optional[int], jo
             _check_memory(cfg, rt)
         except (UserError, MemoryLimitError) as e:  # the run itself will fail with this message; the others go on
             refused.setdefault(str(e), []).append(run.name)
-            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {e}", failed=True)
+            out[run.name] = Estimate(0.0, 0.0, f"no estimate: {e}", failed=True, reason=str(e))
             continue
         if size.note:
             say_once(size.note)

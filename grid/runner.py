@@ -309,7 +309,7 @@ def run_grid(args: argparse.Namespace) -> int:
         example = (pending or [run for run in runs if run.name in chosen] or runs)[0]  # one --rows picked
         logger.info("train one by hand with: " + shlex.join(["python", "train.py", base, *example.overrides]))
         if estimates and all(e.failed for e in estimates.values()):  # every run refused by its own config
-            reasons = sorted({e.note.removeprefix("no estimate: ") for e in estimates.values()})
+            reasons = sorted({e.reason for e in estimates.values()})
             raise UserError(f"none of the {len(estimates)} runs can start: {'; '.join(reasons)} (each run fails with "
                             "this when it trains); fix the grid's config or data and run the dry run again")
         return 0
