@@ -48,6 +48,20 @@ ATTENTION_KINDS: tuple[str, ...] = typing.get_args(AttentionKind)
 FEATURE_MAPS: tuple[str, ...] = typing.get_args(FeatureMap)
 
 
+def _rope_differences(rope: RopeConfig, default: RopeConfig) -> list[str]:
+    """What a layer type's RoPE changes from the default layer's, for its name in a plan:
+    ``θ1e+06`` (its base), ``linear×8`` (a scaling in training; ``unscaled`` where the default
+    layer scales and the type does not), ``interleaved`` (its pairing), ``r0.5`` (its
+    rotary_fraction), ``p0.75`` (its frequency_fraction)."""
+    bits = [f"θ{rope.theta:g}"] if rope.theta != default.theta else []
+    if rope.scaling != default.scaling:
+        bits.append("unscaled" if rope.scaling.type == "none" else f"{rope.scaling.type}×{rope.scaling.factor:g}")
+    bits += [rope.pairing] if rope.pairing != default.pairing else []
+    bits += [f"r{rope.rotary_fraction:g}"] if rope.rotary_fraction != default.rotary_fraction else []
+    bits += [f"p{rope.frequency_fraction:g}"] if rope.frequency_fraction != default.frequency_fraction else []
+    return bits
+
+
 @dataclass
 class LinearAttentionConfig:
     """Causal linear attention (Katharopoulos et al. 2020); see model/linear_attention.py.
@@ -170,8 +184,8 @@ class ModelConfig:
         for name in dict.fromkeys(self.layers.pattern):
             layer = self.layers.types[name]
             bits = [layer.pos.kind]
-            if KINDS[layer.pos.kind].rotary and layer.pos.rope.theta != self.pos.rope.theta:
-                bits.append(f"θ{layer.pos.rope.theta:g}")
+            if KINDS[layer.pos.kind].rotary:
+                bits += _rope_differences(layer.pos.rope, self.pos.rope)
             bits += [f"w{layer.window}"] if layer.window else []
             bits += ["sinks"] if layer.sinks else []
             bits += [layer.temperature.kind] if layer.temperature.kind != "none" else []
