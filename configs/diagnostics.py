@@ -1,7 +1,7 @@
 """Config section for the attention diagnostics: ``eval.diagnostics`` (nested in the one EvalConfig).
 
 What ``ropelab diagnose`` measures and on how much data, and whether a grid
-(scripts/ablate.py) writes the diagnostics into its report. The measures themselves live
+(ropelab ablate) writes the diagnostics into its report. The measures themselves live
 in eval/diagnostics/measure.py; docs/diagnostics.md explains each one.
 """
 

@@ -94,7 +94,7 @@ class EvalConfig:
     # be kept: train.keep_last); empty: the latest checkpoint only.
     steps: list[int] = field(default_factory=list)
     tasks: TaskEvalConfig = field(default_factory=TaskEvalConfig)  # ropelab tasks
-    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)  # scripts/diagnose.py
+    diagnostics: DiagnosticsConfig = field(default_factory=DiagnosticsConfig)  # ropelab diagnose
 
     def __post_init__(self) -> None:
         positive("eval", self, "batch_size")

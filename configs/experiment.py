@@ -1,7 +1,7 @@
 """When two run configs are the same experiment: the one definition, used everywhere.
 
 ``train.py --resume`` refuses a config that is not the run's own experiment,
-``scripts/ablate.py`` reports a run on disk whose experiment differs from the grid's as a
+``ropelab ablate`` reports a run on disk whose experiment differs from the grid's as a
 conflict, and evaluation pools runs that are the same experiment apart from the seed (and
 trained for the same number of tokens) as seeds of one row. All three use
 ``experiment_differences`` with the one list below.

@@ -12,7 +12,7 @@
       constraint: h100      # --constraint
       sbatch: {qos: high}   # any other sbatch option, as --KEY=VALUE
 
-``scripts/ablate.py GRID --launcher slurm --slurm time=8:00:00 sbatch.qos=low`` overrides
+``ropelab ablate GRID --launcher slurm --slurm time=8:00:00 sbatch.qos=low`` overrides
 keys for one submission. ``gpus_per_run`` and ``time`` must be given (in the file or on
 the command line): a cluster's defaults for them differ too much to guess.
 """

@@ -4,10 +4,10 @@ over to a fresh clone on another machine.
 
 - **Archiving**: once a run has trained and every evaluation the grid plans for it is
   cached (grid/jobs.py), its record is written to ``<archive>/<run name>/``,
-  replacing an earlier one. scripts/ablate.py does this after each run's evaluation and for
+  replacing an earlier one. ropelab ablate does this after each run's evaluation and for
   every finished, evaluated run at the end; ``--archive`` does it alone (for a grid that
   trains in another process).
-- **Restoring**: before it plans anything, scripts/ablate.py copies the record of every run
+- **Restoring**: before it plans anything, ropelab ablate copies the record of every run
   that has no checkpoint on disk back into the grid's run directory, so the run counts as
   done and its reports read the evaluations the record holds. grid/tune.py does the same.
 

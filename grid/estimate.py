@@ -421,7 +421,7 @@ def ended_at(grid: Grid, run: PlannedRun) -> Optional[int]:
 
 
 def rows_ended(grid: Grid, runs: list[PlannedRun]) -> dict[str, list[int]]:
-    """Row -> the steps its runs that stop at competence ended at (scripts/ablate.py passes every
+    """Row -> the steps its runs that stop at competence ended at (ropelab ablate passes every
     planned run: a pending seed's estimate may then expect the stop where its row's seeds had it)."""
     out: dict[str, list[int]] = {}
     for run in runs:

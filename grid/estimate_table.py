@@ -1,6 +1,6 @@
 """A grid's estimates shown and kept: the table a dry run prints (grid/estimate.py makes the
 estimates), the file that keeps them beside the grid's runs, and each run's wall times set
-beside its estimate once it has run (scripts/ablate.py's summary)."""
+beside its estimate once it has run (ropelab ablate's summary)."""
 
 from __future__ import annotations
 

@@ -1,4 +1,4 @@
-"""The files around one command of a grid's job, for the launchers (scripts/ablate.py,
+"""The files around one command of a grid's job, for the launchers (``ropelab ablate``,
 grid/slurm_job.py): the files written before it runs, and the log it appends to, whose
 last lines say how it went. Only the standard library, so a Slurm job's own process
 starts at once and stays small (its commands import torch themselves).

@@ -1,10 +1,10 @@
-"""What a grid runs for each of its runs, whichever launcher starts it (scripts/ablate.py on
+"""What a grid runs for each of its runs, whichever launcher starts it (ropelab ablate on
 this machine, grid/slurm_launcher.py on a cluster): the command that trains or resumes
 it, the commands that fill its evaluation caches, and whether those caches are filled.
 
 What is evaluated follows what the run was trained on: perplexity (eval/lm/extrapolation.py)
 for a run trained on text, task accuracy (eval/exact_match.py) for a synthetic run or one whose
-eval asks for tasks, and the attention diagnostics (scripts/diagnose.py) when its
+eval asks for tasks, and the attention diagnostics (ropelab diagnose) when its
 ``eval.diagnostics.enabled`` is set. Every command appends its output to the run's
 ``train.log`` (grid/job_files.py).
 """

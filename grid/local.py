@@ -1,4 +1,4 @@
-"""Training a grid's runs here (``--launcher local``, scripts/ablate.py): one job per slot
+"""Training a grid's runs here (``ropelab ablate --launcher local``): one job per slot
 at a time, a slot being a CUDA device or a share of the CPU's cores; each run trained, then
 evaluated, in its own processes, its output in the run's log, and kept in the grid's
 archive at once. With a deadline (``--until``, grid/deadline.py) a run starts only
@@ -99,7 +99,7 @@ JOBS = _Jobs()
 
 
 def stop_jobs(signum=None, frame=None) -> None:
-    """The SIGTERM handler of ``ropelab ablate`` (scripts/ablate.py): stop every job under way (its
+    """The SIGTERM handler of ``ropelab ablate``: stop every job under way (its
     training at a checkpoint) and start no other; the runs are left for the same command."""
     JOBS.stop()
 

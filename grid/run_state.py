@@ -1,5 +1,5 @@
 """Where a grid's run stands on disk: new, partial, done or conflict, as ``train.py --resume``
-would see it (scripts/ablate.py plans from it; grid/tune.py and the launchers read it)."""
+would see it (ropelab ablate plans from it; grid/tune.py and the launchers read it)."""
 
 from __future__ import annotations
 

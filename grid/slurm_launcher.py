@@ -1,4 +1,4 @@
-"""Run a grid on a Slurm cluster through submitit: ``scripts/ablate.py GRID --launcher slurm``.
+"""Run a grid on a Slurm cluster through submitit: ``ropelab ablate GRID --launcher slurm``.
 
 Each run that needs training becomes a task of one job array, with the resources of the
 grid's ``slurm:`` section (configs/slurm.py); each of those runs' evaluation a task of a

@@ -1,4 +1,4 @@
-"""``scripts/ablate.py GRID --status``: every run of a grid in one table, from its run
+"""``ropelab ablate GRID --status``: every run of a grid in one table, from its run
 directory (trained how far, evaluated or not, who holds its lock) and the grid's Slurm
 jobs (grid/slurm_launcher.py records them; squeue and sacct say how they are):
 

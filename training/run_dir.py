@@ -4,7 +4,7 @@
         config.yaml          the resolved RunConfig; rebuilds model and data exactly
         tokenizer.json       the run's own tokenizer (evaluation and sampling read it)
         metrics.jsonl        one JSON record per logged step and per validation
-        train.log            output of a run launched by scripts/ablate.py
+        train.log            output of a run launched by ropelab ablate
         run.lock             held (flock) by the process training into this directory
         wandb_id.txt, wandb/ the Weights & Biases run id (a resumed run continues it)
         checkpoints/step_000200/{model.safetensors, state.pt, meta.json}
@@ -12,7 +12,7 @@
         checkpoints/unreadable-step_000300/   a damaged checkpoint set aside on resume
         best/{model.safetensors, meta.json}
         eval/                cached evaluation results, one file per evaluation config
-        eval/planned.yaml    the evaluation a grid planned for the run (scripts/ablate.py)
+        eval/planned.yaml    the evaluation a grid planned for the run (ropelab ablate)
 
 A checkpoint directory holds ``WEIGHTS`` (safetensors), ``STATE`` (optimizer, schedule,
 RNG and sampler state; absent from best/ and imports) and ``META`` (step, tokens,

@@ -9,7 +9,7 @@ there once it has trained and every evaluation the grid plans for it is cached
     eval/planned.yaml, eval/<kind>-<key>.json.gz      the grid's evaluations of that checkpoint
     record.json                                       what this directory is
 
-so the grid survives the machine it ran on: on a fresh clone, scripts/ablate.py copies the
+so the grid survives the machine it ran on: on a fresh clone, ropelab ablate copies the
 records of runs it does not have on disk back into the grid's run directory (and brings
 records it restored before up to date with the archive's: ``refresh_record``), counts them
 as done, and its reports read their cached evaluations as if the runs had been evaluated

@@ -1,5 +1,5 @@
 """Timed steps of a run's shape: what ``train.compile: auto`` decides from, and what a grid's
-time estimate adds up (scripts/ablate.py ``--dry-run``).
+time estimate adds up (``ropelab ablate --dry-run``).
 
 A *shape* is what sets the cost of a step: the architecture (with its vocabulary), the
 training length, batch and accumulation, the device, dtype, thread count and torch

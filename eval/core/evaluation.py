@@ -109,7 +109,7 @@ class Evaluation:
     # Every run and the report: (run_dirs, out, eval_for, device=, **options) -> results.
     report: Callable[..., dict]
     # Its own flags and those flags as eval keys (only those given); an evaluation with a
-    # command line of its own (scripts/diagnose.py) uses only the cache loop and has none here.
+    # command line of its own (ropelab diagnose) uses only the cache loop and has none here.
     add_flags: Callable[[argparse.ArgumentParser], None] = lambda parser: None
     flag_tree: Callable[[argparse.Namespace], dict] = _no_options
     options: Callable[[argparse.Namespace], dict] = _no_options  # keyword options of evaluate and report

@@ -1,7 +1,7 @@
 """Attention diagnostics of trained runs: what attention does as the length grows.
 
 ``ropelab diagnose RUN... --out DIR``, or a grid whose ``eval.diagnostics.enabled``
-is true (scripts/ablate.py). For each run, at each length of ``eval.diagnostics`` (the
+is true (ropelab ablate). For each run, at each length of ``eval.diagnostics`` (the
 training length L always among them), on a sample of windows: ``windows`` windows of the
 run's own ``eval.split``, tokenized with its own tokenizer (eval/core/corpus.py) and spread evenly
 over it; for a run trained on synthetic tasks, test instances of its tasks instead. Each
