@@ -15,8 +15,12 @@ jobs (grid/slurm_launcher.py records them; squeue and sacct say how they are):
 
 from __future__ import annotations
 
+import json
+import os
+import time
 from collections import Counter
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Optional
 
 from ropelab.configs.grid import Grid, PlannedRun
@@ -40,24 +44,68 @@ class Row:
     tail: list[str] = field(default_factory=list)
 
 
-def _live_row(jobs: dict[str, str], known: dict[str, JobState], detail: str) -> Optional[Row]:
+def _live_row(jobs: dict[str, str], known: dict[str, JobState], detail: str, progress: str) -> Optional[Row]:
     for kind, what in (("train", "training"), ("eval", "evaluation")):
         state = known.get(jobs.get(kind, ""))
         if state is not None and state.live:
-            words = [what, detail if kind == "train" else "", state.reason and f"({state.reason})"]
+            running = kind == "train" and state.state in ACTIVE
+            words = [what, detail if kind == "train" else "", state.reason and f"({state.reason})",
+                     f"({progress})" if running and progress else ""]
             return Row("running" if state.state in ACTIVE else "queued", jobs[kind], " ".join(w for w in words if w))
     return None
 
 
+def last_logged(metrics: Path) -> Optional[dict]:
+    """The last complete training entry of a metrics.jsonl (None when there is none), read from
+    its end: a long run's file holds thousands of lines, and the status reads every run's."""
+    try:
+        with open(metrics, "rb") as f:
+            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
+            lines = f.read().decode(errors="replace").splitlines()
+    except OSError:
+        return None
+    for line in reversed(lines):
+        try:
+            entry = json.loads(line)
+        except ValueError:  # cut short by the seek, or being written
+            continue
+        if isinstance(entry, dict) and "loss" in entry and isinstance(entry.get("step"), int):
+            return entry
+    return None
+
+
+def live_progress(run_dir: RunDir, state: str, now: Optional[float] = None) -> str:
+    """How far a run in training has gone past its last checkpoint: the step its training last
+    logged ("logged step 2650, 3,261 tok/s, 12 s ago"); "" for a run trained to the end (its
+    evaluations run as commands of their own, after the trainer let go of the run) or one that
+    logged nothing yet. Just after a resume the last entry may be the earlier session's: its age
+    says so."""
+    entry = None if state == "done" else last_logged(run_dir.metrics)
+    if entry is None:
+        return ""
+    bits = [f"logged step {entry['step']}"]
+    if isinstance(entry.get("tokens_per_sec"), (int, float)):
+        bits.append(f"{entry['tokens_per_sec']:,.0f} tok/s")
+    if isinstance(entry.get("time"), (int, float)):
+        bits.append(f"{_age(max(0.0, (now or time.time()) - entry['time']))} ago")
+    return ", ".join(bits)
+
+
+def _age(seconds: float) -> str:
+    if seconds < 120:
+        return f"{seconds:.0f} s"
+    return f"{seconds / 60:.0f} min" if seconds < 7200 else f"{seconds / 3600:.1f} h"
+
+
 def run_row(run: PlannedRun, state: str, detail: str, jobs: dict[str, str], known: dict[str, JobState]) -> Row:
     """How one run stands (see the module doc)."""
-    live = _live_row(jobs, known, detail)
+    run_dir = RunDir.of(run.cfg)
+    live = _live_row(jobs, known, detail, live_progress(run_dir, state) if jobs.get("train") else "")
     if live is not None:
         return live
-    run_dir = RunDir.of(run.cfg)
     holder = live_holder(run_dir)
     if holder:
-        return Row("running", "-", f"by {holder}" + (f", {detail}" if detail else ""))
+        return Row("running", "-", f"by {holder}" + "".join(f", {d}" for d in (detail, live_progress(run_dir, state)) if d))
     if state == "conflict":
         return Row("conflict", "-", detail)
     train, ev = jobs.get("train"), jobs.get("eval")
