@@ -15,19 +15,17 @@ jobs (grid/slurm_launcher.py records them; squeue and sacct say how they are):
 
 from __future__ import annotations
 
-import json
-import os
 import time
 from collections import Counter
 from dataclasses import dataclass, field
-from pathlib import Path
-from typing import Optional
+from typing import Callable, Optional
 
 from ropelab.configs.grid import Grid, PlannedRun
 from ropelab.grid.jobs import evaluation_cached
 from ropelab.grid.job_files import log_tail
 from ropelab.grid.slurm_launcher import jobs_dir, recorded_states
 from ropelab.training.run_dir import RunDir
+from ropelab.training.metrics import last_step_record
 from ropelab.training.run_lock import live_holder
 from ropelab.training.slurm import JobState
 
@@ -44,33 +42,15 @@ class Row:
     tail: list[str] = field(default_factory=list)
 
 
-def _live_row(jobs: dict[str, str], known: dict[str, JobState], detail: str, progress: str) -> Optional[Row]:
+def _live_row(jobs: dict[str, str], known: dict[str, JobState], detail: str,
+              progress: Callable[[], str]) -> Optional[Row]:
     for kind, what in (("train", "training"), ("eval", "evaluation")):
         state = known.get(jobs.get(kind, ""))
         if state is not None and state.live:
-            running = kind == "train" and state.state in ACTIVE
+            logged = progress() if kind == "train" and state.state in ACTIVE else ""
             words = [what, detail if kind == "train" else "", state.reason and f"({state.reason})",
-                     f"({progress})" if running and progress else ""]
+                     f"({logged})" if logged else ""]
             return Row("running" if state.state in ACTIVE else "queued", jobs[kind], " ".join(w for w in words if w))
-    return None
-
-
-def last_logged(metrics: Path) -> Optional[dict]:
-    """The last complete training entry of a metrics.jsonl (None when there is none), read from
-    its end: a long run's file holds thousands of lines, and the status reads every run's."""
-    try:
-        with open(metrics, "rb") as f:
-            f.seek(max(0, f.seek(0, os.SEEK_END) - 8192))
-            lines = f.read().decode(errors="replace").splitlines()
-    except OSError:
-        return None
-    for line in reversed(lines):
-        try:
-            entry = json.loads(line)
-        except ValueError:  # cut short by the seek, or being written
-            continue
-        if isinstance(entry, dict) and "loss" in entry and isinstance(entry.get("step"), int):
-            return entry
     return None
 
 
@@ -80,7 +60,12 @@ def live_progress(run_dir: RunDir, state: str, now: Optional[float] = None) -> s
     evaluations run as commands of their own, after the trainer let go of the run) or one that
     logged nothing yet. Just after a resume the last entry may be the earlier session's: its age
     says so."""
-    entry = None if state == "done" else last_logged(run_dir.metrics)
+    if state == "done":
+        return ""
+    try:
+        entry = last_step_record(run_dir.metrics)
+    except OSError:
+        entry = None
     if entry is None:
         return ""
     bits = [f"logged step {entry['step']}"]
@@ -100,7 +85,7 @@ def _age(seconds: float) -> str:
 def run_row(run: PlannedRun, state: str, detail: str, jobs: dict[str, str], known: dict[str, JobState]) -> Row:
     """How one run stands (see the module doc)."""
     run_dir = RunDir.of(run.cfg)
-    live = _live_row(jobs, known, detail, live_progress(run_dir, state) if jobs.get("train") else "")
+    live = _live_row(jobs, known, detail, lambda: live_progress(run_dir, state))
     if live is not None:
         return live
     holder = live_holder(run_dir)

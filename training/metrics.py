@@ -175,18 +175,33 @@ class MetricsLog:
             self.wandb = None
 
 
+def _parsed(lines) -> list[dict]:
+    records = []
+    for line in lines:
+        try:
+            record = json.loads(line)
+        except ValueError:  # a record cut short (by a kill, or by reading from the middle)
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
 def read_records(path) -> list[dict]:
     """The records of a metrics.jsonl, without a last line cut short by a kill."""
-    records = []
     with open(path, encoding="utf-8") as f:
-        for line in f:
-            try:
-                record = json.loads(line)
-            except ValueError:  # a record cut short
-                continue
-            if isinstance(record, dict):
-                records.append(record)
-    return records
+        return _parsed(f)
+
+
+def last_step_record(path, tail_bytes: int = 8192) -> Optional[dict]:
+    """The last logged training step of a metrics.jsonl (a record with a loss), read from the
+    file's last ``tail_bytes`` only: a long run's file holds thousands of records. None when
+    that part holds none."""
+    with open(path, "rb") as f:
+        f.seek(max(0, f.seek(0, os.SEEK_END) - tail_bytes))
+        tail = f.read().decode("utf-8", errors="replace").splitlines()
+    steps = [r for r in _parsed(tail) if "loss" in r and isinstance(r.get("step"), int)]
+    return steps[-1] if steps else None
 
 
 def steady_train_seconds(path, tokens: Optional[int]) -> Optional[float]:

@@ -39,7 +39,8 @@ def label_encodings(results: dict) -> dict[str, str]:
 
 PLAN_LEGEND = ("are layer plans: each layer type of the plan in pattern order, as "
                "its encoding with what the type changes (θ: its RoPE base; a RoPE scaling it trains with, "
-               "e.g. linear×8; w: its sliding window in tokens; sinks; a temperature), separated by /, then the pattern of type letters that repeats over the "
+               "e.g. linear×8; w: its sliding window in tokens; sinks; a temperature), separated by /, "
+               "then the pattern of type letters that repeats over the "
                "layers (docs/encodings.md, \"Layers that differ\")")
 
 

@@ -7,6 +7,7 @@ import json
 from types import SimpleNamespace
 
 from ropelab.grid import status
+from ropelab.training.metrics import last_step_record
 from ropelab.training.run_dir import RunDir
 
 
@@ -20,14 +21,14 @@ def test_the_last_training_entry_is_read_from_the_end_of_a_long_file(tmp_path):
     entries = [{"step": s, "loss": 3.0, "tokens_per_sec": 3261.4, "time": 1000.0 + s} for s in range(10, 20001, 10)]
     # a validation entry after it, and a line being written: neither is the training's progress
     write_metrics(run, entries + [{"step": 20000, "val_loss": 2.9}], tail='{"step": 20010, "lo')
-    assert status.last_logged(run.metrics)["step"] == 20000
+    assert last_step_record(run.metrics)["step"] == 20000
     assert status.live_progress(run, "partial", now=1000.0 + 20000 + 12) == "logged step 20000, 3,261 tok/s, 12 s ago"
     assert status.live_progress(run, "partial", now=1000.0 + 20000 + 3 * 3600) == "logged step 20000, 3,261 tok/s, 3.0 h ago"
 
 
 def test_nothing_is_said_without_a_log_or_once_training_is_done(tmp_path):
     run = RunDir(tmp_path / "r")
-    assert status.last_logged(run.metrics) is None and status.live_progress(run, "partial") == ""
+    assert status.live_progress(run, "partial") == ""  # no metrics.jsonl yet
     write_metrics(run, [{"step": 0, "val_loss": 7.0}])  # evaluated at step 0, nothing trained yet
     assert status.live_progress(run, "partial") == ""
     write_metrics(run, [{"step": 4500, "loss": 2.1, "time": 5.0}])
