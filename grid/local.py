@@ -3,9 +3,9 @@ at a time, a slot being a CUDA device or a share of the CPU's cores; each run tr
 evaluated, in its own processes, its output in the run's log, and kept in the grid's
 archive at once. With a deadline (``--until``, grid/deadline.py) a run starts only
 while its estimate ends by then, and training under way then is stopped at a checkpoint.
-A run another process trains (a second ``ropelab ablate`` on the grid, or train.py by hand:
-its lock names the holder, training/run_lock.py) is not trained here, nor a failure: it is
-running elsewhere, and the reports wait for it.
+A run another process trains or evaluates (a second ``ropelab ablate`` on the grid, or
+train.py by hand: its lock names the holder, training/run_lock.py) is not trained or evaluated
+here, nor a failure: it is running elsewhere, and the reports wait for it.
 """
 
 from __future__ import annotations
@@ -25,6 +25,7 @@ from typing import Optional
 from tqdm import tqdm
 
 from ropelab.common.devices import usable_cpus
+from ropelab.common.errors import RunInUseError
 from ropelab.common.logs import get_logger
 from ropelab.configs.grid import Grid, PlannedRun, row_of
 from ropelab.grid.archive import archive_runs
@@ -34,7 +35,7 @@ from ropelab.grid.jobs import eval_commands, evaluation_cached, planned_eval_fil
 from ropelab.grid.job_files import failure_reason, write_files
 from ropelab.grid.run_state import status
 from ropelab.training.run_dir import RunDir
-from ropelab.training.run_lock import live_holder
+from ropelab.training.run_lock import EVALUATING, RunLock, live_holder
 
 logger = get_logger(__name__)
 
@@ -151,7 +152,7 @@ def _call(cmd: list[str], log_path: Path, slot: Slot, deadline: Optional[float] 
     return (True, "") if code == 0 else (False, failure_reason(log_path, code))
 
 
-ELSEWHERE = "running elsewhere, by "  # a train_one reason: another process trains the run; it names the holder
+ELSEWHERE = "running elsewhere, by "  # another process trains or evaluates the run; it names the holder
 
 
 def train_one(grid: Grid, run: PlannedRun, slot: Slot, deadline: Optional[float] = None) -> tuple[bool, str]:
@@ -177,11 +178,21 @@ def evaluate_one(run: PlannedRun, slot: Slot) -> tuple[bool, str]:
     write_files(planned_eval_file(run))  # kept in the run's record (training/run_record.py) either way
     if evaluation_cached(run):
         return True, ""
-    for cmd in eval_commands(run, slot.device or "cpu"):
-        ok, reason = _call(cmd, RunDir.of(run.cfg).log, slot)
-        if not ok:
-            return ok, reason
-    return True, ""
+    run_dir = RunDir.of(run.cfg)
+    try:  # held while its evaluations run, as training holds it: one process evaluates a run
+        lock = RunLock(run_dir, task=EVALUATING).acquire()
+    except RunInUseError:
+        return False, ELSEWHERE + (live_holder(run_dir) or "another process")
+    try:
+        if evaluation_cached(run):  # the process that held it a moment ago evaluated it
+            return True, ""
+        for cmd in eval_commands(run, slot.device or "cpu"):
+            ok, reason = _call(cmd, run_dir.log, slot)
+            if not ok:
+                return ok, reason
+        return True, ""
+    finally:
+        lock.release()
 
 
 def run_one(grid: Grid, run: PlannedRun, slot: Slot, trained: bool, evaluate: bool,
@@ -195,8 +206,8 @@ def run_one(grid: Grid, run: PlannedRun, slot: Slot, trained: bool, evaluate: bo
         return False, reason
     if ok and evaluate:
         ok, reason = evaluate_one(run, slot)
-        if reason in LEFT_FOR_LATER:  # a SIGTERM stopped it: evaluated again by the same command
-            return False, reason
+        if reason in LEFT_FOR_LATER or reason.startswith(ELSEWHERE):  # a SIGTERM stopped it: evaluated
+            return False, reason  # again by the same command; or another process evaluates it now
         reason = reason and f"evaluation: {reason}"
     if ok and evaluate and grid.archive:
         _, skipped = archive_runs(grid, [run], {run.name})
@@ -227,7 +238,7 @@ class _Progress:
 
     def elsewhere(self, run: PlannedRun, holder: str) -> None:  # another process trains it: not ours, not a failure
         with self.lock:
-            logger.info(f"· {run.name}: {ELSEWHERE}{holder}; not trained here")
+            logger.info(f"· {run.name}: {ELSEWHERE}{holder}; left to it")
             self.others[run.name] = holder
             self.bar.update(1)
 

@@ -227,7 +227,7 @@ def print_outcome(runs: list[PlannedRun], finished: list[PlannedRun], unfinished
         for name, why in left.items():
             print(f"    {name}: {why}")
     if elsewhere:
-        print(f"  running elsewhere ({len(elsewhere)}; another process trains them, and not a failure):")
+        print(f"  running elsewhere ({len(elsewhere)}; another process trains or evaluates them, and not a failure):")
         for name, holder in elsewhere.items():
             print(f"    {name}: {holder}")
     for name, reason in failures.items():
@@ -235,14 +235,14 @@ def print_outcome(runs: list[PlannedRun], finished: list[PlannedRun], unfinished
 
 
 def _waiting(left: dict[str, str], elsewhere: dict[str, str]) -> str:
-    """Why the reports were not written: runs left for later, or trained by another process."""
+    """Why the reports were not written: runs left for later, or trained or evaluated by another process."""
     if not elsewhere:
         return (f"{len(left)} run{'s were' if len(left) > 1 else ' was'} left for later (--report writes them from "
                 "what is finished)")
     n = len(left) + len(elsewhere)
-    return (f"{n} run{'s are' if n > 1 else ' is'} not finished, {len(elsewhere)} of them trained by another process "
-            "(the same command writes them once that process has ended; --report writes them now from what is "
-            "finished, saying they are incomplete)")
+    return (f"{n} run{'s are' if n > 1 else ' is'} not finished, {len(elsewhere)} of them trained or evaluated by "
+            "another process (the same command writes them once that process has ended; --report writes them now "
+            "from what is finished, saying they are incomplete)")
 
 
 def finish(grid: Grid, runs: list[PlannedRun], chosen: set[str], failures: dict[str, str], left: dict[str, str],
@@ -250,8 +250,11 @@ def finish(grid: Grid, runs: list[PlannedRun], chosen: set[str], failures: dict[
     """Once the chosen runs have trained (or, with --report, whatever has finished): the reports
     from every finished run, listing those missing and why, then the summary; 1 if a chosen run
     failed. Runs another process trains (``elsewhere``) are not failures; while one of them is
-    not finished the reports wait, as for runs left for later."""
-    finished = [run for run in runs if run.name not in failures and status(run)[0] == "done"]
+    not finished the reports wait, as for runs left for later; one another process was evaluating
+    is finished once its evaluations are cached."""
+    busy = elsewhere or {}
+    finished = [run for run in runs if run.name not in failures and status(run)[0] == "done"
+                and (run.name not in busy or args.skip_eval or not not_cached(run))]
     unfinished = [run.name for run in runs if run.name not in failures and run not in finished]
     elsewhere = {name: holder for name, holder in (elsewhere or {}).items() if name in unfinished}  # not yet done there
     missing = {**failures, **{name: left.get(name, NOT_FINISHED) for name in unfinished}}  # the reports list them

@@ -3,7 +3,8 @@ directory (trained how far, evaluated or not, who holds its lock) and the grid's
 jobs (grid/slurm_launcher.py records them; squeue and sacct say how they are):
 
     done         trained to the end (and whether its evaluation is cached)
-    running      its job is running (job id), or a process holds its lock (pid and host)
+    running      its job is running (job id), or a process holds its lock (pid and host;
+                 "(evaluating)" where a grid here evaluates the trained run)
     queued       its job waits in Slurm's queue (and squeue's reason)
     failed       its job failed before the run was done, or its last session stopped on an
                  error; the last lines of its log follow the row

@@ -5,7 +5,9 @@ other's checkpoints. The trainer therefore holds ``flock(LOCK_EX | LOCK_NB)`` on
 lock file (training/run_dir.py) from before it chooses where to resume until it exits, and
 writes its holder into the file: pid, host, Slurm job (if any) and start time, one line of
 JSON. The operating system releases the flock when its process dies, however it dies
-(``kill -9`` included); a clean exit also empties the file.
+(``kill -9`` included); a clean exit also empties the file. A grid evaluating a trained run
+here holds the same lock, its holder marked "evaluating" (grid/local.py): a second grid
+process then leaves the run to it instead of evaluating it twice, and ``--status`` says so.
 
 A shared file system may not carry a flock from one host to another, and a host may die
 with its lock, so a holder left in the file is checked before the run is taken: on this
@@ -39,6 +41,8 @@ from ropelab.training.slurm import current_job, job_states
 
 logger = get_logger(__name__)
 
+TRAINING, EVALUATING = "training", "evaluating"  # what a holder does with the run (Holder.task)
+
 
 @dataclass(frozen=True)
 class Holder:
@@ -48,10 +52,11 @@ class Holder:
     host: str
     since: str
     slurm_job: Optional[str] = None
+    task: str = TRAINING  # or EVALUATING: a grid evaluating a trained run holds it too (grid/local.py)
 
     @classmethod
-    def this_process(cls) -> Holder:
-        return cls(os.getpid(), socket.gethostname(), time.strftime("%Y-%m-%d %H:%M:%S"), current_job())
+    def this_process(cls, task: str = TRAINING) -> Holder:
+        return cls(os.getpid(), socket.gethostname(), time.strftime("%Y-%m-%d %H:%M:%S"), current_job(), task)
 
     @classmethod
     def parse(cls, text: str) -> Optional[Holder]:
@@ -59,13 +64,15 @@ class Holder:
         that relied on the flock alone (one line of prose), which a free flock settles."""
         try:
             record = json.loads(text)
-            return cls(int(record["pid"]), str(record["host"]), str(record["since"]), record.get("slurm_job"))
+            return cls(int(record["pid"]), str(record["host"]), str(record["since"]), record.get("slurm_job"),
+                       str(record.get("task", TRAINING)))
         except (ValueError, KeyError, TypeError):
             return None
 
     def __str__(self) -> str:
         job = f", Slurm job {self.slurm_job}" if self.slurm_job else ""
-        return f"pid {self.pid} on {self.host}{job}, since {self.since}"
+        doing = "" if self.task == TRAINING else f" ({self.task})"
+        return f"pid {self.pid} on {self.host}{job}, since {self.since}{doing}"
 
     def gone(self) -> Optional[str]:
         """Why this holder no longer trains, or None while it may (alive, or unknowable)."""
@@ -93,9 +100,9 @@ def _pid_exists(pid: int) -> bool:
 
 
 def _in_use(run: RunDir, holder: str) -> RunInUseError:
-    return RunInUseError(f"{run} is in use: {holder} is training into it. Two trainings in one run "
-                         "directory would mix their files, so this one did not start and nothing was "
-                         "changed. Wait for the other to finish (or stop it), or train under another "
+    return RunInUseError(f"{run} is in use: {holder} is training or evaluating it. Two processes writing "
+                         "one run directory would mix their files, so this one did not start and nothing "
+                         "was changed. Wait for the other to finish (or stop it), or train under another "
                          f"name=... (if that process is known to be gone, delete {run.lock})")
 
 
@@ -115,10 +122,11 @@ def live_holder(run: RunDir) -> Optional[str]:
 
 
 class RunLock:
-    """Held while a process trains into ``run``; ``release`` (or process exit) frees it."""
+    """Held while a process trains into ``run`` (or, ``task=EVALUATING``, while a grid evaluates
+    it); ``release`` (or process exit) frees it."""
 
-    def __init__(self, run: RunDir):
-        self.run = run
+    def __init__(self, run: RunDir, task: str = TRAINING):
+        self.run, self.task = run, task
         self.file: Optional[object] = None
 
     def acquire(self) -> RunLock:
@@ -143,7 +151,7 @@ class RunLock:
             logger.warning(f"note: {self.run.lock} was held by {previous}, which is gone ({why}); taking it over")
         f.seek(0)
         f.truncate()
-        f.write(json.dumps(asdict(Holder.this_process())) + "\n")
+        f.write(json.dumps(asdict(Holder.this_process(self.task))) + "\n")
         f.flush()
         self.file = f
         return self

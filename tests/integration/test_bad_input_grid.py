@@ -20,7 +20,7 @@ from ropelab.configs.grid import load_grid
 from ropelab.grid import local as grid_local
 from ropelab.scripts import ablate, tune
 from ropelab.training.run_dir import RunDir
-from ropelab.training.run_lock import RunLock, live_holder
+from ropelab.training.run_lock import EVALUATING, RunLock, live_holder
 
 
 @pytest.fixture
@@ -116,7 +116,7 @@ def test_a_run_trained_past_a_lowered_budget_is_a_conflict(base, capsys, lowered
     out = capsys.readouterr().out
     assert "seed-0" in out and "conflict" in out and key in out, out
     assert ablate.main([str(path), "--skip-eval", "--no-estimate", "--set", *lowered]) == 1
-    assert f"failed: seed-0: " in capsys.readouterr().out
+    assert "failed: seed-0: " in capsys.readouterr().out
     assert ablate.main([str(path), "--dry-run", "--no-estimate", "--set", "train.max_steps=12"]) == 0  # raised: continued
     assert "partial  step 8/12" in capsys.readouterr().out
 
@@ -170,9 +170,9 @@ def test_a_run_another_process_trains_is_running_elsewhere_not_failed(base, caps
     try:
         assert ablate.main([str(path), "--no-estimate"]) == 0
         out = capsys.readouterr().out
-        assert "running elsewhere (1; another process trains them, and not a failure)" in out
+        assert "running elsewhere (1; another process trains or evaluates them, and not a failure)" in out
         assert f"seed-1: pid {os.getpid()} on" in out and "failed" not in out
-        assert "reports not written: 1 run is not finished, 1 of them trained by another process" in out
+        assert "reports not written: 1 run is not finished, 1 of them trained or evaluated by another process" in out
         assert not (base.parent / "report" / "report.md").exists()
     finally:
         other.release()
@@ -196,6 +196,37 @@ def test_a_run_taken_between_the_check_and_its_start_is_running_elsewhere(base, 
         lock.release()
     out = capsys.readouterr().out
     assert "running elsewhere (1;" in out and "failed" not in out
+
+
+def test_a_trained_run_another_grid_process_evaluates_is_left_to_it(base, capsys, monkeypatch):
+    """A second ablate process found a trained run without its evaluations while the first was
+    evaluating it (evaluations held no lock): it evaluated it too, and --status said "not evaluated"."""
+    path = two_seeds(base)
+    assert ablate.main([str(path), "--no-estimate", "--rows", "seed-0", "--skip-eval"]) == 0
+    run = RunDir(base.parent / "runs" / "g" / "seed-0")
+    other = RunLock(run, task=EVALUATING).acquire()  # as the other grid process holds it while it evaluates
+    evaluated = []
+    monkeypatch.setattr(grid_local, "eval_commands", lambda *a: evaluated.append(a) or [])
+    try:
+        capsys.readouterr()
+        assert ablate.main([str(path), "--no-estimate", "--rows", "seed-0"]) == 0
+        out = capsys.readouterr().out
+        assert "running elsewhere (1; another process trains or evaluates them" in out
+        assert f"seed-0: pid {os.getpid()} on" in out and "(evaluating)" in out and "failed" not in out
+        assert "reports not written: 1 run is not finished, 1 of them trained or evaluated by another" in out
+        assert not evaluated and not (base.parent / "report" / "report.md").exists()
+        assert ablate.main([str(path), "--status"]) == 0
+        row = next(line for line in capsys.readouterr().out.splitlines() if line.strip().startswith("seed-0 "))
+        assert "running" in row and "(evaluating), step 4" in row
+    finally:
+        other.release()
+    monkeypatch.undo()
+    held = []
+    real_call = grid_local._call
+    monkeypatch.setattr(grid_local, "_call", lambda *a, **k: held.append(live_holder(run)) or real_call(*a, **k))
+    assert ablate.main([str(path), "--no-estimate", "--rows", "seed-0"]) == 0  # its turn: evaluated, holding the lock
+    assert held and all(h and h.startswith(f"pid {os.getpid()} on") and h.endswith("(evaluating)") for h in held)
+    assert live_holder(run) is None and (base.parent / "report" / "report.md").exists()
 
 
 @pytest.mark.slow  # about 15 s on 2 quiet cores; CI runs it (-m slow)

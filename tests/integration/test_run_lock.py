@@ -14,7 +14,7 @@ import pytest
 from ropelab.common.errors import RunInUseError
 from helpers.fake_slurm import FakeSlurm
 from ropelab.training.run_dir import RunDir
-from ropelab.training.run_lock import RunLock, live_holder
+from ropelab.training.run_lock import EVALUATING, Holder, RunLock, live_holder
 from ropelab.training.slurm import JobState, current_job, job_states
 
 
@@ -118,3 +118,14 @@ def test_job_states_from_squeue_then_sacct(tmp_path, monkeypatch):
     assert job_states(["5_0"]) is None and job_states([]) == {}
     monkeypatch.setenv("SLURM_JOB_ID", "9")
     assert current_job() == "9"
+
+
+def test_a_grid_evaluating_a_run_is_named_as_such_and_keeps_training_out(run):
+    with RunLock(run, task=EVALUATING):
+        assert json.loads(run.lock.read_text())["task"] == "evaluating"
+        assert live_holder(run).endswith("(evaluating)")
+        with pytest.raises(RunInUseError, match=r"\(evaluating\) is training or evaluating it"):
+            RunLock(run).acquire()
+    assert live_holder(run) is None
+    old = Holder.parse(json.dumps({"pid": 1, "host": "h", "since": "then"}))  # written before holders had a task
+    assert old.task == "training" and str(old) == "pid 1 on h, since then"
