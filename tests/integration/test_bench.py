@@ -169,6 +169,7 @@ def test_the_small_shape_is_nanogpts_cpu_recipe():
     assert (cfg.train.seq_len, cfg.train.batch_size, cfg.model.vocab_size) == (64, 12, 65)
 
 
+@pytest.mark.slow  # twelve fresh processes: about 22 s on 2 quiet cores; CI runs it (-m slow)
 def test_an_ab_comparison_measures_both_trees_in_one_run(tmp_path, capsys):
     """Against HEAD itself: both sides measured in fresh processes, the ratio printed."""
     out = tmp_path / "ab.json"

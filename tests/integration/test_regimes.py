@@ -61,7 +61,7 @@ def test_one_row_per_regime_and_row_with_the_reports_own_numbers(two_regimes, ca
         assert cells[13].startswith("4L: ")
 
 
-def test_a_grid_not_yet_reported_is_a_clear_error(two_regimes, tmp_path, corpus, capsys):
+def test_a_grid_not_yet_reported_is_a_clear_error(tmp_path, corpus, capsys):  # needs no trained regime
     grid = write_regime(tmp_path, corpus, "regime-unrun", 16)
     assert regime_compare.main([str(grid)]) == 2
     err = capsys.readouterr().err
