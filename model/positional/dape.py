@@ -60,11 +60,35 @@ class DAPE(PositionalEncoding):
         return self.base.bias(q_positions, k_positions)
 
     def contextual_bias(self, layer: int, q: Tensor, logits: Tensor, bias: Optional[Tensor] = None) -> Tensor:
-        """f(A, B) (B, H, Tq, Tk) float32 for masked logits A (B, H, Tq, Tk) and the base's bias B."""
-        a = logits.float().masked_fill(torch.isinf(logits), 0.0)
-        b = torch.zeros_like(a) if bias is None else bias.float().expand_as(a)
-        pairs = torch.cat((a, b), dim=1).permute(0, 2, 3, 1)  # (B, Tq, Tk, 2H)
+        """f(A, B) (B, H, Tq, Tk) float32 for masked logits A (B, H, Tq, Tk) and the base's bias B.
+
+        f is computed only on the pairs a query may see. A square block (Tq = Tk) is a query
+        chunk over its own tokens (attention's callers, model/attention.py: a forward without a
+        cache, a prefill into an empty cache, the diagnostics' probe), whose keys after the
+        query are masked: f goes to the lower triangle alone, half the pairs, and the masked
+        pairs above it get 0 (their score is −inf whatever is added). Otherwise every pair.
+        The first Linear acts on (A, B) side by side, so W·(A, B) = W_A·A + W_B·B: B is the
+        same for every sequence of the batch, and W_B·B is computed once for all of them.
+        """
+        *lead, heads, tq, tk = logits.shape
         mlp = self.mlps[layer]
-        out = F.linear(F.leaky_relu(F.linear(pairs, mlp[0].weight.float(), mlp[0].bias.float())),
-                       mlp[2].weight.float(), mlp[2].bias.float())
-        return out.permute(0, 3, 1, 2)  # (B, H, Tq, Tk)
+        w1, b1, w2, b2 = (p.float() for p in (mlp[0].weight, mlp[0].bias, mlp[2].weight, mlp[2].bias))
+        pairs = _lower_triangle(tq, logits.device) if tq == tk else None  # flat indices into Tq·Tk
+        a = _pick(logits.float().flatten(-2), pairs)  # (…, H, N)
+        hidden = w1[:, :heads] @ a.masked_fill(torch.isinf(a), 0.0) + b1[:, None]  # (…, width, N)
+        if bias is not None:
+            hidden = hidden + w1[:, heads:] @ _pick(bias.float().flatten(-2), pairs)
+        out = w2 @ F.leaky_relu(hidden) + b2[:, None]  # (…, H, N)
+        if pairs is not None:
+            out = out.new_zeros(*out.shape[:-1], tq * tk).index_copy(-1, pairs, out)
+        return out.view(*lead, heads, tq, tk)
+
+
+def _lower_triangle(t: int, device: torch.device) -> Tensor:
+    """The flat indices i·t + j of the pairs j ≤ i of a t × t block."""
+    rows, cols = torch.tril_indices(t, t, device=device)
+    return rows * t + cols
+
+
+def _pick(x: Tensor, pairs: Optional[Tensor]) -> Tensor:
+    return x if pairs is None else x.index_select(-1, pairs)

@@ -57,6 +57,9 @@ PLANS = {
     # the order of the two shows), and without one.
     "dape-llama4": ("dape", _plan("DG", D=LayerType(pos=PosConfig(kind="dape"), temperature=TemperatureConfig(
         kind="llama4", floor_scale=4, beta=1.0)), G=LayerType(pos=PosConfig(kind="dape")))),
+    # DAPE in a window: its MLP on the pairs of query chunks longer and shorter than their keys.
+    "dape-window": ("dape", _plan("DG", D=LayerType(pos=PosConfig(kind="dape"), window=8),
+                                  G=LayerType(pos=PosConfig(kind="dape")))),
     "t5-and-rope": ("t5", _plan("TR", T=LayerType(pos=PosConfig(kind="t5")), R=LayerType(pos=PosConfig(kind="rope")))),
 }
 

@@ -168,3 +168,29 @@ def test_first_target_scores_the_same_targets_and_zeros_the_context(kind):
     torch.testing.assert_close(tail[:, 10:], full[:, 10:], rtol=1e-6, atol=1e-6)
     with pytest.raises(ValueError, match="first_target"):
         model(x, targets=y, first_target=10)  # a mean over part of the window is not what it means
+
+
+@pytest.mark.parametrize("tq, tk", [(9, 9), (3, 9), (1, 9)])
+def test_dape_mlp_is_the_per_pair_formula_on_every_pair_a_query_sees(tq, tk):
+    """A square block (the queries' own keys) gets f on its lower triangle only, 0 above it
+    (scores −inf there whatever is added); a block of fewer queries than keys (a cache, a
+    later query chunk) gets f on every pair. Masked pairs enter f as A = 0."""
+    model = Transformer(tiny_config("dape", n_layers=1))
+    torch.manual_seed(1)
+    with torch.no_grad():
+        for param in model.pos.mlps.parameters():
+            param.normal_(0.0, 0.5)
+    q_pos, k_pos = torch.arange(tk - tq, tk), torch.arange(tk)
+    visible = (k_pos[None, :] <= q_pos[:, None])
+    logits = torch.randn(2, 4, tq, tk).masked_fill(~visible, float("-inf"))
+    bias = model.pos.bias(q_pos, k_pos)
+    from helpers.reference import reference_dape
+    a = logits.masked_fill(~visible, 0.0)
+    want = reference_dape(model.pos.mlps[0], a, bias) - a - bias
+    got = model.pos.contextual_bias(0, torch.zeros(2, 4, tq, 8), logits, bias)
+    computed = torch.ones(tq, tk, dtype=torch.bool)
+    if tq == tk:
+        computed = computed.tril()
+        assert torch.equal(computed, visible)  # the triangle is exactly what the queries see
+    torch.testing.assert_close(got[..., computed], want[..., computed], rtol=1e-5, atol=1e-5)
+    assert not got[..., ~computed].any()
