@@ -67,28 +67,26 @@ class DAPE(PositionalEncoding):
         cache, a prefill into an empty cache, the diagnostics' probe), whose keys after the
         query are masked: f goes to the lower triangle alone, half the pairs, and the masked
         pairs above it get 0 (their score is −inf whatever is added). Otherwise every pair.
-        The first Linear acts on (A, B) side by side, so W·(A, B) = W_A·A + W_B·B: B is the
-        same for every sequence of the batch, and W_B·B is computed once for all of them.
         """
         *lead, heads, tq, tk = logits.shape
         mlp = self.mlps[layer]
         w1, b1, w2, b2 = (p.float() for p in (mlp[0].weight, mlp[0].bias, mlp[2].weight, mlp[2].bias))
+        a = logits.float().masked_fill(torch.isinf(logits), 0.0)
+        if bias is None:  # B = 0: only the logits' half of the first Linear acts
+            x, w1 = a, w1[:, :heads]
+        else:
+            x = torch.cat((a, bias.float().expand_as(a)), dim=-3)  # (…, 2H, Tq, Tk)
         pairs = _lower_triangle(tq, logits.device) if tq == tk else None  # flat indices into Tq·Tk
-        a = _pick(logits.float().flatten(-2), pairs)  # (…, H, N)
-        hidden = w1[:, :heads] @ a.masked_fill(torch.isinf(a), 0.0) + b1[:, None]  # (…, width, N)
-        if bias is not None:
-            hidden = hidden + w1[:, heads:] @ _pick(bias.float().flatten(-2), pairs)
-        out = w2 @ F.leaky_relu(hidden) + b2[:, None]  # (…, H, N)
-        if pairs is not None:
-            out = out.new_zeros(*out.shape[:-1], tq * tk).index_copy(-1, pairs, out)
-        return out.view(*lead, heads, tq, tk)
+        x = x.flatten(-2) if pairs is None else x.flatten(-2).index_select(-1, pairs)  # (…, 2H, N)
+        # Pairs along rows, heads along columns: each Linear is one matrix product over all pairs.
+        hidden = F.leaky_relu(F.linear(x.transpose(-1, -2), w1, b1))  # (…, N, width)
+        out = F.linear(hidden, w2, b2).transpose(-1, -2)  # (…, H, N)
+        if pairs is None:
+            return out.unflatten(-1, (tq, tk))
+        return out.new_zeros(*out.shape[:-1], tq * tk).index_copy(-1, pairs, out).unflatten(-1, (tq, tk))
 
 
 def _lower_triangle(t: int, device: torch.device) -> Tensor:
     """The flat indices i·t + j of the pairs j ≤ i of a t × t block."""
     rows, cols = torch.tril_indices(t, t, device=device)
     return rows * t + cols
-
-
-def _pick(x: Tensor, pairs: Optional[Tensor]) -> Tensor:
-    return x if pairs is None else x.index_select(-1, pairs)
