@@ -12,7 +12,7 @@ from helpers.models import ALL_KINDS, PLANS, plan_config, tiny_config
 from ropelab.model.config import ModelConfig, PosConfig
 from ropelab.common.errors import ConfigError
 from ropelab.model.transformer import Transformer
-from helpers.reference import assert_causal, reference_forward
+from helpers.reference import assert_causal, reference_dape, reference_forward
 
 
 @pytest.mark.parametrize("kind", ALL_KINDS)
@@ -184,7 +184,6 @@ def test_dape_mlp_is_the_per_pair_formula_on_every_pair_a_query_sees(tq, tk):
     visible = (k_pos[None, :] <= q_pos[:, None])
     logits = torch.randn(2, 4, tq, tk).masked_fill(~visible, float("-inf"))
     bias = model.pos.bias(q_pos, k_pos)
-    from helpers.reference import reference_dape
     a = logits.masked_fill(~visible, 0.0)
     want = reference_dape(model.pos.mlps[0], a, bias) - a - bias
     got = model.pos.contextual_bias(0, torch.zeros(2, 4, tq, 8), logits, bias)
