@@ -27,7 +27,7 @@ from ropelab.grid.archive import archive_runs, check_archive, record_of, restore
 from ropelab.grid.deadline import Deadline, describe, needs_from, plans_from
 from ropelab.grid.estimate import estimate_grid, rows_ended
 from ropelab.grid.estimate_table import print_estimates, print_wall_times, save_estimates, saved_estimates
-from ropelab.grid.jobs import not_cached
+from ropelab.grid.jobs import evaluation_cached, not_cached
 from ropelab.grid.local import run_all, slots_for
 from ropelab.grid.run_state import status
 from ropelab.grid.slurm_launcher import cancel_grid, resources, submit_grid, wait_for_grid
@@ -252,11 +252,11 @@ def finish(grid: Grid, runs: list[PlannedRun], chosen: set[str], failures: dict[
     failed. Runs another process trains (``elsewhere``) are not failures; while one of them is
     not finished the reports wait, as for runs left for later; one another process was evaluating
     is finished once its evaluations are cached."""
-    busy = elsewhere or {}
+    elsewhere = elsewhere or {}
     finished = [run for run in runs if run.name not in failures and status(run)[0] == "done"
-                and (run.name not in busy or args.skip_eval or not not_cached(run))]
+                and (run.name not in elsewhere or args.skip_eval or evaluation_cached(run))]
     unfinished = [run.name for run in runs if run.name not in failures and run not in finished]
-    elsewhere = {name: holder for name, holder in (elsewhere or {}).items() if name in unfinished}  # not yet done there
+    elsewhere = {name: holder for name, holder in elsewhere.items() if name in unfinished}  # not yet done there
     missing = {**failures, **{name: left.get(name, NOT_FINISHED) for name in unfinished}}  # the reports list them
     local_report = args.report and local  # what is not finished may be training in another process
     if not local_report:  # here, or on Slurm once its jobs have ended, an unfinished chosen run failed
